@@ -1,0 +1,7 @@
+"""`python -m gpuagent`."""
+
+import sys
+
+from gpuagent.cli import main
+
+sys.exit(main())

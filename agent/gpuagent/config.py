@@ -1,0 +1,310 @@
+"""Configuration: TOML, validated at load against frozen dataclasses.
+
+Unknown keys and wrong types are rejected with a `ConfigError` that names the dotted key
+and, where the key appears in the file, its line, so `gpuagent config check` and
+`gpuagent run` can print one clear line and exit 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import socket
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """An invalid configuration: ``key`` is dotted ("sources.nvml.interval_seconds")."""
+
+    def __init__(self, message: str, *, key: str = "", line: int | None = None) -> None:
+        self.key = key
+        self.line = line
+        self.problem = message
+        where = f" (line {line})" if line is not None else ""
+        prefix = f"{key}{where}: " if key else (f"line {line}: " if line is not None else "")
+        super().__init__(prefix + message)
+
+
+# --- schema ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AgentSection:
+    node_name: str = ""  # empty: the host name
+    cluster: str = "default"
+    state_dir: Path = Path("/var/lib/gpuagent")
+
+    @property
+    def resolved_node_name(self) -> str:
+        return self.node_name or socket.gethostname()
+
+
+@dataclass(frozen=True)
+class ApiSection:
+    socket: Path = Path("/run/gpuagent/gpuagent.sock")
+    # Group allowed to read status through the socket; empty: owner only (mode 0600).
+    group: str = ""
+
+
+@dataclass(frozen=True)
+class MetricsSection:
+    listen: str = "0.0.0.0:19400"
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]"), int(port)
+
+
+@dataclass(frozen=True)
+class NvmlSourceSection:
+    interval_seconds: float = 5.0
+    call_timeout_seconds: float = 2.0
+    # Values that rarely change (persistence, MIG and ECC mode, memory clock) are read on
+    # this slower cadence to keep NVML calls per poll low.
+    slow_interval_seconds: float = 30.0
+    # After NVML fails to initialise (driver not loaded, ...), retry this often.
+    init_retry_seconds: float = 30.0
+
+
+@dataclass(frozen=True)
+class KmsgSourceSection:
+    path: Path = Path("/dev/kmsg")
+
+
+@dataclass(frozen=True)
+class SourcesSection:
+    nvml: NvmlSourceSection = field(default_factory=NvmlSourceSection)
+    kmsg: KmsgSourceSection = field(default_factory=KmsgSourceSection)
+
+
+@dataclass(frozen=True)
+class EccCheck:
+    enabled: bool = True
+    # Corrected (single-bit) errors per hour above which the GPU is WARN.
+    sbe_rate_per_hour: float = 100.0
+    # Window over which the SBE rate is measured.
+    rate_window_seconds: float = 3600.0
+
+
+@dataclass(frozen=True)
+class ThermalCheck:
+    enabled: bool = True
+    # WARN when the GPU is within this many degrees of its slowdown threshold.
+    slowdown_margin_c: float = 5.0
+    # CRITICAL when the GPU is within this many degrees of its shutdown threshold.
+    shutdown_margin_c: float = 5.0
+    # Used when NVML does not report thresholds (H100 SXM defaults).
+    fallback_slowdown_c: float = 87.0
+    fallback_shutdown_c: float = 92.0
+
+
+@dataclass(frozen=True)
+class PcieCheck:
+    enabled: bool = True
+    # A link below its maximum generation or width for longer than this is WARN.
+    # (GPUs drop the link speed at idle to save power, so a short dip is normal.)
+    degraded_hold_seconds: float = 300.0
+    # Only flag a lower generation when the GPU is busy enough that it should be at speed.
+    degraded_min_utilization_pct: float = 10.0
+    # PCIe replays per minute above which the GPU is WARN.
+    replay_rate_per_minute: float = 10.0
+
+
+@dataclass(frozen=True)
+class PersistenceCheck:
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class MigCheck:
+    enabled: bool = True
+    # "any": no expectation; "enabled"/"disabled": WARN when a GPU differs.
+    expected: Literal["any", "enabled", "disabled"] = "any"
+
+
+@dataclass(frozen=True)
+class NvlinkCheck:
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class ChecksSection:
+    ecc: EccCheck = field(default_factory=EccCheck)
+    thermal: ThermalCheck = field(default_factory=ThermalCheck)
+    pcie: PcieCheck = field(default_factory=PcieCheck)
+    persistence: PersistenceCheck = field(default_factory=PersistenceCheck)
+    mig: MigCheck = field(default_factory=MigCheck)
+    nvlink: NvlinkCheck = field(default_factory=NvlinkCheck)
+
+
+@dataclass(frozen=True)
+class Config:
+    agent: AgentSection = field(default_factory=AgentSection)
+    api: ApiSection = field(default_factory=ApiSection)
+    metrics: MetricsSection = field(default_factory=MetricsSection)
+    sources: SourcesSection = field(default_factory=SourcesSection)
+    checks: ChecksSection = field(default_factory=ChecksSection)
+
+
+# --- extra rules beyond types ----------------------------------------------------------
+
+_POSITIVE = {
+    "sources.nvml.interval_seconds",
+    "sources.nvml.call_timeout_seconds",
+    "sources.nvml.slow_interval_seconds",
+    "sources.nvml.init_retry_seconds",
+    "checks.ecc.rate_window_seconds",
+}
+_NON_NEGATIVE = {
+    "checks.ecc.sbe_rate_per_hour",
+    "checks.thermal.slowdown_margin_c",
+    "checks.thermal.shutdown_margin_c",
+    "checks.pcie.degraded_hold_seconds",
+    "checks.pcie.degraded_min_utilization_pct",
+    "checks.pcie.replay_rate_per_minute",
+}
+_LISTEN_RE = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]*):(\d{1,5})$")
+
+
+def _check_value(key: str, value: object) -> str | None:
+    """Return a problem with an already type-checked value, or None."""
+    if key in _POSITIVE and isinstance(value, int | float) and value <= 0:
+        return "must be greater than 0"
+    if key in _NON_NEGATIVE and isinstance(value, int | float) and value < 0:
+        return "must not be negative"
+    if key == "metrics.listen":
+        match = _LISTEN_RE.match(str(value))
+        if match is None or not 0 < int(match.group(2)) < 65536:
+            return 'must be "HOST:PORT", e.g. "0.0.0.0:19400" or "[::1]:19400"'
+    return None
+
+
+# --- loading ------------------------------------------------------------------------------
+
+
+def load_config(path: Path | None) -> Config:
+    """Load and validate ``path``; None gives the defaults."""
+    if path is None:
+        return Config()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not UTF-8 text") from None
+    return parse_config(text)
+
+
+def parse_config(text: str) -> Config:
+    data = parse_toml(text)
+    return build_dataclass(Config, data, text)
+
+
+def parse_toml(text: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        line_match = re.search(r"line (\d+)", str(exc))
+        message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
+        line = int(line_match.group(1)) if line_match else None
+        raise ConfigError(f"invalid TOML: {message}", line=line) from None
+
+
+def build_dataclass(cls: type[T], data: dict[str, Any], text: str, prefix: str = "") -> T:
+    """Build dataclass ``cls`` from a TOML table, rejecting unknown keys and wrong types."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key not in names:
+            known = ", ".join(sorted(names))
+            raise ConfigError(
+                f"unknown key (known here: {known})", key=dotted, line=find_line(text, dotted)
+            )
+        kwargs[key] = _convert(hints[key], value, dotted, text)
+        problem = _check_value(dotted, kwargs[key])
+        if problem:
+            raise ConfigError(problem, key=dotted, line=find_line(text, dotted))
+    return cls(**kwargs)
+
+
+def _convert(hint: Any, value: Any, key: str, text: str) -> Any:  # noqa: PLR0911, PLR0912, C901
+    def fail(expected: str) -> ConfigError:
+        shown = f"{type(value).__name__} {value!r}"
+        return ConfigError(f"expected {expected}, got {shown}", key=key, line=find_line(text, key))
+
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise fail("a table")
+        return build_dataclass(typing.cast("type[Any]", hint), value, text, prefix=f"{key}.")
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        if value not in choices:
+            raise fail("one of " + ", ".join(repr(c) for c in choices))
+        return value
+    if origin in (types.UnionType, typing.Union):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _convert(args[0], value, key, text)
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise fail("a list")
+        return [_convert(item, v, key, text) for v in value]
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise fail("true or false")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise fail("an integer")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise fail("a number")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise fail("a string")
+        return value
+    if hint is Path:
+        if not isinstance(value, str) or not value:
+            raise fail("a non-empty path string")
+        return Path(value)
+    raise fail(str(hint))  # pragma: no cover - a schema type this loader does not know
+
+
+_HEADER_RE = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+_KEY_RE = re.compile(r"^\s*([A-Za-z0-9_\-\"'.]+?)\s*=")
+
+
+def find_line(text: str, dotted: str) -> int | None:
+    """Line (1-based) where ``dotted`` is set or its table opens; None if not found.
+
+    TOML parsers do not report positions, so this walks table headers and key lines,
+    which covers the plain files people write.
+    """
+    target = dotted.split(".")
+    table: list[str] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        header = _HEADER_RE.match(raw)
+        if header:
+            table = [p.strip().strip("\"'") for p in header.group(1).split(".")]
+            if table == target:
+                return number
+            continue
+        key = _KEY_RE.match(raw)
+        if key:
+            path = table + [p.strip().strip("\"'") for p in key.group(1).split(".")]
+            if path == target or path == target[: len(path)]:
+                return number
+    return None

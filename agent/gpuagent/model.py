@@ -1,0 +1,229 @@
+"""The data every part of the agent shares: observations, findings and the node snapshot.
+
+Everything here is immutable. Sources build new values, the state store swaps whole
+snapshots, and outputs read them without locks.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+class Severity(enum.Enum):
+    """Health of one check, one GPU or the node.
+
+    ``value`` is the number exported in metrics and used as the `gpuagent check` exit
+    code (the Nagios convention); ``rank`` orders severities when combining them, where a
+    GPU we cannot see (UNKNOWN) is worse than a warning but better than a known failure.
+    """
+
+    OK = 0
+    WARN = 1
+    CRITICAL = 2
+    UNKNOWN = 3
+
+    @property
+    def rank(self) -> int:
+        return _RANK[self]
+
+    @staticmethod
+    def worst(severities: tuple[Severity, ...] | list[Severity]) -> Severity:
+        return max(severities, key=lambda s: s.rank, default=Severity.OK)
+
+
+_RANK = {Severity.OK: 0, Severity.WARN: 1, Severity.UNKNOWN: 2, Severity.CRITICAL: 3}
+
+EvidenceValue = str | int | float | bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """The result of one check for one GPU (``gpu`` is its PCI bus id) or the node (None)."""
+
+    check: str
+    severity: Severity
+    reason: str
+    gpu: str | None = None
+    evidence: tuple[tuple[str, EvidenceValue], ...] = ()
+    action: str = "none"
+    runbook: str = ""
+
+    def evidence_dict(self) -> dict[str, EvidenceValue]:
+        return dict(self.evidence)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuIdentity:
+    """What does not change while the driver is loaded: read once per NVML session."""
+
+    index: int
+    pci_bus_id: str  # canonical sysfs form: "0000:18:00.0"
+    uuid: str
+    name: str
+    serial: str | None = None
+    vbios_version: str | None = None
+    minor_number: int | None = None  # /dev/nvidiaN
+    temperature_slowdown_c: float | None = None
+    temperature_shutdown_c: float | None = None
+    temperature_gpu_max_c: float | None = None
+    temperature_memory_max_c: float | None = None
+    power_default_limit_w: float | None = None
+    pcie_max_generation: int | None = None
+    pcie_max_width: int | None = None
+    nvlink_count: int = 0
+
+    @property
+    def device(self) -> str:
+        """dcgm-exporter's ``device`` label: the device node name."""
+        return f"nvidia{self.minor_number if self.minor_number is not None else self.index}"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    pid: int
+    name: str
+    used_mib: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReadings:
+    """One poll of one GPU. ``None`` means the GPU does not support the value."""
+
+    temperature_c: float | None = None
+    memory_temperature_c: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    energy_mj: int | None = None
+    sm_clock_mhz: int | None = None
+    memory_clock_mhz: int | None = None
+    utilization_gpu_pct: float | None = None
+    utilization_memory_pct: float | None = None
+    utilization_encoder_pct: float | None = None
+    utilization_decoder_pct: float | None = None
+    fb_used_mib: float | None = None
+    fb_free_mib: float | None = None
+    fb_reserved_mib: float | None = None
+    ecc_enabled: bool | None = None
+    ecc_sbe_volatile: int | None = None
+    ecc_dbe_volatile: int | None = None
+    ecc_sbe_aggregate: int | None = None
+    ecc_dbe_aggregate: int | None = None
+    retired_pages_sbe: int | None = None
+    retired_pages_dbe: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    row_remap_pending: bool | None = None
+    row_remap_failure: bool | None = None
+    pcie_generation: int | None = None
+    pcie_width: int | None = None
+    pcie_replay_count: int | None = None
+    clock_event_reasons: int | None = None  # NVML bitmask (nvmlClocksEventReason*)
+    persistence_mode: bool | None = None
+    mig_mode_current: bool | None = None
+    mig_mode_pending: bool | None = None
+    # One entry per NVLink: True up, False down, None unknown/unsupported.
+    nvlink_up: tuple[bool | None, ...] = ()
+    nvlink_crc_flit_errors: int | None = None
+    nvlink_crc_data_errors: int | None = None
+    nvlink_replay_errors: int | None = None
+    nvlink_recovery_errors: int | None = None
+    processes: tuple[GpuProcess, ...] = ()
+
+
+GpuStatus = Literal["ok", "lost", "timeout", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuState:
+    """What the agent knows about one GPU right now.
+
+    ``readings`` is None unless ``status == "ok"``: a lost or wedged GPU serves no values,
+    so nothing stale is ever exported.
+    """
+
+    identity: GpuIdentity
+    status: GpuStatus
+    readings: GpuReadings | None = None
+    error: str | None = None
+    sampled_at: float | None = None  # wall clock of the last successful sample
+    sampled_monotonic: float | None = None
+
+
+NvmlInitProblem = Literal[
+    "driver_not_loaded",
+    "library_not_found",
+    "version_mismatch",
+    "no_permission",
+    "timeout",
+    "other",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlStatus:
+    """Node-level NVML state: whether the library is usable at all."""
+
+    ok: bool
+    problem: NvmlInitProblem | None = None
+    message: str = ""
+    driver_version: str | None = None
+    nvml_version: str | None = None
+    cuda_driver_version: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SourceStatus:
+    """Supervisor bookkeeping for one source, exported like node_exporter's collector stats."""
+
+    name: str
+    up: bool
+    last_success: float | None = None  # wall clock
+    last_error: str | None = None
+    last_duration_seconds: float | None = None
+    consecutive_failures: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeHealth:
+    findings: tuple[Finding, ...] = ()
+
+    def for_gpu(self, pci_bus_id: str) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.gpu == pci_bus_id)
+
+    def node_findings(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.gpu is None)
+
+    def gpu_severity(self, pci_bus_id: str) -> Severity:
+        return Severity.worst([f.severity for f in self.for_gpu(pci_bus_id)])
+
+    @property
+    def severity(self) -> Severity:
+        return Severity.worst([f.severity for f in self.findings])
+
+    def problems(self, pci_bus_id: str | None = None) -> tuple[Finding, ...]:
+        """Non-OK findings, worst first; for one GPU, or all when ``pci_bus_id`` is None."""
+        chosen = self.findings if pci_bus_id is None else self.for_gpu(pci_bus_id)
+        bad = [f for f in chosen if f.severity is not Severity.OK]
+        return tuple(sorted(bad, key=lambda f: -f.severity.rank))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    """Everything outputs may show, from one moment. Replaced whole, never mutated."""
+
+    node_name: str
+    cluster: str
+    hostname: str
+    sequence: int
+    taken_at: float  # wall clock
+    nvml: NvmlStatus
+    gpus: tuple[GpuState, ...] = ()
+    health: NodeHealth = field(default_factory=NodeHealth)
+    sources: tuple[SourceStatus, ...] = ()
+    simulated: bool = False
+
+    def gpu(self, pci_bus_id: str) -> GpuState | None:
+        return next((g for g in self.gpus if g.identity.pci_bus_id == pci_bus_id), None)

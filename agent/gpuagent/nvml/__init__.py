@@ -1,0 +1,1 @@
+"""The NVML layer: the only code that talks to pynvml."""

@@ -1,0 +1,278 @@
+"""Reading one GPU through pynvml: identity once, readings every poll.
+
+Runs on the GPU's worker thread (blocking). Calls per poll are kept low: most counters
+come in one `nvmlDeviceGetFieldValues` batch, and values that rarely change (persistence,
+MIG/ECC mode, PCIe link state, memory clock) are read on the slower cadence and carried
+between slow reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pynvml
+
+from gpuagent.model import GpuIdentity, GpuProcess, GpuReadings
+from gpuagent.nvml.errors import GpuLostError, optional, text
+from gpuagent.nvml.worker import CallWorker
+
+_MIB = 1024 * 1024
+
+# Field id → GpuReadings attribute, read in one batch each poll.
+_COUNTER_FIELDS: dict[int, str] = {
+    pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: "ecc_sbe_volatile",
+    pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: "ecc_dbe_volatile",
+    pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL: "ecc_sbe_aggregate",
+    pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL: "ecc_dbe_aggregate",
+    pynvml.NVML_FI_DEV_RETIRED_SBE: "retired_pages_sbe",
+    pynvml.NVML_FI_DEV_RETIRED_DBE: "retired_pages_dbe",
+    pynvml.NVML_FI_DEV_RETIRED_PENDING: "retired_pages_pending",
+    pynvml.NVML_FI_DEV_REMAPPED_COR: "remapped_rows_correctable",
+    pynvml.NVML_FI_DEV_REMAPPED_UNC: "remapped_rows_uncorrectable",
+    pynvml.NVML_FI_DEV_REMAPPED_PENDING: "row_remap_pending",
+    pynvml.NVML_FI_DEV_REMAPPED_FAILURE: "row_remap_failure",
+    pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: "pcie_replay_count",
+    pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: "energy_mj",
+    pynvml.NVML_FI_DEV_MEMORY_TEMP: "memory_temperature_c",
+    pynvml.NVML_FI_DEV_POWER_INSTANT: "power_w",
+    pynvml.NVML_FI_DEV_POWER_CURRENT_LIMIT: "power_limit_w",
+    pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: "nvlink_crc_flit_errors",
+    pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: "nvlink_crc_data_errors",
+    pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: "nvlink_replay_errors",
+    pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: "nvlink_recovery_errors",
+}
+_BOOL_ATTRS = {"retired_pages_pending", "row_remap_pending", "row_remap_failure"}
+_MILLIWATT_ATTRS = {"power_w", "power_limit_w"}
+
+# Fields read once with the identity.
+_STATIC_FIELDS: dict[int, str] = {
+    pynvml.NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT: "temperature_slowdown_c",
+    pynvml.NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT: "temperature_shutdown_c",
+    pynvml.NVML_FI_DEV_TEMPERATURE_GPU_MAX_TLIMIT: "temperature_gpu_max_c",
+    pynvml.NVML_FI_DEV_TEMPERATURE_MEM_MAX_TLIMIT: "temperature_memory_max_c",
+    pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT: "nvlink_count",
+}
+_THRESHOLD_FALLBACK = {
+    "temperature_slowdown_c": pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
+    "temperature_shutdown_c": pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
+    "temperature_gpu_max_c": pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX,
+    "temperature_memory_max_c": pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX,
+}
+
+_VALUE_MEMBER = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+}
+
+
+def canonical_bus_id(nvml_bus_id: str) -> str:
+    """NVML's "00000000:18:00.0" → sysfs's "0000:18:00.0" (lower case)."""
+    domain, _, rest = nvml_bus_id.strip().lower().partition(":")
+    return f"{int(domain, 16):04x}:{rest}" if rest else nvml_bus_id.lower()
+
+
+def _field_values(worker: CallWorker, handle: Any, ids: list[Any]) -> list[float | int | None]:
+    values = worker.track(
+        "nvmlDeviceGetFieldValues",
+        optional,
+        "fieldValues",
+        pynvml.nvmlDeviceGetFieldValues,
+        handle,
+        ids,
+    )
+    if values is None:
+        return [None] * len(ids)
+    out: list[float | int | None] = []
+    for value in values:
+        if value.nvmlReturn != pynvml.NVML_SUCCESS:
+            if value.nvmlReturn == pynvml.NVML_ERROR_GPU_IS_LOST:
+                raise GpuLostError("nvmlDeviceGetFieldValues")
+            out.append(None)
+            continue
+        member = _VALUE_MEMBER.get(value.valueType)
+        out.append(getattr(value.value, member) if member else None)
+    return out
+
+
+class Device:
+    """One GPU's handle and the reads made through its worker thread."""
+
+    def __init__(
+        self,
+        index: int,
+        handle: Any,
+        worker: CallWorker,
+        process_name: Callable[[int], str | None],
+    ) -> None:
+        self.index = index
+        self.handle = handle
+        self.worker = worker
+        self._process_name = process_name
+        self._slow: dict[str, Any] = {}
+        self._fields: list[Any] = list(_COUNTER_FIELDS)
+        self._nvlink_count = 0
+        self._power_field_supported = True
+
+    def _get(self, call: str, fn: Callable[..., Any], *args: object) -> Any:
+        return self.worker.track(call, optional, call, fn, self.handle, *args)
+
+    # --- identity (once per NVML session) -----------------------------------------------
+
+    def read_identity(self) -> GpuIdentity:
+        pci = self._get("nvmlDeviceGetPciInfo", pynvml.nvmlDeviceGetPciInfo)
+        bus_id = canonical_bus_id(text(pci.busId) or "") if pci is not None else ""
+        static_ids = list(_STATIC_FIELDS)
+        static = dict(
+            zip(
+                _STATIC_FIELDS.values(),
+                _field_values(self.worker, self.handle, static_ids),
+                strict=True,
+            )
+        )
+        for attr, threshold in _THRESHOLD_FALLBACK.items():
+            if static.get(attr) is None:
+                static[attr] = self._get(
+                    "nvmlDeviceGetTemperatureThreshold",
+                    pynvml.nvmlDeviceGetTemperatureThreshold,
+                    threshold,
+                )
+        self._nvlink_count = int(static.pop("nvlink_count") or 0)
+        self._fields = list(_COUNTER_FIELDS) + [
+            (pynvml.NVML_FI_DEV_NVLINK_GET_STATE, link) for link in range(self._nvlink_count)
+        ]
+        default_limit = self._get(
+            "nvmlDeviceGetPowerManagementDefaultLimit",
+            pynvml.nvmlDeviceGetPowerManagementDefaultLimit,
+        )
+        return GpuIdentity(
+            index=self.index,
+            pci_bus_id=bus_id or f"unknown-{self.index}",
+            uuid=text(self._get("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID)) or "",
+            name=text(self._get("nvmlDeviceGetName", pynvml.nvmlDeviceGetName)) or "",
+            serial=text(self._get("nvmlDeviceGetSerial", pynvml.nvmlDeviceGetSerial)),
+            vbios_version=text(
+                self._get("nvmlDeviceGetVbiosVersion", pynvml.nvmlDeviceGetVbiosVersion)
+            ),
+            minor_number=self._get("nvmlDeviceGetMinorNumber", pynvml.nvmlDeviceGetMinorNumber),
+            power_default_limit_w=None if default_limit is None else default_limit / 1000,
+            pcie_max_generation=self._get(
+                "nvmlDeviceGetMaxPcieLinkGeneration", pynvml.nvmlDeviceGetMaxPcieLinkGeneration
+            ),
+            pcie_max_width=self._get(
+                "nvmlDeviceGetMaxPcieLinkWidth", pynvml.nvmlDeviceGetMaxPcieLinkWidth
+            ),
+            nvlink_count=self._nvlink_count,
+            **{k: None if v is None else float(v) for k, v in static.items()},
+        )
+
+    # --- readings (every poll) -------------------------------------------------------------
+
+    def read(self, include_slow: bool) -> GpuReadings:
+        """One poll. Raises GpuLostError or NvmlCallError; CallWorker times the calls."""
+        if include_slow or not self._slow:
+            self._slow = self._read_slow()
+        values = dict(
+            zip(self._fields, _field_values(self.worker, self.handle, self._fields), strict=True)
+        )
+        readings: dict[str, Any] = {}
+        for field_id, attr in _COUNTER_FIELDS.items():
+            value = values.get(field_id)
+            if value is not None:
+                if attr in _BOOL_ATTRS:
+                    value = bool(value)
+                elif attr in _MILLIWATT_ATTRS:
+                    value = value / 1000
+            readings[attr] = value
+        readings["nvlink_up"] = tuple(
+            _link_state(values.get((pynvml.NVML_FI_DEV_NVLINK_GET_STATE, link)))
+            for link in range(self._nvlink_count)
+        )
+        if readings["power_w"] is None and self._power_field_supported:
+            # Older drivers lack the instant-power field: use the classic call instead.
+            power = self._get("nvmlDeviceGetPowerUsage", pynvml.nvmlDeviceGetPowerUsage)
+            self._power_field_supported = power is None
+            readings["power_w"] = None if power is None else power / 1000
+        readings.update(self._read_fast())
+        for key, value in self._slow.items():
+            if readings.get(key) is None:
+                readings[key] = value
+        return GpuReadings(**readings)
+
+    def _read_fast(self) -> dict[str, Any]:
+        util = self._get("nvmlDeviceGetUtilizationRates", pynvml.nvmlDeviceGetUtilizationRates)
+        enc = self._get("nvmlDeviceGetEncoderUtilization", pynvml.nvmlDeviceGetEncoderUtilization)
+        dec = self._get("nvmlDeviceGetDecoderUtilization", pynvml.nvmlDeviceGetDecoderUtilization)
+        memory = self._get(
+            "nvmlDeviceGetMemoryInfo", pynvml.nvmlDeviceGetMemoryInfo, pynvml.nvmlMemory_v2
+        )
+        procs = self._get(
+            "nvmlDeviceGetComputeRunningProcesses", pynvml.nvmlDeviceGetComputeRunningProcesses
+        )
+        return {
+            "temperature_c": self._get(
+                "nvmlDeviceGetTemperature",
+                pynvml.nvmlDeviceGetTemperature,
+                pynvml.NVML_TEMPERATURE_GPU,
+            ),
+            "utilization_gpu_pct": None if util is None else util.gpu,
+            "utilization_memory_pct": None if util is None else util.memory,
+            "utilization_encoder_pct": None if enc is None else enc[0],
+            "utilization_decoder_pct": None if dec is None else dec[0],
+            "fb_used_mib": None if memory is None else memory.used / _MIB,
+            "fb_free_mib": None if memory is None else memory.free / _MIB,
+            "fb_reserved_mib": None if memory is None else getattr(memory, "reserved", 0) / _MIB,
+            "sm_clock_mhz": self._get(
+                "nvmlDeviceGetClockInfo", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_SM
+            ),
+            "clock_event_reasons": self._get(
+                "nvmlDeviceGetCurrentClocksEventReasons",
+                pynvml.nvmlDeviceGetCurrentClocksEventReasons,
+            ),
+            "processes": tuple(self._process(p) for p in procs or ()),
+        }
+
+    def _read_slow(self) -> dict[str, Any]:
+        ecc = self._get("nvmlDeviceGetEccMode", pynvml.nvmlDeviceGetEccMode)
+        mig = self._get("nvmlDeviceGetMigMode", pynvml.nvmlDeviceGetMigMode)
+        persistence = self._get("nvmlDeviceGetPersistenceMode", pynvml.nvmlDeviceGetPersistenceMode)
+        slow: dict[str, Any] = {
+            "memory_clock_mhz": self._get(
+                "nvmlDeviceGetClockInfo", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_MEM
+            ),
+            "persistence_mode": None
+            if persistence is None
+            else persistence == pynvml.NVML_FEATURE_ENABLED,
+            "ecc_enabled": None if ecc is None else ecc[0] == pynvml.NVML_FEATURE_ENABLED,
+            "mig_mode_current": None if mig is None else mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE,
+            "mig_mode_pending": None if mig is None else mig[1] == pynvml.NVML_DEVICE_MIG_ENABLE,
+            "pcie_generation": self._get(
+                "nvmlDeviceGetCurrPcieLinkGeneration", pynvml.nvmlDeviceGetCurrPcieLinkGeneration
+            ),
+            "pcie_width": self._get(
+                "nvmlDeviceGetCurrPcieLinkWidth", pynvml.nvmlDeviceGetCurrPcieLinkWidth
+            ),
+        }
+        if not self._power_field_supported:
+            limit = self._get(
+                "nvmlDeviceGetEnforcedPowerLimit", pynvml.nvmlDeviceGetEnforcedPowerLimit
+            )
+            slow["power_limit_w"] = None if limit is None else limit / 1000
+        return slow
+
+    def _process(self, info: Any) -> GpuProcess:
+        used = getattr(info, "usedGpuMemory", None)
+        return GpuProcess(
+            pid=int(info.pid),
+            name=self._process_name(int(info.pid)) or f"pid {info.pid}",
+            used_mib=None if used is None else used / _MIB,
+        )
+
+
+def _link_state(value: float | None) -> bool | None:
+    return None if value is None else value == pynvml.NVML_FEATURE_ENABLED

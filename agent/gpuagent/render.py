@@ -1,0 +1,79 @@
+"""Human-readable status table, rendered from the status document (a plain dict), so
+the CLI needs nothing but the JSON it received."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+_COLUMNS = ("GPU", "BUS ID", "MODEL", "TEMP", "POWER", "ECC SBE/DBE", "HEALTH", "REASON")
+
+
+def _fmt(value: object, unit: str = "", digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}{unit}"
+    return f"{value}{unit}"
+
+
+def _gpu_row(gpu: dict[str, Any]) -> tuple[str, ...]:
+    findings = gpu.get("findings") or []
+    reason = findings[0]["reason"] if findings else ("" if gpu["status"] == "ok" else gpu["status"])
+    ecc = (
+        "-"
+        if gpu.get("ecc_sbe_volatile") is None and gpu.get("ecc_dbe_volatile") is None
+        else f"{_fmt(gpu.get('ecc_sbe_volatile'))}/{_fmt(gpu.get('ecc_dbe_volatile'))}"
+    )
+    return (
+        str(gpu["index"]),
+        gpu["pci_bus_id"],
+        (gpu.get("model") or "?").removeprefix("NVIDIA "),
+        _fmt(gpu.get("temperature_c"), "C"),
+        _fmt(gpu.get("power_w"), "W"),
+        ecc,
+        gpu["health"],
+        reason,
+    )
+
+
+def render_status(doc: dict[str, Any], now: float | None = None) -> str:
+    node = doc["node"]
+    now = time.time() if now is None else now
+    age = now - doc["taken_at"]
+    lines = [
+        f"Node {node['name']} (cluster {node['cluster']}): {node['health']}"
+        + (" [simulated]" if node.get("simulated") else ""),
+        (
+            f"Driver {node.get('driver_version') or '-'}"
+            f"  CUDA {node.get('cuda_driver_version') or '-'}  snapshot {age:.1f} s old"
+        ),
+    ]
+    lines.extend(
+        f"  {f['severity']} {f['check']}: {f['reason']} (action: {f['action']})"
+        for f in node.get("findings", [])
+    )
+    rows = [_COLUMNS, *(_gpu_row(g) for g in doc["gpus"])]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS) - 1)]
+    lines.append("")
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        lines.append("  ".join([*cells, row[-1]]).rstrip())
+    problems = [(g, f) for g in doc["gpus"] for f in g.get("findings", [])[1:]]
+    if problems:
+        lines.append("")
+        lines.extend(
+            f"GPU {g['index']} {f['severity']} {f['check']}: {f['reason']}" for g, f in problems
+        )
+    sources = doc.get("sources") or []
+    if sources:
+        lines.append("")
+        lines.append(
+            "Sources: "
+            + ", ".join(
+                f"{s['name']} {'up' if s['up'] else 'DOWN'}"
+                + (f" ({s['last_error']})" if s.get("last_error") and not s["up"] else "")
+                for s in sources
+            )
+        )
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Sources observe the node; they never decide health."""

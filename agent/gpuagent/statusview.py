@@ -1,0 +1,92 @@
+"""The status document (`gpuagent status --json`, the API, `gpuagent check --json`).
+
+Built from a snapshot; its schema is documented in docs/api.md and versioned by
+"schema". Only non-OK findings are listed: a healthy GPU has an empty list.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuagent.model import Finding, GpuState, NodeSnapshot, SourceStatus
+
+SCHEMA_VERSION = 1
+
+
+def finding_json(finding: Finding) -> dict[str, Any]:
+    return {
+        "check": finding.check,
+        "severity": finding.severity.name,
+        "reason": finding.reason,
+        "action": finding.action,
+        "runbook": finding.runbook,
+        "evidence": finding.evidence_dict(),
+    }
+
+
+def _gpu_json(snapshot: NodeSnapshot, gpu: GpuState) -> dict[str, Any]:
+    ident = gpu.identity
+    readings = gpu.readings
+    doc: dict[str, Any] = {
+        "index": ident.index,
+        "pci_bus_id": ident.pci_bus_id,
+        "uuid": ident.uuid,
+        "model": ident.name,
+        "serial": ident.serial,
+        "status": gpu.status,
+        "error": gpu.error,
+        "health": snapshot.health.gpu_severity(ident.pci_bus_id).name,
+        "sampled_at": gpu.sampled_at,
+        "findings": [finding_json(f) for f in snapshot.health.problems(ident.pci_bus_id)],
+    }
+    if readings is not None:
+        doc.update(
+            temperature_c=readings.temperature_c,
+            power_w=readings.power_w,
+            power_limit_w=readings.power_limit_w,
+            utilization_gpu_pct=readings.utilization_gpu_pct,
+            fb_used_mib=readings.fb_used_mib,
+            ecc_sbe_volatile=readings.ecc_sbe_volatile,
+            ecc_dbe_volatile=readings.ecc_dbe_volatile,
+            pcie_generation=readings.pcie_generation,
+            pcie_width=readings.pcie_width,
+            persistence_mode=readings.persistence_mode,
+            processes=[
+                {"pid": p.pid, "name": p.name, "used_mib": p.used_mib} for p in readings.processes
+            ],
+        )
+    return doc
+
+
+def _source_json(source: SourceStatus) -> dict[str, Any]:
+    return {
+        "name": source.name,
+        "up": source.up,
+        "last_success": source.last_success,
+        "last_error": source.last_error,
+        "last_duration_seconds": source.last_duration_seconds,
+        "consecutive_failures": source.consecutive_failures,
+    }
+
+
+def status_document(snapshot: NodeSnapshot) -> dict[str, Any]:
+    nvml = snapshot.nvml
+    return {
+        "schema": SCHEMA_VERSION,
+        "taken_at": snapshot.taken_at,
+        "sequence": snapshot.sequence,
+        "node": {
+            "name": snapshot.node_name,
+            "cluster": snapshot.cluster,
+            "hostname": snapshot.hostname,
+            "health": snapshot.health.severity.name,
+            "simulated": snapshot.simulated,
+            "driver_version": nvml.driver_version,
+            "cuda_driver_version": nvml.cuda_driver_version,
+            "nvml_version": nvml.nvml_version,
+            "nvml": {"ok": nvml.ok, "problem": nvml.problem, "message": nvml.message},
+            "findings": [finding_json(f) for f in snapshot.health.problems() if f.gpu is None],
+        },
+        "gpus": [_gpu_json(snapshot, gpu) for gpu in snapshot.gpus],
+        "sources": [_source_json(s) for s in snapshot.sources],
+    }
