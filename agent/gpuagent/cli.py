@@ -72,13 +72,14 @@ def _setup_logging(level: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    config = _load_config(args.config)
+    _check_scenario(args.simulate)
+    _setup_logging(args.log_level)
+
     import asyncio  # noqa: PLC0415
 
     from gpuagent.daemon import Agent  # noqa: PLC0415
 
-    config = _load_config(args.config)
-    _check_scenario(args.simulate)
-    _setup_logging(args.log_level)
     agent = Agent(config, simulate=args.simulate)
     try:
         asyncio.run(agent.run())
@@ -88,15 +89,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    config = _load_config(args.config)
+    _check_scenario(args.simulate)
+    _setup_logging("ERROR")
+
     import asyncio  # noqa: PLC0415
 
     from gpuagent.daemon import Agent  # noqa: PLC0415
     from gpuagent.render import render_status  # noqa: PLC0415
     from gpuagent.statusview import status_document  # noqa: PLC0415
 
-    config = _load_config(args.config)
-    _check_scenario(args.simulate)
-    _setup_logging("ERROR")
     snapshot = asyncio.run(Agent(config, simulate=args.simulate).collect_once())
     doc = status_document(snapshot)
     print(json.dumps(doc, indent=2) if args.json else render_status(doc))
