@@ -53,20 +53,36 @@ def test_values_are_applied() -> None:
     ("text", "key", "line", "problem"),
     [
         ("[agent]\nfoo = 1\n", "agent.foo", 2, "unknown key"),
-        ("[sources]\n[sources.nvml]\n\ninterval_seconds = 'x'\n", "sources.nvml.interval_seconds",
-         4, "expected a number"),
-        ("[sources.nvml]\ninterval_seconds = 0\n", "sources.nvml.interval_seconds", 2,
-         "greater than 0"),
-        ("[checks.pcie]\nreplay_rate_per_minute = -1\n", "checks.pcie.replay_rate_per_minute", 2,
-         "not be negative"),
+        (
+            "[sources]\n[sources.nvml]\n\ninterval_seconds = 'x'\n",
+            "sources.nvml.interval_seconds",
+            4,
+            "expected a number",
+        ),
+        (
+            "[sources.nvml]\ninterval_seconds = 0\n",
+            "sources.nvml.interval_seconds",
+            2,
+            "greater than 0",
+        ),
+        (
+            "[checks.pcie]\nreplay_rate_per_minute = -1\n",
+            "checks.pcie.replay_rate_per_minute",
+            2,
+            "not be negative",
+        ),
         ("[checks.ecc]\nenabled = 1\n", "checks.ecc.enabled", 2, "true or false"),
         ("[checks.mig]\nexpected = 'on'\n", "checks.mig.expected", 2, "one of"),
         ("[metrics]\nlisten = 'nope'\n", "metrics.listen", 2, "HOST:PORT"),
         ("[metrics]\nlisten = '1.2.3.4:70000'\n", "metrics.listen", 2, "HOST:PORT"),
         ("agent = 3\n", "agent", 1, "expected a table"),
         ("[bogus]\nx = 1\n", "bogus", 1, "unknown key"),
-        ("sources.nvml.call_timeout_seconds = true\n", "sources.nvml.call_timeout_seconds", 1,
-         "expected a number"),
+        (
+            "sources.nvml.call_timeout_seconds = true\n",
+            "sources.nvml.call_timeout_seconds",
+            1,
+            "expected a number",
+        ),
         ("[api]\nsocket = ''\n", "api.socket", 2, "non-empty path"),
     ],
 )
@@ -97,7 +113,9 @@ def test_config_check_command_accepts_the_example() -> None:
     assert "valid" in result.stdout
 
 
-@pytest.mark.parametrize("command", [["config", "check"], ["run", "--config"], ["check", "--config"]])
+@pytest.mark.parametrize(
+    "command", [["config", "check"], ["run", "--config"], ["check", "--config"]]
+)
 def test_invalid_config_exits_2_without_traceback(tmp_path: Path, command: list[str]) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[agent]\ncluster = 'a'\n\n[sources.nvml]\ncall_timeout_seconds = 'slow'\n")

@@ -72,6 +72,7 @@ class Agent:
         self._refresh = asyncio.Event()
         self._memory = HealthMemory()
         self._sequence = 0
+        self._polls = 0
         self._nvml_tracker = SourceTracker("nvml")
         self._nvml: NvmlSource | None = None
         self._metrics: MetricsServer | None = None
@@ -130,6 +131,7 @@ class Agent:
         self._api.route("status", self._api_status)
         self._api.route("refresh", self._api_refresh)
         self._api.route("inject", self._api_inject, changes_state=True)
+        self._api.route("simulator", self._api_simulator)
         await self._api.start()
         await self.poll_once()
         self.notifier.ready(self._summary())
@@ -179,6 +181,7 @@ class Agent:
         """Poll NVML, evaluate checks, publish a snapshot. False when the source failed."""
         assert self._nvml is not None
         started = time.monotonic()
+        self._polls += 1
         try:
             observation = await self._nvml.poll()
         except Exception as exc:  # a source bug must not take the daemon down
@@ -267,6 +270,16 @@ class Agent:
         async with asyncio.timeout(30):
             snapshot = await self.store.next_update()
         return {"sequence": snapshot.sequence}
+
+    async def _api_simulator(self, _params: dict[str, Any]) -> dict[str, Any]:
+        """NVML call counts of a simulated daemon, for benchmarks."""
+        if self.simulator is None:
+            raise ApiError("not a simulated daemon")
+        return {
+            "polls": self._polls,
+            "calls": self.simulator.call_counts(),
+            "calls_per_device": {str(k): v for k, v in self.simulator.calls_per_device().items()},
+        }
 
     async def _api_inject(self, params: dict[str, Any]) -> dict[str, Any]:
         if self.simulator is None:

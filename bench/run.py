@@ -1,0 +1,278 @@
+"""gpuagent benchmarks: runs the real daemon on simulated nodes and measures it.
+
+    scripts/bench              (sets up, then runs this file)
+    .venv/bin/python bench/run.py [--quick]
+
+Prints a table and writes bench/results/latest.json. Targets are checked here, never in
+unit tests, so a busy machine cannot make the test suite flaky.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+GPUAGENT = [sys.executable, "-m", "gpuagent"]
+sys.path.insert(0, str(REPO / "agent"))
+
+from gpuagent.client import call  # noqa: E402
+
+
+@dataclass
+class Row:
+    name: str
+    value: float
+    unit: str
+    target: str = ""
+    ok: bool | None = None
+    reference: str = ""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def percentile(samples: list[float], pct: float) -> float:
+    ordered = sorted(samples)
+    index = min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))
+    return ordered[index]
+
+
+class Daemon:
+    """The real daemon under the simulator, with a NOTIFY_SOCKET to see READY=1."""
+
+    def __init__(self, workdir: Path, gpus: int, interval: float) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.socket = workdir / "api.sock"
+        scenario = workdir / f"node-{gpus}.toml"
+        scenario.write_text(f'[node]\ngpus = {gpus}\nmodel = "NVIDIA H100 80GB HBM3"\n')
+        config = workdir / "config.toml"
+        config.write_text(
+            f'[agent]\nstate_dir = "{workdir / "state"}"\n'
+            f'[api]\nsocket = "{self.socket}"\n'
+            f'[metrics]\nlisten = "127.0.0.1:{self.port}"\n'
+            f"[sources.nvml]\ninterval_seconds = {interval}\n"
+        )
+        self.notify_path = workdir / "notify.sock"
+        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.notify.bind(str(self.notify_path))
+        self.args = [*GPUAGENT, "run", "--config", str(config), "--simulate", str(scenario)]
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> float:
+        """Start and wait for READY=1; returns seconds from exec to READY."""
+        env = {**os.environ, "NOTIFY_SOCKET": str(self.notify_path)}
+        started = time.perf_counter()
+        self.process = subprocess.Popen(
+            self.args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        self.notify.settimeout(30)
+        while True:
+            message = self.notify.recv(4096).decode()
+            if "READY=1" in message:
+                return time.perf_counter() - started
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(10)
+        self.notify.close()
+        self.notify_path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def daemon(gpus: int, interval: float) -> Iterator[Daemon]:
+    with tempfile.TemporaryDirectory(prefix="gpuagent-bench-") as tmp:
+        d = Daemon(Path(tmp), gpus, interval)
+        try:
+            d.ready_seconds = d.start()  # type: ignore[attr-defined]
+            yield d
+        finally:
+            d.stop()
+
+
+def scrape_latencies(port: int, count: int, path: str = "/metrics") -> list[float]:
+    samples = []
+    for _ in range(count):
+        started = time.perf_counter()
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        connection.request("GET", path)
+        response = connection.getresponse()
+        response.read()
+        connection.close()
+        if response.status != 200:
+            raise RuntimeError(f"scrape failed: HTTP {response.status}")
+        samples.append((time.perf_counter() - started) * 1000)
+    return samples
+
+
+def bench_scrapes(rows: list[Row], scrapes: int) -> dict[int, float]:
+    p99s = {}
+    for gpus in (8, 16):
+        with daemon(gpus, interval=1.0) as d:
+            scrape_latencies(d.port, 20)  # warm up
+            samples = scrape_latencies(d.port, scrapes)
+        p50, p99 = percentile(samples, 50), percentile(samples, 99)
+        p99s[gpus] = p99
+        target = gpus == 8
+        rows.append(Row(f"scrape p50, {gpus} GPUs", p50, "ms"))
+        rows.append(
+            Row(
+                f"scrape p99, {gpus} GPUs",
+                p99,
+                "ms",
+                "< 5" if target else "",
+                (p99 < 5) if target else None,
+            )
+        )
+    return p99s
+
+
+def bench_daemon(rows: list[Row], seconds: float) -> float:
+    """CPU and peak RSS at a 1 s poll with 8 GPUs, NVML calls per GPU per poll, READY."""
+    with daemon(8, interval=1.0) as d:
+        ready = d.ready_seconds  # type: ignore[attr-defined]
+        assert d.process is not None
+        proc = psutil.Process(d.process.pid)
+        time.sleep(2)  # let start-up work settle
+        before_calls = call(d.socket, "simulator")
+        cpu_before = sum(proc.cpu_times()[:2])
+        wall_before = time.perf_counter()
+        time.sleep(seconds)
+        cpu_after = sum(proc.cpu_times()[:2])
+        wall_after = time.perf_counter()
+        after_calls = call(d.socket, "simulator")
+        peak_rss_mb = _peak_rss_kib(d.process.pid) / 1024
+        status_times = []
+        for _ in range(20):
+            started = time.perf_counter()
+            subprocess.run(
+                [str(REPO / ".venv/bin/gpuagent"), "status", "--socket", str(d.socket)],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+            status_times.append(time.perf_counter() - started)
+    cpu_pct = (cpu_after - cpu_before) / (wall_after - wall_before) * 100
+    polls = after_calls["polls"] - before_calls["polls"]
+    calls = sum(after_calls["calls_per_device"].values()) - sum(
+        before_calls["calls_per_device"].values()
+    )
+    per_gpu_poll = calls / 8 / max(polls, 1)
+    rows.append(Row("daemon CPU, 8 GPUs, 1 s poll", cpu_pct, "% of a core", "< 2", cpu_pct < 2))
+    rows.append(Row("daemon peak RSS", peak_rss_mb, "MB", "< 60", peak_rss_mb < 60))
+    rows.append(Row("NVML calls per GPU per poll", per_gpu_poll, "calls", "<= 12", per_gpu_poll <= 12))
+    readies = [ready]
+    for _ in range(4):
+        with daemon(8, interval=1.0) as again:
+            readies.append(again.ready_seconds)  # type: ignore[attr-defined]
+    ready_median = statistics.median(readies)
+    rows.append(Row("start to READY (median of 5)", ready_median, "s", "< 2", ready_median < 2))
+    status_median = statistics.median(status_times)
+    rows.append(
+        Row("gpuagent status wall time (median of 20)", status_median, "s", "< 0.5", status_median < 0.5)
+    )
+    return peak_rss_mb
+
+
+def _peak_rss_kib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return float(line.split()[1])
+    return float("nan")
+
+
+def bench_node_exporter(rows: list[Row], scrapes: int, our_p99: float, our_rss: float) -> None:
+    binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    if binary is None:
+        rows.append(Row("node_exporter comparison", float("nan"), "", reference="not installed"))
+        return
+    port = free_port()
+    process = subprocess.Popen(
+        [binary, f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                scrape_latencies(port, 1)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        scrape_latencies(port, 20)
+        samples = scrape_latencies(port, scrapes)
+        rss = psutil.Process(process.pid).memory_info().rss / 1e6
+        peak_rss = _peak_rss_kib(process.pid) / 1024
+    finally:
+        process.terminate()
+        process.wait(10)
+    p99 = percentile(samples, 99)
+    rows.append(
+        Row("node_exporter scrape p99", p99, "ms", reference=f"ours/theirs = {our_p99 / p99:.2f}")
+    )
+    rows.append(
+        Row(
+            "node_exporter peak RSS",
+            peak_rss,
+            "MB",
+            reference=f"ours/theirs = {our_rss / peak_rss:.2f} (current {rss:.1f} MB)",
+        )
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="10 s daemon window, 200 scrapes")
+    args = parser.parse_args()
+    scrapes = 200 if args.quick else 1000
+    seconds = 10.0 if args.quick else 60.0
+    rows: list[Row] = []
+    p99s = bench_scrapes(rows, scrapes)
+    rss = bench_daemon(rows, seconds)
+    bench_node_exporter(rows, scrapes, p99s[8], rss)
+
+    width = max(len(r.name) for r in rows)
+    print(f"{'benchmark':<{width}}  {'value':>10}  {'unit':<12} {'target':<7} {'ok':<4} reference")
+    for r in rows:
+        ok = "" if r.ok is None else ("yes" if r.ok else "NO")
+        print(f"{r.name:<{width}}  {r.value:>10.3f}  {r.unit:<12} {r.target:<7} {ok:<4} {r.reference}")
+    results = REPO / "bench" / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "latest.json").write_text(
+        json.dumps(
+            {
+                "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "host": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
+                "quick": args.quick,
+                "rows": [r.__dict__ for r in rows],
+            },
+            indent=2,
+        )
+    )
+    return 0 if all(r.ok is not False for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

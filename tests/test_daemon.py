@@ -1,0 +1,280 @@
+"""Integration: the real daemon on simulated nodes, driven through its API, CLI and /metrics."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import DaemonProcess, run_cli, start_daemon
+
+pytestmark = pytest.mark.integration
+
+H100 = '[node]\ngpus = {gpus}\nmodel = "NVIDIA H100 80GB HBM3"\n'
+Run = Callable[..., DaemonProcess]
+
+
+def _gpu(doc: dict[str, Any], index: int) -> dict[str, Any]:
+    return next(g for g in doc["gpus"] if g["index"] == index)
+
+
+def _severity(doc: dict[str, Any], index: int, check: str) -> str:
+    findings = _gpu(doc, index)["findings"]
+    return next((f["severity"] for f in findings if f["check"] == check), "OK")
+
+
+def _samples(text: str, name: str) -> list[Any]:
+    return [
+        s for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name
+    ]
+
+
+def test_healthy_node_ready_status_metrics_and_clean_stop(run_daemon: Run) -> None:
+    daemon = run_daemon(H100.format(gpus=8))
+    ready = next(n for n in daemon.notifications if "READY=1" in n)
+    assert "STATUS=8 GPUs, health OK" in ready
+
+    result = daemon.cli("status", "--socket", str(daemon.socket), "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["node"]["name"] == "test-node"
+    assert doc["node"]["health"] == "OK"
+    assert [g["index"] for g in doc["gpus"]] == list(range(8))
+    first = doc["gpus"][0]
+    assert first["pci_bus_id"] == "0000:18:00.0"
+    assert first["uuid"].startswith("GPU-")
+    assert first["model"] == "NVIDIA H100 80GB HBM3"
+    assert first["health"] == "OK"
+    assert first["findings"] == []
+
+    table = daemon.cli("status", "--config", str(daemon.config))
+    assert table.returncode == 0, table.stderr
+    assert "0000:18:00.0" in table.stdout
+    assert "H100 80GB HBM3" in table.stdout
+
+    metrics = daemon.metrics()
+    temps = _samples(metrics, "DCGM_FI_DEV_GPU_TEMP")
+    assert len(temps) == 8
+    assert temps[0].labels["Hostname"] == socket.gethostname()
+    assert temps[0].labels["pci_bus_id"] == "00000000:18:00.0"
+    assert {s.value for s in _samples(metrics, "gpuagent_gpu_up")} == {1.0}
+    with urllib.request.urlopen(f"http://127.0.0.1:{daemon.port}/", timeout=5) as r:
+        assert b"/metrics" in r.read()
+
+    # The watchdog is pinged from the event loop.
+    notes = daemon.read_notifications(1.5)
+    assert any("WATCHDOG=1" in n for n in notes)
+
+    started = time.monotonic()
+    assert daemon.stop() == 0
+    assert time.monotonic() - started < 5
+    assert not daemon.socket.exists()
+
+
+# (fault kind, values, check that must fire, severity, extra config)
+FAULTS: list[tuple[str, dict[str, Any], str, str]] = [
+    ("ecc_dbe", {"count": 1}, "ecc", "CRITICAL"),
+    ("ecc_sbe", {"count": 100000}, "ecc", "WARN"),
+    ("retired_pages", {"count": 2, "pending": True}, "retired_pages", "WARN"),
+    ("row_remap_pending", {}, "row_remap", "WARN"),
+    ("row_remap_failure", {}, "row_remap", "CRITICAL"),
+    ("temperature", {"celsius": 84}, "thermal", "WARN"),
+    ("temperature", {"celsius": 91}, "thermal", "CRITICAL"),
+    ("throttle", {"reasons": ["hw_thermal"]}, "thermal", "WARN"),
+    ("pcie_degrade", {"gen": 5, "width": 8}, "pcie", "WARN"),
+    ("pcie_replay", {"count": 100000}, "pcie", "WARN"),
+    ("gpu_lost", {}, "availability", "CRITICAL"),
+    ("persistence_off", {}, "persistence", "WARN"),
+    ("nvlink_down", {"link": 3}, "nvlink", "CRITICAL"),
+]
+
+
+@pytest.fixture(scope="module")
+def sixteen_gpus(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    daemon = start_daemon(
+        tmp_path_factory.mktemp("faults"),
+        H100.format(gpus=16),
+        config_extra="[checks.pcie]\ndegraded_hold_seconds = 0\n",
+    )
+    yield daemon
+    daemon.stop()
+
+
+@pytest.mark.parametrize(
+    ("gpu", "kind", "values", "check", "severity"),
+    [(i, *fault) for i, fault in enumerate(FAULTS)],
+    ids=[f"{f[0]}-{f[3]}" for f in FAULTS],
+)
+def test_each_fault_kind_turns_into_its_finding(
+    sixteen_gpus: DaemonProcess,
+    gpu: int,
+    kind: str,
+    values: dict[str, Any],
+    check: str,
+    severity: str,
+) -> None:
+    daemon = sixteen_gpus
+    daemon.wait_for(lambda d: _gpu(d, gpu)["health"] == "OK")
+    daemon.inject(kind, gpu, **values)
+    doc = daemon.wait_for(lambda d: _severity(d, gpu, check) == severity)
+    finding = next(f for f in _gpu(doc, gpu)["findings"] if f["check"] == check)
+    assert finding["reason"]
+    assert finding["runbook"]
+    # Only the GPU we broke changed.
+    assert _gpu(doc, gpu + 1)["health"] == "OK"
+    metrics = daemon.metrics()
+    bus = _gpu(doc, gpu)["pci_bus_id"]
+    health = [
+        s.value
+        for s in _samples(metrics, "gpuagent_gpu_health")
+        if s.labels["check"] == check and s.labels["pci_bus_id"].endswith(bus[4:])
+    ]
+    assert health == [{"WARN": 1.0, "CRITICAL": 2.0}[severity]]
+
+
+def test_lost_gpu_serves_no_stale_values(sixteen_gpus: DaemonProcess) -> None:
+    daemon = sixteen_gpus
+    lost = FAULTS.index(("gpu_lost", {}, "availability", "CRITICAL"))
+    daemon.inject("gpu_lost", lost)
+    doc = daemon.wait_for(lambda d: _gpu(d, lost)["status"] == "lost")
+    assert "temperature_c" not in _gpu(doc, lost)
+    metrics = daemon.metrics()
+    up = {s.labels["gpu"]: s.value for s in _samples(metrics, "gpuagent_gpu_up")}
+    assert up[str(lost)] == 0.0
+    assert str(lost) not in {s.labels["gpu"] for s in _samples(metrics, "DCGM_FI_DEV_GPU_TEMP")}
+
+
+def test_process_on_gpu_is_shown_with_its_name(sixteen_gpus: DaemonProcess) -> None:
+    daemon = sixteen_gpus
+    daemon.inject("process", 15, pid=4242, name="train.py", used_mib=1024)
+    doc = daemon.wait_for(lambda d: bool(_gpu(d, 15).get("processes")))
+    assert _gpu(doc, 15)["processes"] == [{"pid": 4242, "name": "train.py", "used_mib": 1024.0}]
+
+
+def test_clear_returns_a_gpu_to_healthy(sixteen_gpus: DaemonProcess) -> None:
+    daemon = sixteen_gpus
+    daemon.inject("persistence_off", 14)
+    daemon.wait_for(lambda d: _severity(d, 14, "persistence") == "WARN")
+    daemon.inject("clear", 14)
+    daemon.wait_for(lambda d: _gpu(d, 14)["health"] == "OK")
+
+
+def test_hang_on_one_gpu_leaves_the_others_and_the_scrape_alive(run_daemon: Run) -> None:
+    daemon = run_daemon(H100.format(gpus=8), interval=0.3, call_timeout=0.5)
+    daemon.inject("nvml_hang", 2, seconds=4)
+    doc = daemon.wait_for(lambda d: _gpu(d, 2)["status"] == "timeout", timeout=5)
+    assert _gpu(doc, 2)["health"] == "UNKNOWN"
+    assert _gpu(doc, 2)["findings"][0]["reason"].startswith("nvml_timeout")
+    # While GPU 2 is wedged, the others keep updating and scrapes keep answering quickly.
+    before = _gpu(doc, 5)["sampled_at"]
+    started = time.monotonic()
+    metrics = daemon.metrics()
+    assert time.monotonic() - started < 0.5
+    assert {s.labels["gpu"] for s in _samples(metrics, "DCGM_FI_DEV_GPU_TEMP")} == {
+        "0",
+        "1",
+        "3",
+        "4",
+        "5",
+        "6",
+        "7",
+    }
+    later = daemon.wait_for(lambda d: _gpu(d, 5)["sampled_at"] > before + 0.5, timeout=3)
+    assert _gpu(later, 2)["status"] == "timeout"
+    # When the call returns, the GPU comes back by itself.
+    daemon.wait_for(lambda d: _gpu(d, 2)["health"] == "OK", timeout=10)
+
+
+def test_nvml_that_cannot_start_is_a_node_finding_and_the_daemon_keeps_serving(
+    run_daemon: Run,
+) -> None:
+    daemon = run_daemon('[node]\ngpus = 8\ninit_error = "driver_not_loaded"\n')
+    doc = daemon.status()
+    assert doc["node"]["health"] == "CRITICAL"
+    assert doc["node"]["nvml"]["problem"] == "driver_not_loaded"
+    assert doc["node"]["findings"][0]["check"] == "nvml"
+    assert doc["gpus"] == []
+    metrics = daemon.metrics()
+    assert [s.value for s in _samples(metrics, "gpuagent_nvml_up")] == [0.0]
+    assert [s.value for s in _samples(metrics, "gpuagent_source_up")] == [0.0]
+
+
+def test_bad_api_requests_are_rejected_and_the_daemon_carries_on(run_daemon: Run) -> None:
+    daemon = run_daemon(H100.format(gpus=2))
+    for request in (b"not json\n", b"[1,2]\n", b'{"method": "reboot"}\n', b'{"method": 1}\n'):
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(5)
+            sock.connect(str(daemon.socket))
+            sock.sendall(request)
+            response = json.loads(sock.makefile().readline())
+        assert response["ok"] is False
+        assert response["error"]
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(5)
+        sock.connect(str(daemon.socket))
+        sock.sendall(b"x" * (70 * 1024) + b"\n")
+        assert json.loads(sock.makefile().readline())["error"] == "request too large"
+    assert daemon.status()["node"]["health"] == "OK"
+    bad_inject = daemon.cli("inject", "--socket", str(daemon.socket), "ecc_tbe", "--gpu", "0")
+    assert bad_inject.returncode == 1
+    assert "ecc_tbe" in bad_inject.stderr
+
+
+def test_socket_is_owner_only(run_daemon: Run) -> None:
+    daemon = run_daemon(H100.format(gpus=1))
+    assert daemon.socket.stat().st_mode & 0o777 == 0o600
+
+
+def test_metrics_port_in_use_is_a_clear_error(tmp_path: Path, run_daemon: Run) -> None:
+    daemon = run_daemon(H100.format(gpus=1))
+    config = tmp_path / "clash.toml"
+    config.write_text(
+        f'[api]\nsocket = "{tmp_path / "other.sock"}"\n'
+        f'[metrics]\nlisten = "127.0.0.1:{daemon.port}"\n'
+    )
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(H100.format(gpus=1))
+    result = daemon.cli("run", "--config", str(config), "--simulate", str(scenario))
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert str(daemon.port) in result.stderr
+
+
+def _check(tmp_path: Path, scenario: str, *extra: str) -> tuple[int, dict[str, Any]]:
+    path = tmp_path / "check.toml"
+    path.write_text(scenario)
+    config = tmp_path / "c.toml"
+    config.write_text("[sources.nvml]\ncall_timeout_seconds = 0.5\n")
+    result = run_cli("check", "--json", "--config", str(config), "--simulate", str(path), *extra)
+    return result.returncode, json.loads(result.stdout)
+
+
+@pytest.mark.parametrize(
+    ("fault", "code"),
+    [
+        ("", 0),
+        ('[[fault]]\ngpu = 1\nkind = "persistence_off"\n', 1),
+        ('[[fault]]\ngpu = 1\nkind = "ecc_dbe"\ncount = 1\n', 2),
+        ('[[fault]]\ngpu = 1\nkind = "nvml_hang"\nseconds = 3\n', 3),
+    ],
+    ids=["ok", "warn", "critical", "unknown"],
+)
+def test_check_exit_codes_follow_nagios(tmp_path: Path, fault: str, code: int) -> None:
+    returncode, doc = _check(tmp_path, H100.format(gpus=4) + fault)
+    assert returncode == code
+    assert doc["node"]["health"] == ["OK", "WARN", "CRITICAL", "UNKNOWN"][code]
+
+
+def test_scrape_before_and_after_404(run_daemon: Run) -> None:
+    daemon = run_daemon(H100.format(gpus=1))
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(f"http://127.0.0.1:{daemon.port}/nope", timeout=5)
+    assert info.value.code == 404
