@@ -179,7 +179,9 @@ def bench_daemon(rows: list[Row], seconds: float) -> float:
     per_gpu_poll = calls / 8 / max(polls, 1)
     rows.append(Row("daemon CPU, 8 GPUs, 1 s poll", cpu_pct, "% of a core", "< 2", cpu_pct < 2))
     rows.append(Row("daemon peak RSS", peak_rss_mb, "MB", "< 60", peak_rss_mb < 60))
-    rows.append(Row("NVML calls per GPU per poll", per_gpu_poll, "calls", "<= 12", per_gpu_poll <= 12))
+    rows.append(
+        Row("NVML calls per GPU per poll", per_gpu_poll, "calls", "<= 12", per_gpu_poll <= 12)
+    )
     readies = [ready]
     for _ in range(4):
         with daemon(8, interval=1.0) as again:
@@ -188,7 +190,13 @@ def bench_daemon(rows: list[Row], seconds: float) -> float:
     rows.append(Row("start to READY (median of 5)", ready_median, "s", "< 2", ready_median < 2))
     status_median = statistics.median(status_times)
     rows.append(
-        Row("gpuagent status wall time (median of 20)", status_median, "s", "< 0.5", status_median < 0.5)
+        Row(
+            "gpuagent status wall time (median of 20)",
+            status_median,
+            "s",
+            "< 0.5",
+            status_median < 0.5,
+        )
     )
     return peak_rss_mb
 
@@ -257,7 +265,9 @@ def main() -> int:
     print(f"{'benchmark':<{width}}  {'value':>10}  {'unit':<12} {'target':<7} {'ok':<4} reference")
     for r in rows:
         ok = "" if r.ok is None else ("yes" if r.ok else "NO")
-        print(f"{r.name:<{width}}  {r.value:>10.3f}  {r.unit:<12} {r.target:<7} {ok:<4} {r.reference}")
+        print(
+            f"{r.name:<{width}}  {r.value:>10.3f}  {r.unit:<12} {r.target:<7} {ok:<4} {r.reference}"
+        )
     results = REPO / "bench" / "results"
     results.mkdir(parents=True, exist_ok=True)
     (results / "latest.json").write_text(

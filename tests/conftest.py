@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -90,11 +89,15 @@ class DaemonProcess:
                 )
             time.sleep(0.1)
 
-    def read_notifications(self, timeout: float) -> list[str]:
-        self.notify.settimeout(timeout)
-        with contextlib.suppress(TimeoutError):
-            while True:
+    def read_notifications(self, seconds: float) -> list[str]:
+        """Collect sd_notify messages for ``seconds`` (the watchdog keeps them coming)."""
+        deadline = time.monotonic() + seconds
+        while (remaining := deadline - time.monotonic()) > 0:
+            self.notify.settimeout(remaining)
+            try:
                 self.notifications.append(self.notify.recv(4096).decode())
+            except TimeoutError:
+                break
         return self.notifications
 
     def stop(self) -> int:
@@ -138,31 +141,33 @@ def start_daemon(
         "PYTHONUNBUFFERED": "1",
     }
     env.pop("WATCHDOG_PID", None)
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpuagent",
-            "run",
-            "--config",
-            str(config),
-            "--simulate",
-            str(scenario_path),
-            "--log-level",
-            "debug",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    # The daemon's log goes to a file: an unread pipe would fill up and block it.
+    log = workdir / "daemon.log"
+    with log.open("w") as log_file:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpuagent",
+                "run",
+                "--config",
+                str(config),
+                "--simulate",
+                str(scenario_path),
+                "--log-level",
+                "debug",
+            ],
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
     daemon = DaemonProcess(workdir, process, sock, port, config, notify)
     deadline = time.monotonic() + 20
     while not any("READY=1" in n for n in daemon.notifications):
         if process.poll() is not None or time.monotonic() > deadline:
             daemon.stop()
-            output = process.stdout.read() if process.stdout else ""
-            raise AssertionError(f"daemon did not become ready:\n{output}")
+            raise AssertionError(f"daemon did not become ready:\n{log.read_text()}")
         daemon.read_notifications(0.2)
     return daemon
 
@@ -179,5 +184,3 @@ def run_daemon(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
     yield run
     for daemon in started:
         daemon.stop()
-        if daemon.process.stdout:
-            daemon.process.stdout.close()

@@ -67,7 +67,7 @@ def test_healthy_node_ready_status_metrics_and_clean_stop(run_daemon: Run) -> No
     assert temps[0].labels["pci_bus_id"] == "00000000:18:00.0"
     assert {s.value for s in _samples(metrics, "gpuagent_gpu_up")} == {1.0}
     with urllib.request.urlopen(f"http://127.0.0.1:{daemon.port}/", timeout=5) as r:
-        assert b"/metrics" in r.read()
+        assert b'href="metrics"' in r.read()
 
     # The watchdog is pinged from the event loop.
     notes = daemon.read_notifications(1.5)
@@ -135,7 +135,7 @@ def test_each_fault_kind_turns_into_its_finding(
     health = [
         s.value
         for s in _samples(metrics, "gpuagent_gpu_health")
-        if s.labels["check"] == check and s.labels["pci_bus_id"].endswith(bus[4:])
+        if s.labels["check"] == check and s.labels["pci_bus_id"].lower().endswith(bus[4:])
     ]
     assert health == [{"WARN": 1.0, "CRITICAL": 2.0}[severity]]
 
@@ -278,3 +278,4 @@ def test_scrape_before_and_after_404(run_daemon: Run) -> None:
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(f"http://127.0.0.1:{daemon.port}/nope", timeout=5)
     assert info.value.code == 404
+    info.value.close()

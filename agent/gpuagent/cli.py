@@ -207,7 +207,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    # `inject KIND --gpu I key=value ...`: values may follow the options.
+    if extra and args.command == "inject" and all("=" in item for item in extra):
+        args.values += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     result: int = args.func(args)
     return result
 

@@ -19,6 +19,8 @@ def _pure_notify(state: str) -> bool:
     if address.startswith("@"):  # abstract namespace
         address = "\0" + address[1:]
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+        # Never block the event loop on a receiver that is not reading: drop instead.
+        sock.setblocking(False)  # noqa: FBT003 - the socket API takes a plain bool
         try:
             sock.connect(address)
             sock.sendall(state.encode())
@@ -42,6 +44,7 @@ def _load_notify() -> Callable[[str], bool]:
 class Notifier:
     def __init__(self, send: Callable[[str], bool] | None = None) -> None:
         self._send = send or _load_notify()
+        self._last_status: str | None = None
 
     @property
     def watchdog_interval(self) -> float | None:
@@ -56,10 +59,13 @@ class Notifier:
             return None
 
     def ready(self, status: str) -> None:
+        self._last_status = status
         self._send(f"READY=1\nSTATUS={status}")
 
     def status(self, status: str) -> None:
-        self._send(f"STATUS={status}")
+        if status != self._last_status:
+            self._last_status = status
+            self._send(f"STATUS={status}")
 
     def watchdog(self) -> None:
         self._send("WATCHDOG=1")

@@ -1,0 +1,90 @@
+"""What every check shares: its input view, its outcome and how an outcome becomes a Finding.
+
+A check reports the problems it sees plus the raw numbers it used; turning that into the
+one Finding per check is done here, once, so every check combines problems the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from gpuagent.checks.memory import GpuMemory
+from gpuagent.checks.vocabulary import Action, Runbook
+from gpuagent.config import ChecksSection
+from gpuagent.model import EvidenceValue, Finding, GpuIdentity, GpuReadings, Severity
+
+Evidence = tuple[tuple[str, EvidenceValue], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    """Everything a per-GPU check may look at: one GPU's latest readings and its memory.
+
+    ``memory`` already includes this poll's samples, so rate checks see the newest value.
+    """
+
+    identity: GpuIdentity
+    readings: GpuReadings
+    config: ChecksSection
+    memory: GpuMemory
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    severity: Severity
+    reason: str
+    action: Action
+    runbook: Runbook
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A check's verdict: no problems means OK with ``ok_reason``."""
+
+    ok_reason: str
+    evidence: Evidence = ()
+    problems: tuple[Problem, ...] = ()
+
+
+def to_finding(check: str, gpu: str | None, outcome: Outcome) -> Finding:
+    """One Finding from an outcome: the worst problem decides severity, action and runbook.
+
+    Every problem's reason is kept (worst first) so a GPU that is both hot and throttled
+    says both in its one finding.
+    """
+    if not outcome.problems:
+        return Finding(
+            check=check,
+            severity=Severity.OK,
+            reason=outcome.ok_reason,
+            gpu=gpu,
+            evidence=outcome.evidence,
+            action=Action.NONE.value,
+            runbook=Runbook.NONE.value,
+        )
+    # sorted() is stable, so equally bad problems keep the order the check listed them in.
+    ranked = sorted(outcome.problems, key=lambda p: -p.severity.rank)
+    worst = ranked[0]
+    return Finding(
+        check=check,
+        severity=worst.severity,
+        reason="; ".join(p.reason for p in ranked),
+        gpu=gpu,
+        evidence=outcome.evidence,
+        action=worst.action.value,
+        runbook=worst.runbook.value,
+    )
+
+
+def fmt(value: float) -> str:
+    """A number for a human sentence: whole numbers without a decimal point, else one digit."""
+    if not math.isfinite(value):
+        return str(value)
+    rounded = round(value, 1)
+    return str(int(rounded)) if rounded == int(rounded) else f"{rounded:.1f}"
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"

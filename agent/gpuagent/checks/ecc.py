@@ -1,0 +1,98 @@
+"""``ecc``: uncorrectable errors, the corrected-error rate, and ECC being switched off.
+
+NVML's volatile counters count since the last driver load or GPU reset, so any volatile
+double-bit error (DBE) is a new one that the running workload may have seen. The
+single-bit (SBE) rate comes from the aggregate counter, which survives resets, and falls
+back to the volatile counter on GPUs that only report that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gpuagent.checks.common import GpuView, Outcome, Problem, fmt, plural
+from gpuagent.checks.memory import GpuMemory, Rate
+from gpuagent.checks.vocabulary import Action, Runbook
+from gpuagent.config import EccCheck
+from gpuagent.model import GpuReadings, Severity
+
+
+def _sbe_counter(readings: GpuReadings) -> tuple[int | None, str]:
+    if readings.ecc_sbe_aggregate is not None:
+        return readings.ecc_sbe_aggregate, "aggregate"
+    return readings.ecc_sbe_volatile, "volatile"
+
+
+def remember_sbe(
+    memory: GpuMemory, readings: GpuReadings | None, config: EccCheck, now: float
+) -> GpuMemory:
+    """Add this poll's SBE sample; an unread GPU (``readings`` None) only ages old samples."""
+    value, source = (None, memory.sbe.source) if readings is None else _sbe_counter(readings)
+    sbe = memory.sbe.observe(now, value, source, config.rate_window_seconds)
+    return replace(memory, sbe=sbe)
+
+
+def _supported(readings: GpuReadings) -> bool:
+    values = (
+        readings.ecc_enabled,
+        readings.ecc_sbe_volatile,
+        readings.ecc_dbe_volatile,
+        readings.ecc_sbe_aggregate,
+        readings.ecc_dbe_aggregate,
+    )
+    return any(v is not None for v in values)
+
+
+def _dbe_problem(dbe: int | None) -> Problem | None:
+    if dbe is None or dbe <= 0:
+        return None
+    return Problem(
+        Severity.CRITICAL,
+        f"{plural(dbe, 'uncorrectable ECC error')} since the last reset",
+        Action.DRAIN_AND_RESET,
+        Runbook.GPU_ECC_DBE,
+    )
+
+
+def _sbe_rate_problem(rate: Rate | None, limit_per_hour: float) -> Problem | None:
+    if rate is None or rate.per_second * 3600.0 <= limit_per_hour:
+        return None
+    return Problem(
+        Severity.WARN,
+        f"{fmt(rate.per_second * 3600.0)} corrected ECC errors per hour "
+        f"({rate.increase} in {fmt(rate.span_seconds)} s), above {fmt(limit_per_hour)}",
+        Action.INVESTIGATE,
+        Runbook.GPU_ECC_SBE_RATE,
+    )
+
+
+def _disabled_problem(enabled: bool | None) -> Problem | None:
+    if enabled is not False:
+        return None
+    return Problem(Severity.WARN, "ECC is disabled", Action.ENABLE_ECC, Runbook.GPU_ECC_DISABLED)
+
+
+def check_ecc(view: GpuView) -> Outcome:
+    readings, config = view.readings, view.config.ecc
+    rate = view.memory.sbe.rate()
+    evidence = (
+        ("ecc_enabled", readings.ecc_enabled),
+        ("dbe_volatile", readings.ecc_dbe_volatile),
+        ("sbe_volatile", readings.ecc_sbe_volatile),
+        ("dbe_aggregate", readings.ecc_dbe_aggregate),
+        ("sbe_aggregate", readings.ecc_sbe_aggregate),
+        ("sbe_rate_per_hour", None if rate is None else rate.per_second * 3600.0),
+        ("sbe_rate_limit_per_hour", config.sbe_rate_per_hour),
+        ("sbe_rate_counter", view.memory.sbe.source or None),
+        ("sbe_rate_span_seconds", None if rate is None else rate.span_seconds),
+        ("sbe_rate_samples", None if rate is None else rate.samples),
+    )
+    if not _supported(readings):
+        return Outcome("ECC not supported", evidence)
+    found = (
+        _dbe_problem(readings.ecc_dbe_volatile),
+        _sbe_rate_problem(rate, config.sbe_rate_per_hour),
+        _disabled_problem(readings.ecc_enabled),
+    )
+    problems = tuple(p for p in found if p is not None)
+    return Outcome("no uncorrectable ECC errors; corrected error rate normal", evidence, problems)

@@ -1,0 +1,270 @@
+"""Prometheus families built from one NodeSnapshot.
+
+A scrape reads the current snapshot once, so every sample in it comes from the same
+moment, and never touches NVML or the disk. Snapshots are immutable and replaced whole,
+so the families are built once per snapshot and served as-is until the next one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric, UnknownMetricFamily
+
+from gpuagent.metrics import names
+from gpuagent.metrics.names import GpuMetric, MetricSpec
+from gpuagent.model import (
+    Finding,
+    GpuIdentity,
+    GpuReadings,
+    GpuState,
+    NodeSnapshot,
+    Severity,
+    SourceStatus,
+)
+
+SnapshotGetter = Callable[[], NodeSnapshot | None]
+Labels = tuple[str, ...]
+
+_SYSFS_BUS_ID = re.compile(
+    r"(?P<domain>[0-9a-fA-F]{4,8}):(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})\.(?P<fn>[0-7])"
+)
+
+
+def nvml_bus_id(bus_id: str) -> str:
+    """sysfs "0000:3b:00.0" -> NVML "00000000:3B:00.0", the form dcgm-exporter labels with.
+
+    Anything else passes through unchanged: a label with an odd value beats a failed scrape.
+    """
+    match = _SYSFS_BUS_ID.fullmatch(bus_id)
+    if match is None:
+        return bus_id
+    domain = int(match["domain"], 16)
+    return f"{domain:08X}:{match['bus'].upper()}:{match['dev'].upper()}.{match['fn']}"
+
+
+def _number(value: object) -> float | None:
+    """A sample value, or None for "unsupported" (and anything that is not a number)."""
+    if isinstance(value, bool | int | float):
+        return float(value)
+    return None
+
+
+def _gauge(spec: MetricSpec) -> GaugeMetricFamily:
+    return GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
+
+
+class _Gpu:
+    """One GPU's label values, computed once per snapshot for all its families."""
+
+    __slots__ = ("bus_id", "dcgm_labels", "labels")
+
+    def __init__(self, identity: GpuIdentity | None, bus_id: str, host: str, driver: str) -> None:
+        self.bus_id = bus_id
+        self.labels = _gpu_labels(identity, bus_id, host)
+        self.dcgm_labels = (*self.labels, driver)
+
+
+def _gpu_labels(identity: GpuIdentity | None, bus_id: str, hostname: str) -> Labels:
+    if identity is None:
+        # A finding for a PCI device NVML never listed: keep the finding, label what we know.
+        return ("", "", nvml_bus_id(bus_id), "", "", hostname)
+    return (
+        str(identity.index),
+        identity.uuid,
+        nvml_bus_id(identity.pci_bus_id),
+        identity.device,
+        identity.name,
+        hostname,
+    )
+
+
+class _Builder:
+    """Builds every family for one snapshot; used once, then thrown away."""
+
+    def __init__(self, snapshot: NodeSnapshot, version: str) -> None:
+        self.snapshot = snapshot
+        self.version = version
+        driver = snapshot.nvml.driver_version or ""
+        host = snapshot.hostname
+        known = {
+            g.identity.pci_bus_id: _Gpu(g.identity, g.identity.pci_bus_id, host, driver)
+            for g in snapshot.gpus
+        }
+        self.gpus = [(known[g.identity.pci_bus_id], _answered(g)) for g in snapshot.gpus]
+        # Only GPUs that answered serve values: nothing stale is ever exported.
+        self.answering = [
+            (gpu, state.identity, readings)
+            for state, (gpu, readings) in zip(snapshot.gpus, self.gpus, strict=True)
+            if readings is not None
+        ]
+        # Findings may name a GPU NVML does not list (e.g. a kernel-log XID for a device
+        # that fell off the bus); those GPUs get health series but no values.
+        for finding in snapshot.health.findings:
+            if finding.gpu is not None and finding.gpu not in known:
+                known[finding.gpu] = _Gpu(None, finding.gpu, host, driver)
+        self.with_health = list(known.values())
+
+    def families(self) -> list[Metric]:
+        families: list[Metric] = [
+            *self._node(),
+            *self._sources(),
+            self._gpu_up(),
+            *self._gpu_health(),
+            *(self._table_family(m, dcgm=True) for m in names.DCGM_GPU_METRICS),
+            *(self._table_family(m, dcgm=False) for m in names.AGENT_GPU_METRICS),
+            self._clock_event_reasons(),
+            self._nvlink_up(),
+        ]
+        # Empty families would only add HELP/TYPE noise for values no GPU has.
+        return [f for f in families if f.samples]
+
+    def _node(self) -> list[Metric]:
+        snap = self.snapshot
+        node_health = _gauge(names.NODE_HEALTH)
+        node_health.add_metric([], snap.health.severity.value)
+        checks = _gauge(names.NODE_CHECK_HEALTH)
+        for check, severity in _worst_by_check(snap.health.node_findings()).items():
+            checks.add_metric([check], severity.value)
+        nvml_up = _gauge(names.NVML_UP)
+        nvml_up.add_metric([], float(snap.nvml.ok))
+        taken_at = _gauge(names.SNAPSHOT_TIMESTAMP)
+        taken_at.add_metric([], snap.taken_at)
+        simulated = _gauge(names.SIMULATED)
+        simulated.add_metric([], float(snap.simulated))
+        return [build_info(snap, self.version), node_health, checks, nvml_up, taken_at, simulated]
+
+    def _sources(self) -> list[Metric]:
+        columns: list[tuple[MetricSpec, Callable[[SourceStatus], float | None]]] = [
+            (names.SOURCE_UP, lambda s: float(s.up)),
+            (names.SOURCE_LAST_SUCCESS, lambda s: s.last_success),
+            (names.SOURCE_DURATION, lambda s: s.last_duration_seconds),
+            (names.SOURCE_FAILURES, lambda s: float(s.consecutive_failures)),
+        ]
+        families: list[Metric] = []
+        for spec, value_of in columns:
+            family = _gauge(spec)
+            for source in self.snapshot.sources:
+                value = value_of(source)
+                if value is not None:
+                    family.add_metric([source.name], value)
+            families.append(family)
+        return families
+
+    def _gpu_up(self) -> Metric:
+        family = _gauge(names.GPU_UP)
+        for gpu, readings in self.gpus:
+            family.add_metric(gpu.labels, float(readings is not None))
+        return family
+
+    def _gpu_health(self) -> list[Metric]:
+        per_check = _gauge(names.GPU_HEALTH)
+        status = _gauge(names.GPU_HEALTH_STATUS)
+        findings_by_gpu: dict[str, list[Finding]] = {}
+        for finding in self.snapshot.health.findings:
+            if finding.gpu is not None:
+                findings_by_gpu.setdefault(finding.gpu, []).append(finding)
+        for gpu in self.with_health:
+            by_check = _worst_by_check(findings_by_gpu.get(gpu.bus_id, ()))
+            for check, severity in by_check.items():
+                per_check.add_metric([*gpu.labels, check], severity.value)
+            status.add_metric(gpu.labels, Severity.worst(list(by_check.values())).value)
+        return [per_check, status]
+
+    def _table_family(self, metric: GpuMetric, *, dcgm: bool) -> Metric:
+        family_type = (
+            GaugeMetricFamily if metric.kind.exposition_type == "gauge" else UnknownMetricFamily
+        )
+        family = family_type(
+            metric.name,
+            metric.help,
+            labels=names.DCGM_LABELS if dcgm else names.GPU_LABELS,
+        )
+        for gpu, identity, readings in self.answering:
+            value = _number(metric.value(identity, readings))
+            if value is not None:
+                family.add_metric(gpu.dcgm_labels if dcgm else gpu.labels, value)
+        return family
+
+    def _clock_event_reasons(self) -> Metric:
+        family = _gauge(names.GPU_CLOCK_EVENT_REASONS)
+        for gpu, _identity, readings in self.answering:
+            mask = readings.clock_event_reasons
+            if mask is None:
+                continue
+            for reason, bit in names.CLOCK_EVENT_REASONS:
+                family.add_metric([*gpu.labels, reason], float(bool(mask & bit)))
+        return family
+
+    def _nvlink_up(self) -> Metric:
+        family = _gauge(names.GPU_NVLINK_UP)
+        for gpu, _identity, readings in self.answering:
+            for link, up in enumerate(readings.nvlink_up):
+                if up is not None:
+                    family.add_metric([*gpu.labels, str(link)], float(up))
+        return family
+
+
+def _answered(state: GpuState) -> GpuReadings | None:
+    return state.readings if state.status == "ok" else None
+
+
+def _worst_by_check(findings: Sequence[Finding]) -> dict[str, Severity]:
+    """One severity per check: two findings for one check would be duplicate series."""
+    worst: dict[str, Severity] = {}
+    for finding in findings:
+        seen = worst.get(finding.check, finding.severity)
+        worst[finding.check] = Severity.worst([seen, finding.severity])
+    return worst
+
+
+def build_info(snapshot: NodeSnapshot | None, version: str) -> Metric:
+    nvml = snapshot.nvml if snapshot is not None else None
+    family = _gauge(names.BUILD_INFO)
+    labels = [
+        version,
+        (nvml and nvml.driver_version) or "",
+        (nvml and nvml.nvml_version) or "",
+        (nvml and nvml.cuda_driver_version) or "",
+    ]
+    family.add_metric(labels, 1.0)
+    return family
+
+
+def build_families(snapshot: NodeSnapshot | None, version: str) -> tuple[Metric, ...]:
+    """Every family for ``snapshot``; only build info while there is no snapshot yet."""
+    if snapshot is None:
+        return (build_info(None, version),)
+    return tuple(_Builder(snapshot, version).families())
+
+
+class SnapshotCollector:
+    """prometheus_client collector serving the latest snapshot, built once per snapshot."""
+
+    def __init__(self, get_snapshot: SnapshotGetter, version: str) -> None:
+        self._get_snapshot = get_snapshot
+        self._version = version
+        self._cache: tuple[NodeSnapshot | None, tuple[Metric, ...]] | None = None
+
+    def collect(self) -> Iterable[Metric]:
+        snapshot = self._get_snapshot()
+        # Scrapes run on server threads; no lock is needed because the cache is one tuple
+        # swapped atomically, and two threads racing on a new snapshot just build it twice.
+        cached = self._cache
+        if cached is None or cached[0] is not snapshot:
+            cached = (snapshot, build_families(snapshot, self._version))
+            self._cache = cached
+        return cached[1]
+
+    def describe(self) -> Iterable[Metric]:
+        # Nothing to describe up front: registering must not call get_snapshot().
+        return ()
+
+
+def build_registry(get_snapshot: SnapshotGetter, version: str) -> CollectorRegistry:
+    """A private registry holding only the snapshot collector (never the global one)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(get_snapshot, version))
+    return registry

@@ -1,0 +1,331 @@
+"""The metric table: every name gpuagent exports, with its type, help text and labels.
+
+The collector and docs/metrics.md both follow this table, so adding a per-GPU value is
+one row here. dcgm-exporter names keep dcgm-exporter's help texts word for word.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpuagent.model import GpuIdentity, GpuReadings
+
+
+class Kind(enum.Enum):
+    """How a value behaves; the exposition type follows from it (see ``exposition_type``)."""
+
+    GAUGE = "gauge"
+    # Monotonic, but exported `unknown` (text format: `untyped`): prometheus_client would
+    # rename a `counter` family to NAME_total, and dcgm-exporter's names have no `_total`.
+    COUNTER = "counter"
+
+    @property
+    def exposition_type(self) -> str:
+        return "gauge" if self is Kind.GAUGE else "unknown"
+
+
+GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
+DCGM_LABELS = (*GPU_LABELS, "DCGM_FI_DRIVER_VERSION")
+
+ValueOf = Callable[[GpuIdentity, GpuReadings], object]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuMetric:
+    """One value per GPU that answers; ``value`` returning None means "not supported"."""
+
+    name: str
+    kind: Kind
+    help: str
+    value: ValueOf
+
+
+def _reading(field: str) -> ValueOf:
+    def value(_identity: GpuIdentity, readings: GpuReadings) -> object:
+        return getattr(readings, field)
+
+    return value
+
+
+def _static(field: str) -> ValueOf:
+    def value(identity: GpuIdentity, _readings: GpuReadings) -> object:
+        return getattr(identity, field)
+
+    return value
+
+
+def _process_count(_identity: GpuIdentity, readings: GpuReadings) -> object:
+    return len(readings.processes)
+
+
+def _dcgm(name: str, kind: Kind, help_text: str, field: str) -> GpuMetric:
+    return GpuMetric(f"DCGM_FI_DEV_{name}", kind, help_text, _reading(field))
+
+
+_G, _C = Kind.GAUGE, Kind.COUNTER
+
+# dcgm-exporter's field names, types and help texts (etc/default-counters.csv and
+# etc/dcp-metrics-included.csv, including the rows it ships commented out).
+DCGM_GPU_METRICS: tuple[GpuMetric, ...] = (
+    _dcgm("SM_CLOCK", _G, "SM clock frequency (in MHz).", "sm_clock_mhz"),
+    _dcgm("MEM_CLOCK", _G, "Memory clock frequency (in MHz).", "memory_clock_mhz"),
+    _dcgm("MEMORY_TEMP", _G, "Memory temperature (in C).", "memory_temperature_c"),
+    _dcgm("GPU_TEMP", _G, "GPU temperature (in C).", "temperature_c"),
+    _dcgm("POWER_USAGE", _G, "Power draw (in W).", "power_w"),
+    _dcgm(
+        "TOTAL_ENERGY_CONSUMPTION",
+        _C,
+        "Total energy consumption since boot (in mJ).",
+        "energy_mj",
+    ),
+    _dcgm("PCIE_REPLAY_COUNTER", _C, "Total number of PCIe retries.", "pcie_replay_count"),
+    # DCGM field names (ids 237/238); dcgm-exporter exports them under these names when
+    # listed in its counters file, but ships no help text for them.
+    _dcgm("PCIE_LINK_GEN", _G, "PCIe current link generation.", "pcie_generation"),
+    _dcgm("PCIE_LINK_WIDTH", _G, "PCIe current link width.", "pcie_width"),
+    _dcgm("GPU_UTIL", _G, "GPU utilization (in %).", "utilization_gpu_pct"),
+    _dcgm("MEM_COPY_UTIL", _G, "Memory utilization (in %).", "utilization_memory_pct"),
+    _dcgm("ENC_UTIL", _G, "Encoder utilization (in %).", "utilization_encoder_pct"),
+    _dcgm("DEC_UTIL", _G, "Decoder utilization (in %).", "utilization_decoder_pct"),
+    _dcgm("FB_FREE", _G, "Framebuffer memory free (in MiB).", "fb_free_mib"),
+    _dcgm("FB_USED", _G, "Framebuffer memory used (in MiB).", "fb_used_mib"),
+    _dcgm("FB_RESERVED", _G, "Framebuffer memory reserved (in MiB).", "fb_reserved_mib"),
+    _dcgm(
+        "ECC_SBE_VOL_TOTAL",
+        _C,
+        "Total number of single-bit volatile ECC errors.",
+        "ecc_sbe_volatile",
+    ),
+    _dcgm(
+        "ECC_DBE_VOL_TOTAL",
+        _C,
+        "Total number of double-bit volatile ECC errors.",
+        "ecc_dbe_volatile",
+    ),
+    _dcgm(
+        "ECC_SBE_AGG_TOTAL",
+        _C,
+        "Total number of single-bit persistent ECC errors.",
+        "ecc_sbe_aggregate",
+    ),
+    _dcgm(
+        "ECC_DBE_AGG_TOTAL",
+        _C,
+        "Total number of double-bit persistent ECC errors.",
+        "ecc_dbe_aggregate",
+    ),
+    _dcgm(
+        "RETIRED_SBE",
+        _C,
+        "Total number of retired pages due to single-bit errors.",
+        "retired_pages_sbe",
+    ),
+    _dcgm(
+        "RETIRED_DBE",
+        _C,
+        "Total number of retired pages due to double-bit errors.",
+        "retired_pages_dbe",
+    ),
+    _dcgm(
+        "RETIRED_PENDING",
+        _C,
+        "Total number of pages pending retirement.",
+        "retired_pages_pending",
+    ),
+    _dcgm(
+        "UNCORRECTABLE_REMAPPED_ROWS",
+        _C,
+        "Number of remapped rows for uncorrectable errors",
+        "remapped_rows_uncorrectable",
+    ),
+    _dcgm(
+        "CORRECTABLE_REMAPPED_ROWS",
+        _C,
+        "Number of remapped rows for correctable errors",
+        "remapped_rows_correctable",
+    ),
+    _dcgm("ROW_REMAP_FAILURE", _G, "Whether remapping of rows has failed", "row_remap_failure"),
+    _dcgm(
+        "NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+        _C,
+        "Total number of NVLink flow-control CRC errors.",
+        "nvlink_crc_flit_errors",
+    ),
+    _dcgm(
+        "NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+        _C,
+        "Total number of NVLink data CRC errors.",
+        "nvlink_crc_data_errors",
+    ),
+    _dcgm(
+        "NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+        _C,
+        "Total number of NVLink retries.",
+        "nvlink_replay_errors",
+    ),
+    _dcgm(
+        "NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+        _C,
+        "Total number of NVLink recovery errors.",
+        "nvlink_recovery_errors",
+    ),
+)
+
+# Values dcgm-exporter has no default name for, under gpuagent's own names.
+AGENT_GPU_METRICS: tuple[GpuMetric, ...] = (
+    GpuMetric(
+        "gpuagent_gpu_persistence_mode",
+        _G,
+        "1 if persistence mode is enabled.",
+        _reading("persistence_mode"),
+    ),
+    GpuMetric(
+        "gpuagent_gpu_mig_mode",
+        _G,
+        "1 if MIG mode is currently enabled.",
+        _reading("mig_mode_current"),
+    ),
+    GpuMetric(
+        "gpuagent_gpu_mig_mode_pending",
+        _G,
+        "1 if MIG mode is enabled after the next GPU reset.",
+        _reading("mig_mode_pending"),
+    ),
+    GpuMetric(
+        "gpuagent_gpu_ecc_enabled",
+        _G,
+        "1 if ECC is currently enabled.",
+        _reading("ecc_enabled"),
+    ),
+    GpuMetric(
+        "gpuagent_gpu_row_remap_pending",
+        _G,
+        "1 if rows are waiting to be remapped at the next GPU reset.",
+        _reading("row_remap_pending"),
+    ),
+    GpuMetric(
+        "gpuagent_gpu_pcie_link_generation",
+        _G,
+        "Current PCIe link generation.",
+        _reading("pcie_generation"),
+    ),
+    GpuMetric(
+        "gpuagent_gpu_pcie_link_generation_max",
+        _G,
+        "Highest PCIe link generation possible for the GPU in this system.",
+        _static("pcie_max_generation"),
+    ),
+    GpuMetric(
+        "gpuagent_gpu_pcie_link_width",
+        _G,
+        "Current PCIe link width (lanes).",
+        _reading("pcie_width"),
+    ),
+    GpuMetric(
+        "gpuagent_gpu_pcie_link_width_max",
+        _G,
+        "Widest PCIe link (lanes) possible for the GPU in this system.",
+        _static("pcie_max_width"),
+    ),
+    GpuMetric(
+        "gpuagent_gpu_power_limit_watts",
+        _G,
+        "Power limit in watts.",
+        _reading("power_limit_w"),
+    ),
+    GpuMetric(
+        "gpuagent_gpu_processes",
+        _G,
+        "Number of processes using the GPU.",
+        _process_count,
+    ),
+)
+
+# NVML clock event reason bits (nvmlClocksEventReason*), by the `reason` label value.
+CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = (
+    ("gpu_idle", 0x1),
+    ("applications_clocks", 0x2),
+    ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10),
+    ("sw_thermal", 0x20),
+    ("hw_thermal", 0x40),
+    ("power_brake", 0x80),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """A family whose samples the collector builds by hand (labels beyond the GPU's)."""
+
+    name: str
+    help: str
+    labels: tuple[str, ...] = ()
+
+
+GPU_UP = MetricSpec(
+    "gpuagent_gpu_up",
+    "1 if the GPU answered the last poll; 0 if it is lost, timed out or failed.",
+    GPU_LABELS,
+)
+GPU_HEALTH = MetricSpec(
+    "gpuagent_gpu_health",
+    "Result of one health check for the GPU: 0 OK, 1 WARN, 2 CRITICAL, 3 UNKNOWN.",
+    (*GPU_LABELS, "check"),
+)
+GPU_HEALTH_STATUS = MetricSpec(
+    "gpuagent_gpu_health_status",
+    "Worst health check result for the GPU: 0 OK, 1 WARN, 2 CRITICAL, 3 UNKNOWN.",
+    GPU_LABELS,
+)
+GPU_CLOCK_EVENT_REASONS = MetricSpec(
+    "gpuagent_gpu_clock_event_reasons",
+    "1 if NVML reports this clock event (throttle) reason as active.",
+    (*GPU_LABELS, "reason"),
+)
+GPU_NVLINK_UP = MetricSpec(
+    "gpuagent_gpu_nvlink_up",
+    "1 if the NVLink is active, 0 if it is down.",
+    (*GPU_LABELS, "link"),
+)
+NODE_HEALTH = MetricSpec(
+    "gpuagent_node_health",
+    "Worst health check result on the node: 0 OK, 1 WARN, 2 CRITICAL, 3 UNKNOWN.",
+)
+NODE_CHECK_HEALTH = MetricSpec(
+    "gpuagent_node_check_health",
+    "Result of one node-level health check: 0 OK, 1 WARN, 2 CRITICAL, 3 UNKNOWN.",
+    ("check",),
+)
+NVML_UP = MetricSpec("gpuagent_nvml_up", "1 if the NVML library is initialised and usable.")
+SOURCE_UP = MetricSpec("gpuagent_source_up", "1 if the source's last run succeeded.", ("source",))
+SOURCE_LAST_SUCCESS = MetricSpec(
+    "gpuagent_source_last_success_timestamp_seconds",
+    "Unix time of the source's last successful run.",
+    ("source",),
+)
+SOURCE_DURATION = MetricSpec(
+    "gpuagent_source_duration_seconds",
+    "How long the source's last run took.",
+    ("source",),
+)
+SOURCE_FAILURES = MetricSpec(
+    "gpuagent_source_consecutive_failures",
+    "Failed runs of the source since its last success.",
+    ("source",),
+)
+BUILD_INFO = MetricSpec(
+    "gpuagent_build_info",
+    "Always 1; labels carry the agent, driver, NVML and CUDA driver versions.",
+    ("version", "driver_version", "nvml_version", "cuda_driver_version"),
+)
+SNAPSHOT_TIMESTAMP = MetricSpec(
+    "gpuagent_snapshot_timestamp_seconds",
+    "Unix time the served snapshot was taken; alert on time() minus this for staleness.",
+)
+SIMULATED = MetricSpec(
+    "gpuagent_simulated",
+    "1 if the values come from the GPU simulator rather than real hardware.",
+)

@@ -1,0 +1,201 @@
+"""The /metrics HTTP endpoint: a small threaded WSGI server that reads only memory."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import socketserver
+import sys
+import threading
+from collections.abc import Iterable
+from typing import cast
+from wsgiref.simple_server import WSGIRequestHandler
+from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import Metric
+from prometheus_client.exposition import ThreadingWSGIServer
+
+log = logging.getLogger(__name__)
+
+_Address = tuple[str, int] | tuple[str, int, int, int]
+
+_LANDING_PAGE = b"""<!DOCTYPE html>
+<html>
+<head><meta charset="utf-8"><title>gpuagent</title></head>
+<body>
+<h1>gpuagent</h1>
+<p>GPU node health agent. <a href="metrics">Metrics</a></p>
+</body>
+</html>
+"""
+
+# serve_forever polls for shutdown this often, which bounds how long stop() waits.
+_POLL_INTERVAL_SECONDS = 0.2
+_STOP_JOIN_SECONDS = 5.0
+
+
+class _QuietHandler(WSGIRequestHandler):
+    # Drop clients that connect and then stall, so they cannot pin server threads forever.
+    timeout = 10
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - base signature
+        """Per-request access logs would flood the journal at every scrape."""
+
+
+class _Server(ThreadingWSGIServer):
+    """Thread-per-request WSGI server bound to the family of the address it listens on."""
+
+    def __init__(self, address: _Address, family: int) -> None:
+        self.address_family = family
+        super().__init__(address, _QuietHandler)
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind calls socket.getfqdn(), a reverse DNS lookup that can
+        # stall startup on a node with broken DNS; the WSGI environ only needs the address.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name = str(self.server_address[0])
+        self.server_port = int(self.server_address[1])
+        self.setup_environ()
+
+    def handle_error(self, request: object, client_address: object) -> None:  # noqa: ARG002
+        # A scraper hanging up mid-response is routine; keep tracebacks out of stderr.
+        log.debug("metrics request from %s failed: %r", client_address, sys.exc_info()[1])
+
+
+_Response = tuple[str, list[tuple[str, str]], bytes]
+# Distinct (method, Accept, Accept-Encoding, query) variants kept per set of families;
+# a Prometheus server always asks the same way, so a handful is plenty.
+_MAX_CACHED_VARIANTS = 8
+
+
+class _ResponseCache:
+    """Replays rendered /metrics responses while the registry yields the same families.
+
+    prometheus_client renders the text anew on every request, about 7 ms for eight GPUs,
+    while the snapshot collector hands back the very same family objects until the next
+    snapshot. So each response variant is rendered once per set of families. Families are
+    compared by identity and held by reference, so an id is never reused under a stale
+    entry; a registry that builds new objects on every collect() simply never hits.
+    """
+
+    def __init__(self, registry: CollectorRegistry, app: WSGIApplication) -> None:
+        self._registry = registry
+        self._app = app
+        self._lock = threading.Lock()
+        self._families: tuple[Metric, ...] = ()
+        self._responses: dict[tuple[str, ...], _Response] = {}
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        families = tuple(self._registry.collect())
+        key = tuple(
+            str(environ.get(name, ""))
+            for name in ("REQUEST_METHOD", "HTTP_ACCEPT", "HTTP_ACCEPT_ENCODING", "QUERY_STRING")
+        )
+        with self._lock:
+            if not _same_objects(families, self._families):
+                self._families, self._responses = families, {}
+            generation = self._responses
+            response = generation.get(key)
+        if response is None:
+            # Rendered after `families` was read, so never older than the key it goes under.
+            response = self._render(environ)
+            with self._lock:
+                # Not if new families arrived meanwhile: they start a new generation dict.
+                if self._responses is generation and len(generation) < _MAX_CACHED_VARIANTS:
+                    generation[key] = response
+        status, headers, body = response
+        start_response(status, list(headers))
+        return [body]
+
+    def _render(self, environ: WSGIEnvironment) -> _Response:
+        captured: list[tuple[str, list[tuple[str, str]]]] = []
+
+        def capture(status: str, headers: list[tuple[str, str]], _exc: object = None) -> None:
+            captured.append((status, headers))
+
+        body = b"".join(self._app(environ, cast("StartResponse", capture)))
+        status, headers = captured[0]
+        return status, headers, body
+
+
+def _same_objects(a: tuple[Metric, ...], b: tuple[Metric, ...]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+
+def _router(metrics_app: WSGIApplication) -> WSGIApplication:
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO") or "/"
+        if path == "/metrics":
+            return metrics_app(environ, start_response)
+        if path == "/":
+            headers = [("Content-Type", "text/html; charset=utf-8")]
+            start_response("200 OK", headers)
+            return [_LANDING_PAGE]
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+        return [b"404 Not Found: metrics are at /metrics\n"]
+
+    return app
+
+
+def _resolve(host: str, port: int) -> tuple[int, _Address]:
+    """The address family and socket address for ``host`` ("::1" and "" included)."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    for family, _type, _proto, _canonname, address in infos:
+        if family in (socket.AF_INET, socket.AF_INET6) and isinstance(address[0], str):
+            return family, address
+    raise OSError(f"no IPv4 or IPv6 address for {host!r}")
+
+
+class MetricsServer:
+    """Serves ``registry`` on /metrics (gzip and OpenMetrics negotiated by prometheus_client)."""
+
+    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
+        metrics_app = cast("WSGIApplication", make_wsgi_app(registry))
+        self._app = _router(_ResponseCache(registry, metrics_app))
+        self._host = host
+        self._requested_port = port
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port: differs from the requested one when that was 0."""
+        if self._server is None:
+            raise RuntimeError("metrics server is not started")
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        """Bind now (so a taken port fails here, loudly), then serve on a daemon thread."""
+        if self._server is not None:
+            raise RuntimeError("metrics server is already started")
+        where = f"{self._host}:{self._requested_port}"
+        try:
+            family, address = _resolve(self._host, self._requested_port)
+            server = _Server(address, family)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise OSError(exc.errno, f"cannot serve metrics on {where}: {reason}") from exc
+        server.set_app(self._app)
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": _POLL_INTERVAL_SECONDS},
+            name="gpuagent-metrics",
+            daemon=True,
+        )
+        self._thread.start()
+        log.info("serving metrics on %s", where)
+
+    def stop(self) -> None:
+        """Stop serving and close the socket; returns within a few seconds at worst."""
+        server, thread = self._server, self._thread
+        self._server = self._thread = None
+        if server is None:
+            return
+        # shutdown() waits for serve_forever to notice, one poll interval at most. Request
+        # threads are daemons and are not joined, so a stalled client cannot hold us here.
+        server.shutdown()
+        server.server_close()
+        if thread is not None:
+            thread.join(_STOP_JOIN_SECONDS)

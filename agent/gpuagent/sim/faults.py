@@ -1,0 +1,351 @@
+"""Fault kinds: what parameters each takes, how they are checked, what each does to a GPU.
+
+Scenario files and `SimulatedNode.inject` share this table, so a fault means the same
+thing whether it is scheduled or injected by a test. Application runs under the node lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from gpuagent.sim import codes, hardware
+from gpuagent.sim.gpu import SimGpu, SimProcess
+
+ParamValue = int | float | bool | str | tuple[str, ...]
+Params = Mapping[str, ParamValue]
+# (NVML event type, event data) pairs a fault raises on its GPU.
+Events = tuple[tuple[int, int], ...]
+
+THROTTLE_REASONS: dict[str, int] = {
+    "gpu_idle": codes.REASON_GPU_IDLE,
+    "applications_clocks": codes.REASON_APPLICATIONS_CLOCKS,
+    "sw_power_cap": codes.REASON_SW_POWER_CAP,
+    "hw_slowdown": codes.REASON_HW_SLOWDOWN,
+    "sync_boost": codes.REASON_SYNC_BOOST,
+    "sw_thermal": codes.REASON_SW_THERMAL,
+    "hw_thermal": codes.REASON_HW_THERMAL,
+    "power_brake": codes.REASON_POWER_BRAKE,
+}
+
+
+class FaultError(ValueError):
+    """An invalid fault: ``key`` is the offending parameter (or "kind")."""
+
+    def __init__(self, message: str, *, key: str) -> None:
+        self.key = key
+        self.problem = message
+        super().__init__(f"{key}: {message}")
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    name: str
+    type: Literal["int", "number", "bool", "str", "names"]
+    required: bool = False
+    default: ParamValue | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[int | str, ...] = ()
+
+
+Apply = Callable[[SimGpu, Params, float], Events]
+
+
+@dataclass(frozen=True, slots=True)
+class FaultKind:
+    name: str
+    params: tuple[Param, ...]
+    apply: Apply
+
+
+# --- what each kind does ---------------------------------------------------------------
+
+
+def _ecc_sbe(gpu: SimGpu, params: Params, _at: float) -> Events:
+    count = _int(params["count"])
+    gpu.ecc_sbe_volatile += count
+    gpu.ecc_sbe_aggregate += count
+    return ((codes.EVENT_SINGLE_BIT_ECC, 0),)
+
+
+def _ecc_dbe(gpu: SimGpu, params: Params, _at: float) -> Events:
+    count = _int(params["count"])
+    gpu.ecc_dbe_volatile += count
+    gpu.ecc_dbe_aggregate += count
+    return ((codes.EVENT_DOUBLE_BIT_ECC, 0),)
+
+
+def _retired_pages(gpu: SimGpu, params: Params, _at: float) -> Events:
+    count = _int(params["count"])
+    if params["cause"] == "sbe":
+        gpu.retired_sbe += count
+    else:
+        gpu.retired_dbe += count
+    if params["pending"]:
+        gpu.retired_pending = True
+    return ()
+
+
+def _row_remap_pending(gpu: SimGpu, params: Params, _at: float) -> Events:
+    # An uncorrectable error remapped a row; the remap takes effect at the next reset.
+    gpu.remapped_uncorrectable += _int(params["rows"])
+    gpu.remap_pending = True
+    return ()
+
+
+def _row_remap_failure(gpu: SimGpu, _params: Params, _at: float) -> Events:
+    gpu.remap_failure = True
+    return ()
+
+
+def _temperature(gpu: SimGpu, params: Params, _at: float) -> Events:
+    gpu.temperature_override = float(_number(params["celsius"]))
+    return ()
+
+
+def _throttle(gpu: SimGpu, params: Params, _at: float) -> Events:
+    mask = 0
+    for name in _names(params["reasons"]):
+        mask |= THROTTLE_REASONS[name]
+    gpu.throttle_reasons = mask
+    return ()
+
+
+def _pcie_degrade(gpu: SimGpu, params: Params, _at: float) -> Events:
+    gpu.pcie_generation = _int(params["gen"])
+    gpu.pcie_width = _int(params["width"])
+    return ()
+
+
+def _pcie_replay(gpu: SimGpu, params: Params, _at: float) -> Events:
+    gpu.pcie_replays += _int(params["count"])
+    return ()
+
+
+def _gpu_lost(gpu: SimGpu, _params: Params, _at: float) -> Events:
+    gpu.lost = True
+    return ()
+
+
+def _nvml_hang(gpu: SimGpu, params: Params, at: float) -> Events:
+    # The window starts when the fault was due, even if it is applied a little later.
+    gpu.hang_until = max(gpu.hang_until, at + _number(params["seconds"]))
+    return ()
+
+
+def _persistence_off(gpu: SimGpu, _params: Params, _at: float) -> Events:
+    gpu.persistence = False
+    return ()
+
+
+def _nvlink_down(gpu: SimGpu, params: Params, _at: float) -> Events:
+    gpu.nvlink_up[_int(params["link"])] = False
+    return ()
+
+
+def _nvlink_errors(gpu: SimGpu, params: Params, _at: float) -> Events:
+    link = _int(params["link"])
+    gpu.nvlink_crc_flit[link] += _int(params["crc_flit"])
+    gpu.nvlink_crc_data[link] += _int(params["crc_data"])
+    gpu.nvlink_replay[link] += _int(params["replay"])
+    gpu.nvlink_recovery[link] += _int(params["recovery"])
+    return ()
+
+
+def _process(gpu: SimGpu, params: Params, _at: float) -> Events:
+    pid = _int(params["pid"])
+    used = int(_number(params["used_mib"]) * hardware.MIB)
+    gpu.processes[pid] = SimProcess(pid=pid, name=str(params["name"]), used_bytes=used)
+    return ()
+
+
+def _xid(_gpu: SimGpu, params: Params, _at: float) -> Events:
+    return ((codes.EVENT_XID, _int(params["xid"])),)
+
+
+def _clear(gpu: SimGpu, _params: Params, _at: float) -> Events:
+    gpu.clear()
+    return ()
+
+
+_COUNT = Param("count", "int", default=1, minimum=1)
+_LINK = Param("link", "int", required=True, minimum=0, maximum=hardware.MAX_NVLINKS - 1)
+_ERRORS = tuple(Param(n, "int", default=0, minimum=0) for n in ("crc_flit", "crc_data"))
+_MORE_ERRORS = tuple(Param(n, "int", default=0, minimum=0) for n in ("replay", "recovery"))
+
+KINDS: dict[str, FaultKind] = {
+    k.name: k
+    for k in (
+        FaultKind("ecc_sbe", (_COUNT,), _ecc_sbe),
+        FaultKind("ecc_dbe", (_COUNT,), _ecc_dbe),
+        FaultKind(
+            "retired_pages",
+            (
+                _COUNT,
+                Param("pending", "bool", default=False),
+                Param("cause", "str", default="dbe", choices=("sbe", "dbe")),
+            ),
+            _retired_pages,
+        ),
+        FaultKind(
+            "row_remap_pending", (Param("rows", "int", default=1, minimum=1),), _row_remap_pending
+        ),
+        FaultKind("row_remap_failure", (), _row_remap_failure),
+        FaultKind(
+            "temperature",
+            (Param("celsius", "number", required=True, minimum=0, maximum=130),),
+            _temperature,
+        ),
+        FaultKind(
+            "throttle",
+            (Param("reasons", "names", required=True, choices=tuple(THROTTLE_REASONS)),),
+            _throttle,
+        ),
+        FaultKind(
+            "pcie_degrade",
+            (
+                Param("gen", "int", default=hardware.PCIE_MAX_GENERATION, minimum=1, maximum=5),
+                Param(
+                    "width", "int", default=hardware.PCIE_MAX_WIDTH, choices=hardware.PCIE_WIDTHS
+                ),
+            ),
+            _pcie_degrade,
+        ),
+        FaultKind("pcie_replay", (_COUNT,), _pcie_replay),
+        FaultKind("gpu_lost", (), _gpu_lost),
+        FaultKind(
+            "nvml_hang",
+            (Param("seconds", "number", required=True, minimum=0.001, maximum=3600),),
+            _nvml_hang,
+        ),
+        FaultKind("persistence_off", (), _persistence_off),
+        FaultKind("nvlink_down", (_LINK,), _nvlink_down),
+        FaultKind("nvlink_errors", (_LINK, *_ERRORS, *_MORE_ERRORS), _nvlink_errors),
+        FaultKind(
+            "process",
+            (
+                Param("pid", "int", required=True, minimum=1, maximum=2**32 - 1),
+                Param("name", "str", required=True),
+                Param(
+                    "used_mib",
+                    "number",
+                    required=True,
+                    minimum=0,
+                    maximum=hardware.MEMORY_TOTAL_MIB - hardware.MEMORY_RESERVED_MIB,
+                ),
+            ),
+            _process,
+        ),
+        FaultKind("xid", (Param("xid", "int", required=True, minimum=1, maximum=999),), _xid),
+        FaultKind("clear", (), _clear),
+    )
+}
+
+
+# --- validation --------------------------------------------------------------------------
+
+
+def check_params(kind: str, given: Mapping[str, object], *, nvlinks: int) -> dict[str, ParamValue]:
+    """Validated parameters of a ``kind`` fault, defaults filled in; raises FaultError."""
+    spec = KINDS.get(kind)
+    if spec is None:
+        raise FaultError(f"unknown fault kind {kind!r} (known: {', '.join(KINDS)})", key="kind")
+    names = [p.name for p in spec.params]
+    for key in given:
+        if key not in names:
+            known = ", ".join(names) if names else "none"
+            raise FaultError(f"unknown key for fault kind {kind!r} (known: {known})", key=key)
+    checked: dict[str, ParamValue] = {}
+    for param in spec.params:
+        if param.name not in given:
+            if param.required:
+                raise FaultError(f"required by fault kind {kind!r}", key=param.name)
+            assert param.default is not None  # every optional parameter has a default
+            checked[param.name] = param.default
+            continue
+        checked[param.name] = _check_value(param, given[param.name])
+    if kind == "pcie_degrade" and not given:
+        raise FaultError("give gen, width or both", key="gen")
+    if "link" in checked and _int(checked["link"]) >= nvlinks:
+        raise FaultError(f"no such NVLink: this GPU has {nvlinks} links", key="link")
+    return checked
+
+
+def _check_value(param: Param, value: object) -> ParamValue:
+    converted = _CONVERTERS[param.type](value)
+    if converted is None:
+        expected = _EXPECTED[param.type]
+        shown = f"{type(value).__name__} {value!r}"
+        raise FaultError(f"expected {expected}, got {shown}", key=param.name)
+    if isinstance(converted, tuple):
+        unknown = [name for name in converted if name not in param.choices]
+        if unknown:
+            known = ", ".join(str(c) for c in param.choices)
+            raise FaultError(f"unknown {unknown[0]!r} (known: {known})", key=param.name)
+        return converted
+    if param.choices and converted not in param.choices:
+        choices = ", ".join(repr(c) for c in param.choices)
+        raise FaultError(f"expected one of {choices}, got {converted!r}", key=param.name)
+    if isinstance(converted, int | float) and not isinstance(converted, bool):
+        if param.minimum is not None and converted < param.minimum:
+            raise FaultError(f"must be at least {param.minimum:g}", key=param.name)
+        if param.maximum is not None and converted > param.maximum:
+            raise FaultError(f"must be at most {param.maximum:g}", key=param.name)
+    return converted
+
+
+def _as_bool(value: object) -> ParamValue | None:
+    return value if isinstance(value, bool) else None
+
+
+def _as_str(value: object) -> ParamValue | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _as_names(value: object) -> ParamValue | None:
+    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        return tuple(str(v) for v in value)
+    return None
+
+
+def _as_int(value: object) -> ParamValue | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _as_number(value: object) -> ParamValue | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+_CONVERTERS: dict[str, Callable[[object], ParamValue | None]] = {
+    "bool": _as_bool,
+    "str": _as_str,
+    "names": _as_names,
+    "int": _as_int,
+    "number": _as_number,
+}
+_EXPECTED = {
+    "bool": "true or false",
+    "str": "a non-empty string",
+    "names": "a list of strings",
+    "int": "an integer",
+    "number": "a number",
+}
+
+
+def _int(value: ParamValue) -> int:
+    assert isinstance(value, int)
+    return value
+
+
+def _number(value: ParamValue) -> float:
+    assert isinstance(value, int | float)
+    return float(value)
+
+
+def _names(value: ParamValue) -> tuple[str, ...]:
+    assert isinstance(value, tuple)
+    return value

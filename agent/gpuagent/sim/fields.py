@@ -1,0 +1,151 @@
+"""nvmlDeviceGetFieldValues: one reader per supported field id.
+
+A reader returns (nvmlReturn, valueType, value); the value lands in the union member that
+matches the type, as NVML does. Ids without a reader are answered NOT_SUPPORTED per entry.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pynvml
+
+from gpuagent.sim import codes, hardware
+from gpuagent.sim.gpu import SimGpu
+
+Result = tuple[int, int, int | float]
+Reader = Callable[[SimGpu, float, int], Result]
+
+NOT_SUPPORTED: Result = (codes.ERROR_NOT_SUPPORTED, codes.VALUE_UINT, 0)
+_NO_SUCH_LINK: Result = (codes.ERROR_INVALID_ARGUMENT, codes.VALUE_UINT, 0)
+_UNION_MEMBER = {
+    codes.VALUE_DOUBLE: "dVal",
+    codes.VALUE_UINT: "uiVal",
+    codes.VALUE_ULONGLONG: "ullVal",
+    codes.VALUE_SLONGLONG: "sllVal",
+    codes.VALUE_SINT: "siVal",
+}
+
+
+def _ecc(count: Callable[[SimGpu], int]) -> Reader:
+    def read(gpu: SimGpu, _now: float, _scope: int) -> Result:
+        if not gpu.ecc_enabled:
+            return NOT_SUPPORTED  # nvidia-smi shows N/A for ECC counts with ECC off
+        return codes.SUCCESS, codes.VALUE_ULONGLONG, count(gpu)
+
+    return read
+
+
+def _uint(value: Callable[[SimGpu], int]) -> Reader:
+    def read(gpu: SimGpu, _now: float, _scope: int) -> Result:
+        return codes.SUCCESS, codes.VALUE_UINT, value(gpu)
+
+    return read
+
+
+def _per_link(counters: Callable[[SimGpu], list[int]]) -> Reader:
+    """NVLink error counters: ``scopeId`` is the link index."""
+
+    def read(gpu: SimGpu, _now: float, scope: int) -> Result:
+        if gpu.nvlinks == 0:
+            return NOT_SUPPORTED
+        if scope >= gpu.nvlinks:
+            return _NO_SUCH_LINK
+        return codes.SUCCESS, codes.VALUE_ULONGLONG, counters(gpu)[scope]
+
+    return read
+
+
+def _nvlink_state(gpu: SimGpu, _now: float, scope: int) -> Result:
+    if gpu.nvlinks == 0:
+        return NOT_SUPPORTED
+    if scope >= gpu.nvlinks:
+        return _NO_SUCH_LINK
+    return codes.SUCCESS, codes.VALUE_UINT, int(gpu.nvlink_up[scope])
+
+
+def _tlimit(threshold_c: int) -> Reader:
+    """A threshold on NVML's T.Limit scale, not in degrees Celsius.
+
+    T.Limit counts degrees below the GPU's limit point (its max operating temperature),
+    so thresholds above that point are negative: slowdown -2, shutdown -7. The absolute
+    threshold is ``temperature + nvmlDeviceGetMarginTemperature - value``.
+    """
+    result: Result = (codes.SUCCESS, codes.VALUE_SINT, hardware.TEMPERATURE_GPU_MAX_C - threshold_c)
+
+    def read(_gpu: SimGpu, _now: float, _scope: int) -> Result:
+        return result
+
+    return read
+
+
+def _memory_temp(gpu: SimGpu, now: float, _scope: int) -> Result:
+    return codes.SUCCESS, codes.VALUE_UINT, round(gpu.memory_temperature(now))
+
+
+def _energy(gpu: SimGpu, now: float, _scope: int) -> Result:
+    return codes.SUCCESS, codes.VALUE_ULONGLONG, gpu.energy_mj_at(now)
+
+
+def _power(gpu: SimGpu, now: float, _scope: int) -> Result:
+    return codes.SUCCESS, codes.VALUE_UINT, gpu.power_mw(now)
+
+
+READERS: dict[int, Reader] = {
+    codes.FI_ECC_CURRENT: _uint(lambda g: int(g.ecc_enabled)),
+    codes.FI_ECC_PENDING: _uint(lambda g: int(g.ecc_enabled)),
+    codes.FI_ECC_SBE_VOL_TOTAL: _ecc(lambda g: g.ecc_sbe_volatile),
+    codes.FI_ECC_DBE_VOL_TOTAL: _ecc(lambda g: g.ecc_dbe_volatile),
+    codes.FI_ECC_SBE_AGG_TOTAL: _ecc(lambda g: g.ecc_sbe_aggregate),
+    codes.FI_ECC_DBE_AGG_TOTAL: _ecc(lambda g: g.ecc_dbe_aggregate),
+    codes.FI_RETIRED_SBE: _ecc(lambda g: g.retired_sbe),
+    codes.FI_RETIRED_DBE: _ecc(lambda g: g.retired_dbe),
+    codes.FI_RETIRED_PENDING: _ecc(lambda g: int(g.retired_pending)),
+    codes.FI_REMAPPED_COR: _uint(lambda g: g.remapped_correctable),
+    codes.FI_REMAPPED_UNC: _uint(lambda g: g.remapped_uncorrectable),
+    codes.FI_REMAPPED_PENDING: _uint(lambda g: int(g.remap_pending)),
+    codes.FI_REMAPPED_FAILURE: _uint(lambda g: int(g.remap_failure)),
+    codes.FI_PCIE_REPLAY_COUNTER: _uint(lambda g: g.pcie_replays),
+    codes.FI_TOTAL_ENERGY_CONSUMPTION: _energy,
+    codes.FI_MEMORY_TEMP: _memory_temp,
+    codes.FI_POWER_INSTANT: _power,
+    codes.FI_POWER_CURRENT_LIMIT: _uint(lambda g: g.power_limit_mw),
+    codes.FI_NVLINK_LINK_COUNT: _uint(lambda g: g.nvlinks),
+    codes.FI_NVLINK_GET_STATE: _nvlink_state,
+    codes.FI_NVLINK_CRC_FLIT_TOTAL: _per_link(lambda g: g.nvlink_crc_flit),
+    codes.FI_NVLINK_CRC_DATA_TOTAL: _per_link(lambda g: g.nvlink_crc_data),
+    codes.FI_NVLINK_REPLAY_TOTAL: _per_link(lambda g: g.nvlink_replay),
+    codes.FI_NVLINK_RECOVERY_TOTAL: _per_link(lambda g: g.nvlink_recovery),
+    codes.FI_TEMPERATURE_SHUTDOWN_TLIMIT: _tlimit(hardware.TEMPERATURE_SHUTDOWN_C),
+    codes.FI_TEMPERATURE_SLOWDOWN_TLIMIT: _tlimit(hardware.TEMPERATURE_SLOWDOWN_C),
+    codes.FI_TEMPERATURE_GPU_MAX_TLIMIT: _tlimit(hardware.TEMPERATURE_GPU_MAX_C),
+    codes.FI_TEMPERATURE_MEM_MAX_TLIMIT: _tlimit(hardware.TEMPERATURE_MEM_MAX_C),
+}
+
+
+class _RawFieldValue(ctypes.Structure):
+    """c_nvmlFieldValue_t's layout without pynvml's Python-level attribute hooks.
+
+    pynvml's printable structs route every attribute access through Python code; writing
+    through this plain view of the same memory keeps a 50-field poll cheap.
+    """
+
+    _fields_ = pynvml.c_nvmlFieldValue_t._fields_
+
+
+def fill_field_values(gpu: SimGpu, now: float, values: Any, count: int) -> None:
+    """Answer each requested entry of the c_nvmlFieldValue_t array ``values``."""
+    entries = (_RawFieldValue * count).from_buffer(values)
+    timestamp = int(time.time() * 1_000_000)  # NVML stamps samples in wall-clock microseconds
+    for entry in entries:
+        reader = READERS.get(entry.fieldId)
+        result = NOT_SUPPORTED if reader is None else reader(gpu, now, entry.scopeId)
+        entry.timestamp = timestamp
+        entry.latencyUsec = 0
+        entry.nvmlReturn = result[0]
+        entry.valueType = result[1]
+        if result[0] == codes.SUCCESS:
+            setattr(entry.value, _UNION_MEMBER[result[1]], result[2])

@@ -1,0 +1,101 @@
+"""What an 8x H100 SXM (HGX) node reports when nothing is wrong.
+
+Values follow `nvidia-smi -q` on such a node; identities (UUID, serial) are derived from
+the scenario seed and GPU index so every run of a scenario shows the same GPUs.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from dataclasses import dataclass
+
+# The eight GPU bus numbers of an HGX H100 baseboard, in NVML (bus) order.
+HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+# Nodes with more than eight GPUs use a 16-slot layout: two GPUs behind each switch pair.
+WIDE_BUSES = (
+    0x18, 0x1B, 0x2A, 0x2D, 0x3A, 0x3D, 0x5D, 0x60,
+    0x9A, 0x9D, 0xAB, 0xAE, 0xBA, 0xBD, 0xDB, 0xDE,
+)  # fmt: skip
+MAX_GPUS = len(WIDE_BUSES)
+MAX_NVLINKS = 18
+
+PCI_DEVICE_ID = 0x233010DE  # H100 SXM5 80GB
+PCI_SUBSYSTEM_ID = 0x16C110DE
+VBIOS_VERSION = "96.00.99.00.01"
+
+MIB = 1024 * 1024
+MEMORY_TOTAL_MIB = 81559
+MEMORY_RESERVED_MIB = 527
+
+POWER_DEFAULT_LIMIT_MW = 700_000
+POWER_MIN_LIMIT_MW = 200_000
+POWER_MAX_LIMIT_MW = 700_000
+POWER_IDLE_MW = 70_000
+POWER_PER_UTIL_PCT_MW = 4_300  # ~500 W between idle and fully busy
+
+TEMPERATURE_SHUTDOWN_C = 92
+TEMPERATURE_SLOWDOWN_C = 87
+TEMPERATURE_GPU_MAX_C = 85
+TEMPERATURE_MEM_MAX_C = 95
+MEMORY_TEMPERATURE_OFFSET_C = 6  # HBM runs a few degrees above the GPU die
+
+SM_CLOCK_MAX_MHZ = 1980
+SM_CLOCK_POWER_CAPPED_MHZ = 1665
+SM_CLOCK_SLOWDOWN_MHZ = 1095
+SM_CLOCK_IDLE_MHZ = 345
+MEMORY_CLOCK_MHZ = 2619
+VIDEO_CLOCK_MAX_MHZ = 1755
+
+PCIE_MAX_GENERATION = 5
+PCIE_MAX_WIDTH = 16
+PCIE_WIDTHS = (1, 2, 4, 8, 16)
+
+ENCODER_SAMPLING_PERIOD_US = 167_000
+NO_INSTANCE_ID = 0xFFFFFFFF  # gpuInstanceId/computeInstanceId when MIG is off
+
+# How the simulated load drifts: slow sine waves, one phase per GPU.
+LOAD_PERIOD_SECONDS = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class BoardIdentity:
+    """The fixed identity of one simulated GPU."""
+
+    index: int
+    bus: int
+    uuid: str
+    serial: str
+    phase: float  # radians: where this GPU starts on the load wave
+    base_utilization: float  # percent
+    temperature_offset: float  # degrees: GPUs in the same chassis differ a little
+    initial_energy_mj: int  # energy since the driver loaded, before the simulation
+
+    @property
+    def bus_id(self) -> str:
+        """NVML's ``busId``: 8-digit domain, as in ``00000000:18:00.0``."""
+        return f"00000000:{self.bus:02X}:00.0"
+
+    @property
+    def bus_id_legacy(self) -> str:
+        return f"0000:{self.bus:02X}:00.0"
+
+
+def bus_numbers(gpus: int) -> tuple[int, ...]:
+    layout = HGX_BUSES if gpus <= len(HGX_BUSES) else WIDE_BUSES
+    return layout[:gpus]
+
+
+def make_identity(seed: int, index: int, bus: int) -> BoardIdentity:
+    # A string seed is hashed with SHA-512, so identities are stable across runs.
+    rng = random.Random(f"gpuagent-sim:{seed}:{index}")  # noqa: S311 - not for secrets
+    return BoardIdentity(
+        index=index,
+        bus=bus,
+        uuid=f"GPU-{uuid.UUID(int=rng.getrandbits(128))}",
+        serial="165" + "".join(str(rng.randrange(10)) for _ in range(10)),
+        phase=rng.uniform(0.0, 6.283185307179586),
+        base_utilization=rng.uniform(22.0, 30.0),
+        temperature_offset=rng.uniform(0.0, 3.0),
+        initial_energy_mj=rng.randrange(10**9, 5 * 10**10),
+    )

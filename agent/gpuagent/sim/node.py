@@ -1,0 +1,183 @@
+"""SimulatedNode: a GPU node that pynvml talks to instead of the NVIDIA driver."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Self
+
+import pynvml
+
+from gpuagent.sim.faults import FaultError, check_params
+from gpuagent.sim.library import SimulatedLibrary
+from gpuagent.sim.scenario import INIT_ERRORS, Fault, NodeSpec, Scenario, check_node
+from gpuagent.sim.state import INIT_ERROR_CODES, NodeState
+
+
+class GpuResetError(RuntimeError):
+    """A simulated GPU reset that the real driver would refuse."""
+
+
+class SimulatedNode:
+    """A simulated node whose faults follow ``scenario`` on the ``clock`` timeline.
+
+    `install` puts its library beneath pynvml, so the real pynvml wrappers (ctypes
+    structs, return codes, NVMLError classes) run against it. Safe to call from several
+    threads; a hung GPU blocks only callers that touch that GPU.
+    """
+
+    def __init__(self, scenario: Scenario, *, clock: Callable[[], float] = time.monotonic) -> None:
+        check_node(scenario.node)
+        self.scenario = scenario
+        # Scenarios built in code get the same checks and defaults as parsed ones.
+        faults = tuple(self._checked(fault, scenario.node) for fault in scenario.faults)
+        self._state = NodeState(dataclasses.replace(scenario, faults=faults), clock)
+        self._library = SimulatedLibrary(self._state)
+        self._previous_library: object = None
+        self._installed = False
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self._state.gpus)
+
+    @property
+    def library(self) -> SimulatedLibrary:
+        return self._library
+
+    # --- installing beneath pynvml -----------------------------------------------------
+
+    def install(self) -> None:
+        """Make pynvml call this node instead of libnvidia-ml.so.1."""
+        if self._installed:
+            return
+        with pynvml.libLoadLock:
+            self._previous_library = pynvml.nvmlLib
+            pynvml.nvmlLib = self._library
+            pynvml._nvmlGetFunctionPointer_cache.clear()  # noqa: SLF001 - cached old functions
+        self._installed = True
+
+    def uninstall(self) -> None:
+        """Give pynvml back the library it had before `install`."""
+        if not self._installed:
+            return
+        with pynvml.libLoadLock:
+            if pynvml.nvmlLib is self._library:
+                pynvml.nvmlLib = self._previous_library
+            pynvml._nvmlGetFunctionPointer_cache.clear()  # noqa: SLF001
+        self._installed = False
+
+    def __enter__(self) -> Self:
+        self.install()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.uninstall()
+
+    # --- faults --------------------------------------------------------------------------
+
+    def inject(self, kind: str, gpu: int, params: Mapping[str, object]) -> None:
+        """Apply a fault to GPU ``gpu`` now; ValueError if it is not a valid fault."""
+        self._check_gpu(gpu, self.gpu_count, f"cannot inject {kind!r}")
+        try:
+            checked = check_params(kind, params, nvlinks=self._state.spec.nvlinks)
+        except FaultError as exc:
+            raise ValueError(f"cannot inject {kind!r} on GPU {gpu}: {exc}") from None
+        state = self._state
+        with state.cond:
+            now = self._tick()
+            state.apply(kind, state.gpus[gpu], checked, now, now)
+
+    def set_init_error(self, problem: str | None) -> None:
+        """Make later nvmlInit calls fail as ``problem`` (see `INIT_ERRORS`), or succeed."""
+        if problem is not None and problem not in INIT_ERROR_CODES:
+            raise ValueError(f"unknown init error {problem!r} (known: {', '.join(INIT_ERRORS)})")
+        with self._state.cond:
+            self._state.init_error = None if problem is None else INIT_ERROR_CODES[problem]
+
+    def reset_gpu(self, index: int) -> None:
+        """Model `nvidia-smi -r`: clear volatile ECC counts, apply pending page retirement
+        and row remapping, end a hang. Refused (GpuResetError) while processes use the GPU
+        or when it has fallen off the bus. Faults that a reset does not repair (heat,
+        throttling, a degraded link, a remap failure, persistence off) stay.
+        """
+        self._check_gpu(index, self.gpu_count, "cannot reset")
+        state = self._state
+        with state.cond:
+            now = self._tick()
+            gpu = state.gpus[index]
+            if gpu.lost:
+                raise GpuResetError(
+                    f"GPU {index} has fallen off the bus; a reset cannot recover it"
+                    " (reboot the node)"
+                )
+            if gpu.processes:
+                pids = ", ".join(str(pid) for pid in gpu.processes)
+                raise GpuResetError(f"GPU {index} is in use by processes {pids}")
+            gpu.settle_energy(now)
+            gpu.reset()
+            state.cond.notify_all()  # callers waiting out a hang may go on
+
+    # --- introspection -------------------------------------------------------------------
+
+    def call_counts(self) -> dict[str, int]:
+        """Calls per NVML C function (e.g. "nvmlDeviceGetHandleByIndex_v2") that were made."""
+        with self._state.cond:
+            return {name: count for name, count in self._state.counts.items() if count}
+
+    def calls_per_device(self) -> dict[int, int]:
+        """Calls that passed each GPU's handle, for every GPU index."""
+        with self._state.cond:
+            return dict(enumerate(self._state.per_device))
+
+    def reset_call_counts(self) -> None:
+        state = self._state
+        with state.cond:
+            for name in state.counts:
+                state.counts[name] = 0
+            state.per_device[:] = [0] * len(state.per_device)
+
+    def process_name(self, pid: int) -> str | None:
+        """The name of simulated process ``pid`` (NVML itself reports only pids)."""
+        with self._state.cond:
+            self._tick()
+            for gpu in self._state.gpus:
+                process = gpu.processes.get(pid)
+                if process is not None:
+                    return process.name
+        return None
+
+    def elapsed(self) -> float:
+        """Seconds since the node was created, on its clock."""
+        return self._state.elapsed()
+
+    # --- helpers -------------------------------------------------------------------------
+
+    def _tick(self) -> float:
+        """Apply the scenario faults that have come due; lock held. Returns the time."""
+        now = self._state.elapsed()
+        if now >= self._state.next_due:
+            self._state.apply_due(now)
+        return now
+
+    @classmethod
+    def _checked(cls, fault: Fault, node: NodeSpec) -> Fault:
+        cls._check_gpu(fault.gpu, node.gpus, f"fault {fault.kind!r}")
+        try:
+            params = check_params(fault.kind, fault.param_dict(), nvlinks=node.nvlinks)
+        except FaultError as exc:
+            raise ValueError(f"fault {fault.kind!r} on GPU {fault.gpu}: {exc}") from None
+        return dataclasses.replace(fault, params=tuple(params.items()))
+
+    @staticmethod
+    def _check_gpu(gpu: object, count: int, doing: str) -> None:
+        if isinstance(gpu, bool) or not isinstance(gpu, int):
+            raise ValueError(f"{doing}: GPU index must be an integer, got {gpu!r}")  # noqa: TRY004
+        if not 0 <= gpu < count:
+            raise ValueError(f"{doing}: no GPU {gpu} (this node has {count}: 0..{count - 1})")

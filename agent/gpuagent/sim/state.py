@@ -1,0 +1,135 @@
+"""The shared state of a simulated node, and the rules every NVML call goes through.
+
+One condition variable guards everything. Calls that must wait (a hung GPU, an event set
+with nothing queued) wait on it, which releases the lock, so other GPUs keep answering.
+Scheduled faults are applied lazily: each call first applies whatever has come due.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpuagent.sim import codes, hardware
+from gpuagent.sim.events import EventSet
+from gpuagent.sim.faults import KINDS, ParamValue
+from gpuagent.sim.gpu import SimGpu
+from gpuagent.sim.scenario import Scenario
+
+INIT_ERROR_CODES: dict[str, int] = {
+    "driver_not_loaded": codes.ERROR_DRIVER_NOT_LOADED,
+    "library_not_found": codes.ERROR_LIBRARY_NOT_FOUND,
+    "version_mismatch": codes.ERROR_LIB_RM_VERSION_MISMATCH,
+    "no_permission": codes.ERROR_NO_PERMISSION,
+}
+# Longest single wait, so waiters notice a test clock moving and faults coming due.
+_WAIT_SLICE_SECONDS = 0.1
+
+
+class NodeState:
+    def __init__(self, scenario: Scenario, clock: Callable[[], float]) -> None:
+        spec = scenario.node
+        self.spec = spec
+        self.clock = clock
+        self.start = clock()
+        self.cond = threading.Condition(threading.Lock())
+        self.gpus = [
+            SimGpu(
+                hardware.make_identity(spec.seed, index, bus),
+                model=spec.model,
+                nvlinks=spec.nvlinks,
+                ecc=spec.ecc,
+                persistence=spec.persistence,
+                mig_mode=spec.mig_mode,
+            )
+            for index, bus in enumerate(hardware.bus_numbers(spec.gpus))
+        ]
+        self.by_address = {ctypes.addressof(g.device): g for g in self.gpus}
+        self.schedule = sorted(scenario.faults, key=lambda f: f.at)
+        self.schedule_position = 0
+        self.next_due = self.schedule[0].at if self.schedule else math.inf
+        self.init_count = 0
+        self.init_error = INIT_ERROR_CODES[spec.init_error] if spec.init_error else None
+        self.counts: dict[str, int] = {}
+        self.per_device = [0] * len(self.gpus)
+        self.event_sets: dict[int, EventSet] = {}
+
+    def elapsed(self) -> float:
+        return self.clock() - self.start
+
+    # --- faults (lock held) -------------------------------------------------------------
+
+    def apply_due(self, now: float) -> None:
+        while self.schedule_position < len(self.schedule):
+            fault = self.schedule[self.schedule_position]
+            if fault.at > now:
+                self.next_due = fault.at
+                return
+            self.schedule_position += 1
+            self.apply(fault.kind, self.gpus[fault.gpu], fault.param_dict(), fault.at, now)
+        self.next_due = math.inf
+
+    def apply(
+        self, kind: str, gpu: SimGpu, params: Mapping[str, ParamValue], at: float, now: float
+    ) -> None:
+        gpu.settle_energy(now)  # energy so far was drawn at the old load
+        for event_type, data in KINDS[kind].apply(gpu, params, at):
+            for event_set in self.event_sets.values():
+                event_set.offer(gpu, event_type, data)
+        self.cond.notify_all()  # waiters re-check: a hang may be over, an event queued
+
+    # --- call gates (lock held) ---------------------------------------------------------
+
+    def gpu_for_handle(self, handle: Any) -> SimGpu | None:
+        try:
+            return self.by_address.get(ctypes.addressof(handle.contents))
+        except (AttributeError, TypeError, ValueError):  # not a device handle, or NULL
+            return None
+
+    def gate(self, gpu: SimGpu, now: float) -> tuple[int, float]:
+        """Return code and time after honouring the GPU's fault state: hang, then lost."""
+        if gpu.hang_until > now:
+            now = self._wait_out_hang(gpu, now)
+        if gpu.lost:
+            return codes.ERROR_GPU_IS_LOST, now
+        return codes.SUCCESS, now
+
+    def _wait_out_hang(self, gpu: SimGpu, now: float) -> float:
+        while gpu.hang_until > now and not gpu.lost:
+            self.cond.wait(min(gpu.hang_until - now, _WAIT_SLICE_SECONDS))
+            now = self.elapsed()
+            if now >= self.next_due:
+                self.apply_due(now)
+        return now
+
+    def wait_event(
+        self, event_set: EventSet, timeout_seconds: float
+    ) -> tuple[SimGpu, int, int] | int:
+        """The next queued event, or an NVML error code (timeout, lost GPU, freed set)."""
+        deadline = time.monotonic() + timeout_seconds
+        while True:
+            if event_set.queue:
+                return event_set.queue.popleft()
+            if event_set.freed:
+                return codes.ERROR_INVALID_ARGUMENT
+            if any(self.gpus[index].lost for index in event_set.masks):
+                return codes.ERROR_GPU_IS_LOST
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return codes.ERROR_TIMEOUT
+            now = self.elapsed()
+            until_due = max(self.next_due - now, 0.0)
+            self.cond.wait(min(remaining, until_due, _WAIT_SLICE_SECONDS))
+            now = self.elapsed()
+            if now >= self.next_due:
+                self.apply_due(now)
+
+    def event_set_for(self, pointer: Any) -> EventSet | None:
+        try:
+            return self.event_sets.get(ctypes.addressof(pointer.contents))
+        except (AttributeError, TypeError, ValueError):
+            return None

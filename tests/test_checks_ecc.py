@@ -1,0 +1,176 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpuagent.config import EccCheck
+from gpuagent.model import Severity
+from test_checks_support import check_once, check_series, with_checks
+
+HOURLY_100 = with_checks(ecc=EccCheck(sbe_rate_per_hour=100.0, rate_window_seconds=3600.0))
+
+
+@pytest.mark.parametrize(
+    ("readings", "severity", "reason", "action", "runbook"),
+    [
+        pytest.param({}, Severity.OK, "ECC not supported", "none", "", id="all-none-unsupported"),
+        pytest.param(
+            {"ecc_enabled": True, "ecc_dbe_volatile": 0, "ecc_sbe_volatile": 3},
+            Severity.OK,
+            "no uncorrectable ECC errors; corrected error rate normal",
+            "none",
+            "",
+            id="clean",
+        ),
+        pytest.param(
+            {"ecc_enabled": True, "ecc_dbe_volatile": 1},
+            Severity.CRITICAL,
+            "1 uncorrectable ECC error since the last reset",
+            "drain_and_reset",
+            "gpu-ecc-dbe",
+            id="one-dbe",
+        ),
+        pytest.param(
+            {"ecc_enabled": True, "ecc_dbe_volatile": 2},
+            Severity.CRITICAL,
+            "2 uncorrectable ECC errors since the last reset",
+            "drain_and_reset",
+            "gpu-ecc-dbe",
+            id="two-dbe",
+        ),
+        pytest.param(
+            {"ecc_enabled": True, "ecc_dbe_volatile": 0, "ecc_dbe_aggregate": 7},
+            Severity.OK,
+            "no uncorrectable ECC errors; corrected error rate normal",
+            "none",
+            "",
+            id="old-aggregate-dbe-only-is-history",
+        ),
+        pytest.param(
+            {"ecc_enabled": False},
+            Severity.WARN,
+            "ECC is disabled",
+            "enable_ecc",
+            "gpu-ecc-disabled",
+            id="disabled",
+        ),
+        pytest.param(
+            {"ecc_enabled": False, "ecc_dbe_volatile": 1},
+            Severity.CRITICAL,
+            "1 uncorrectable ECC error since the last reset; ECC is disabled",
+            "drain_and_reset",
+            "gpu-ecc-dbe",
+            id="dbe-and-disabled-worst-first",
+        ),
+        pytest.param(
+            {"ecc_sbe_volatile": 0},
+            Severity.OK,
+            "no uncorrectable ECC errors; corrected error rate normal",
+            "none",
+            "",
+            id="only-one-counter-supported",
+        ),
+    ],
+)
+def test_ecc_single_poll(
+    readings: dict[str, Any], severity: Severity, reason: str, action: str, runbook: str
+) -> None:
+    found = check_once("ecc", **readings)
+    assert (found.severity, found.reason, found.action, found.runbook) == (
+        severity,
+        reason,
+        action,
+        runbook,
+    )
+
+
+def test_ecc_evidence_has_the_raw_numbers() -> None:
+    found = check_once("ecc", ecc_enabled=True, ecc_dbe_volatile=2, ecc_sbe_aggregate=9)
+    evidence = found.evidence_dict()
+    assert evidence["dbe_volatile"] == 2
+    assert evidence["sbe_aggregate"] == 9
+    assert evidence["ecc_enabled"] is True
+    assert evidence["sbe_rate_limit_per_hour"] == 100.0
+    assert evidence["sbe_rate_per_hour"] is None  # one sample is no rate
+
+
+def _sbe(aggregate: int | None = None, volatile: int | None = None) -> dict[str, Any]:
+    return {"ecc_enabled": True, "ecc_sbe_aggregate": aggregate, "ecc_sbe_volatile": volatile}
+
+
+@pytest.mark.parametrize(
+    ("steps", "severity", "rate"),
+    [
+        pytest.param([(0.0, _sbe(10))], Severity.OK, None, id="one-sample-no-rate"),
+        pytest.param(
+            [(5.0, _sbe(10)), (5.0, _sbe(500))], Severity.OK, None, id="same-instant-no-rate"
+        ),
+        pytest.param(
+            [(0.0, _sbe(10)), (3600.0, _sbe(110))], Severity.OK, 100.0, id="at-limit-is-ok"
+        ),
+        pytest.param(
+            [(0.0, _sbe(10)), (3600.0, _sbe(111))], Severity.WARN, 101.0, id="just-above-limit"
+        ),
+        pytest.param(
+            [(0.0, _sbe(0)), (60.0, _sbe(2))], Severity.WARN, 120.0, id="short-span-extrapolates"
+        ),
+        pytest.param(
+            [(0.0, _sbe(0)), (600.0, _sbe(5)), (1200.0, _sbe(10)), (1800.0, _sbe(60))],
+            Severity.WARN,
+            120.0,
+            id="several-polls-first-to-last",
+        ),
+        pytest.param(
+            [(0.0, _sbe(volatile=0)), (1800.0, _sbe(volatile=60))],
+            Severity.WARN,
+            120.0,
+            id="falls-back-to-volatile",
+        ),
+        pytest.param(
+            [(0.0, _sbe(1000, volatile=0)), (1800.0, _sbe(1010, volatile=500))],
+            Severity.OK,
+            20.0,
+            id="aggregate-preferred-over-volatile",
+        ),
+        pytest.param(
+            [(0.0, _sbe(0)), (1800.0, _sbe(100)), (3600.0, _sbe(5)), (5400.0, _sbe(10))],
+            Severity.OK,
+            10.0,
+            id="counter-reset-restarts-the-series",
+        ),
+        pytest.param(
+            [(0.0, _sbe(0)), (1800.0, _sbe(500)), (3600.0, _sbe(0))],
+            Severity.OK,
+            None,
+            id="counter-reset-never-negative",
+        ),
+        pytest.param(
+            [(0.0, _sbe(0)), (60.0, _sbe(500)), (4000.0, _sbe(500)), (4060.0, _sbe(501))],
+            Severity.OK,
+            60.0,  # only the 4000 s and 4060 s samples are inside the hour
+            id="burst-ages-out-of-the-window",
+        ),
+        pytest.param(
+            [(0.0, _sbe(10)), (1800.0, _sbe()), (3600.0, _sbe(110))],
+            Severity.OK,
+            100.0,
+            id="missing-sample-keeps-series",
+        ),
+        pytest.param(
+            [(0.0, _sbe(0)), (1800.0, _sbe(volatile=0)), (3600.0, _sbe(volatile=200))],
+            Severity.WARN,
+            400.0,
+            id="switching-counter-restarts-the-series",
+        ),
+    ],
+)
+def test_sbe_rate_over_polls(
+    steps: list[tuple[float, dict[str, Any]]], severity: Severity, rate: float | None
+) -> None:
+    last = check_series("ecc", steps, config=HOURLY_100)[-1]
+    assert last.severity is severity
+    assert last.evidence_dict()["sbe_rate_per_hour"] == pytest.approx(rate)
+    if severity is Severity.WARN:
+        assert (last.action, last.runbook) == ("investigate", "gpu-ecc-sbe-rate")
+        assert "corrected ECC errors per hour" in last.reason

@@ -1,0 +1,251 @@
+"""The engine: check table, finding order, enabling, and the memory between polls."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from gpuagent.checks import CHECK_NAMES, NODE_CHECK_NAMES, HealthMemory, evaluate
+from gpuagent.checks.common import Outcome, Problem, fmt, to_finding
+from gpuagent.checks.memory import MAX_SAMPLES, CounterSeries
+from gpuagent.checks.vocabulary import Action, Runbook
+from gpuagent.config import (
+    ChecksSection,
+    EccCheck,
+    MigCheck,
+    NvlinkCheck,
+    PcieCheck,
+    PersistenceCheck,
+    ThermalCheck,
+)
+from gpuagent.model import GpuStatus, Severity
+from test_checks_support import (
+    BUS,
+    NVML_OK,
+    OTHER_BUS,
+    finding,
+    gpu,
+    identity,
+    run,
+    with_checks,
+)
+
+ALL = (
+    "availability",
+    "ecc",
+    "retired_pages",
+    "row_remap",
+    "thermal",
+    "pcie",
+    "persistence",
+    "mig",
+    "nvlink",
+)
+
+
+def test_check_names_in_display_order() -> None:
+    assert CHECK_NAMES == ALL
+    assert NODE_CHECK_NAMES == ("nvml",)
+
+
+def test_findings_come_node_first_then_gpu_by_gpu_in_check_order() -> None:
+    second = gpu(ident=identity(OTHER_BUS, index=1))
+    health, _ = run(second, gpu())
+    order = [(f.gpu, f.check) for f in health.findings]
+    assert order == [
+        (None, "nvml"),
+        *((OTHER_BUS, name) for name in ALL),
+        *((BUS, name) for name in ALL),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("config", "missing"),
+    [
+        pytest.param(ChecksSection(), (), id="defaults-all-on"),
+        pytest.param(
+            with_checks(ecc=EccCheck(enabled=False)),
+            ("ecc", "retired_pages", "row_remap"),
+            id="ecc-off-covers-pages-and-rows",
+        ),
+        pytest.param(with_checks(thermal=ThermalCheck(enabled=False)), ("thermal",), id="thermal"),
+        pytest.param(with_checks(pcie=PcieCheck(enabled=False)), ("pcie",), id="pcie"),
+        pytest.param(
+            with_checks(persistence=PersistenceCheck(enabled=False)),
+            ("persistence",),
+            id="persistence",
+        ),
+        pytest.param(with_checks(mig=MigCheck(enabled=False)), ("mig",), id="mig"),
+        pytest.param(with_checks(nvlink=NvlinkCheck(enabled=False)), ("nvlink",), id="nvlink"),
+        pytest.param(
+            ChecksSection(
+                ecc=EccCheck(enabled=False),
+                thermal=ThermalCheck(enabled=False),
+                pcie=PcieCheck(enabled=False),
+                persistence=PersistenceCheck(enabled=False),
+                mig=MigCheck(enabled=False),
+                nvlink=NvlinkCheck(enabled=False),
+            ),
+            ALL[1:],
+            id="all-off-availability-stays",
+        ),
+    ],
+)
+@pytest.mark.parametrize("status", ["ok", "lost"])
+def test_disabled_checks_produce_no_findings(
+    config: ChecksSection, missing: tuple[str, ...], status: GpuStatus
+) -> None:
+    health, _ = run(gpu(status, persistence_mode=False, ecc_dbe_volatile=3), config=config)
+    checks = [f.check for f in health.for_gpu(BUS)]
+    assert checks == [name for name in ALL if name not in missing]
+    assert [f.check for f in health.node_findings()] == ["nvml"]
+
+
+def test_disabled_ecc_keeps_no_samples() -> None:
+    config = with_checks(ecc=EccCheck(enabled=False), pcie=PcieCheck(enabled=False))
+    _, memory = run(gpu(ecc_sbe_aggregate=5, pcie_replay_count=3), config=config)
+    assert memory.for_gpu(BUS).sbe.samples == ()
+    assert memory.for_gpu(BUS).pcie_replay.samples == ()
+
+
+def test_memory_is_per_gpu() -> None:
+    other = identity(OTHER_BUS, index=1)
+    memory = HealthMemory()
+    for now, busy_sbe in ((0.0, 0), (1800.0, 1000)):
+        gpus = (gpu(ecc_sbe_aggregate=busy_sbe), gpu(ident=other, ecc_sbe_aggregate=7))
+        health, memory = evaluate(gpus, NVML_OK, ChecksSection(), memory, now)
+    assert finding(health, "ecc", BUS).severity is Severity.WARN
+    assert finding(health, "ecc", OTHER_BUS).severity is Severity.OK
+    assert memory.for_gpu(OTHER_BUS).sbe.samples == ((0.0, 7), (1800.0, 7))
+
+
+def test_gpus_that_disappear_are_forgotten() -> None:
+    other = identity(OTHER_BUS, index=1)
+    _, memory = run(gpu(ecc_sbe_aggregate=1), gpu(ident=other, ecc_sbe_aggregate=1))
+    assert {bus for bus, _ in memory.gpus} == {BUS, OTHER_BUS}
+    _, memory = run(gpu(ecc_sbe_aggregate=1), memory=memory, now=5.0)
+    assert [bus for bus, _ in memory.gpus] == [BUS]
+    # NVML going away entirely empties the memory too.
+    _, memory = run(memory=memory, now=10.0)
+    assert memory == HealthMemory()
+
+
+def test_a_lost_gpu_stays_remembered_without_hold_time() -> None:
+    ident = identity(pcie_max_width=16)
+    _, memory = run(gpu(ident=ident, pcie_width=8, ecc_sbe_aggregate=4), now=0.0)
+    assert memory.for_gpu(BUS).pcie_degraded_since == 0.0
+    _, memory = run(gpu("lost", ident=ident), memory=memory, now=5.0)
+    assert memory.for_gpu(BUS).pcie_degraded_since is None
+    assert memory.for_gpu(BUS).sbe.samples == ((0.0, 4),)
+
+
+def test_memory_stays_bounded_by_the_window() -> None:
+    config = with_checks(ecc=EccCheck(rate_window_seconds=60.0))
+    memory = HealthMemory()
+    for step in range(1000):
+        now = step * 5.0
+        _, memory = run(
+            gpu(ecc_sbe_aggregate=step, pcie_replay_count=step),
+            config=config,
+            memory=memory,
+            now=now,
+        )
+    sbe = memory.for_gpu(BUS).sbe.samples
+    assert len(sbe) == 13  # 60 s of 5 s polls, both ends included
+    assert sbe[0][0] == now - 60.0
+    assert len(memory.for_gpu(BUS).pcie_replay.samples) == 61  # the fixed 300 s window
+
+
+def test_sample_cap_backs_up_the_window() -> None:
+    series = CounterSeries()
+    for step in range(MAX_SAMPLES + 50):
+        series = series.observe(step * 0.001, step, "aggregate", window=1e9)
+    assert len(series.samples) == MAX_SAMPLES
+    assert series.samples[-1][1] == MAX_SAMPLES + 49
+
+
+def test_evaluate_does_not_change_its_inputs() -> None:
+    state = gpu(ecc_sbe_aggregate=10)
+    _, memory = run(state)
+    before = dataclasses.replace(memory)
+    first, _ = run(gpu(ecc_sbe_aggregate=5000), memory=memory, now=60.0)
+    again, _ = run(gpu(ecc_sbe_aggregate=5000), memory=memory, now=60.0)
+    assert memory == before
+    assert first == again
+
+
+def test_clock_going_backwards_drops_samples_from_the_future() -> None:
+    memory = HealthMemory()
+    for now, count in ((100.0, 0), (200.0, 50), (150.0, 60), (160.0, 61)):
+        health, memory = run(gpu(ecc_sbe_aggregate=count), memory=memory, now=now)
+    rate = finding(health, "ecc").evidence_dict()["sbe_rate_per_hour"]
+    # The 200 s sample is dropped once the clock reads 150 s: 61 errors over 100 s -> 160 s.
+    assert rate == pytest.approx(3660.0)
+    assert memory.for_gpu(BUS).sbe.samples == ((100.0, 0), (150.0, 60), (160.0, 61))
+
+
+@pytest.mark.parametrize(
+    ("samples", "value", "expected"),
+    [
+        pytest.param((), 5, ((10.0, 5),), id="first"),
+        pytest.param(((0.0, 1),), 5, ((0.0, 1), (10.0, 5)), id="grows"),
+        pytest.param(((0.0, 1),), 1, ((0.0, 1), (10.0, 1)), id="flat"),
+        pytest.param(((0.0, 9),), 2, ((10.0, 2),), id="reset"),
+        pytest.param(((-5.0, 1), (0.0, 2)), 3, ((0.0, 2), (10.0, 3)), id="window-edge-kept"),
+        pytest.param(((0.0, 1),), None, ((0.0, 1),), id="missing-value"),
+    ],
+)
+def test_counter_series_observe(
+    samples: tuple[tuple[float, int], ...],
+    value: int | None,
+    expected: tuple[tuple[float, int], ...],
+) -> None:
+    series = CounterSeries("aggregate", samples).observe(10.0, value, "aggregate", window=10.0)
+    assert series.samples == expected
+
+
+def test_counter_series_rate() -> None:
+    assert CounterSeries().rate() is None
+    assert CounterSeries("x", ((1.0, 5),)).rate() is None
+    rate = CounterSeries("x", ((1.0, 5), (3.0, 6), (11.0, 25))).rate()
+    assert rate is not None
+    assert (rate.increase, rate.span_seconds, rate.samples, rate.per_second) == (20, 10.0, 3, 2.0)
+
+
+def test_to_finding_combines_problems_worst_first() -> None:
+    warn = Problem(Severity.WARN, "warm", Action.CHECK_COOLING, Runbook.GPU_THERMAL_SLOWDOWN)
+    unknown = Problem(Severity.UNKNOWN, "odd", Action.INVESTIGATE, Runbook.GPU_NVML_ERROR)
+    crit = Problem(Severity.CRITICAL, "broken", Action.DRAIN_AND_RESET, Runbook.GPU_ECC_DBE)
+    found = to_finding("x", BUS, Outcome("fine", (("n", 1),), (warn, unknown, crit)))
+    assert (found.severity, found.reason, found.action, found.runbook) == (
+        Severity.CRITICAL,
+        "broken; odd; warm",
+        "drain_and_reset",
+        "gpu-ecc-dbe",
+    )
+    assert type(found.action) is str
+    assert type(found.runbook) is str
+    ok = to_finding("x", None, Outcome("fine", (("n", 1),)))
+    assert (ok.severity, ok.reason, ok.action, ok.runbook, ok.gpu) == (
+        Severity.OK,
+        "fine",
+        "none",
+        "",
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        pytest.param(87.0, "87", id="whole"),
+        pytest.param(82.5, "82.5", id="half"),
+        pytest.param(101.04, "101", id="rounds-to-whole"),
+        pytest.param(0.25, "0.2", id="small"),
+        pytest.param(float("inf"), "inf", id="inf"),
+        pytest.param(float("nan"), "nan", id="nan"),
+    ],
+)
+def test_fmt(value: float, text: str) -> None:
+    assert fmt(value) == text

@@ -1,0 +1,201 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpuagent.config import PcieCheck
+from gpuagent.model import Severity
+from test_checks_support import check_series, finding, gpu, identity, run, with_checks
+
+GEN5_X16 = identity(pcie_max_generation=5, pcie_max_width=16)
+# Hold 300 s, generation only counts from 10 % utilization, 10 replays per minute.
+DEFAULT = with_checks(pcie=PcieCheck())
+
+
+def link(
+    gen: int | None = 5, width: int | None = 16, util: float | None = 90.0, **extra: Any
+) -> dict[str, Any]:
+    return {"pcie_generation": gen, "pcie_width": width, "utilization_gpu_pct": util, **extra}
+
+
+@pytest.mark.parametrize(
+    ("steps", "severities"),
+    [
+        pytest.param([(0.0, link()), (400.0, link())], ["OK", "OK"], id="full-speed"),
+        pytest.param(
+            [(0.0, link(width=8)), (300.0, link(width=8)), (300.5, link(width=8))],
+            ["OK", "OK", "WARN"],
+            id="narrow-width-after-hold",
+        ),
+        pytest.param(
+            [(0.0, link(width=8, util=0.0)), (301.0, link(width=8, util=None))],
+            ["OK", "WARN"],
+            id="narrow-width-counts-even-idle",
+        ),
+        pytest.param(
+            [(0.0, link(gen=1, util=0.0)), (1000.0, link(gen=1, util=0.0))],
+            ["OK", "OK"],
+            id="low-gen-at-idle-is-power-saving",
+        ),
+        pytest.param(
+            [(0.0, link(gen=1, util=None)), (1000.0, link(gen=1, util=None))],
+            ["OK", "OK"],
+            id="low-gen-unknown-utilization-not-counted",
+        ),
+        pytest.param(
+            [(0.0, link(gen=4, util=10.0)), (301.0, link(gen=4, util=10.0))],
+            ["OK", "WARN"],
+            id="low-gen-at-min-utilization",
+        ),
+        pytest.param(
+            [(0.0, link(gen=4, util=9.9)), (301.0, link(gen=4, util=9.9))],
+            ["OK", "OK"],
+            id="low-gen-just-under-min-utilization",
+        ),
+        pytest.param(
+            [
+                (0.0, link(gen=3)),
+                (200.0, link(gen=3, util=0.0)),
+                (250.0, link(gen=3)),
+                (500.0, link(gen=3)),
+                (551.0, link(gen=3)),
+            ],
+            ["OK", "OK", "OK", "OK", "WARN"],
+            id="idle-poll-restarts-the-hold",
+        ),
+        pytest.param(
+            [
+                (0.0, link(width=8)),
+                (200.0, link()),
+                (250.0, link(width=8)),
+                (500.0, link(width=8)),
+            ],
+            ["OK", "OK", "OK", "OK"],
+            id="recovery-restarts-the-hold",
+        ),
+        pytest.param(
+            [(0.0, link(width=8)), (400.0, link(width=8)), (500.0, link())],
+            ["OK", "WARN", "OK"],
+            id="recovery-clears-the-warning",
+        ),
+        pytest.param(
+            [(0.0, link(gen=None, width=None)), (400.0, link(gen=None, width=None))],
+            ["OK", "OK"],
+            id="not-reported",
+        ),
+    ],
+)
+def test_degraded_link_hold(
+    steps: list[tuple[float, dict[str, Any]]], severities: list[str]
+) -> None:
+    found = check_series("pcie", steps, config=DEFAULT, ident=GEN5_X16)
+    assert [f.severity.name for f in found] == severities
+
+
+def test_degraded_reasons_and_evidence() -> None:
+    steps = [(0.0, link(gen=4, width=8)), (120.0, link(gen=4, width=8)), (360.0, link(4, 8))]
+    first, pending, warned = check_series("pcie", steps, config=DEFAULT, ident=GEN5_X16)
+    assert (
+        first.reason == "PCIe link below max (Gen4 of Gen5, x8 of x16) for 0 s; flagged after 300 s"
+    )
+    assert pending.evidence_dict()["degraded_seconds"] == 120.0
+    assert warned.reason == "PCIe link degraded (Gen4 of Gen5, x8 of x16) for 360 s"
+    assert (warned.action, warned.runbook) == ("reseat_or_replace", "gpu-pcie-degraded")
+    evidence = warned.evidence_dict()
+    assert (evidence["pcie_width"], evidence["pcie_max_width"]) == (8, 16)
+    assert (evidence["pcie_generation"], evidence["pcie_max_generation"]) == (4, 5)
+
+
+def test_ok_reason_names_the_link() -> None:
+    (found,) = check_series("pcie", [(0.0, link())], config=DEFAULT, ident=GEN5_X16)
+    assert found.reason == "PCIe link at Gen5 x16, not degraded"
+
+
+def test_unknown_maximum_never_degrades() -> None:
+    steps = [(0.0, link(gen=1, width=1)), (1000.0, link(gen=1, width=1))]
+    assert check_series("pcie", steps, config=DEFAULT, ident=identity())[-1].severity is Severity.OK
+
+
+def test_lost_poll_breaks_the_hold() -> None:
+    narrow = gpu(ident=GEN5_X16, **link(width=8))
+    _, memory = run(narrow, config=DEFAULT, now=0.0)
+    _, memory = run(gpu("timeout", ident=GEN5_X16), config=DEFAULT, memory=memory, now=100.0)
+    health, _ = run(narrow, config=DEFAULT, memory=memory, now=350.0)
+    assert finding(health, "pcie").severity is Severity.OK
+    assert finding(health, "pcie").evidence_dict()["degraded_seconds"] == 0.0
+
+
+def test_zero_hold_flags_from_the_second_degraded_poll() -> None:
+    config = with_checks(pcie=PcieCheck(degraded_hold_seconds=0.0))
+    steps = [(0.0, link(width=8)), (5.0, link(width=8))]
+    assert [f.severity for f in check_series("pcie", steps, config, GEN5_X16)] == [
+        Severity.OK,
+        Severity.WARN,
+    ]
+
+
+def replays(count: int | None) -> dict[str, Any]:
+    return link(pcie_replay_count=count)
+
+
+@pytest.mark.parametrize(
+    ("steps", "severity", "per_minute"),
+    [
+        pytest.param([(0.0, replays(5))], Severity.OK, None, id="one-sample"),
+        pytest.param([(0.0, replays(0)), (60.0, replays(10))], Severity.OK, 10.0, id="at-limit"),
+        pytest.param(
+            [(0.0, replays(0)), (60.0, replays(11))], Severity.WARN, 11.0, id="above-limit"
+        ),
+        pytest.param(
+            [(0.0, replays(0)), (30.0, replays(0)), (60.0, replays(0)), (90.0, replays(30))],
+            Severity.WARN,
+            20.0,
+            id="several-polls",
+        ),
+        pytest.param(
+            [(0.0, replays(1000)), (60.0, replays(3)), (120.0, replays(5))],
+            Severity.OK,
+            2.0,
+            id="counter-reset",
+        ),
+        pytest.param(
+            [(0.0, replays(1000)), (60.0, replays(0))], Severity.OK, None, id="reset-not-negative"
+        ),
+        pytest.param(
+            [(0.0, replays(0)), (10.0, replays(500)), (400.0, replays(500)), (460.0, replays(505))],
+            Severity.OK,
+            5.0,
+            id="burst-leaves-the-5-minute-window",
+        ),
+        pytest.param(
+            [(0.0, replays(None)), (60.0, replays(None))], Severity.OK, None, id="not-supported"
+        ),
+    ],
+)
+def test_replay_rate(
+    steps: list[tuple[float, dict[str, Any]]], severity: Severity, per_minute: float | None
+) -> None:
+    last = check_series("pcie", steps, config=DEFAULT, ident=GEN5_X16)[-1]
+    assert last.severity is severity
+    assert last.evidence_dict()["replay_rate_per_minute"] == pytest.approx(per_minute)
+    if severity is Severity.WARN:
+        assert (last.action, last.runbook) == ("reseat_or_replace", "gpu-pcie-replay")
+
+
+def test_replay_reason() -> None:
+    steps = [(0.0, replays(0)), (120.0, replays(60))]
+    last = check_series("pcie", steps, config=DEFAULT, ident=GEN5_X16)[-1]
+    assert last.reason == "30 PCIe replays per minute (60 in 120 s), above 10"
+
+
+def test_degraded_and_replays_both_reported() -> None:
+    steps = [
+        (0.0, link(width=8, pcie_replay_count=0)),
+        (100.0, link(width=8, pcie_replay_count=0)),
+        (301.0, link(width=8, pcie_replay_count=9000)),
+    ]
+    last = check_series("pcie", steps, config=DEFAULT, ident=GEN5_X16)[-1]
+    assert last.severity is Severity.WARN
+    assert last.reason.startswith("PCIe link degraded (x8 of x16) for 301 s; ")
+    assert "PCIe replays per minute" in last.reason

@@ -1,0 +1,246 @@
+"""dcgm-exporter compatibility, and promtool's verdict on the whole exposition."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as parse_openmetrics,
+)
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuagent.metrics.names import DCGM_LABELS
+from gpuagent.model import Finding, Severity
+from test_metrics_support import (
+    BUS_IDS,
+    DRIVER,
+    degraded_snapshot,
+    exposition,
+    registry_for,
+    samples,
+    snapshot,
+)
+
+# dcgm-exporter's default counters (etc/default-counters.csv, pre-4.9 names).
+DEFAULT_COUNTERS = """\
+name,type,help
+DCGM_FI_DEV_SM_CLOCK,gauge,SM clock frequency (in MHz).
+DCGM_FI_DEV_MEM_CLOCK,gauge,Memory clock frequency (in MHz).
+DCGM_FI_DEV_MEMORY_TEMP,gauge,Memory temperature (in C).
+DCGM_FI_DEV_GPU_TEMP,gauge,GPU temperature (in C).
+DCGM_FI_DEV_POWER_USAGE,gauge,Power draw (in W).
+DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION,counter,Total energy consumption since boot (in mJ).
+DCGM_FI_DEV_PCIE_REPLAY_COUNTER,counter,Total number of PCIe retries.
+DCGM_FI_DEV_GPU_UTIL,gauge,GPU utilization (in %).
+DCGM_FI_DEV_MEM_COPY_UTIL,gauge,Memory utilization (in %).
+DCGM_FI_DEV_ENC_UTIL,gauge,Encoder utilization (in %).
+DCGM_FI_DEV_DEC_UTIL,gauge,Decoder utilization (in %).
+DCGM_FI_DEV_XID_ERRORS,gauge,Value of the last XID error encountered.
+DCGM_FI_DEV_FB_FREE,gauge,Framebuffer memory free (in MiB).
+DCGM_FI_DEV_FB_USED,gauge,Framebuffer memory used (in MiB).
+DCGM_FI_DEV_FB_RESERVED,gauge,Framebuffer memory reserved (in MiB).
+DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL,counter,Total number of NVLink bandwidth counters for all lanes.
+DCGM_FI_DEV_VGPU_LICENSE_STATUS,gauge,vGPU License status
+DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS,counter,Number of remapped rows for uncorrectable errors
+DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS,counter,Number of remapped rows for correctable errors
+DCGM_FI_DEV_ROW_REMAP_FAILURE,gauge,Whether remapping of rows has failed
+DCGM_FI_DRIVER_VERSION,label,Driver Version
+DCGM_FI_PROF_GR_ENGINE_ACTIVE,gauge,Ratio of time the graphics engine is active.
+DCGM_FI_PROF_PIPE_TENSOR_ACTIVE,gauge,Ratio of cycles the tensor (HMMA) pipe is active.
+DCGM_FI_PROF_DRAM_ACTIVE,gauge,Ratio of cycles the device memory interface is active sending or receiving data.
+DCGM_FI_PROF_PCIE_TX_BYTES,gauge,The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second.
+DCGM_FI_PROF_PCIE_RX_BYTES,gauge,The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second.
+"""  # noqa: E501 - a verbatim copy
+
+# The rows dcgm-exporter ships commented out that NVML alone can serve.
+OPTIONAL_COUNTERS = """\
+name,type,help
+DCGM_FI_DEV_ECC_SBE_VOL_TOTAL,counter,Total number of single-bit volatile ECC errors.
+DCGM_FI_DEV_ECC_DBE_VOL_TOTAL,counter,Total number of double-bit volatile ECC errors.
+DCGM_FI_DEV_ECC_SBE_AGG_TOTAL,counter,Total number of single-bit persistent ECC errors.
+DCGM_FI_DEV_ECC_DBE_AGG_TOTAL,counter,Total number of double-bit persistent ECC errors.
+DCGM_FI_DEV_RETIRED_SBE,counter,Total number of retired pages due to single-bit errors.
+DCGM_FI_DEV_RETIRED_DBE,counter,Total number of retired pages due to double-bit errors.
+DCGM_FI_DEV_RETIRED_PENDING,counter,Total number of pages pending retirement.
+DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,counter,Total number of NVLink flow-control CRC errors.
+DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,counter,Total number of NVLink data CRC errors.
+DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,counter,Total number of NVLink retries.
+DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,counter,Total number of NVLink recovery errors.
+"""  # noqa: E501 - a verbatim copy
+
+# Default counters that only DCGM itself can produce.
+NEEDS_DCGM = {
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",  # profiling counters (DCP)
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_PROF_DRAM_ACTIVE",
+    "DCGM_FI_PROF_PCIE_TX_BYTES",
+    "DCGM_FI_PROF_PCIE_RX_BYTES",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",  # NVLink bandwidth
+    "DCGM_FI_DEV_VGPU_LICENSE_STATUS",  # vGPU licensing
+}
+# A default counter NVML could feed but the agent reports differently: XIDs are events,
+# turned into gpuagent_gpu_health findings rather than a "last XID" number.
+REPORTED_AS_HEALTH = {"DCGM_FI_DEV_XID_ERRORS"}
+# Default counters that are labels on every DCGM series rather than series of their own.
+LABELS = {"DCGM_FI_DRIVER_VERSION"}
+
+# Every PromQL expression of NVIDIA's dcgm-exporter Grafana dashboard.
+DASHBOARD_QUERIES = (
+    'DCGM_FI_DEV_GPU_TEMP{instance=~"$instance", gpu=~"$gpu"}',
+    'avg(DCGM_FI_DEV_GPU_TEMP{instance=~"$instance", gpu=~"$gpu"})',
+    'DCGM_FI_DEV_POWER_USAGE{instance=~"$instance", gpu=~"$gpu"}',
+    'sum(DCGM_FI_DEV_POWER_USAGE{instance=~"$instance", gpu=~"$gpu"})',
+    'DCGM_FI_DEV_SM_CLOCK{instance=~"$instance", gpu=~"$gpu"} * 1000000',
+    'DCGM_FI_DEV_GPU_UTIL{instance=~"$instance", gpu=~"$gpu"}',
+    'DCGM_FI_DEV_FB_USED{instance=~"$instance", gpu=~"$gpu"}',
+    'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{instance=~"$instance", gpu=~"$gpu"}',
+)
+
+# dcgm-exporter's types as gpuagent exposes them: counters go out untyped (see docs).
+EXPOSED_TYPE = {"gauge": "gauge", "counter": "unknown"}
+
+
+def rows(text: str) -> list[dict[str, str]]:
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+def parsed_families():
+    return {f.name: f for f in text_string_to_metric_families(exposition(snapshot()))}
+
+
+def _expected_series() -> list[dict[str, str]]:
+    exempt = NEEDS_DCGM | REPORTED_AS_HEALTH | LABELS
+    return [r for r in rows(DEFAULT_COUNTERS) + rows(OPTIONAL_COUNTERS) if r["name"] not in exempt]
+
+
+@pytest.mark.parametrize("row", _expected_series(), ids=lambda r: r["name"])
+def test_dcgm_counter_is_served_with_its_help_and_type(row):
+    family = parsed_families()[row["name"]]
+    assert family.documentation == row["help"]
+    assert family.type == EXPOSED_TYPE[row["type"]]
+    assert len(family.samples) == 8
+    assert all(set(s.labels) == set(DCGM_LABELS) for s in family.samples)
+
+
+def test_the_exemptions_are_all_default_counters():
+    names = {r["name"] for r in rows(DEFAULT_COUNTERS)}
+    assert names >= NEEDS_DCGM | REPORTED_AS_HEALTH | LABELS
+    found = samples(snapshot())
+    assert not (NEEDS_DCGM | REPORTED_AS_HEALTH) & set(found)
+
+
+def test_driver_version_is_a_label_like_dcgm_exporter():
+    found = samples(snapshot())
+    assert {s.labels["DCGM_FI_DRIVER_VERSION"] for s in found["DCGM_FI_DEV_GPU_TEMP"]} == {DRIVER}
+
+
+def test_pcie_link_fields_use_dcgm_field_names():
+    found = samples(snapshot())
+    assert {s.value for s in found["DCGM_FI_DEV_PCIE_LINK_GEN"]} == {5.0}
+    assert {s.value for s in found["DCGM_FI_DEV_PCIE_LINK_WIDTH"]} == {16.0}
+
+
+def test_dashboard_queries_find_their_series():
+    found = samples(snapshot())
+    for query in DASHBOARD_QUERIES:
+        for name in re.findall(r"DCGM_\w+", query):
+            if name in NEEDS_DCGM:
+                continue
+            series = found[name]
+            # The dashboard filters on `gpu`; our `instance` comes from the scrape.
+            assert {s.labels["gpu"] for s in series} == {str(i) for i in range(8)}, query
+
+
+def _reference_data_dir() -> Path | None:
+    """The project's reference data, beside or inside the checkout when it is there."""
+    repo = Path(__file__).resolve().parents[1]
+    for candidate in (repo / "shared" / "data", repo.parent / "shared" / "data"):
+        if (candidate / "dcgm_default_counters.csv").is_file():
+            return candidate
+    return None
+
+
+def test_embedded_counters_match_the_reference_data():
+    data = _reference_data_dir()
+    if data is None:
+        pytest.skip("reference data directory not present in this checkout")
+    assert rows((data / "dcgm_default_counters.csv").read_text()) == rows(DEFAULT_COUNTERS)
+    disabled = rows((data / "reference" / "dcgm_default_counters_commented_out.csv").read_text())
+    by_name = {r["name"]: r for r in disabled}
+    for row in rows(OPTIONAL_COUNTERS):
+        assert {k: by_name[row["name"]][k] for k in ("name", "type", "help")} == row
+    queries = (data / "reference" / "dcgm_dashboard_queries.txt").read_text().splitlines()
+    assert tuple(q for q in queries if q.strip()) == DASHBOARD_QUERIES
+
+
+# --- promtool -----------------------------------------------------------------------------
+
+# promtool's linter objects to two things dcgm-exporter itself does, and compatibility
+# means keeping both: the camelCase `modelName` label (reported for every family carrying
+# it), and a metric whose name ends in a type name. Nothing else may be reported.
+_CAMEL_CASE_LABEL = "label names should be written in 'snake_case' not 'camelCase'"
+_TYPE_IN_NAME = "DCGM_FI_DEV_PCIE_REPLAY_COUNTER metric name should not include type 'counter'"
+
+
+def _promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail("promtool is not on PATH (Debian package `prometheus`)")
+        pytest.skip("promtool is not on PATH (Debian package `prometheus`)")
+    return path
+
+
+def _check_metrics(promtool: str, text: str) -> tuple[int, list[str]]:
+    result = subprocess.run(
+        [promtool, "check", "metrics"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    problems = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    return result.returncode, problems
+
+
+def _rich_snapshot():
+    snap = degraded_snapshot()
+    findings = (
+        *snap.health.findings,
+        Finding(check="ecc", severity=Severity.WARN, reason="sbe", gpu=BUS_IDS[0]),
+        Finding(check="xid", severity=Severity.CRITICAL, reason="XID 79", gpu="0000:e1:00.0"),
+        Finding(check="fabricmanager", severity=Severity.WARN, reason="restarting"),
+    )
+    return snapshot(gpus=snap.gpus, findings=findings)
+
+
+@pytest.mark.parametrize("snap", [None, snapshot(), _rich_snapshot()], ids=["none", "ok", "rich"])
+def test_promtool_check_metrics(snap):
+    promtool = _promtool()
+    text = exposition(snap)
+    code, problems = _check_metrics(promtool, text)
+    assert code in (0, 3), problems  # 1 would be a parse error
+    unexpected = [p for p in problems if not p.endswith(_CAMEL_CASE_LABEL) and p != _TYPE_IN_NAME]
+    assert unexpected == []
+    # With dcgm-exporter's label renamed, only the name dcgm-exporter chose is left.
+    code, problems = _check_metrics(promtool, text.replace("modelName=", "model_name="))
+    expected = [_TYPE_IN_NAME] if "DCGM_FI_DEV_PCIE_REPLAY_COUNTER{" in text else []
+    assert problems == expected
+    assert code == (3 if expected else 0)
+
+
+def test_openmetrics_exposition_parses():
+    text = generate_openmetrics(registry_for(_rich_snapshot())).decode()
+    assert text.endswith("# EOF\n")
+    families = {f.name: f for f in parse_openmetrics(text)}
+    assert families["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"].type == "unknown"
+    assert families["DCGM_FI_DEV_GPU_TEMP"].type == "gauge"

@@ -1,0 +1,227 @@
+"""The HTTP endpoint: routes, gzip, OpenMetrics, IPv6, a taken port and a bounded stop."""
+
+from __future__ import annotations
+
+import gzip
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import CollectorRegistry, Gauge, exposition
+
+from gpuagent.metrics import MetricsServer, build_registry
+from test_metrics_support import (
+    VERSION,
+    degraded_snapshot,
+    registry_for,
+    samples_from_text,
+    snapshot,
+)
+
+
+@pytest.fixture
+def server() -> Iterator[MetricsServer]:
+    srv = MetricsServer(registry_for(snapshot()), "127.0.0.1", 0)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def fetch(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, dict(error.headers), error.read()
+
+
+def url(srv: MetricsServer, path: str, host: str = "127.0.0.1") -> str:
+    return f"http://{host}:{srv.port}{path}"
+
+
+def test_port_zero_binds_a_real_port(server):
+    assert server.port > 0
+
+
+def test_landing_page_links_to_metrics(server):
+    status, headers, body = fetch(url(server, "/"))
+    assert status == 200
+    assert headers["Content-Type"].startswith("text/html")
+    assert b'href="metrics"' in body
+
+
+def test_metrics_in_prometheus_text_format(server):
+    status, headers, body = fetch(url(server, "/metrics"))
+    assert status == 200
+    assert headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    found = samples_from_text(body.decode())
+    assert len(found["DCGM_FI_DEV_GPU_TEMP"]) == 8
+    assert "gpuagent_build_info" in found
+
+
+def test_unknown_paths_are_404(server):
+    for path in ("/nope", "/metrics/extra", "/favicon.ico"):
+        status, _headers, _body = fetch(url(server, path))
+        assert status == 404, path
+
+
+def test_gzip_when_asked(server):
+    status, headers, body = fetch(url(server, "/metrics"), {"Accept-Encoding": "gzip"})
+    assert status == 200
+    assert headers["Content-Encoding"] == "gzip"
+    plain = fetch(url(server, "/metrics"))[2]
+    assert gzip.decompress(body) == plain
+
+
+def test_openmetrics_when_asked(server):
+    accept = {"Accept": "application/openmetrics-text; version=1.0.0"}
+    status, headers, body = fetch(url(server, "/metrics"), accept)
+    assert status == 200
+    assert headers["Content-Type"].startswith("application/openmetrics-text")
+    assert body.endswith(b"# EOF\n")
+
+
+def test_a_taken_port_fails_at_start_with_a_clear_message(server):
+    second = MetricsServer(registry_for(None), "127.0.0.1", server.port)
+    with pytest.raises(OSError, match=r"cannot serve metrics on 127\.0\.0\.1:\d+"):
+        second.start()
+
+
+def test_start_twice_is_an_error(server):
+    with pytest.raises(RuntimeError):
+        server.start()
+
+
+def test_port_before_start_is_an_error():
+    with pytest.raises(RuntimeError):
+        _ = MetricsServer(registry_for(None), "127.0.0.1", 0).port
+
+
+def test_stop_is_bounded_idempotent_and_frees_the_port():
+    srv = MetricsServer(registry_for(None), "127.0.0.1", 0)
+    srv.start()
+    port = srv.port
+    fetch(url(srv, "/metrics"))
+    began = time.monotonic()
+    srv.stop()
+    assert time.monotonic() - began < 2.0
+    srv.stop()
+    again = MetricsServer(registry_for(None), "127.0.0.1", port)
+    again.start()
+    again.stop()
+
+
+def test_stop_does_not_wait_for_a_stalled_client():
+    srv = MetricsServer(registry_for(None), "127.0.0.1", 0)
+    srv.start()
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=5):
+        time.sleep(0.1)  # connected, sends nothing: its handler thread blocks on read
+        began = time.monotonic()
+        srv.stop()
+        assert time.monotonic() - began < 2.0
+
+
+def _has_ipv6_loopback() -> bool:
+    if not socket.has_ipv6:
+        return False
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback here")
+def test_ipv6_host():
+    srv = MetricsServer(registry_for(snapshot()), "::1", 0)
+    srv.start()
+    try:
+        status, _headers, body = fetch(url(srv, "/metrics", host="[::1]"))
+    finally:
+        srv.stop()
+    assert status == 200
+    assert b"DCGM_FI_DEV_GPU_TEMP{" in body
+
+
+def test_scrapes_read_only_memory(server):
+    # Every scrape of an unchanged snapshot serves identical bytes from the cached families.
+    first = fetch(url(server, "/metrics"))[2]
+    assert all(fetch(url(server, "/metrics"))[2] == first for _ in range(5))
+
+
+# --- rendered responses are reused only while the families are the same -----------------
+
+
+class _Holder:
+    def __init__(self, snap):
+        self.snap = snap
+
+    def __call__(self):
+        return self.snap
+
+
+def _counting_renders(monkeypatch) -> list[int]:
+    renders = [0]
+    real = exposition.generate_latest
+
+    def counting(*args, **kwargs):
+        renders[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(exposition, "generate_latest", counting)
+    return renders
+
+
+def test_same_snapshot_is_rendered_once_per_variant(monkeypatch):
+    renders = _counting_renders(monkeypatch)
+    srv = MetricsServer(build_registry(_Holder(snapshot()), VERSION), "127.0.0.1", 0)
+    srv.start()
+    try:
+        plain = [fetch(url(srv, "/metrics"))[2] for _ in range(3)]
+        zipped = [fetch(url(srv, "/metrics"), {"Accept-Encoding": "gzip"})[2] for _ in range(3)]
+    finally:
+        srv.stop()
+    assert renders[0] == 2
+    assert len(set(plain)) == 1
+    assert len(set(zipped)) == 1
+    assert gzip.decompress(zipped[0]) == plain[0]
+
+
+def test_a_new_snapshot_is_served_at_once():
+    holder = _Holder(snapshot())
+    srv = MetricsServer(build_registry(holder, VERSION), "127.0.0.1", 0)
+    srv.start()
+    try:
+        before = samples_from_text(fetch(url(srv, "/metrics"))[2].decode())
+        holder.snap = degraded_snapshot()
+        after = samples_from_text(fetch(url(srv, "/metrics"))[2].decode())
+    finally:
+        srv.stop()
+    up = {s.labels["gpu"]: s.value for s in before["gpuagent_gpu_up"]}
+    assert up["3"] == 1.0
+    up = {s.labels["gpu"]: s.value for s in after["gpuagent_gpu_up"]}
+    assert up["3"] == 0.0
+
+
+def test_a_registry_of_live_metrics_is_never_replayed():
+    registry = CollectorRegistry()
+    gauge = Gauge("live_value", "A value that changes between scrapes.", registry=registry)
+    srv = MetricsServer(registry, "127.0.0.1", 0)
+    srv.start()
+    try:
+        gauge.set(1)
+        first = fetch(url(srv, "/metrics"))[2]
+        gauge.set(2)
+        second = fetch(url(srv, "/metrics"))[2]
+    finally:
+        srv.stop()
+    assert b"live_value 1.0" in first
+    assert b"live_value 2.0" in second

@@ -1,0 +1,631 @@
+"""Simulated faults, as the agent sees them through pynvml: kinds, timing, hangs, events."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pynvml
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuagent.sim import (
+    FAULT_KINDS,
+    Fault,
+    GpuResetError,
+    Scenario,
+    SimulatedNode,
+    parse_scenario,
+)
+
+MIB = 1024 * 1024
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 50.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+MakeNode = Callable[..., SimulatedNode]
+
+
+@pytest.fixture
+def make_node() -> Iterator[MakeNode]:
+    nodes: list[SimulatedNode] = []
+
+    def make(text: str = "", *, clock: Callable[[], float] | None = None) -> SimulatedNode:
+        node = SimulatedNode(parse_scenario(text), **({"clock": clock} if clock else {}))
+        node.install()
+        nodes.append(node)
+        pynvml.nvmlInit()
+        return node
+
+    yield make
+    for node in reversed(nodes):
+        node.uninstall()
+
+
+@pytest.fixture
+def node(make_node: MakeNode) -> SimulatedNode:
+    return make_node()
+
+
+def handle(index: int) -> Any:
+    return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
+def field(index: int, field_id: int, scope: int = 0) -> int | None:
+    (value,) = pynvml.nvmlDeviceGetFieldValues(handle(index), [(field_id, scope)])
+    if value.nvmlReturn != pynvml.NVML_SUCCESS:
+        return None
+    member = {pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal"}.get(value.valueType, "ullVal")
+    result: int = getattr(value.value, member)
+    return result
+
+
+def ecc(index: int) -> tuple[int | None, ...]:
+    return tuple(
+        field(index, f)
+        for f in (
+            pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL,
+            pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL,
+            pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL,
+            pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL,
+        )
+    )
+
+
+def temperature(index: int) -> int:
+    result: int = pynvml.nvmlDeviceGetTemperature(handle(index), pynvml.NVML_TEMPERATURE_GPU)
+    return result
+
+
+def reasons(index: int) -> int:
+    result: int = pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle(index))
+    return result
+
+
+# --- each kind -------------------------------------------------------------------------------
+
+
+def test_ecc_errors_add_to_volatile_and_aggregate_counts(node: SimulatedNode) -> None:
+    node.inject("ecc_sbe", 2, {"count": 5})
+    node.inject("ecc_sbe", 2, {})
+    node.inject("ecc_dbe", 2, {"count": 2})
+    assert ecc(2) == (6, 2, 6, 2)
+    assert ecc(3) == (0, 0, 0, 0)
+
+
+def test_retired_pages(node: SimulatedNode) -> None:
+    node.inject("retired_pages", 1, {"count": 2, "pending": True})
+    node.inject("retired_pages", 1, {"count": 3, "cause": "sbe"})
+    assert field(1, pynvml.NVML_FI_DEV_RETIRED_DBE) == 2
+    assert field(1, pynvml.NVML_FI_DEV_RETIRED_SBE) == 3
+    assert field(1, pynvml.NVML_FI_DEV_RETIRED_PENDING) == 1
+    assert pynvml.nvmlDeviceGetRetiredPagesPendingStatus(handle(1)) == 1
+
+
+def test_row_remap_pending_and_failure(node: SimulatedNode) -> None:
+    node.inject("row_remap_pending", 4, {})
+    assert field(4, pynvml.NVML_FI_DEV_REMAPPED_UNC) == 1
+    assert field(4, pynvml.NVML_FI_DEV_REMAPPED_PENDING) == 1
+    assert field(4, pynvml.NVML_FI_DEV_REMAPPED_FAILURE) == 0
+    node.inject("row_remap_failure", 4, {})
+    assert pynvml.nvmlDeviceGetRemappedRows(handle(4)) == (0, 1, 1, 1)
+
+
+def test_temperature_hold_and_the_reasons_a_hot_gpu_raises(node: SimulatedNode) -> None:
+    node.inject("temperature", 6, {"celsius": 84})
+    assert temperature(6) == 84
+    assert field(6, pynvml.NVML_FI_DEV_MEMORY_TEMP) == 90
+    assert reasons(6) == 0
+    node.inject("temperature", 6, {"celsius": 85.4})
+    assert reasons(6) == pynvml.nvmlClocksEventReasonSwThermalSlowdown
+    node.inject("temperature", 6, {"celsius": 89})
+    assert reasons(6) == (
+        pynvml.nvmlClocksEventReasonSwThermalSlowdown
+        | pynvml.nvmlClocksEventReasonHwSlowdown
+        | pynvml.nvmlClocksEventReasonHwThermalSlowdown
+    )
+    assert pynvml.nvmlDeviceGetClockInfo(handle(6), pynvml.NVML_CLOCK_SM) == 1095
+    assert pynvml.nvmlDeviceGetMarginTemperature(handle(6)) == -4
+    assert temperature(5) < 50
+
+
+def test_throttle_sets_the_reason_bitmask(node: SimulatedNode) -> None:
+    node.inject("throttle", 0, {"reasons": ["hw_slowdown", "power_brake"]})
+    expected = pynvml.nvmlClocksEventReasonHwSlowdown | (
+        pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown
+    )
+    assert reasons(0) == expected
+    assert pynvml.nvmlDeviceGetClockInfo(handle(0), pynvml.NVML_CLOCK_SM) == 1095
+    node.inject("throttle", 0, {"reasons": ["gpu_idle"]})
+    assert reasons(0) == pynvml.nvmlClocksEventReasonGpuIdle
+    assert pynvml.nvmlDeviceGetClockInfo(handle(0), pynvml.NVML_CLOCK_SM) == 345
+    node.inject("throttle", 0, {"reasons": []})
+    assert reasons(0) == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "bit"),
+    [
+        ("gpu_idle", pynvml.nvmlClocksEventReasonGpuIdle),
+        ("applications_clocks", pynvml.nvmlClocksEventReasonApplicationsClocksSetting),
+        ("sw_power_cap", pynvml.nvmlClocksEventReasonSwPowerCap),
+        ("hw_slowdown", pynvml.nvmlClocksEventReasonHwSlowdown),
+        ("sync_boost", pynvml.nvmlClocksEventReasonSyncBoost),
+        ("sw_thermal", pynvml.nvmlClocksEventReasonSwThermalSlowdown),
+        ("hw_thermal", pynvml.nvmlClocksEventReasonHwThermalSlowdown),
+        ("power_brake", pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown),
+    ],
+)
+def test_each_throttle_reason_name(node: SimulatedNode, name: str, bit: int) -> None:
+    node.inject("throttle", 1, {"reasons": [name]})
+    assert reasons(1) == bit
+
+
+def test_pcie_degrade_and_replays(node: SimulatedNode) -> None:
+    node.inject("pcie_degrade", 3, {"width": 8})
+    assert pynvml.nvmlDeviceGetCurrPcieLinkWidth(handle(3)) == 8
+    assert pynvml.nvmlDeviceGetCurrPcieLinkGeneration(handle(3)) == 5
+    node.inject("pcie_degrade", 3, {"gen": 3, "width": 4})
+    assert pynvml.nvmlDeviceGetCurrPcieLinkGeneration(handle(3)) == 3
+    assert pynvml.nvmlDeviceGetMaxPcieLinkGeneration(handle(3)) == 5
+    node.inject("pcie_replay", 3, {"count": 40})
+    node.inject("pcie_replay", 3, {})
+    assert field(3, pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER) == 41
+    assert pynvml.nvmlDeviceGetPcieReplayCounter(handle(3)) == 41
+
+
+def test_lost_gpu_fails_every_handle_call_and_only_that_gpu(node: SimulatedNode) -> None:
+    lost = handle(5)
+    node.inject("gpu_lost", 5, {})
+    calls: list[Callable[[], Any]] = [
+        lambda: pynvml.nvmlDeviceGetTemperature(lost, pynvml.NVML_TEMPERATURE_GPU),
+        lambda: pynvml.nvmlDeviceGetFieldValues(lost, [pynvml.NVML_FI_DEV_MEMORY_TEMP]),
+        lambda: pynvml.nvmlDeviceGetMemoryInfo(lost, version=pynvml.nvmlMemory_v2),
+        lambda: pynvml.nvmlDeviceGetComputeRunningProcesses(lost),
+        lambda: pynvml.nvmlDeviceGetUUID(lost),
+        lambda: pynvml.nvmlDeviceGetPciInfo(lost),
+        lambda: pynvml.nvmlDeviceSetPersistenceMode(lost, 1),
+        lambda: pynvml.nvmlDeviceGetHandleByIndex(5),
+    ]
+    for call in calls:
+        with pytest.raises(pynvml.NVMLError_GpuIsLost):
+            call()
+    assert pynvml.nvmlDeviceGetCount() == 8  # a lost GPU is still enumerated
+    assert temperature(4) > 0
+
+
+def test_lost_gpu_at_start_has_no_handle(make_node: MakeNode) -> None:
+    make_node('[[fault]]\ngpu = 0\nkind = "gpu_lost"\n')
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        handle(0)
+    assert temperature(1) > 0
+
+
+def test_persistence_off(node: SimulatedNode) -> None:
+    node.inject("persistence_off", 7, {})
+    assert pynvml.nvmlDeviceGetPersistenceMode(handle(7)) == 0
+    assert pynvml.nvmlDeviceGetPersistenceMode(handle(6)) == 1
+
+
+def test_nvlink_down_and_errors(node: SimulatedNode) -> None:
+    node.inject("nvlink_down", 2, {"link": 3})
+    assert field(2, pynvml.NVML_FI_DEV_NVLINK_GET_STATE, 3) == 0
+    assert field(2, pynvml.NVML_FI_DEV_NVLINK_GET_STATE, 4) == 1
+    assert pynvml.nvmlDeviceGetNvLinkState(handle(2), 3) == 0
+    node.inject("nvlink_errors", 2, {"link": 3, "crc_flit": 5, "replay": 2})
+    node.inject("nvlink_errors", 2, {"link": 3, "crc_data": 1, "recovery": 7})
+    assert field(2, pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, 3) == 5
+    assert field(2, pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL, 3) == 1
+    assert field(2, pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL, 3) == 2
+    assert field(2, pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL, 3) == 7
+    assert field(2, pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL, 2) == 0
+
+
+def test_process_shows_in_processes_memory_and_load(node: SimulatedNode) -> None:
+    idle_power = pynvml.nvmlDeviceGetPowerUsage(handle(1))
+    node.inject("process", 1, {"pid": 4242, "name": "train.py", "used_mib": 1024})
+    node.inject("process", 1, {"pid": 4243, "name": "eval.py", "used_mib": 512.5})
+    processes = pynvml.nvmlDeviceGetComputeRunningProcesses(handle(1))
+    assert [(p.pid, p.usedGpuMemory) for p in processes] == [
+        (4242, 1024 * MIB),
+        (4243, int(512.5 * MIB)),
+    ]
+    assert {p.gpuInstanceId for p in processes} == {0xFFFFFFFF}
+    memory = pynvml.nvmlDeviceGetMemoryInfo(handle(1), version=pynvml.nvmlMemory_v2)
+    assert memory.used == 1024 * MIB + int(512.5 * MIB)
+    assert memory.free == memory.total - memory.reserved - memory.used
+    assert pynvml.nvmlDeviceGetUtilizationRates(handle(1)).gpu >= 80
+    assert pynvml.nvmlDeviceGetPowerUsage(handle(1)) > idle_power + 150_000
+    assert node.process_name(4242) == "train.py"
+    assert pynvml.nvmlSystemGetProcessName(4243) == "eval.py"
+    assert node.process_name(1) is None
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        pynvml.nvmlSystemGetProcessName(1)
+    assert pynvml.nvmlDeviceGetComputeRunningProcesses(handle(0)) == []
+
+
+def test_process_list_sizing_call(node: SimulatedNode) -> None:
+    node.inject("process", 0, {"pid": 7, "name": "a", "used_mib": 1})
+    function = node.library.nvmlDeviceGetComputeRunningProcesses_v3
+    count = pynvml.c_uint(0)
+    code = function(handle(0), pynvml.byref(count), None)
+    assert (code, count.value) == (pynvml.NVML_ERROR_INSUFFICIENT_SIZE, 1)
+    too_small = (pynvml.c_nvmlProcessInfo_v3_t * 1)()
+    node.inject("process", 0, {"pid": 8, "name": "b", "used_mib": 1})
+    code = function(handle(0), pynvml.byref(count), too_small)
+    assert (code, count.value) == (pynvml.NVML_ERROR_INSUFFICIENT_SIZE, 2)
+
+
+def test_clear_returns_the_gpu_to_healthy_and_keeps_lifetime_counters(
+    node: SimulatedNode,
+) -> None:
+    for kind, params in [
+        ("ecc_sbe", {"count": 3}),
+        ("ecc_dbe", {}),
+        ("retired_pages", {"pending": True}),
+        ("row_remap_pending", {}),
+        ("row_remap_failure", {}),
+        ("temperature", {"celsius": 95}),
+        ("throttle", {"reasons": ["hw_slowdown"]}),
+        ("pcie_degrade", {"gen": 2}),
+        ("pcie_replay", {"count": 9}),
+        ("persistence_off", {}),
+        ("nvlink_down", {"link": 0}),
+        ("nvlink_errors", {"link": 0, "crc_flit": 4}),
+        ("process", {"pid": 99, "name": "x", "used_mib": 10}),
+        ("gpu_lost", {}),
+    ]:
+        node.inject(kind, 3, params)
+    node.inject("clear", 3, {})
+    h = handle(3)
+    assert ecc(3) == (0, 0, 3, 1)
+    assert field(3, pynvml.NVML_FI_DEV_RETIRED_DBE) == 1
+    assert field(3, pynvml.NVML_FI_DEV_RETIRED_PENDING) == 0
+    assert pynvml.nvmlDeviceGetRemappedRows(h) == (0, 1, 0, 0)
+    assert temperature(3) < 50
+    assert reasons(3) == 0
+    assert pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h) == 5
+    assert pynvml.nvmlDeviceGetPcieReplayCounter(h) == 9
+    assert pynvml.nvmlDeviceGetPersistenceMode(h) == 1
+    assert pynvml.nvmlDeviceGetNvLinkState(h, 0) == 1
+    assert field(3, pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, 0) == 4
+    assert pynvml.nvmlDeviceGetComputeRunningProcesses(h) == []
+
+
+def test_every_kind_has_a_test_here() -> None:
+    tested = {
+        "ecc_sbe", "ecc_dbe", "retired_pages", "row_remap_pending", "row_remap_failure",
+        "temperature", "throttle", "pcie_degrade", "pcie_replay", "gpu_lost", "nvml_hang",
+        "persistence_off", "nvlink_down", "nvlink_errors", "process", "xid", "clear",
+    }  # fmt: skip
+    assert set(FAULT_KINDS) == tested
+
+
+# --- inject validation --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "gpu", "params", "message"),
+    [
+        ("ecc_tbe", 0, {}, "unknown fault kind 'ecc_tbe' (known: ecc_sbe, ecc_dbe"),
+        ("ecc_dbe", 8, {}, "no GPU 8 (this node has 8: 0..7)"),
+        ("ecc_dbe", -1, {}, "no GPU -1"),
+        ("ecc_dbe", True, {}, "GPU index must be an integer"),
+        ("ecc_dbe", 0, {"count": "1"}, "count: expected an integer, got str '1'"),
+        ("ecc_dbe", 0, {"count": 0}, "count: must be at least 1"),
+        ("ecc_dbe", 0, {"cnt": 1}, "cnt: unknown key for fault kind 'ecc_dbe' (known: count)"),
+        ("gpu_lost", 0, {"count": 1}, "count: unknown key for fault kind 'gpu_lost' (known: none)"),
+        ("temperature", 0, {}, "celsius: required by fault kind 'temperature'"),
+        ("temperature", 0, {"celsius": True}, "celsius: expected a number, got bool True"),
+        ("temperature", 0, {"celsius": 200}, "celsius: must be at most 130"),
+        ("throttle", 0, {"reasons": "hw_slowdown"}, "reasons: expected a list of strings"),
+        ("throttle", 0, {"reasons": ["melting"]}, "reasons: unknown 'melting' (known: gpu_idle"),
+        ("pcie_degrade", 0, {}, "gen: give gen, width or both"),
+        ("pcie_degrade", 0, {"width": 3}, "width: expected one of 1, 2, 4, 8, 16, got 3"),
+        ("nvlink_down", 0, {"link": 18}, "link: must be at most 17"),
+        ("process", 0, {"pid": 1, "name": "", "used_mib": 1}, "name: expected a non-empty string"),
+        ("nvml_hang", 0, {"seconds": 0}, "seconds: must be at least 0.001"),
+        ("retired_pages", 0, {"cause": "tbe"}, "cause: expected one of 'sbe', 'dbe'"),
+        ("retired_pages", 0, {"pending": 1}, "pending: expected true or false, got int 1"),
+    ],
+)
+def test_inject_rejects_invalid_faults(
+    node: SimulatedNode, kind: str, gpu: Any, params: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=r"^cannot inject") as caught:
+        node.inject(kind, gpu, params)
+    assert message in str(caught.value)
+
+
+def test_nvlink_index_is_checked_against_the_node(make_node: MakeNode) -> None:
+    node = make_node("[node]\nnvlinks = 4\n")
+    with pytest.raises(ValueError, match="link: no such NVLink: this GPU has 4 links"):
+        node.inject("nvlink_down", 0, {"link": 4})
+
+
+def test_faults_built_in_code_get_defaults() -> None:
+    clock = FakeClock()
+    scenario = Scenario(
+        faults=(Fault("ecc_dbe", 1, at=1.0), Fault("pcie_degrade", 1, params=(("gen", 4),)))
+    )
+    with SimulatedNode(scenario, clock=clock):
+        pynvml.nvmlInit()
+        assert pynvml.nvmlDeviceGetCurrPcieLinkGeneration(handle(1)) == 4
+        assert pynvml.nvmlDeviceGetCurrPcieLinkWidth(handle(1)) == 16
+        clock.advance(1)
+        assert ecc(1) == (0, 1, 0, 1)
+
+
+def test_faults_built_in_code_are_checked() -> None:
+    with pytest.raises(ValueError, match="fault 'ecc_dbe' on GPU 0: count: must be at least 1"):
+        SimulatedNode(Scenario(faults=(Fault("ecc_dbe", 0, params=(("count", 0),)),)))
+    with pytest.raises(ValueError, match="no GPU 9"):
+        SimulatedNode(Scenario(faults=(Fault("ecc_dbe", 9),)))
+
+
+# --- timing -------------------------------------------------------------------------------
+
+
+def test_scheduled_faults_apply_when_their_time_comes(make_node: MakeNode) -> None:
+    clock = FakeClock()
+    make_node(
+        '[[fault]]\nat = 5\ngpu = 1\nkind = "ecc_sbe"\ncount = 2\n'
+        '[[fault]]\nat = 2\ngpu = 1\nkind = "ecc_dbe"\n'
+        '[[fault]]\nat = 5\ngpu = 1\nkind = "clear"\n',
+        clock=clock,
+    )
+    assert ecc(1) == (0, 0, 0, 0)
+    clock.advance(2)
+    assert ecc(1) == (0, 1, 0, 1)
+    clock.advance(2.999)
+    assert ecc(1) == (0, 1, 0, 1)
+    clock.advance(0.001)
+    # Same time: file order, so the SBEs land and then clear resets the volatile counts.
+    assert ecc(1) == (0, 0, 2, 1)
+
+
+def test_faults_at_zero_apply_before_the_first_answer(make_node: MakeNode) -> None:
+    make_node('[[fault]]\ngpu = 0\nkind = "temperature"\ncelsius = 70\n')
+    assert temperature(0) == 70
+
+
+def test_python_level_calls_apply_due_faults_too(make_node: MakeNode) -> None:
+    clock = FakeClock()
+    node = make_node(
+        '[[fault]]\nat = 1\ngpu = 0\nkind = "process"\npid = 5\nname = "job"\nused_mib = 1\n',
+        clock=clock,
+    )
+    assert node.process_name(5) is None
+    clock.advance(1)
+    assert node.process_name(5) == "job"
+
+
+# --- hangs --------------------------------------------------------------------------------
+
+
+def test_hang_blocks_only_that_gpu_until_the_window_ends(node: SimulatedNode) -> None:
+    hung, healthy = handle(2), handle(3)
+    node.inject("nvml_hang", 2, {"seconds": 0.6})
+    started = time.monotonic()
+    answered: list[float] = []
+
+    def call_hung_gpu() -> None:
+        pynvml.nvmlDeviceGetTemperature(hung, pynvml.NVML_TEMPERATURE_GPU)
+        answered.append(time.monotonic() - started)
+
+    thread = threading.Thread(target=call_hung_gpu)
+    thread.start()
+    time.sleep(0.1)
+    for _ in range(20):
+        pynvml.nvmlDeviceGetFieldValues(healthy, [pynvml.NVML_FI_DEV_POWER_INSTANT])
+    assert time.monotonic() - started < 0.4  # other GPUs answer while GPU 2 hangs
+    assert answered == []
+    thread.join(timeout=5)
+    assert len(answered) == 1
+    assert 0.55 <= answered[0] < 2.0
+    # After the window, calls answer at once.
+    quick = time.monotonic()
+    pynvml.nvmlDeviceGetTemperature(hung, pynvml.NVML_TEMPERATURE_GPU)
+    assert time.monotonic() - quick < 0.1
+
+
+def test_handles_are_handed_out_while_a_gpu_hangs(node: SimulatedNode) -> None:
+    node.inject("nvml_hang", 2, {"seconds": 30})
+    started = time.monotonic()
+    hung = handle(2)  # NVML's handle table does not wait on the GPU
+    assert time.monotonic() - started < 0.1
+    node.inject("clear", 2, {})
+    assert pynvml.nvmlDeviceGetIndex(hung) == 2
+
+
+def test_hang_window_counts_from_the_scheduled_time(make_node: MakeNode) -> None:
+    clock = FakeClock()
+    make_node('[[fault]]\nat = 1\ngpu = 0\nkind = "nvml_hang"\nseconds = 2\n', clock=clock)
+    h = handle(0)
+    clock.advance(2.5)  # applied late, at 2.5 s: only half a second of the window is left
+    timer = threading.Timer(0.2, clock.advance, args=(0.5,))
+    timer.start()
+    started = time.monotonic()
+    pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)
+    assert 0.15 < time.monotonic() - started < 1.0
+    timer.join()
+
+
+def test_clear_and_reset_end_a_hang_early(node: SimulatedNode) -> None:
+    h = handle(1)
+    for end_it in (lambda: node.inject("clear", 1, {}), lambda: node.reset_gpu(1)):
+        node.inject("nvml_hang", 1, {"seconds": 30})
+        timer = threading.Timer(0.2, end_it)
+        timer.start()
+        started = time.monotonic()
+        pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)
+        assert 0.15 < time.monotonic() - started < 2.0
+        timer.join()
+
+
+def test_gpu_lost_during_a_hang_fails_the_blocked_call(node: SimulatedNode) -> None:
+    h = handle(4)
+    node.inject("nvml_hang", 4, {"seconds": 30})
+    timer = threading.Timer(0.2, node.inject, args=("gpu_lost", 4, {}))
+    timer.start()
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        pynvml.nvmlDeviceGetPowerUsage(h)
+    timer.join()
+
+
+# --- reset --------------------------------------------------------------------------------
+
+
+def test_reset_applies_pending_repairs_and_clears_volatile_counts(node: SimulatedNode) -> None:
+    node.inject("ecc_sbe", 2, {"count": 4})
+    node.inject("ecc_dbe", 2, {})
+    node.inject("retired_pages", 2, {"pending": True})
+    node.inject("row_remap_pending", 2, {})
+    node.inject("row_remap_failure", 2, {})
+    node.inject("temperature", 2, {"celsius": 88})
+    node.inject("persistence_off", 2, {})
+    node.reset_gpu(2)
+    assert ecc(2) == (0, 0, 4, 1)
+    assert field(2, pynvml.NVML_FI_DEV_RETIRED_PENDING) == 0
+    assert field(2, pynvml.NVML_FI_DEV_RETIRED_DBE) == 1
+    # The remap took effect; a failed remap and the heat are not fixed by a reset.
+    assert pynvml.nvmlDeviceGetRemappedRows(handle(2)) == (0, 1, 0, 1)
+    assert temperature(2) == 88
+    assert pynvml.nvmlDeviceGetPersistenceMode(handle(2)) == 0
+
+
+def test_reset_is_refused_while_in_use_or_lost(node: SimulatedNode) -> None:
+    node.inject("process", 1, {"pid": 31, "name": "job", "used_mib": 1})
+    with pytest.raises(GpuResetError, match="GPU 1 is in use by processes 31"):
+        node.reset_gpu(1)
+    node.inject("gpu_lost", 0, {})
+    with pytest.raises(GpuResetError, match="fallen off the bus"):
+        node.reset_gpu(0)
+    with pytest.raises(ValueError, match="no GPU 8"):
+        node.reset_gpu(8)
+
+
+# --- events -------------------------------------------------------------------------------
+
+
+def test_xid_event_reaches_a_registered_set(node: SimulatedNode) -> None:
+    h = handle(3)
+    supported = pynvml.nvmlDeviceGetSupportedEventTypes(h)
+    assert supported & pynvml.nvmlEventTypeXidCriticalError
+    event_set = pynvml.nvmlEventSetCreate()
+    pynvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, event_set)
+    node.inject("xid", 3, {"xid": 79})
+    node.inject("xid", 2, {"xid": 13})  # not registered: not delivered
+    data = pynvml.nvmlEventSetWait_v2(event_set, 1000)
+    assert data.eventType == pynvml.nvmlEventTypeXidCriticalError
+    assert data.eventData == 79
+    assert pynvml.nvmlDeviceGetIndex(data.device) == 3
+    assert data.gpuInstanceId == 0xFFFFFFFF
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        pynvml.nvmlEventSetWait_v2(event_set, 50)
+    pynvml.nvmlEventSetFree(event_set)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlEventSetWait_v2(event_set, 0)
+
+
+def test_event_wait_wakes_when_an_event_arrives(node: SimulatedNode) -> None:
+    event_set = pynvml.nvmlEventSetCreate()
+    for index in range(8):
+        pynvml.nvmlDeviceRegisterEvents(
+            handle(index), pynvml.nvmlEventTypeXidCriticalError, event_set
+        )
+    timer = threading.Timer(0.2, node.inject, args=("xid", 6, {"xid": 48}))
+    timer.start()
+    started = time.monotonic()
+    data = pynvml.nvmlEventSetWait_v2(event_set, 5000)
+    timer.join()
+    assert 0.15 < time.monotonic() - started < 1.0
+    assert (pynvml.nvmlDeviceGetIndex(data.device), data.eventData) == (6, 48)
+
+
+def test_scheduled_xid_is_delivered_to_a_waiting_caller(make_node: MakeNode) -> None:
+    make_node('[[fault]]\nat = 0.3\ngpu = 1\nkind = "xid"\nxid = 94\n')
+    event_set = pynvml.nvmlEventSetCreate()
+    pynvml.nvmlDeviceRegisterEvents(handle(1), pynvml.nvmlEventTypeXidCriticalError, event_set)
+    assert pynvml.nvmlEventSetWait_v2(event_set, 3000).eventData == 94
+
+
+def test_ecc_events_go_only_to_sets_that_asked_for_them(node: SimulatedNode) -> None:
+    xids, eccs = pynvml.nvmlEventSetCreate(), pynvml.nvmlEventSetCreate()
+    pynvml.nvmlDeviceRegisterEvents(handle(0), pynvml.nvmlEventTypeXidCriticalError, xids)
+    pynvml.nvmlDeviceRegisterEvents(
+        handle(0),
+        pynvml.nvmlEventTypeSingleBitEccError | pynvml.nvmlEventTypeDoubleBitEccError,
+        eccs,
+    )
+    node.inject("ecc_dbe", 0, {})
+    node.inject("ecc_sbe", 0, {})
+    first, second = pynvml.nvmlEventSetWait_v2(eccs, 0), pynvml.nvmlEventSetWait_v2(eccs, 0)
+    assert [first.eventType, second.eventType] == [
+        pynvml.nvmlEventTypeDoubleBitEccError,
+        pynvml.nvmlEventTypeSingleBitEccError,
+    ]
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        pynvml.nvmlEventSetWait_v2(xids, 0)
+
+
+def test_unsupported_event_types_are_refused(node: SimulatedNode) -> None:
+    event_set = pynvml.nvmlEventSetCreate()
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceRegisterEvents(
+            handle(0), pynvml.nvmlEventTypeGpuUnavailableError, event_set
+        )
+
+
+def test_event_wait_reports_a_lost_gpu(node: SimulatedNode) -> None:
+    event_set = pynvml.nvmlEventSetCreate()
+    pynvml.nvmlDeviceRegisterEvents(handle(2), pynvml.nvmlEventTypeXidCriticalError, event_set)
+    node.inject("xid", 2, {"xid": 79})
+    node.inject("gpu_lost", 2, {})
+    assert pynvml.nvmlEventSetWait_v2(event_set, 0).eventData == 79  # queued events first
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        pynvml.nvmlEventSetWait_v2(event_set, 1000)
+
+
+# --- properties ---------------------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.floats(min_value=0, max_value=500),
+            st.sampled_from(["read", "process", "clear", "limit"]),
+        ),
+        max_size=15,
+    )
+)
+def test_energy_never_decreases(steps: list[tuple[float, str]]) -> None:
+    clock = FakeClock()
+    with SimulatedNode(Scenario(), clock=clock) as node:
+        pynvml.nvmlInit()
+        h = handle(0)
+        last = pynvml.nvmlDeviceGetTotalEnergyConsumption(h)
+        for seconds, action in steps:
+            clock.advance(seconds)
+            if action == "process":
+                node.inject("process", 0, {"pid": 1, "name": "p", "used_mib": 1})
+            elif action == "clear":
+                node.inject("clear", 0, {})
+            elif action == "limit":
+                pynvml.nvmlDeviceSetPowerManagementLimit(h, 250_000)
+            energy = pynvml.nvmlDeviceGetTotalEnergyConsumption(h)
+            assert energy >= last
+            last = energy
