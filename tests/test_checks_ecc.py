@@ -112,17 +112,34 @@ def _sbe(aggregate: int | None = None, volatile: int | None = None) -> dict[str,
         pytest.param(
             [(0.0, _sbe(10)), (3600.0, _sbe(111))], Severity.WARN, 101.0, id="just-above-limit"
         ),
+        # Until the series spans the whole hour, the errors seen so far count against the
+        # hour: 2 in the first minute is 2 per hour, not 120.
         pytest.param(
-            [(0.0, _sbe(0)), (60.0, _sbe(2))], Severity.WARN, 120.0, id="short-span-extrapolates"
+            [(0.0, _sbe(0)), (60.0, _sbe(2))],
+            Severity.OK,
+            2.0,
+            id="short-span-counts-against-the-whole-window",
         ),
         pytest.param(
-            [(0.0, _sbe(0)), (600.0, _sbe(5)), (1200.0, _sbe(10)), (1800.0, _sbe(60))],
+            [(0.0, _sbe(0)), (5.0, _sbe(1))],
+            Severity.OK,
+            1.0,  # extrapolated from 5 s this would be 720 per hour
+            id="one-sbe-right-after-start-stays-ok",
+        ),
+        pytest.param(
+            [(0.0, _sbe(0)), (60.0, _sbe(40)), (120.0, _sbe(101))],
             Severity.WARN,
-            120.0,
+            101.0,  # 101 errors within the first two minutes already exceed 100 per hour
+            id="burst-above-the-limit-in-the-first-minutes-warns",
+        ),
+        pytest.param(
+            [(0.0, _sbe(0)), (1200.0, _sbe(5)), (2400.0, _sbe(10)), (3600.0, _sbe(120))],
+            Severity.WARN,
+            120.0,  # the last poll alone would be 110 in 1200 s: 330 per hour
             id="several-polls-first-to-last",
         ),
         pytest.param(
-            [(0.0, _sbe(volatile=0)), (1800.0, _sbe(volatile=60))],
+            [(0.0, _sbe(volatile=0)), (3600.0, _sbe(volatile=120))],
             Severity.WARN,
             120.0,
             id="falls-back-to-volatile",
@@ -130,13 +147,13 @@ def _sbe(aggregate: int | None = None, volatile: int | None = None) -> dict[str,
         pytest.param(
             [(0.0, _sbe(1000, volatile=0)), (1800.0, _sbe(1010, volatile=500))],
             Severity.OK,
-            20.0,
+            10.0,  # the volatile counter would give 500 per hour
             id="aggregate-preferred-over-volatile",
         ),
         pytest.param(
             [(0.0, _sbe(0)), (1800.0, _sbe(100)), (3600.0, _sbe(5)), (5400.0, _sbe(10))],
             Severity.OK,
-            10.0,
+            5.0,  # 5 errors since the reset at 3600 s, over the hour
             id="counter-reset-restarts-the-series",
         ),
         pytest.param(
@@ -148,7 +165,7 @@ def _sbe(aggregate: int | None = None, volatile: int | None = None) -> dict[str,
         pytest.param(
             [(0.0, _sbe(0)), (60.0, _sbe(500)), (4000.0, _sbe(500)), (4060.0, _sbe(501))],
             Severity.OK,
-            60.0,  # only the 4000 s and 4060 s samples are inside the hour
+            1.0,  # only the 4000 s and 4060 s samples are inside the hour
             id="burst-ages-out-of-the-window",
         ),
         pytest.param(
@@ -158,9 +175,9 @@ def _sbe(aggregate: int | None = None, volatile: int | None = None) -> dict[str,
             id="missing-sample-keeps-series",
         ),
         pytest.param(
-            [(0.0, _sbe(0)), (1800.0, _sbe(volatile=0)), (3600.0, _sbe(volatile=200))],
+            [(0.0, _sbe(0)), (1800.0, _sbe(volatile=150)), (3600.0, _sbe(volatile=300))],
             Severity.WARN,
-            400.0,
+            150.0,  # 150 -> 300 on the volatile counter; mixing counters would count 0 -> 300
             id="switching-counter-restarts-the-series",
         ),
     ],

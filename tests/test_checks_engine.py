@@ -8,7 +8,7 @@ import pytest
 
 from gpuagent.checks import CHECK_NAMES, NODE_CHECK_NAMES, HealthMemory, evaluate
 from gpuagent.checks.common import Outcome, Problem, fmt, to_finding
-from gpuagent.checks.memory import MAX_SAMPLES, CounterSeries
+from gpuagent.checks.memory import MAX_SAMPLES, SAMPLES_PER_WINDOW, CounterSeries, Rate
 from gpuagent.checks.vocabulary import Action, Runbook
 from gpuagent.config import (
     ChecksSection,
@@ -157,12 +157,47 @@ def test_memory_stays_bounded_by_the_window() -> None:
     assert len(memory.for_gpu(BUS).pcie_replay.samples) == 61  # the fixed 300 s window
 
 
-def test_sample_cap_backs_up_the_window() -> None:
+def test_default_window_is_thinned_to_about_sixty_samples() -> None:
+    # 5 s polls, one-hour window: a poll replaces the newest sample until it comes at least
+    # 3600 / 60 = 60 s after the sample before, so every 55th second stays (0, 55, 110, ...).
+    memory = HealthMemory()
+    for step in range(1000):
+        _, memory = run(gpu(ecc_sbe_aggregate=step), memory=memory, now=step * 5.0)
+    # At 4995 s the hour starts at 1395 s: the kept ones are 1430 ... 4950, then 4995.
+    kept = tuple((55.0 * k, 11 * k) for k in range(26, 91))
+    assert memory.for_gpu(BUS).sbe.samples == (*kept, (4995.0, 999))  # 66, not 721
+
+
+def test_thinning_keeps_the_first_and_newest_sample_of_a_burst() -> None:
+    # Polls 1 ms apart never get 1e9 / 60 s past the first sample: each replaces the newest.
     series = CounterSeries()
     for step in range(MAX_SAMPLES + 50):
         series = series.observe(step * 0.001, step, "aggregate", window=1e9)
+    assert series.samples == ((0.0, 0), ((MAX_SAMPLES + 49) * 0.001, MAX_SAMPLES + 49))
+
+
+def test_thinning_bounds_the_series_over_a_long_run() -> None:
+    # 1 s polls, 600 s window: a poll replaces the newest sample until it comes at least
+    # 600 / 60 = 10 s after the sample before, so every 9th second stays (0, 9, 18, ...).
+    series = CounterSeries()
+    for step in range(3600):
+        series = series.observe(float(step), step, "aggregate", window=600.0)
+    # At 3599 s the window starts at 2999 s: the kept ones are 3006 ... 3591, then 3599.
+    kept = tuple((float(t), t) for t in range(3006, 3592, 9))
+    assert series.samples == (*kept, (3599.0, 3599))
+    assert len(series.samples) == 67  # about SAMPLES_PER_WINDOW, not 601
+    assert len(series.samples) < 2 * SAMPLES_PER_WINDOW
+
+
+def test_sample_cap_backs_up_the_window() -> None:
+    # Thinning keeps a series far below the cap, so start from one already at the cap (as
+    # memory built with denser sampling would be) and add a sample thinning lets through.
+    full = CounterSeries("aggregate", tuple((float(t), t) for t in range(MAX_SAMPLES)))
+    now = MAX_SAMPLES + 1000.0  # 1001 s after the second-newest sample, window / 60 = 100 s
+    series = full.observe(now, MAX_SAMPLES, "aggregate", window=6000.0)
     assert len(series.samples) == MAX_SAMPLES
-    assert series.samples[-1][1] == MAX_SAMPLES + 49
+    assert series.samples[0] == (1.0, 1)  # the oldest sample made room
+    assert series.samples[-2:] == ((MAX_SAMPLES - 1.0, MAX_SAMPLES - 1), (now, MAX_SAMPLES))
 
 
 def test_evaluate_does_not_change_its_inputs() -> None:
@@ -177,12 +212,14 @@ def test_evaluate_does_not_change_its_inputs() -> None:
 
 def test_clock_going_backwards_drops_samples_from_the_future() -> None:
     memory = HealthMemory()
-    for now, count in ((100.0, 0), (200.0, 50), (150.0, 60), (160.0, 61)):
+    for now, count in ((100.0, 0), (200.0, 50), (150.0, 60), (170.0, 61)):
         health, memory = run(gpu(ecc_sbe_aggregate=count), memory=memory, now=now)
-    rate = finding(health, "ecc").evidence_dict()["sbe_rate_per_hour"]
-    # The 200 s sample is dropped once the clock reads 150 s: 61 errors over 100 s -> 160 s.
-    assert rate == pytest.approx(3660.0)
-    assert memory.for_gpu(BUS).sbe.samples == ((100.0, 0), (150.0, 60), (160.0, 61))
+    evidence = finding(health, "ecc").evidence_dict()
+    # The 200 s sample is dropped once the clock reads 150 s: 61 errors over 100 s -> 170 s,
+    # a 70 s span counted against the default one-hour window.
+    assert evidence["sbe_rate_span_seconds"] == 70.0
+    assert evidence["sbe_rate_per_hour"] == pytest.approx(61.0)
+    assert memory.for_gpu(BUS).sbe.samples == ((100.0, 0), (150.0, 60), (170.0, 61))
 
 
 @pytest.mark.parametrize(
@@ -205,12 +242,54 @@ def test_counter_series_observe(
     assert series.samples == expected
 
 
-def test_counter_series_rate() -> None:
-    assert CounterSeries().rate() is None
-    assert CounterSeries("x", ((1.0, 5),)).rate() is None
-    rate = CounterSeries("x", ((1.0, 5), (3.0, 6), (11.0, 25))).rate()
-    assert rate is not None
-    assert (rate.increase, rate.span_seconds, rate.samples, rate.per_second) == (20, 10.0, 3, 2.0)
+@pytest.mark.parametrize(
+    ("samples", "value", "expected"),
+    [
+        # window=60: a new sample replaces the newest one while it is less than 1 s after
+        # the sample before the newest.
+        pytest.param(((9.5, 1),), 2, ((9.5, 1), (10.0, 2)), id="first-sample-always-kept"),
+        pytest.param(((9.5, 1), (9.75, 2)), 3, ((9.5, 1), (10.0, 3)), id="replaces-the-newest"),
+        pytest.param(
+            ((9.0, 1), (9.5, 2)), 3, ((9.0, 1), (9.5, 2), (10.0, 3)), id="appends-after-1-s"
+        ),
+        pytest.param(
+            ((0.0, 1), (9.25, 2), (9.5, 3)),
+            4,
+            ((0.0, 1), (9.25, 2), (10.0, 4)),
+            id="only-the-second-newest-counts",
+        ),
+        pytest.param(((9.5, 5), (9.75, 6)), 1, ((10.0, 1),), id="reset-starts-over"),
+        pytest.param(((9.5, 1), (9.75, 2)), None, ((9.5, 1), (9.75, 2)), id="missing-value"),
+    ],
+)
+def test_counter_series_thinning(
+    samples: tuple[tuple[float, int], ...],
+    value: int | None,
+    expected: tuple[tuple[float, int], ...],
+) -> None:
+    series = CounterSeries("aggregate", samples).observe(10.0, value, "aggregate", window=60.0)
+    assert series.samples == expected
+
+
+def test_counter_series_rate_needs_two_samples_apart() -> None:
+    assert CounterSeries().rate(60.0) is None
+    assert CounterSeries("x", ((1.0, 5),)).rate(60.0) is None
+    assert CounterSeries("x", ((1.0, 5), (1.0, 6))).rate(60.0) is None
+
+
+@pytest.mark.parametrize(
+    ("window", "per_second"),
+    [
+        pytest.param(5.0, 2.0, id="span-covers-the-window"),
+        pytest.param(10.0, 2.0, id="span-equals-the-window"),
+        pytest.param(40.0, 0.5, id="short-span-counts-against-the-window"),
+    ],
+)
+def test_counter_series_rate(window: float, per_second: float) -> None:
+    # 20 more over 10 s: divided by the span or the window, whichever is longer.
+    rate = CounterSeries("x", ((1.0, 5), (3.0, 6), (11.0, 25))).rate(window)
+    assert rate == Rate(increase=20, span_seconds=10.0, samples=3, window_seconds=window)
+    assert rate.per_second == per_second
 
 
 def test_to_finding_combines_problems_worst_first() -> None:

@@ -143,20 +143,33 @@ def replays(count: int | None) -> dict[str, Any]:
     ("steps", "severity", "per_minute"),
     [
         pytest.param([(0.0, replays(5))], Severity.OK, None, id="one-sample"),
-        pytest.param([(0.0, replays(0)), (60.0, replays(10))], Severity.OK, 10.0, id="at-limit"),
+        # 10 per minute over the 5-minute window is 50 replays.
+        pytest.param([(0.0, replays(0)), (300.0, replays(50))], Severity.OK, 10.0, id="at-limit"),
         pytest.param(
-            [(0.0, replays(0)), (60.0, replays(11))], Severity.WARN, 11.0, id="above-limit"
+            [(0.0, replays(0)), (300.0, replays(51))], Severity.WARN, 10.2, id="above-limit"
         ),
         pytest.param(
-            [(0.0, replays(0)), (30.0, replays(0)), (60.0, replays(0)), (90.0, replays(30))],
+            [(0.0, replays(0)), (60.0, replays(11))],
+            Severity.OK,
+            2.2,  # 11 in the first minute count against the 5 minutes, not as 11 per minute
+            id="short-span-counts-against-the-whole-window",
+        ),
+        pytest.param(
+            [(0.0, replays(0)), (60.0, replays(51))],
             Severity.WARN,
-            20.0,
+            10.2,
+            id="burst-above-the-limit-in-the-first-minute-warns",
+        ),
+        pytest.param(
+            [(0.0, replays(0)), (100.0, replays(0)), (200.0, replays(0)), (300.0, replays(100))],
+            Severity.WARN,
+            20.0,  # first to last; the last poll alone would be 100 in 100 s: 60 per minute
             id="several-polls",
         ),
         pytest.param(
             [(0.0, replays(1000)), (60.0, replays(3)), (120.0, replays(5))],
             Severity.OK,
-            2.0,
+            0.4,  # 2 replays since the reset, over 300 s
             id="counter-reset",
         ),
         pytest.param(
@@ -165,7 +178,7 @@ def replays(count: int | None) -> dict[str, Any]:
         pytest.param(
             [(0.0, replays(0)), (10.0, replays(500)), (400.0, replays(500)), (460.0, replays(505))],
             Severity.OK,
-            5.0,
+            1.0,  # only the 400 s and 460 s samples are inside the window: 5 in 300 s
             id="burst-leaves-the-5-minute-window",
         ),
         pytest.param(
@@ -183,10 +196,24 @@ def test_replay_rate(
         assert (last.action, last.runbook) == ("reseat_or_replace", "gpu-pcie-replay")
 
 
-def test_replay_reason() -> None:
-    steps = [(0.0, replays(0)), (120.0, replays(60))]
+@pytest.mark.parametrize(
+    ("steps", "reason"),
+    [
+        pytest.param(
+            [(0.0, replays(0)), (300.0, replays(150))],
+            "30 PCIe replays per minute (150 in 300 s), above 10",
+            id="whole-window",
+        ),
+        pytest.param(
+            [(0.0, replays(0)), (120.0, replays(60))],
+            "12 PCIe replays per minute (60 in 120 s), above 10",  # 60 over 300 s
+            id="short-span",
+        ),
+    ],
+)
+def test_replay_reason(steps: list[tuple[float, dict[str, Any]]], reason: str) -> None:
     last = check_series("pcie", steps, config=DEFAULT, ident=GEN5_X16)[-1]
-    assert last.reason == "30 PCIe replays per minute (60 in 120 s), above 10"
+    assert last.reason == reason
 
 
 def test_degraded_and_replays_both_reported() -> None:

@@ -214,7 +214,12 @@ def main(argv: list[str] | None = None) -> int:
         args.values += extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+    except BrokenPipeError:
+        # `gpuagent status | head`: the reader went away, which is not an error of ours.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return result
 
 

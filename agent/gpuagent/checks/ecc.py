@@ -74,7 +74,7 @@ def _disabled_problem(enabled: bool | None) -> Problem | None:
 
 def check_ecc(view: GpuView) -> Outcome:
     readings, config = view.readings, view.config.ecc
-    rate = view.memory.sbe.rate()
+    rate = view.memory.sbe.rate(view.config.ecc.rate_window_seconds)
     evidence = (
         ("ecc_enabled", readings.ecc_enabled),
         ("dbe_volatile", readings.ecc_dbe_volatile),

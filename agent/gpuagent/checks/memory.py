@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# With the default 5 s poll a one-hour window holds 720 samples; the cap only matters when
-# someone polls far faster, where it shortens the window instead of growing without end.
+# Thinning (SAMPLES_PER_WINDOW) keeps a series near 60 samples at any poll interval; the
+# cap is a backstop so a series can never grow without end.
 MAX_SAMPLES = 4096
+SAMPLES_PER_WINDOW = 60
 
 Sample = tuple[float, int]  # (monotonic seconds, counter value)
 
@@ -23,10 +24,14 @@ class Rate:
     increase: int
     span_seconds: float
     samples: int
+    window_seconds: float
 
     @property
     def per_second(self) -> float:
-        return self.increase / self.span_seconds
+        # Until the series covers a whole window, divide by the window, not the span:
+        # "N errors in the last window" rather than extrapolating one early error into a
+        # huge rate, which would alarm on the first corrected error after a restart.
+        return self.increase / max(self.span_seconds, self.window_seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +56,13 @@ class CounterSeries:
         # the reset would give a negative or meaningless rate, so the series starts over.
         if source != self.source or (kept and value < kept[-1][1]):
             kept = ()
+        # Thin the series to about one sample per 1/60 of the window (the newest one always
+        # kept): rates stay accurate and the memory stays small at any poll interval.
+        if len(kept) >= 2 and now - kept[-2][0] < window / SAMPLES_PER_WINDOW:
+            kept = kept[:-1]
         return CounterSeries(source, (*kept, (now, value))[-MAX_SAMPLES:])
 
-    def rate(self) -> Rate | None:
+    def rate(self, window: float) -> Rate | None:
         """Growth over the series, or None until two samples span some time."""
         if len(self.samples) < 2:
             return None
@@ -61,7 +70,12 @@ class CounterSeries:
         span = last_t - first_t
         if span <= 0:
             return None
-        return Rate(increase=last_v - first_v, span_seconds=span, samples=len(self.samples))
+        return Rate(
+            increase=last_v - first_v,
+            span_seconds=span,
+            samples=len(self.samples),
+            window_seconds=window,
+        )
 
 
 @dataclass(frozen=True, slots=True)

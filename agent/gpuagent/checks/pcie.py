@@ -85,7 +85,7 @@ def _degraded(view: GpuView, shortfall: str, held: float | None) -> tuple[Proble
 
 def _replays(view: GpuView) -> tuple[Problem | None, float | None]:
     """The replay-rate problem, if any, and the rate per minute (None until measurable)."""
-    rate = view.memory.pcie_replay.rate()
+    rate = view.memory.pcie_replay.rate(REPLAY_WINDOW_SECONDS)
     if rate is None:
         return None, None
     per_minute = rate.per_second * 60.0

@@ -45,15 +45,9 @@ _COUNTER_FIELDS: dict[int, str] = {
 _BOOL_ATTRS = {"retired_pages_pending", "row_remap_pending", "row_remap_failure"}
 _MILLIWATT_ATTRS = {"power_w", "power_limit_w"}
 
-# Fields read once with the identity.
-_STATIC_FIELDS: dict[int, str] = {
-    pynvml.NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT: "temperature_slowdown_c",
-    pynvml.NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT: "temperature_shutdown_c",
-    pynvml.NVML_FI_DEV_TEMPERATURE_GPU_MAX_TLIMIT: "temperature_gpu_max_c",
-    pynvml.NVML_FI_DEV_TEMPERATURE_MEM_MAX_TLIMIT: "temperature_memory_max_c",
-    pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT: "nvlink_count",
-}
-_THRESHOLD_FALLBACK = {
+# Temperature thresholds, read once with the identity. (The *_TLIMIT fields are offsets on
+# NVML's T.Limit scale, not degrees, so the classic call is the one to use.)
+_THRESHOLDS = {
     "temperature_slowdown_c": pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
     "temperature_shutdown_c": pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
     "temperature_gpu_max_c": pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX,
@@ -127,22 +121,16 @@ class Device:
     def read_identity(self) -> GpuIdentity:
         pci = self._get("nvmlDeviceGetPciInfo", pynvml.nvmlDeviceGetPciInfo)
         bus_id = canonical_bus_id(text(pci.busId) or "") if pci is not None else ""
-        static_ids = list(_STATIC_FIELDS)
-        static = dict(
-            zip(
-                _STATIC_FIELDS.values(),
-                _field_values(self.worker, self.handle, static_ids),
-                strict=True,
+        thresholds = {
+            attr: self._get(
+                "nvmlDeviceGetTemperatureThreshold",
+                pynvml.nvmlDeviceGetTemperatureThreshold,
+                threshold,
             )
-        )
-        for attr, threshold in _THRESHOLD_FALLBACK.items():
-            if static.get(attr) is None:
-                static[attr] = self._get(
-                    "nvmlDeviceGetTemperatureThreshold",
-                    pynvml.nvmlDeviceGetTemperatureThreshold,
-                    threshold,
-                )
-        self._nvlink_count = int(static.pop("nvlink_count") or 0)
+            for attr, threshold in _THRESHOLDS.items()
+        }
+        (links,) = _field_values(self.worker, self.handle, [pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT])
+        self._nvlink_count = int(links or 0)
         self._fields = list(_COUNTER_FIELDS) + [
             (pynvml.NVML_FI_DEV_NVLINK_GET_STATE, link) for link in range(self._nvlink_count)
         ]
@@ -168,7 +156,7 @@ class Device:
                 "nvmlDeviceGetMaxPcieLinkWidth", pynvml.nvmlDeviceGetMaxPcieLinkWidth
             ),
             nvlink_count=self._nvlink_count,
-            **{k: None if v is None else float(v) for k, v in static.items()},
+            **{k: None if v is None else float(v) for k, v in thresholds.items()},
         )
 
     # --- readings (every poll) -------------------------------------------------------------
