@@ -10,9 +10,10 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from prometheus_client import CollectorRegistry, Gauge, exposition
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from gpuagent.metrics import MetricsServer, build_registry
+from gpuagent.metrics.exposition import TextRenderer
 from test_metrics_support import (
     VERSION,
     degraded_snapshot,
@@ -80,12 +81,13 @@ def test_gzip_when_asked(server):
     assert gzip.decompress(body) == plain
 
 
-def test_openmetrics_when_asked(server):
+def test_text_format_even_when_openmetrics_is_preferred(server):
+    # Like dcgm-exporter: one format; Prometheus parses whatever Content-Type says.
     accept = {"Accept": "application/openmetrics-text; version=1.0.0"}
     status, headers, body = fetch(url(server, "/metrics"), accept)
     assert status == 200
-    assert headers["Content-Type"].startswith("application/openmetrics-text")
-    assert body.endswith(b"# EOF\n")
+    assert headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert body == fetch(url(server, "/metrics"))[2]
 
 
 def test_a_taken_port_fails_at_start_with_a_clear_message(server):
@@ -170,17 +172,17 @@ class _Holder:
 
 def _counting_renders(monkeypatch) -> list[int]:
     renders = [0]
-    real = exposition.generate_latest
+    real = TextRenderer.render
 
-    def counting(*args, **kwargs):
+    def counting(self, families):
         renders[0] += 1
-        return real(*args, **kwargs)
+        return real(self, families)
 
-    monkeypatch.setattr(exposition, "generate_latest", counting)
+    monkeypatch.setattr(TextRenderer, "render", counting)
     return renders
 
 
-def test_same_snapshot_is_rendered_once_per_variant(monkeypatch):
+def test_same_snapshot_is_rendered_once(monkeypatch):
     renders = _counting_renders(monkeypatch)
     srv = MetricsServer(build_registry(_Holder(snapshot()), VERSION), "127.0.0.1", 0)
     srv.start()
@@ -189,7 +191,7 @@ def test_same_snapshot_is_rendered_once_per_variant(monkeypatch):
         zipped = [fetch(url(srv, "/metrics"), {"Accept-Encoding": "gzip"})[2] for _ in range(3)]
     finally:
         srv.stop()
-    assert renders[0] == 2
+    assert renders[0] == 1
     assert len(set(plain)) == 1
     assert len(set(zipped)) == 1
     assert gzip.decompress(zipped[0]) == plain[0]
@@ -209,6 +211,36 @@ def test_a_new_snapshot_is_served_at_once():
     assert up["3"] == 1.0
     up = {s.labels["gpu"]: s.value for s in after["gpuagent_gpu_up"]}
     assert up["3"] == 0.0
+
+
+def test_refresh_renders_ahead_of_the_scrape(monkeypatch):
+    renders = _counting_renders(monkeypatch)
+    holder = _Holder(snapshot())
+    srv = MetricsServer(build_registry(holder, VERSION), "127.0.0.1", 0)
+    srv.start()
+    try:
+        srv.exposition.refresh()
+        assert renders[0] == 1
+        fetch(url(srv, "/metrics"))
+        assert renders[0] == 1
+        holder.snap = degraded_snapshot()
+        srv.exposition.refresh()
+        fetch(url(srv, "/metrics"))
+        assert renders[0] == 2
+    finally:
+        srv.stop()
+
+
+def test_text_is_what_prometheus_client_renders():
+    registry = build_registry(_Holder(degraded_snapshot()), VERSION)
+    assert TextRenderer().render(registry.collect()) == generate_latest(registry)
+
+
+def test_label_values_are_escaped():
+    registry = CollectorRegistry()
+    gauge = Gauge("odd", "Help with a \\ backslash\nand a newline.", ["v"], registry=registry)
+    gauge.labels(v='quote " backslash \\ newline \n').set(1)
+    assert TextRenderer().render(registry.collect()) == generate_latest(registry)
 
 
 def test_a_registry_of_live_metrics_is_never_replayed():

@@ -226,6 +226,9 @@ class Agent:
         )
         self._log_transitions(previous, snapshot)
         self.store.publish(snapshot)
+        if self._metrics is not None:
+            # Render /metrics now, once per snapshot, so no scrape waits for rendering.
+            self._metrics.exposition.refresh()
         self.notifier.status(self._summary())
 
     def _log_transitions(self, previous: NodeSnapshot | None, current: NodeSnapshot) -> None:

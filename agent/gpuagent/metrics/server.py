@@ -8,13 +8,13 @@ import socketserver
 import sys
 import threading
 from collections.abc import Iterable
-from typing import cast
 from wsgiref.simple_server import WSGIRequestHandler
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.core import Metric
+from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import ThreadingWSGIServer
+
+from gpuagent.metrics.exposition import CONTENT_TYPE, Exposition
 
 log = logging.getLogger(__name__)
 
@@ -63,71 +63,17 @@ class _Server(ThreadingWSGIServer):
         log.debug("metrics request from %s failed: %r", client_address, sys.exc_info()[1])
 
 
-_Response = tuple[str, list[tuple[str, str]], bytes]
-# Distinct (method, Accept, Accept-Encoding, query) variants kept per set of families;
-# a Prometheus server always asks the same way, so a handful is plenty.
-_MAX_CACHED_VARIANTS = 8
-
-
-class _ResponseCache:
-    """Replays rendered /metrics responses while the registry yields the same families.
-
-    prometheus_client renders the text anew on every request, about 7 ms for eight GPUs,
-    while the snapshot collector hands back the very same family objects until the next
-    snapshot. So each response variant is rendered once per set of families. Families are
-    compared by identity and held by reference, so an id is never reused under a stale
-    entry; a registry that builds new objects on every collect() simply never hits.
-    """
-
-    def __init__(self, registry: CollectorRegistry, app: WSGIApplication) -> None:
-        self._registry = registry
-        self._app = app
-        self._lock = threading.Lock()
-        self._families: tuple[Metric, ...] = ()
-        self._responses: dict[tuple[str, ...], _Response] = {}
-
-    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        families = tuple(self._registry.collect())
-        key = tuple(
-            str(environ.get(name, ""))
-            for name in ("REQUEST_METHOD", "HTTP_ACCEPT", "HTTP_ACCEPT_ENCODING", "QUERY_STRING")
-        )
-        with self._lock:
-            if not _same_objects(families, self._families):
-                self._families, self._responses = families, {}
-            generation = self._responses
-            response = generation.get(key)
-        if response is None:
-            # Rendered after `families` was read, so never older than the key it goes under.
-            response = self._render(environ)
-            with self._lock:
-                # Not if new families arrived meanwhile: they start a new generation dict.
-                if self._responses is generation and len(generation) < _MAX_CACHED_VARIANTS:
-                    generation[key] = response
-        status, headers, body = response
-        start_response(status, list(headers))
-        return [body]
-
-    def _render(self, environ: WSGIEnvironment) -> _Response:
-        captured: list[tuple[str, list[tuple[str, str]]]] = []
-
-        def capture(status: str, headers: list[tuple[str, str]], _exc: object = None) -> None:
-            captured.append((status, headers))
-
-        body = b"".join(self._app(environ, cast("StartResponse", capture)))
-        status, headers = captured[0]
-        return status, headers, body
-
-
-def _same_objects(a: tuple[Metric, ...], b: tuple[Metric, ...]) -> bool:
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
-
-
-def _router(metrics_app: WSGIApplication) -> WSGIApplication:
+def _router(exposition: Exposition) -> WSGIApplication:
     def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO") or "/"
         if path == "/metrics":
-            return metrics_app(environ, start_response)
+            gzipped = "gzip" in str(environ.get("HTTP_ACCEPT_ENCODING", ""))
+            body = exposition.body(gzipped=gzipped)
+            headers = [("Content-Type", CONTENT_TYPE), ("Content-Length", str(len(body)))]
+            if gzipped:
+                headers.append(("Content-Encoding", "gzip"))
+            start_response("200 OK", headers)
+            return [body]
         if path == "/":
             headers = [("Content-Type", "text/html; charset=utf-8")]
             start_response("200 OK", headers)
@@ -148,11 +94,11 @@ def _resolve(host: str, port: int) -> tuple[int, _Address]:
 
 
 class MetricsServer:
-    """Serves ``registry`` on /metrics (gzip and OpenMetrics negotiated by prometheus_client)."""
+    """Serves ``registry`` on /metrics in the text format (gzip when asked)."""
 
     def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
-        metrics_app = cast("WSGIApplication", make_wsgi_app(registry))
-        self._app = _router(_ResponseCache(registry, metrics_app))
+        self.exposition = Exposition(registry)
+        self._app = _router(self.exposition)
         self._host = host
         self._requested_port = port
         self._server: _Server | None = None
