@@ -60,7 +60,8 @@ class TextRenderer:
             append(f"# TYPE {name} {_TEXT_TYPE.get(family.type, family.type)}\n")
             for sample in family.samples:
                 labels = self._labels(sample.labels) if sample.labels else ""
-                append(f"{sample.name}{labels} {floatToGoString(sample.value)}\n")
+                value = floatToGoString(sample.value)  # type: ignore[no-untyped-call]
+                append(f"{sample.name}{labels} {value}\n")
         return "".join(out).encode()
 
 
