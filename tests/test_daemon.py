@@ -223,6 +223,14 @@ def test_bad_api_requests_are_rejected_and_the_daemon_carries_on(run_daemon: Run
         sock.sendall(b"x" * (70 * 1024) + b"\n")
         assert json.loads(sock.makefile().readline())["error"] == "request too large"
     assert daemon.status()["node"]["health"] == "OK"
+    daemon.call("refresh")
+    rejected = {
+        s.labels["reason"]: s.value
+        for s in _samples(daemon.metrics(), "gpuagent_api_requests_rejected_total")
+    }
+    assert rejected == {"malformed": 3.0, "unknown_method": 1.0, "oversized": 1.0}
+    log = (daemon.workdir / "daemon.log").read_text()
+    assert log.count("rejected API request (malformed)") == 1
     bad_inject = daemon.cli("inject", "--socket", str(daemon.socket), "ecc_tbe", "--gpu", "0")
     assert bad_inject.returncode == 1
     assert "ecc_tbe" in bad_inject.stderr

@@ -228,6 +228,7 @@ class Agent:
             health=health,
             sources=(self._nvml_tracker.status,),
             simulated=self.simulator is not None,
+            rejected_api_requests=tuple(sorted(self._api.rejected.items())),
         )
         self._log_transitions(previous, snapshot)
         self.store.publish(snapshot)

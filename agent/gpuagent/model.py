@@ -224,6 +224,8 @@ class NodeSnapshot:
     health: NodeHealth = field(default_factory=NodeHealth)
     sources: tuple[SourceStatus, ...] = ()
     simulated: bool = False
+    # Local API requests refused so far, by reason ("malformed", "oversized", ...).
+    rejected_api_requests: tuple[tuple[str, int], ...] = ()
 
     def gpu(self, pci_bus_id: str) -> GpuState | None:
         return next((g for g in self.gpus if g.identity.pci_bus_id == pci_bus_id), None)

@@ -11,7 +11,12 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily, Metric, UnknownMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    UnknownMetricFamily,
+)
 
 from gpuagent.metrics import names
 from gpuagent.metrics.names import GpuMetric, MetricSpec
@@ -134,7 +139,20 @@ class _Builder:
         taken_at.add_metric([], snap.taken_at)
         simulated = _gauge(names.SIMULATED)
         simulated.add_metric([], float(snap.simulated))
-        return [build_info(snap, self.version), node_health, checks, nvml_up, taken_at, simulated]
+        rejected = CounterMetricFamily(
+            names.API_REJECTED.name, names.API_REJECTED.help, labels=names.API_REJECTED.labels
+        )
+        for reason, count in snap.rejected_api_requests:
+            rejected.add_metric([reason], count)
+        return [
+            build_info(snap, self.version),
+            node_health,
+            checks,
+            nvml_up,
+            taken_at,
+            simulated,
+            rejected,
+        ]
 
     def _sources(self) -> list[Metric]:
         columns: list[tuple[MetricSpec, Callable[[SourceStatus], float | None]]] = [

@@ -329,3 +329,8 @@ SIMULATED = MetricSpec(
     "gpuagent_simulated",
     "1 if the values come from the GPU simulator rather than real hardware.",
 )
+API_REJECTED = MetricSpec(
+    "gpuagent_api_requests_rejected_total",
+    "Local API requests refused since start, by reason (malformed, oversized, forbidden, ...).",
+    ("reason",),
+)

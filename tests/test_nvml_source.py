@@ -1,0 +1,127 @@
+"""The NVML source in-process against the simulator: init retry, the call budget, outcomes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from gpuagent.config import NvmlSourceSection
+from gpuagent.sim import SimulatedNode, parse_scenario
+from gpuagent.sources.nvml import NvmlSource
+
+SCENARIO = '[node]\ngpus = 8\nmodel = "NVIDIA H100 80GB HBM3"\n'
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def node() -> Iterator[SimulatedNode]:
+    with SimulatedNode(parse_scenario(SCENARIO)) as simulated:
+        yield simulated
+
+
+def _source(node: SimulatedNode, clock: Clock, **config: float) -> NvmlSource:
+    return NvmlSource(NvmlSourceSection(**config), process_name=node.process_name, clock=clock)
+
+
+async def test_nvml_calls_per_gpu_per_poll_stay_within_budget(node: SimulatedNode) -> None:
+    clock = Clock()
+    source = _source(node, clock, interval_seconds=5, slow_interval_seconds=30)
+    await source.poll()  # identities and the first slow read
+    node.reset_call_counts()
+    polls = 12  # one minute at the default 5 s: two slow reads among them
+    for _ in range(polls):
+        clock.now += 5
+        observation = await source.poll()
+        assert all(gpu.status == "ok" for gpu in observation.gpus)
+    per_gpu = node.calls_per_device()
+    assert set(per_gpu) == set(range(8))
+    for calls in per_gpu.values():
+        assert calls / polls <= 12
+    await source.close()
+
+
+async def test_slow_values_are_carried_between_slow_reads(node: SimulatedNode) -> None:
+    clock = Clock()
+    source = _source(node, clock, slow_interval_seconds=30)
+    first = await source.poll()
+    clock.now += 5
+    second = await source.poll()
+    for gpu in (first.gpus[0], second.gpus[0]):
+        assert gpu.readings is not None
+        assert gpu.readings.persistence_mode is True
+        assert gpu.readings.pcie_generation == 5
+    node.inject("persistence_off", 0, {})
+    clock.now += 5
+    still = await source.poll()
+    assert still.gpus[0].readings is not None
+    assert still.gpus[0].readings.persistence_mode is True  # not re-read yet
+    clock.now += 30
+    later = await source.poll()
+    assert later.gpus[0].readings is not None
+    assert later.gpus[0].readings.persistence_mode is False
+    await source.close()
+
+
+async def test_init_failure_is_classified_and_retried(node: SimulatedNode) -> None:
+    node.set_init_error("driver_not_loaded")
+    clock = Clock()
+    source = _source(node, clock, init_retry_seconds=30)
+    failed = await source.poll()
+    assert not failed.status.ok
+    assert failed.status.problem == "driver_not_loaded"
+    assert failed.gpus == ()
+    node.set_init_error(None)
+    clock.now += 10
+    assert (await source.poll()).status.problem == "driver_not_loaded"  # not retried yet
+    clock.now += 30
+    recovered = await source.poll()
+    assert recovered.status.ok
+    assert recovered.status.driver_version == "550.54.15"
+    assert len(recovered.gpus) == 8
+    await source.close()
+
+
+@pytest.mark.parametrize(
+    "problem", ["driver_not_loaded", "library_not_found", "version_mismatch", "no_permission"]
+)
+async def test_each_init_problem_is_named(node: SimulatedNode, problem: str) -> None:
+    node.set_init_error(problem)
+    observation = await _source(node, Clock()).poll()
+    assert observation.status.problem == problem
+    assert observation.status.message
+
+
+async def test_a_gpu_lost_before_start_is_reported_lost(node: SimulatedNode) -> None:
+    node.inject("gpu_lost", 3, {})
+    observation = await _source(node, Clock()).poll()
+    states = {gpu.identity.index: gpu for gpu in observation.gpus}
+    assert len(states) == 8
+    assert states[3].status == "lost"
+    assert states[3].readings is None
+    assert all(states[i].status == "ok" for i in states if i != 3)
+
+
+async def test_identity_matches_what_nvml_reports(node: SimulatedNode) -> None:
+    observation = await _source(node, Clock()).poll()
+    identity = observation.gpus[0].identity
+    assert identity.pci_bus_id == "0000:18:00.0"
+    assert identity.device == "nvidia0"
+    assert identity.temperature_slowdown_c == 87.0
+    assert identity.temperature_shutdown_c == 92.0
+    assert identity.power_default_limit_w == 700.0
+    assert (identity.pcie_max_generation, identity.pcie_max_width) == (5, 16)
+    assert identity.nvlink_count == 18
+    readings = observation.gpus[0].readings
+    assert readings is not None
+    assert readings.nvlink_up == (True,) * 18
+    assert readings.ecc_enabled is True
+    assert readings.fb_used_mib is not None
+    assert readings.fb_free_mib is not None
