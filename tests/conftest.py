@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pynvml
 import pytest
+
+from gpuagent.sim import SimulatedNode, parse_scenario
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -184,3 +187,41 @@ def run_daemon(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
     yield run
     for daemon in started:
         daemon.stop()
+
+
+class FakeClock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+MakeNode = Callable[..., SimulatedNode]
+
+
+@pytest.fixture
+def make_node() -> Iterator[MakeNode]:
+    """Simulated nodes installed beneath pynvml (and NVML initialised); removed afterwards."""
+    nodes: list[SimulatedNode] = []
+
+    def make(text: str = "", *, clock: Callable[[], float] | None = None) -> SimulatedNode:
+        node = SimulatedNode(parse_scenario(text), **({"clock": clock} if clock else {}))
+        node.install()
+        nodes.append(node)
+        pynvml.nvmlInit()
+        return node
+
+    yield make
+    for node in reversed(nodes):
+        node.uninstall()
+
+
+@pytest.fixture
+def node(make_node: MakeNode) -> SimulatedNode:
+    return make_node()

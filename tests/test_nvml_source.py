@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from conftest import FakeClock
 from gpuagent.config import NvmlSourceSection
 from gpuagent.sim import SimulatedNode, parse_scenario
 from gpuagent.sources.nvml import NvmlSource
@@ -13,26 +14,19 @@ from gpuagent.sources.nvml import NvmlSource
 SCENARIO = '[node]\ngpus = 8\nmodel = "NVIDIA H100 80GB HBM3"\n'
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def node() -> Iterator[SimulatedNode]:
+    # The source initialises NVML itself, so not the shared `node` fixture.
     with SimulatedNode(parse_scenario(SCENARIO)) as simulated:
         yield simulated
 
 
-def _source(node: SimulatedNode, clock: Clock, **config: float) -> NvmlSource:
+def _source(node: SimulatedNode, clock: FakeClock, **config: float) -> NvmlSource:
     return NvmlSource(NvmlSourceSection(**config), process_name=node.process_name, clock=clock)
 
 
 async def test_nvml_calls_per_gpu_per_poll_stay_within_budget(node: SimulatedNode) -> None:
-    clock = Clock()
+    clock = FakeClock()
     source = _source(node, clock, interval_seconds=5, slow_interval_seconds=30)
     await source.poll()  # identities and the first slow read
     node.reset_call_counts()
@@ -49,7 +43,7 @@ async def test_nvml_calls_per_gpu_per_poll_stay_within_budget(node: SimulatedNod
 
 
 async def test_slow_values_are_carried_between_slow_reads(node: SimulatedNode) -> None:
-    clock = Clock()
+    clock = FakeClock()
     source = _source(node, clock, slow_interval_seconds=30)
     first = await source.poll()
     clock.now += 5
@@ -72,7 +66,7 @@ async def test_slow_values_are_carried_between_slow_reads(node: SimulatedNode) -
 
 async def test_init_failure_is_classified_and_retried(node: SimulatedNode) -> None:
     node.set_init_error("driver_not_loaded")
-    clock = Clock()
+    clock = FakeClock()
     source = _source(node, clock, init_retry_seconds=30)
     failed = await source.poll()
     assert not failed.status.ok
@@ -94,14 +88,14 @@ async def test_init_failure_is_classified_and_retried(node: SimulatedNode) -> No
 )
 async def test_each_init_problem_is_named(node: SimulatedNode, problem: str) -> None:
     node.set_init_error(problem)
-    observation = await _source(node, Clock()).poll()
+    observation = await _source(node, FakeClock()).poll()
     assert observation.status.problem == problem
     assert observation.status.message
 
 
 async def test_a_gpu_lost_before_start_is_reported_lost(node: SimulatedNode) -> None:
     node.inject("gpu_lost", 3, {})
-    observation = await _source(node, Clock()).poll()
+    observation = await _source(node, FakeClock()).poll()
     states = {gpu.identity.index: gpu for gpu in observation.gpus}
     assert len(states) == 8
     assert states[3].status == "lost"
@@ -110,7 +104,7 @@ async def test_a_gpu_lost_before_start_is_reported_lost(node: SimulatedNode) -> 
 
 
 async def test_identity_matches_what_nvml_reports(node: SimulatedNode) -> None:
-    observation = await _source(node, Clock()).poll()
+    observation = await _source(node, FakeClock()).poll()
     identity = observation.gpus[0].identity
     assert identity.pci_bus_id == "0000:18:00.0"
     assert identity.device == "nvidia0"

@@ -4,51 +4,16 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pynvml
 import pytest
 
+from conftest import FakeClock, MakeNode
 from gpuagent.sim import Scenario, SimulatedNode, parse_scenario
 
 MIB = 1024 * 1024
 UUID_RE = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-MakeNode = Callable[..., SimulatedNode]
-
-
-@pytest.fixture
-def make_node() -> Iterator[MakeNode]:
-    nodes: list[SimulatedNode] = []
-
-    def make(text: str = "", *, clock: Callable[[], float] | None = None) -> SimulatedNode:
-        node = SimulatedNode(parse_scenario(text), **({"clock": clock} if clock else {}))
-        node.install()
-        nodes.append(node)
-        pynvml.nvmlInit()
-        return node
-
-    yield make
-    for node in reversed(nodes):
-        node.uninstall()
-
-
-@pytest.fixture
-def node(make_node: MakeNode) -> SimulatedNode:
-    return make_node()
 
 
 def field_values(handle: Any, ids: list[Any]) -> dict[Any, tuple[int, int | float | None]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pynvml
@@ -12,51 +12,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import FakeClock, MakeNode
 from gpuagent.sim import (
     FAULT_KINDS,
     Fault,
     GpuResetError,
     Scenario,
     SimulatedNode,
-    parse_scenario,
 )
 
 MIB = 1024 * 1024
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 50.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-MakeNode = Callable[..., SimulatedNode]
-
-
-@pytest.fixture
-def make_node() -> Iterator[MakeNode]:
-    nodes: list[SimulatedNode] = []
-
-    def make(text: str = "", *, clock: Callable[[], float] | None = None) -> SimulatedNode:
-        node = SimulatedNode(parse_scenario(text), **({"clock": clock} if clock else {}))
-        node.install()
-        nodes.append(node)
-        pynvml.nvmlInit()
-        return node
-
-    yield make
-    for node in reversed(nodes):
-        node.uninstall()
-
-
-@pytest.fixture
-def node(make_node: MakeNode) -> SimulatedNode:
-    return make_node()
 
 
 def handle(index: int) -> Any:

@@ -194,13 +194,17 @@ def load_config(path: Path | None) -> Config:
     """Load and validate ``path``; None gives the defaults."""
     if path is None:
         return Config()
+    return parse_config(read_text(path))
+
+
+def read_text(path: Path) -> str:
+    """A configuration-like file's text, or a ConfigError saying why it can't be had."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path} is not UTF-8 text") from None
-    return parse_config(text)
 
 
 def parse_config(text: str) -> Config:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from gpuagent.config import ConfigError, build_dataclass, find_line, parse_toml
+from gpuagent.config import ConfigError, build_dataclass, find_line, parse_toml, read_text
 from gpuagent.sim import hardware
 from gpuagent.sim.faults import FaultError, ParamValue, check_params
 
@@ -67,13 +67,7 @@ class Scenario:
 
 
 def load_scenario(path: Path) -> Scenario:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path} is not UTF-8 text") from None
-    return parse_scenario(text)
+    return parse_scenario(read_text(path))
 
 
 def parse_scenario(text: str) -> Scenario:
