@@ -8,6 +8,7 @@ stays busy with the blocked call, and the GPU is skipped until that call returns
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -139,7 +140,9 @@ class NvmlSource:
         for device in session.devices:
             device.worker.close()
         if session.status.ok and not self._session_worker.busy:
-            await self._session_worker.run(close_session, self._config.call_timeout_seconds)
+            # A wedged driver must not hold up shutdown: give up on a clean nvmlShutdown.
+            with contextlib.suppress(CallTimeoutError):
+                await self._session_worker.run(close_session, self._config.call_timeout_seconds)
         self._session_worker.close()
 
 
