@@ -186,6 +186,92 @@ class SourceStatus:
     consecutive_failures: int = 0
 
 
+# --- kernel log, events and the PCIe bus ---------------------------------------------------
+
+KernelKind = Literal[
+    "xid",
+    "sxid",
+    "fallen_off_bus",
+    "aer",
+    "gsp",
+    "driver_mismatch",
+    "crash_dump",
+    "other_nvrm",
+    "noise",
+]
+AerSeverity = Literal["corrected", "nonfatal", "fatal"]
+
+
+@dataclass(frozen=True, slots=True)
+class KernelLine:
+    """What one kernel-log message says, as the parsers read it (pure data)."""
+
+    kind: KernelKind
+    code: int | None = None  # XID or SXid number
+    pci: str | None = None  # the bus id as the line gives it ("PCI:0000:3b:00", "0000:3b:00.0")
+    pid: int | None = None
+    process: str | None = None
+    aer_severity: AerSeverity | None = None
+    text: str = ""  # the message without timestamp or syslog prefixes
+
+
+EventSource = Literal["kmsg", "nvml", "udev", "drill"]
+# Kernel kinds, plus what udev reports about a GPU's PCI function.
+EventKind = KernelKind | Literal["gpu_removed", "gpu_added", "driver_unbound", "driver_bound"]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuEvent:
+    """A fault or bus event the agent saw. ``event_id`` is stable across restarts and
+    sources retries, so it can be de-duplicated end to end."""
+
+    event_id: str
+    source: EventSource
+    kind: EventKind
+    gpu: str | None  # canonical bus id ("0000:3b:00.0") when the event names a known device
+    time: float  # wall clock of the event itself (for kmsg: boot time + the record's usec)
+    monotonic: float  # agent's monotonic clock when it saw the event (checks' time base)
+    pci: str | None = None  # the bus id as reported
+    code: int | None = None
+    line: str = ""  # the evidence: the raw kernel line, or a description
+    pid: int | None = None
+    process: str | None = None
+    aer_severity: AerSeverity | None = None
+
+
+PcieRole = Literal["gpu", "nvswitch", "bridge"]
+
+
+@dataclass(frozen=True, slots=True)
+class PcieLink:
+    """One PCI function's link as sysfs shows it (speeds in GT/s, as sysfs writes them)."""
+
+    address: str  # canonical bus id
+    role: PcieRole
+    current_speed_gts: float | None = None
+    max_speed_gts: float | None = None
+    current_width: int | None = None
+    max_width: int | None = None
+    aer_correctable: int | None = None  # totals from aer_dev_* (None: no AER reporting)
+    aer_nonfatal: int | None = None
+    aer_fatal: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PciePath:
+    """A GPU (or NVSwitch) and every bridge above it, device first, root port last."""
+
+    device: PcieLink
+    bridges: tuple[PcieLink, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class KmsgCounters:
+    records_read: int = 0
+    records_lost: int = 0  # overwritten before we read them (EPIPE)
+    lines_unparsed: int = 0  # malformed records
+
+
 @dataclass(frozen=True, slots=True)
 class NodeHealth:
     findings: tuple[Finding, ...] = ()
@@ -226,6 +312,10 @@ class NodeSnapshot:
     simulated: bool = False
     # Local API requests refused so far, by reason ("malformed", "oversized", ...).
     rejected_api_requests: tuple[tuple[str, int], ...] = ()
+    # Recent events, oldest first (bounded by the event log's retention).
+    events: tuple[GpuEvent, ...] = ()
+    pcie: tuple[PciePath, ...] = ()
+    kmsg: KmsgCounters = field(default_factory=KmsgCounters)
 
     def gpu(self, pci_bus_id: str) -> GpuState | None:
         return next((g for g in self.gpus if g.identity.pci_bus_id == pci_bus_id), None)
