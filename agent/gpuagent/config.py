@@ -76,13 +76,51 @@ class NvmlSourceSection:
 
 @dataclass(frozen=True)
 class KmsgSourceSection:
+    enabled: bool = True
+    # /dev/kmsg on a node; a regular file or a FIFO is followed the same way (tests, drills).
     path: Path = Path("/dev/kmsg")
+    # At start the current boot's buffer is read once; records older than this (relative
+    # to the agent's start) are skipped.
+    lookback_seconds: float = 86400.0
+
+
+@dataclass(frozen=True)
+class NvmlEventsSourceSection:
+    # XID events straight from the driver (nvmlEventSetWait), beside the kernel log.
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class SysfsSourceSection:
+    enabled: bool = True
+    # sysfs mount point (tests point this at a fixture tree).
+    root: Path = Path("/sys")
+    interval_seconds: float = 30.0
+
+
+@dataclass(frozen=True)
+class UdevSourceSection:
+    # PCI add/remove and driver bind/unbind of NVIDIA devices, as they happen (netlink).
+    enabled: bool = True
 
 
 @dataclass(frozen=True)
 class SourcesSection:
     nvml: NvmlSourceSection = field(default_factory=NvmlSourceSection)
+    nvml_events: NvmlEventsSourceSection = field(default_factory=NvmlEventsSourceSection)
     kmsg: KmsgSourceSection = field(default_factory=KmsgSourceSection)
+    sysfs: SysfsSourceSection = field(default_factory=SysfsSourceSection)
+    udev: UdevSourceSection = field(default_factory=UdevSourceSection)
+
+
+@dataclass(frozen=True)
+class EventsSection:
+    # Events are kept this long (and at most max_events), for checks, status and reports.
+    retention_seconds: float = 86400.0
+    max_events: int = 10000
+    # The same XID on the same GPU from the kernel log and from NVML within this many
+    # seconds is one fault.
+    dedup_window_seconds: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -136,6 +174,36 @@ class NvlinkCheck:
 
 
 @dataclass(frozen=True)
+class XidCheck:
+    enabled: bool = True
+    # Application XIDs (the catalog's RESTART_APP bucket) make a GPU WARN for this long
+    # after the last one...
+    app_error_hold_seconds: float = 3600.0
+    # ...and CRITICAL when they come faster than this.
+    app_error_rate_per_hour: float = 6.0
+
+
+@dataclass(frozen=True)
+class SxidCheck:
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class AerCheck:
+    enabled: bool = True
+    # Corrected PCIe errors per hour (kernel AER reports and sysfs counters) above which a
+    # GPU is WARN; any uncorrectable (non-fatal or fatal) error is CRITICAL.
+    corrected_rate_per_hour: float = 60.0
+    rate_window_seconds: float = 3600.0
+
+
+@dataclass(frozen=True)
+class BusCheck:
+    # "GPU has fallen off the bus" in the kernel log, or the GPU removed from PCI (udev).
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
 class ChecksSection:
     ecc: EccCheck = field(default_factory=EccCheck)
     thermal: ThermalCheck = field(default_factory=ThermalCheck)
@@ -143,6 +211,10 @@ class ChecksSection:
     persistence: PersistenceCheck = field(default_factory=PersistenceCheck)
     mig: MigCheck = field(default_factory=MigCheck)
     nvlink: NvlinkCheck = field(default_factory=NvlinkCheck)
+    xid: XidCheck = field(default_factory=XidCheck)
+    sxid: SxidCheck = field(default_factory=SxidCheck)
+    aer: AerCheck = field(default_factory=AerCheck)
+    bus: BusCheck = field(default_factory=BusCheck)
 
 
 @dataclass(frozen=True)
@@ -151,6 +223,7 @@ class Config:
     api: ApiSection = field(default_factory=ApiSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     sources: SourcesSection = field(default_factory=SourcesSection)
+    events: EventsSection = field(default_factory=EventsSection)
     checks: ChecksSection = field(default_factory=ChecksSection)
 
 
@@ -162,6 +235,10 @@ _POSITIVE = {
     "sources.nvml.slow_interval_seconds",
     "sources.nvml.init_retry_seconds",
     "checks.ecc.rate_window_seconds",
+    "checks.aer.rate_window_seconds",
+    "sources.sysfs.interval_seconds",
+    "events.retention_seconds",
+    "events.max_events",
 }
 _NON_NEGATIVE = {
     "checks.ecc.sbe_rate_per_hour",
@@ -170,6 +247,11 @@ _NON_NEGATIVE = {
     "checks.pcie.degraded_hold_seconds",
     "checks.pcie.degraded_min_utilization_pct",
     "checks.pcie.replay_rate_per_minute",
+    "checks.xid.app_error_hold_seconds",
+    "checks.xid.app_error_rate_per_hour",
+    "checks.aer.corrected_rate_per_hour",
+    "sources.kmsg.lookback_seconds",
+    "events.dedup_window_seconds",
 }
 _LISTEN_RE = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]*):(\d{1,5})$")
 
