@@ -66,11 +66,17 @@ class Daemon:
         scenario = workdir / f"node-{gpus}.toml"
         scenario.write_text(f'[node]\ngpus = {gpus}\nmodel = "NVIDIA H100 80GB HBM3"\n')
         config = workdir / "config.toml"
+        # The kernel log is a FIFO the benchmark can write to; sysfs an empty tree.
+        self.kmsg = workdir / "kmsg"
+        os.mkfifo(self.kmsg)
+        (workdir / "sys" / "bus" / "pci" / "devices").mkdir(parents=True)
         config.write_text(
             f'[agent]\nstate_dir = "{workdir / "state"}"\n'
             f'[api]\nsocket = "{self.socket}"\n'
             f'[metrics]\nlisten = "127.0.0.1:{self.port}"\n'
             f"[sources.nvml]\ninterval_seconds = {interval}\n"
+            f'[sources.kmsg]\npath = "{self.kmsg}"\n'
+            f'[sources.sysfs]\nroot = "{workdir / "sys"}"\n'
         )
         self.notify_path = workdir / "notify.sock"
         self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

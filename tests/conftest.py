@@ -68,6 +68,17 @@ class DaemonProcess:
     def inject(self, kind: str, gpu: int, **values: Any) -> None:
         self.call("inject", {"kind": kind, "gpu": gpu, "values": values})
 
+    @property
+    def kmsg(self) -> Path:
+        return self.workdir / "kmsg"
+
+    def write_kernel_log(self, *lines: str) -> None:
+        fd = os.open(self.kmsg, os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            os.write(fd, "".join(f"{line}\n" for line in lines).encode())
+        finally:
+            os.close(fd)
+
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
             return str(r.read().decode())
@@ -126,11 +137,17 @@ def start_daemon(
     port = free_port()
     sock = workdir / "api.sock"
     config = workdir / "config.toml"
+    # The kernel log is a FIFO the test writes to; sysfs an empty tree (no host devices).
+    kmsg = workdir / "kmsg"
+    os.mkfifo(kmsg)
+    (workdir / "sys" / "bus" / "pci" / "devices").mkdir(parents=True)
     config.write_text(
         f'[agent]\nnode_name = "test-node"\nstate_dir = "{workdir / "state"}"\n'
         f'[api]\nsocket = "{sock}"\n[metrics]\nlisten = "127.0.0.1:{port}"\n'
         f"[sources.nvml]\ninterval_seconds = {interval}\ncall_timeout_seconds = {call_timeout}\n"
-        f"slow_interval_seconds = {interval}\ninit_retry_seconds = 1\n{config_extra}"
+        f"slow_interval_seconds = {interval}\ninit_retry_seconds = 1\n"
+        f'[sources.kmsg]\npath = "{kmsg}"\n[sources.sysfs]\nroot = "{workdir / "sys"}"\n'
+        f"{config_extra}"
     )
     scenario_path = workdir / "scenario.toml"
     scenario_path.write_text(scenario)

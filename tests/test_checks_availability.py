@@ -4,7 +4,16 @@ import pytest
 
 from gpuagent.checks import CHECK_NAMES
 from gpuagent.model import GpuReadings, GpuState, GpuStatus, Severity
-from test_checks_support import BUS, OTHER_BUS, finding, gpu, identity, run
+from test_checks_support import (
+    BUS,
+    EVENT_CHECKS,
+    OTHER_BUS,
+    event,
+    finding,
+    gpu,
+    identity,
+    run,
+)
 
 
 @pytest.mark.parametrize(
@@ -67,16 +76,32 @@ def test_availability(
         pytest.param("error", "investigate", "gpu-nvml-error", id="error"),
     ],
 )
-def test_gpu_without_readings_makes_every_other_check_unknown(
+def test_gpu_without_readings_makes_every_readings_check_unknown(
     status: GpuStatus, action: str, runbook: str
 ) -> None:
     health, _ = run(gpu(status, error="boom"))
     others = [f for f in health.for_gpu(BUS) if f.check != "availability"]
     assert [f.check for f in others] == list(CHECK_NAMES[1:])
     for found in others:
+        if found.check in EVENT_CHECKS:
+            continue
         assert found.severity is Severity.UNKNOWN
         assert found.reason == f"no data: GPU {status}"
         assert (found.action, found.runbook) == (action, runbook)
+
+
+def test_event_checks_still_judge_a_gpu_without_readings() -> None:
+    # A lost GPU is exactly when its kernel-log lines matter: they say why.
+    fallen = event(
+        "xid",
+        "NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, "
+        "GPU has fallen off the bus.",
+        code=79,
+    )
+    health, _ = run(gpu("lost"), events=(fallen,))
+    assert finding(health, "xid").severity is Severity.CRITICAL
+    assert finding(health, "bus").severity is Severity.OK  # no "fallen off the bus" line
+    assert finding(health, "aer").severity is Severity.OK
 
 
 def test_no_data_does_not_mask_a_lost_gpu() -> None:

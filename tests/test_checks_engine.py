@@ -3,29 +3,44 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 
 from gpuagent.checks import CHECK_NAMES, NODE_CHECK_NAMES, HealthMemory, evaluate
 from gpuagent.checks.common import Outcome, Problem, fmt, to_finding
-from gpuagent.checks.memory import MAX_SAMPLES, SAMPLES_PER_WINDOW, CounterSeries, Rate
+from gpuagent.checks.memory import (
+    MAX_SAMPLES,
+    SAMPLES_PER_WINDOW,
+    CounterSeries,
+    GpuMemory,
+    Rate,
+)
 from gpuagent.checks.vocabulary import Action, Runbook
 from gpuagent.config import (
+    AerCheck,
+    BusCheck,
     ChecksSection,
     EccCheck,
     MigCheck,
     NvlinkCheck,
     PcieCheck,
     PersistenceCheck,
+    SxidCheck,
     ThermalCheck,
+    XidCheck,
 )
-from gpuagent.model import GpuStatus, Severity
+from gpuagent.model import AerSeverity, EventKind, GpuEvent, GpuState, GpuStatus, Severity
 from test_checks_support import (
     BUS,
     NVML_OK,
     OTHER_BUS,
+    ROOT_PORT,
+    event,
     finding,
+    gen5_x16,
     gpu,
+    gpu_path,
     identity,
     run,
     with_checks,
@@ -33,20 +48,36 @@ from test_checks_support import (
 
 ALL = (
     "availability",
+    "bus",
+    "xid",
     "ecc",
     "retired_pages",
     "row_remap",
     "thermal",
     "pcie",
+    "aer",
     "persistence",
     "mig",
     "nvlink",
+)
+NODE = ("nvml", "sxid", "kernel")
+ALL_OFF = ChecksSection(
+    ecc=EccCheck(enabled=False),
+    thermal=ThermalCheck(enabled=False),
+    pcie=PcieCheck(enabled=False),
+    persistence=PersistenceCheck(enabled=False),
+    mig=MigCheck(enabled=False),
+    nvlink=NvlinkCheck(enabled=False),
+    xid=XidCheck(enabled=False),
+    sxid=SxidCheck(enabled=False),
+    aer=AerCheck(enabled=False),
+    bus=BusCheck(enabled=False),
 )
 
 
 def test_check_names_in_display_order() -> None:
     assert CHECK_NAMES == ALL
-    assert NODE_CHECK_NAMES == ("nvml",)
+    assert NODE_CHECK_NAMES == NODE
 
 
 def test_findings_come_node_first_then_gpu_by_gpu_in_check_order() -> None:
@@ -54,7 +85,7 @@ def test_findings_come_node_first_then_gpu_by_gpu_in_check_order() -> None:
     health, _ = run(second, gpu())
     order = [(f.gpu, f.check) for f in health.findings]
     assert order == [
-        (None, "nvml"),
+        *((None, name) for name in NODE),
         *((OTHER_BUS, name) for name in ALL),
         *((BUS, name) for name in ALL),
     ]
@@ -78,18 +109,11 @@ def test_findings_come_node_first_then_gpu_by_gpu_in_check_order() -> None:
         ),
         pytest.param(with_checks(mig=MigCheck(enabled=False)), ("mig",), id="mig"),
         pytest.param(with_checks(nvlink=NvlinkCheck(enabled=False)), ("nvlink",), id="nvlink"),
-        pytest.param(
-            ChecksSection(
-                ecc=EccCheck(enabled=False),
-                thermal=ThermalCheck(enabled=False),
-                pcie=PcieCheck(enabled=False),
-                persistence=PersistenceCheck(enabled=False),
-                mig=MigCheck(enabled=False),
-                nvlink=NvlinkCheck(enabled=False),
-            ),
-            ALL[1:],
-            id="all-off-availability-stays",
-        ),
+        pytest.param(with_checks(xid=XidCheck(enabled=False)), ("xid",), id="xid"),
+        pytest.param(with_checks(bus=BusCheck(enabled=False)), ("bus",), id="bus"),
+        pytest.param(with_checks(aer=AerCheck(enabled=False)), ("aer",), id="aer"),
+        pytest.param(with_checks(sxid=SxidCheck(enabled=False)), (), id="sxid-is-node-level"),
+        pytest.param(ALL_OFF, ALL[1:], id="all-off-availability-stays"),
     ],
 )
 @pytest.mark.parametrize("status", ["ok", "lost"])
@@ -99,14 +123,21 @@ def test_disabled_checks_produce_no_findings(
     health, _ = run(gpu(status, persistence_mode=False, ecc_dbe_volatile=3), config=config)
     checks = [f.check for f in health.for_gpu(BUS)]
     assert checks == [name for name in ALL if name not in missing]
-    assert [f.check for f in health.node_findings()] == ["nvml"]
+    node = ("nvml", "kernel") if not config.sxid.enabled else NODE
+    assert [f.check for f in health.node_findings()] == list(node)
 
 
-def test_disabled_ecc_keeps_no_samples() -> None:
-    config = with_checks(ecc=EccCheck(enabled=False), pcie=PcieCheck(enabled=False))
-    _, memory = run(gpu(ecc_sbe_aggregate=5, pcie_replay_count=3), config=config)
-    assert memory.for_gpu(BUS).sbe.samples == ()
-    assert memory.for_gpu(BUS).pcie_replay.samples == ()
+def test_disabled_checks_keep_no_samples() -> None:
+    config = with_checks(
+        ecc=EccCheck(enabled=False), pcie=PcieCheck(enabled=False), aer=AerCheck(enabled=False)
+    )
+    narrow_root = gen5_x16(ROOT_PORT, current_width=8, aer_correctable=4, aer_fatal=0)
+    _, memory = run(
+        gpu(ecc_sbe_aggregate=5, pcie_replay_count=3),
+        config=config,
+        pcie=(gpu_path(narrow_root),),
+    )
+    assert memory.for_gpu(BUS) == GpuMemory()
 
 
 def test_memory_is_per_gpu() -> None:
@@ -328,3 +359,72 @@ def test_to_finding_combines_problems_worst_first() -> None:
 )
 def test_fmt(value: float, text: str) -> None:
     assert fmt(value) == text
+
+
+def _busy_node(gpus: int, events: int) -> tuple[tuple[GpuState, ...], tuple[GpuEvent, ...]]:
+    """``gpus`` GPUs and a full event log of XIDs, AER reports and noise spread over them."""
+    states = tuple(gpu(ident=identity(f"0000:{0x10 + i:02x}:00.0", index=i)) for i in range(gpus))
+    kinds: list[tuple[EventKind, int | None, AerSeverity | None]] = [
+        ("xid", 13, None),
+        ("xid", 119, None),
+        ("xid", 45, None),
+        ("aer", None, "corrected"),
+        ("gsp", None, None),
+        ("sxid", 20034, None),
+        ("other_nvrm", None, None),
+    ]
+    log = []
+    for n in range(events):
+        kind, code, severity = kinds[n % len(kinds)]
+        bus = states[n % gpus].identity.pci_bus_id
+        log.append(
+            event(
+                kind,
+                f"NVRM: Xid (PCI:{bus}): {code}, pid={n}, name=python3, "
+                "Ch 00000001 caused by previous Xid 13",
+                gpu=bus,
+                code=code,
+                at=n * 0.5,
+                pid=n,
+                aer_severity=severity,
+            )
+        )
+    return states, tuple(log)
+
+
+def test_a_full_event_log_is_indexed_not_rescanned() -> None:
+    # The budget (well under 10 ms for this load) is measured, not asserted: a busy machine
+    # must not fail the suite. This bound only catches a check that rescans the whole log
+    # for every GPU or event, which costs seconds.
+    states, log = _busy_node(gpus=8, events=10_000)
+    started = time.perf_counter()
+    health, _ = evaluate(states, NVML_OK, ChecksSection(), HealthMemory(), 5000.0, events=log)
+    assert time.perf_counter() - started < 0.25
+    assert finding(health, "xid", "0000:10:00.0").severity is Severity.CRITICAL
+
+
+def test_events_of_devices_that_are_not_gpus_are_ignored_per_gpu() -> None:
+    elsewhere = (
+        event("xid", "NVRM: Xid (PCI:0000:99:00): 119, ...", gpu="0000:99:00.0", code=119),
+        event("xid", "NVRM: Xid 119 without a bus id", gpu=None, code=119),
+        event("fallen_off_bus", "NVRM: GPU 0000:99:00.0: GPU has fallen off the bus.", gpu=None),
+        event(
+            "aer",
+            "pcieport 0000:00:03.0: PCIe Bus Error: severity=Uncorrected (Fatal)",
+            gpu="0000:00:03.0",
+            aer_severity="fatal",
+        ),
+    )
+    health, _ = run(gpu(), events=elsewhere)
+    assert health.gpu_severity(BUS) is Severity.OK
+
+
+def test_evaluate_with_events_does_not_change_its_inputs() -> None:
+    log = (event("xid", "NVRM: Xid (PCI:0000:18:00): 119, ...", code=119),)
+    paths = (gpu_path(gen5_x16(ROOT_PORT, aer_correctable=5, aer_nonfatal=0, aer_fatal=0)),)
+    _, memory = run(gpu(), events=log, pcie=paths)
+    before = dataclasses.replace(memory)
+    first, _ = run(gpu(), memory=memory, now=60.0, events=log, pcie=paths)
+    again, _ = run(gpu(), memory=memory, now=60.0, events=log, pcie=paths)
+    assert memory == before
+    assert first == again

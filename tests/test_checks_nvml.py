@@ -95,10 +95,12 @@ def test_nvml_ok() -> None:
         "",
     )
     assert found.evidence_dict()["nvml_version"] == "12.550.54.15"
-    assert health.findings == (found,)  # no GPUs: the node finding is all there is
+    # No GPUs: the node findings are all there is, NVML's first.
+    assert health.findings[0] == found
+    assert [f.check for f in health.findings] == ["nvml", "sxid", "kernel"]
 
 
-def test_nvml_finding_is_the_only_node_finding() -> None:
+def test_nvml_finding_comes_first_among_node_findings() -> None:
     health, _ = run(nvml=NvmlStatus(ok=True))
-    assert [f.check for f in health.node_findings()] == ["nvml"]
+    assert [f.check for f in health.node_findings()] == ["nvml", "sxid", "kernel"]
     assert health.node_findings()[0].reason == "NVML usable"

@@ -4,9 +4,23 @@ from typing import Any
 
 import pytest
 
-from gpuagent.config import PcieCheck
-from gpuagent.model import Severity
-from test_checks_support import check_series, finding, gpu, identity, run, with_checks
+from gpuagent.checks import HealthMemory
+from gpuagent.config import ChecksSection, PcieCheck
+from gpuagent.model import Finding, PciePath, Severity
+from test_checks_support import (
+    BUS,
+    ROOT_PORT,
+    SWITCH_DOWN,
+    SWITCH_UP,
+    check_series,
+    finding,
+    gen5_x16,
+    gpu,
+    gpu_path,
+    identity,
+    run,
+    with_checks,
+)
 
 GEN5_X16 = identity(pcie_max_generation=5, pcie_max_width=16)
 # Hold 300 s, generation only counts from 10 % utilization, 10 replays per minute.
@@ -226,3 +240,141 @@ def test_degraded_and_replays_both_reported() -> None:
     assert last.severity is Severity.WARN
     assert last.reason.startswith("PCIe link degraded (x8 of x16) for 301 s; ")
     assert "PCIe replays per minute" in last.reason
+
+
+# --- bridges above the GPU (sysfs) ---------------------------------------------------------
+
+
+def bridge_series(
+    steps: list[tuple[float, PciePath, dict[str, Any]]], config: ChecksSection = DEFAULT
+) -> list[Finding]:
+    """The pcie finding after each poll of a busy Gen5 x16 GPU with the given sysfs path."""
+    memory, out = HealthMemory(), []
+    for now, path, readings in steps:
+        state = gpu(ident=GEN5_X16, **{**link(), **readings})
+        health, memory = run(state, config=config, memory=memory, now=now, pcie=(path,))
+        out.append(finding(health, "pcie"))
+    return out
+
+
+def switch_path(**upstream: Any) -> PciePath:
+    """BUS under a PCIe switch; ``upstream`` describes the switch-to-root-port link, whose
+    two ends (the switch's upstream port and the root port) always show the same state."""
+    return gpu_path(
+        gen5_x16(SWITCH_DOWN), gen5_x16(SWITCH_UP, **upstream), gen5_x16(ROOT_PORT, **upstream)
+    )
+
+
+HEALTHY = switch_path()
+NARROW = switch_path(current_width=8)
+SLOW = switch_path(current_speed_gts=16.0)
+
+
+@pytest.mark.parametrize(
+    ("steps", "severities"),
+    [
+        pytest.param([(0.0, HEALTHY, {}), (400.0, HEALTHY, {})], ["OK", "OK"], id="healthy"),
+        pytest.param(
+            [(0.0, NARROW, {}), (300.0, NARROW, {}), (301.0, NARROW, {})],
+            ["OK", "OK", "WARN"],
+            id="narrow-after-hold",
+        ),
+        pytest.param(
+            [
+                (0.0, NARROW, {"utilization_gpu_pct": 0.0}),
+                (301.0, NARROW, {"utilization_gpu_pct": 0.0}),
+            ],
+            ["OK", "WARN"],
+            id="narrow-counts-even-idle",
+        ),
+        pytest.param([(0.0, SLOW, {}), (301.0, SLOW, {})], ["OK", "WARN"], id="slow-while-busy"),
+        pytest.param(
+            [
+                (0.0, SLOW, {"utilization_gpu_pct": 0.0}),
+                (301.0, SLOW, {"utilization_gpu_pct": 0.0}),
+            ],
+            ["OK", "OK"],
+            id="slow-at-idle-is-power-saving",
+        ),
+        pytest.param(
+            [(0.0, NARROW, {}), (200.0, HEALTHY, {}), (250.0, NARROW, {}), (500.0, NARROW, {})],
+            ["OK", "OK", "OK", "OK"],
+            id="recovery-restarts-the-hold",
+        ),
+        pytest.param(
+            [(0.0, NARROW, {}), (400.0, NARROW, {}), (500.0, HEALTHY, {})],
+            ["OK", "WARN", "OK"],
+            id="recovery-clears",
+        ),
+    ],
+)
+def test_bridge_hold(
+    steps: list[tuple[float, PciePath, dict[str, Any]]], severities: list[str]
+) -> None:
+    assert [f.severity.name for f in bridge_series(steps)] == severities
+
+
+def test_bridge_reason_and_evidence() -> None:
+    last = bridge_series([(0.0, NARROW, {}), (360.0, NARROW, {})])[-1]
+    assert last.reason == (
+        f"PCIe bridge {SWITCH_UP} above the GPU degraded (x8 of x16) for 360 s; "
+        f"PCIe bridge {ROOT_PORT} above the GPU degraded (x8 of x16) for 360 s"
+    )
+    assert (last.action, last.runbook) == ("reseat_or_replace", "gpu-pcie-bridge-degraded")
+    evidence = last.evidence_dict()
+    assert evidence["bridges"] == 3
+    assert evidence["bridges_degraded"] == f"{SWITCH_UP} (x8 of x16); {ROOT_PORT} (x8 of x16)"
+    assert evidence["bridge_degraded_seconds"] == 360.0
+    slow = bridge_series([(0.0, SLOW, {}), (360.0, SLOW, {})])[-1]
+    assert f"PCIe bridge {SWITCH_UP} above the GPU degraded (16 of 32 GT/s)" in slow.reason
+
+
+def test_bridge_and_gpu_link_both_reported() -> None:
+    steps = [(0.0, NARROW, {"pcie_width": 8}), (400.0, NARROW, {"pcie_width": 8})]
+    last = bridge_series(steps)[-1]
+    assert last.reason.startswith("PCIe link degraded (x8 of x16) for 400 s; PCIe bridge ")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(
+            gpu_path(
+                gen5_x16(SWITCH_DOWN),
+                gen5_x16(SWITCH_UP, current_speed_gts=16.0, max_speed_gts=16.0),
+                gen5_x16(ROOT_PORT, current_speed_gts=16.0),
+            ),
+            id="gen5-root-port-above-a-gen4-switch",
+        ),
+        pytest.param(
+            gpu_path(
+                gen5_x16(ROOT_PORT, current_speed_gts=16.0),
+                device=gen5_x16(BUS, role="gpu", current_speed_gts=16.0, max_speed_gts=16.0),
+            ),
+            id="gen4-gpu-below-a-gen5-root-port",
+        ),
+        pytest.param(
+            gpu_path(gen5_x16(ROOT_PORT, current_width=None, current_speed_gts=None)),
+            id="link-state-not-readable",
+        ),
+    ],
+)
+def test_a_link_at_what_both_ends_allow_is_not_degraded(path: PciePath) -> None:
+    last = bridge_series([(0.0, path, {}), (1000.0, path, {})])[-1]
+    assert last.severity is Severity.OK
+    assert last.evidence_dict()["bridges_degraded"] is None
+
+
+def test_lost_gpu_breaks_the_bridge_hold() -> None:
+    _, memory = run(gpu(ident=GEN5_X16, **link()), config=DEFAULT, pcie=(NARROW,))
+    assert [a for a, _ in memory.for_gpu(BUS).bridge_degraded_since] == [SWITCH_UP, ROOT_PORT]
+    _, memory = run(gpu("lost", ident=GEN5_X16), memory=memory, now=100.0, pcie=(NARROW,))
+    assert memory.for_gpu(BUS).bridge_degraded_since == ()
+
+
+def test_without_sysfs_there_are_no_bridges() -> None:
+    (found,) = check_series("pcie", [(0.0, link())], config=DEFAULT, ident=GEN5_X16)
+    assert (found.evidence_dict()["bridges"], found.evidence_dict()["bridge_degraded_seconds"]) == (
+        None,
+        None,
+    )

@@ -204,7 +204,9 @@ def test_nvml_that_cannot_start_is_a_node_finding_and_the_daemon_keeps_serving(
     assert doc["gpus"] == []
     metrics = daemon.metrics()
     assert [s.value for s in _samples(metrics, "gpuagent_nvml_up")] == [0.0]
-    assert [s.value for s in _samples(metrics, "gpuagent_source_up")] == [0.0]
+    up = {s.labels["source"]: s.value for s in _samples(metrics, "gpuagent_source_up")}
+    assert up["nvml"] == 0.0
+    assert up["kmsg"] == 1.0  # the kernel log is heard even without NVML
 
 
 def test_bad_api_requests_are_rejected_and_the_daemon_carries_on(run_daemon: Run) -> None:

@@ -86,9 +86,6 @@ NEEDS_DCGM = {
     "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",  # NVLink bandwidth
     "DCGM_FI_DEV_VGPU_LICENSE_STATUS",  # vGPU licensing
 }
-# A default counter NVML could feed but the agent reports differently: XIDs are events,
-# turned into gpuagent_gpu_health findings rather than a "last XID" number.
-REPORTED_AS_HEALTH = {"DCGM_FI_DEV_XID_ERRORS"}
 # Default counters that are labels on every DCGM series rather than series of their own.
 LABELS = {"DCGM_FI_DRIVER_VERSION"}
 
@@ -117,7 +114,7 @@ def parsed_families():
 
 
 def _expected_series() -> list[dict[str, str]]:
-    exempt = NEEDS_DCGM | REPORTED_AS_HEALTH | LABELS
+    exempt = NEEDS_DCGM | LABELS
     return [r for r in rows(DEFAULT_COUNTERS) + rows(OPTIONAL_COUNTERS) if r["name"] not in exempt]
 
 
@@ -132,9 +129,9 @@ def test_dcgm_counter_is_served_with_its_help_and_type(row):
 
 def test_the_exemptions_are_all_default_counters():
     names = {r["name"] for r in rows(DEFAULT_COUNTERS)}
-    assert names >= NEEDS_DCGM | REPORTED_AS_HEALTH | LABELS
+    assert names >= NEEDS_DCGM | LABELS
     found = samples(snapshot())
-    assert not (NEEDS_DCGM | REPORTED_AS_HEALTH) & set(found)
+    assert not NEEDS_DCGM & set(found)
 
 
 def test_driver_version_is_a_label_like_dcgm_exporter():

@@ -12,13 +12,17 @@ import logging
 import os
 import sys
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from gpuagent import __version__
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from gpuagent.config import Config
+    from gpuagent.model import KernelLine
 
 DEFAULT_CONFIG = Path("/etc/gpuagent/config.toml")
 EXIT_CONFIG_ERROR = 2
@@ -130,15 +134,50 @@ def _parse_assignment(item: str) -> tuple[str, Any]:
 
 def cmd_inject(args: argparse.Namespace) -> int:
     from gpuagent.client import ClientError, call  # noqa: PLC0415
+    from gpuagent.drills import DRILL_KINDS  # noqa: PLC0415
 
-    values = dict(_parse_assignment(item) for item in args.values)
+    values: dict[str, Any] = {}
+    for item in args.values:
+        if "=" not in item and item.isdigit():
+            values["code"] = int(item)  # `inject xid 79 --gpu 3`
+        else:
+            key, value = _parse_assignment(item)
+            values[key] = value
+    # Kernel-log faults are drills: a real line into the kernel log, on a node or simulated.
+    method = "drill" if args.kind in DRILL_KINDS else "inject"
     try:
         result = call(
-            _socket_path(args), "inject", {"kind": args.kind, "gpu": args.gpu, "values": values}
+            _socket_path(args), method, {"kind": args.kind, "gpu": args.gpu, "values": values}
         )
     except ClientError as exc:
         _fail(str(exc))
-    print(f"injected {args.kind} into GPU {args.gpu} (snapshot {result['sequence']})")
+    if method == "drill":
+        print(f"wrote to {result['path']}: {result['line']}")
+    else:
+        print(f"injected {args.kind} into GPU {args.gpu} (snapshot {result['sequence']})")
+    return 0
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    from gpuagent.client import ClientError, call  # noqa: PLC0415
+
+    params: dict[str, Any] = {"limit": args.limit}
+    if args.gpu:
+        params["gpu"] = args.gpu
+    try:
+        events = call(_socket_path(args), "events", params)["events"]
+    except ClientError as exc:
+        _fail(str(exc), EXIT_UNKNOWN)
+    if args.json:
+        print(json.dumps(events, indent=2))
+        return 0
+    import time  # noqa: PLC0415
+
+    for event in events:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event["time"]))
+        code = f" {event['code']}" if event["code"] is not None else ""
+        where = event["gpu"] or event["pci"] or "node"
+        print(f"{when}  {event['source']:<5} {event['kind']}{code} {where}: {event['line']}")
     return 0
 
 
@@ -151,7 +190,161 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- kernel log and XIDs ----------------------------------------------------------------
+
+# `kmsg parse --json` prints these keys for every line. The catalog's keys are null except
+# on XID lines; an XID the catalog does not list has "severity": "unknown" and the other
+# catalog keys null ("action": "" is a listed XID for which NVIDIA names no action yet).
+_CATALOG_KEYS = (
+    "mnemonic",
+    "description",
+    "category",
+    "severity",
+    "action",
+    "investigatory_action",
+    "app_error",
+)
+
+
+def _kernel_line_document(line: KernelLine) -> dict[str, Any]:
+    from gpuagent.kernel.parse import canonical_pci  # noqa: PLC0415
+    from gpuagent.kernel.xid import lookup  # noqa: PLC0415
+
+    doc: dict[str, Any] = {
+        "kind": line.kind,
+        "code": line.code,
+        "pci": line.pci,
+        "gpu": canonical_pci(line.pci) if line.pci else None,
+        "pid": line.pid,
+        "process": line.process,
+        "aer_severity": line.aer_severity,
+    }
+    doc.update(dict.fromkeys(_CATALOG_KEYS))
+    if line.kind == "xid" and line.code is not None:
+        info = lookup(line.code)
+        if info is None:
+            doc["severity"] = "unknown"
+        else:
+            doc.update({key: getattr(info, key) for key in _CATALOG_KEYS})
+    doc["text"] = line.text
+    return doc
+
+
+def _explain_kernel_line(line: KernelLine) -> str | None:
+    """One readable line, or None for noise (not shown)."""
+    from gpuagent.kernel.parse import canonical_pci  # noqa: PLC0415
+    from gpuagent.kernel.xid import action_hint, lookup  # noqa: PLC0415
+
+    if line.kind == "noise":
+        return None
+    device = (canonical_pci(line.pci) or line.pci) if line.pci else None
+    where = f" on {device}" if device else ""
+    if line.kind == "xid" and line.code is not None:
+        info = lookup(line.code)
+        if info is None:
+            explanation = f"unknown XID {line.code} (not in the catalog): {line.text}"
+        elif info.action:
+            explanation = (
+                f"{info.description} ({info.mnemonic}) -> {info.action}: {action_hint(info.action)}"
+            )
+        else:
+            explanation = f"{info.description} ({info.mnemonic}); the catalog names no action"
+        owner = [f"pid {line.pid}"] if line.pid is not None else []
+        owner += [line.process] if line.process else []
+        process = f" [{' '.join(owner)}]" if owner else ""
+        return f"xid {line.code}{where}{process}: {explanation}"
+    label = line.kind if line.code is None else f"{line.kind} {line.code}"
+    if line.aer_severity is not None:
+        label += f" ({line.aer_severity})"
+    return f"{label}{where}: {line.text}"
+
+
+def _kernel_log_lines(path: str) -> Iterator[bytes]:
+    if path == "-":
+        yield from sys.stdin.buffer
+        return
+    try:
+        with Path(path).open("rb") as stream:
+            yield from stream
+    except OSError as exc:
+        _fail(f"cannot read {path}: {exc.strerror or exc}")
+
+
+def _parse_kernel_line(raw: bytes) -> KernelLine:
+    """A /dev/kmsg record line (``6,123,456,-;message``) or any plain kernel-log line."""
+    from gpuagent.kernel.parse import parse_kmsg_record, parse_message  # noqa: PLC0415
+
+    raw = raw.rstrip(b"\r\n")
+    if raw[:1].isdigit() and b";" in raw:
+        record = parse_kmsg_record(raw)
+        if record is not None:
+            # The record's message, with the kernel's \xNN escapes undone.
+            return parse_message(record.message)
+    return parse_message(raw.decode("utf-8", errors="replace"))
+
+
+def cmd_kmsg_parse(args: argparse.Namespace) -> int:
+    # From stdin the input may be a live feed (`journalctl -kf | gpuagent kmsg parse`):
+    # each answer goes out as soon as its line came in.
+    live = args.file == "-"
+    for number, raw in enumerate(_kernel_log_lines(args.file), 1):
+        line = _parse_kernel_line(raw)
+        if args.json:
+            print(json.dumps(_kernel_line_document(line)), flush=live)
+        elif (explained := _explain_kernel_line(line)) is not None:
+            print(f"{number}: {explained}", flush=live)
+    return 0
+
+
+def cmd_xid_explain(args: argparse.Namespace) -> int:
+    from dataclasses import asdict  # noqa: PLC0415
+
+    from gpuagent.kernel.xid import action_hint, lookup  # noqa: PLC0415
+
+    info = lookup(args.xid)
+    if info is None:
+        _fail(f"unknown XID {args.xid}")
+    if args.json:
+        print(json.dumps({**asdict(info), "action_hint": action_hint(info.action)}, indent=2))
+        return 0
+    app_error = (
+        "yes: NVIDIA's k8s-device-plugin leaves the GPU healthy (the application's fault)"
+        if info.app_error
+        else "no: NVIDIA's k8s-device-plugin marks the GPU unhealthy"
+    )
+    rows = [
+        ("description", info.description),
+        ("category", info.category),
+        ("severity", info.severity),
+        (
+            "immediate action",
+            f"{info.action}: {action_hint(info.action)}"
+            if info.action
+            else "none in the catalog yet",
+        ),
+        ("investigatory action", info.investigatory_action or "(none)"),
+        ("application error", app_error),
+    ]
+    print(f"XID {info.xid}: {info.mnemonic}")
+    for name, value in rows:
+        print(f"  {name:<21} {value}")
+    return 0
+
+
 # --- parser ---------------------------------------------------------------------------
+
+
+Add = Callable[[str, str], argparse.ArgumentParser]
+
+
+def _config_option(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--config", type=Path, help=f"configuration file (default {DEFAULT_CONFIG})")
+
+
+def _socket_options(sub: argparse.ArgumentParser) -> None:
+    group = sub.add_mutually_exclusive_group()
+    group.add_argument("--config", type=Path, help="read api.socket from this file")
+    group.add_argument("--socket", type=Path, help="the daemon's API socket")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -162,55 +355,88 @@ def _parser() -> argparse.ArgumentParser:
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
         return commands.add_parser(name, help=help_text, description=help_text)
 
-    def config_option(sub: argparse.ArgumentParser) -> None:
-        sub.add_argument(
-            "--config", type=Path, help=f"configuration file (default {DEFAULT_CONFIG})"
-        )
+    _add_daemon_commands(add)
+    _add_client_commands(add)
+    _add_tool_commands(add)
+    return parser
 
-    def socket_options(sub: argparse.ArgumentParser) -> None:
-        group = sub.add_mutually_exclusive_group()
-        group.add_argument("--config", type=Path, help="read api.socket from this file")
-        group.add_argument("--socket", type=Path, help="the daemon's API socket")
 
+def _add_daemon_commands(add: Add) -> None:
     run = add("run", "run the daemon")
-    config_option(run)
+    _config_option(run)
     run.add_argument("--simulate", type=Path, metavar="SCENARIO", help="simulate the GPUs")
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     run.set_defaults(func=cmd_run)
 
-    status = add("status", "show per-GPU health from the running daemon")
-    socket_options(status)
-    status.add_argument("--json", action="store_true", help="print the status document")
-    status.set_defaults(func=cmd_status)
-
     check = add(
         "check", "run every check once without a daemon; exit 0/1/2/3 = OK/WARN/CRITICAL/UNKNOWN"
     )
-    config_option(check)
+    _config_option(check)
     check.add_argument("--simulate", type=Path, metavar="SCENARIO", help="simulate the GPUs")
     check.add_argument("--json", action="store_true", help="print the status document")
     check.set_defaults(func=cmd_check)
 
-    inject = add("inject", "inject a fault into a simulated daemon (a fault drill)")
-    socket_options(inject)
-    inject.add_argument("kind", help="fault kind, e.g. ecc_dbe, temperature, gpu_lost, clear")
+
+def _add_client_commands(add: Add) -> None:
+    status = add("status", "show per-GPU health from the running daemon")
+    _socket_options(status)
+    status.add_argument("--json", action="store_true", help="print the status document")
+    status.set_defaults(func=cmd_status)
+
+    inject = add(
+        "inject",
+        "fault drill: xid N, sxid N, fallen_off_bus, aer write a real line into the kernel "
+        "log; other kinds (ecc_dbe, temperature, gpu_lost, pci_remove, clear, ...) go into a "
+        "simulated daemon's GPUs",
+    )
+    _socket_options(inject)
+    inject.add_argument("kind", help="fault kind, e.g. xid, aer, ecc_dbe, temperature, clear")
     inject.add_argument("--gpu", type=int, required=True, help="GPU index")
-    inject.add_argument("values", nargs="*", metavar="KEY=VALUE", help="fault values, e.g. count=2")
+    inject.add_argument(
+        "values", nargs="*", metavar="N|KEY=VALUE", help="XID/SXid number, or values: count=2"
+    )
     inject.set_defaults(func=cmd_inject)
 
+    events = add("events", "recent kernel-log, NVML and bus events from the running daemon")
+    _socket_options(events)
+    events.add_argument("--gpu", help="only this GPU (PCI bus id, e.g. 0000:3b:00.0)")
+    events.add_argument("--limit", type=int, default=50, help="at most this many (newest first)")
+    events.add_argument("--json", action="store_true", help="print JSON")
+    events.set_defaults(func=cmd_events)
+
+
+def _add_tool_commands(add: Add) -> None:
     config = add("config", "configuration tools")
     config_commands = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
     config_check = config_commands.add_parser("check", help="validate a configuration file")
     config_check.add_argument("file")
     config_check.set_defaults(func=cmd_config_check)
-    return parser
+
+    kmsg = add("kmsg", "kernel-log tools")
+    kmsg_commands = kmsg.add_subparsers(dest="kmsg_command", required=True, metavar="ACTION")
+    kmsg_parse = kmsg_commands.add_parser(
+        "parse",
+        help="explain kernel-log lines: dmesg, journal, syslog or /dev/kmsg records",
+        description="Explain each kernel-log line: XIDs, SXids, GPUs off the bus, PCIe AER, "
+        "GSP and driver messages. Without --json, other lines are not shown.",
+    )
+    kmsg_parse.add_argument("file", nargs="?", default="-", help="a log file (default: stdin)")
+    kmsg_parse.add_argument("--json", action="store_true", help="one JSON object per line")
+    kmsg_parse.set_defaults(func=cmd_kmsg_parse)
+
+    xid = add("xid", "NVIDIA's XID catalog")
+    xid_commands = xid.add_subparsers(dest="xid_command", required=True, metavar="ACTION")
+    xid_explain = xid_commands.add_parser("explain", help="what the catalog says about one XID")
+    xid_explain.add_argument("xid", type=int, metavar="N", help="the XID number")
+    xid_explain.add_argument("--json", action="store_true", help="print a JSON object")
+    xid_explain.set_defaults(func=cmd_xid_explain)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
     # `inject KIND --gpu I key=value ...`: values may follow the options.
-    if extra and args.command == "inject" and all("=" in item for item in extra):
+    if extra and args.command == "inject" and not any(i.startswith("-") for i in extra):
         args.values += extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

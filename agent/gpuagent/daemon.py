@@ -1,8 +1,9 @@
 """The daemon: startup, main loop, shutdown.
 
-sources ──► snapshot store ──► outputs. The poll loop is the only writer: it polls NVML
-(off the event loop, every call timed), runs the pure checks, and publishes one complete
-snapshot. The metrics endpoint and the local API only read the latest snapshot.
+sources ──► snapshot store ──► outputs. The NVML poll and the event sources (kernel log,
+NVML XID events, udev) feed one place: after every poll, and right after any new event,
+the pure checks run over the latest observations and recent events and one complete
+snapshot is published. The metrics endpoint and the local API only read that snapshot.
 """
 
 from __future__ import annotations
@@ -14,50 +15,47 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from gpuagent import __version__
-from gpuagent.api import ApiError, ApiServer
+from gpuagent.api import ApiServer
 from gpuagent.checks import HealthMemory, evaluate
 from gpuagent.config import Config
+from gpuagent.daemon_api import AgentApi
+from gpuagent.events import EventLog
 from gpuagent.metrics import MetricsServer, build_registry
-from gpuagent.model import GpuState, NodeSnapshot, Severity, SourceStatus
+from gpuagent.model import (
+    GpuEvent,
+    GpuState,
+    KmsgCounters,
+    NodeSnapshot,
+    PciePath,
+    Severity,
+)
 from gpuagent.sdnotify import Notifier
 from gpuagent.sim import SimulatedNode, load_scenario
+from gpuagent.sources.kmsg import KmsgSource
 from gpuagent.sources.nvml import NvmlObservation, NvmlSource, host_process_name
-from gpuagent.statusview import status_document
+from gpuagent.sources.nvml_events import NvmlEventWatcher
+from gpuagent.sources.pcie import read_pcie_paths
+from gpuagent.sources.udev import PciChange, UdevWatcher
 from gpuagent.store import SnapshotStore
+from gpuagent.supervisor import SourceTracker, supervise
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_TIMEOUT_SECONDS = 4.0
 _MAX_BACKOFF_SECONDS = 60.0
 _GIL_SWITCH_SECONDS = 0.0005
-
-
-class SourceTracker:
-    """Per-source supervisor bookkeeping; logs only when the state changes."""
-
-    def __init__(self, name: str) -> None:
-        self.status = SourceStatus(name=name, up=False)
-
-    def success(self, duration: float, *, up: bool = True, error: str | None = None) -> None:
-        if up and not self.status.up and self.status.consecutive_failures:
-            log.info("source %s recovered", self.status.name)
-        if not up and self.status.up:
-            log.warning("source %s is down: %s", self.status.name, error)
-        self.status = SourceStatus(
-            name=self.status.name,
-            up=up,
-            last_success=time.time() if up else self.status.last_success,
-            last_error=error,
-            last_duration_seconds=duration,
-            consecutive_failures=0 if up else self.status.consecutive_failures + 1,
-        )
-
-    def failure(self, duration: float, error: str) -> None:
-        self.success(duration, up=False, error=error)
+_SYSFS_TIMEOUT_SECONDS = 10.0
+_PRUNE_SECONDS = 60.0
+_UDEV_KINDS = {
+    "add": "gpu_added",
+    "remove": "gpu_removed",
+    "bind": "driver_bound",
+    "unbind": "driver_unbound",
+}
 
 
 class Agent:
@@ -67,16 +65,23 @@ class Agent:
         if simulate is not None:
             self.simulator = SimulatedNode(load_scenario(simulate))
         self.store = SnapshotStore()
+        self.events = EventLog(config.events)
         self.notifier = Notifier()
-        self._node_name = config.agent.resolved_node_name
+        self.node_name = config.agent.resolved_node_name
         self._hostname = socket.gethostname()
         self._stop = asyncio.Event()
-        self._refresh = asyncio.Event()
+        self.refresh_requested = asyncio.Event()
         self._memory = HealthMemory()
         self._sequence = 0
-        self._polls = 0
-        self._nvml_tracker = SourceTracker("nvml")
-        self._nvml: NvmlSource | None = None
+        self.polls = 0
+        self._trackers = {"nvml": SourceTracker("nvml")}
+        self.nvml: NvmlSource | None = None
+        self._last_observation: NvmlObservation | None = None
+        self._pcie: tuple[PciePath, ...] = ()
+        self._kmsg: KmsgSource | None = None
+        self._xid_watcher: NvmlEventWatcher | None = None
+        self._xid_generation = 0
+        self._publish_pending = False
         self._metrics: MetricsServer | None = None
         self._api = ApiServer(config.api.socket, config.api.group)
 
@@ -92,7 +97,7 @@ class Agent:
         started = time.monotonic()
         try:
             await self.startup()
-            log.info("ready in %.2f s: %s", time.monotonic() - started, self._summary())
+            log.info("ready in %.2f s: %s", time.monotonic() - started, self.summary())
             await self.main_loop()
         finally:
             await self.shutdown()
@@ -107,11 +112,13 @@ class Agent:
             self.simulator.install()
             log.info("simulating %d GPUs beneath NVML", self.simulator.gpu_count)
         process_name = self.simulator.process_name if self.simulator else host_process_name
-        self._nvml = NvmlSource(self.config.sources.nvml, process_name=process_name)
+        self.nvml = NvmlSource(self.config.sources.nvml, process_name=process_name)
 
     async def _close_sources(self) -> None:
-        if self._nvml is not None:
-            await self._nvml.close()
+        if self._xid_watcher is not None:
+            self._xid_watcher.stop()
+        if self.nvml is not None:
+            await self.nvml.close()
         if self.simulator is not None:
             self.simulator.uninstall()
 
@@ -119,7 +126,7 @@ class Agent:
         """One poll and one evaluation without serving anything (`gpuagent check`)."""
         self._open_sources()
         try:
-            await self.poll_once()
+            await self.poll_once(watch_xid_events=False)
         finally:
             await self._close_sources()
         assert self.store.current is not None
@@ -132,22 +139,30 @@ class Agent:
             build_registry(lambda: self.store.current, __version__), host, port
         )
         self._metrics.start()
-        self._api.route("ping", self._api_ping)
-        self._api.route("status", self._api_status)
-        self._api.route("refresh", self._api_refresh)
-        self._api.route("inject", self._api_inject, changes_state=True)
-        self._api.route("simulator", self._api_simulator)
+        AgentApi(self).register(self._api)
         await self._api.start()
         await self.poll_once()
-        self.notifier.ready(self._summary())
+        self.notifier.ready(self.summary())
 
     async def main_loop(self) -> None:
+        sources = self.config.sources
         async with asyncio.TaskGroup() as tasks:
-            poller = tasks.create_task(self._poll_loop(), name="poll-nvml")
-            watchdog = tasks.create_task(self._watchdog_loop(), name="watchdog")
+            running = [
+                tasks.create_task(self._poll_loop(), name="poll-nvml"),
+                tasks.create_task(self._watchdog_loop(), name="watchdog"),
+                tasks.create_task(self._prune_loop(), name="prune-events"),
+            ]
+            if sources.kmsg.enabled:
+                running.append(tasks.create_task(self._run_kmsg(), name="kmsg"))
+            if sources.sysfs.enabled:
+                running.append(tasks.create_task(self._sysfs_loop(), name="sysfs"))
+            # A simulated node has no NVIDIA devices on the host bus; its udev events come
+            # from `gpuagent inject pci_remove|pci_add` instead.
+            if sources.udev.enabled and self.simulator is None:
+                running.append(tasks.create_task(self._run_udev(), name="udev"))
             await self._stop.wait()
-            poller.cancel()
-            watchdog.cancel()
+            for task in running:
+                task.cancel()
 
     async def shutdown(self) -> None:
         self.notifier.stopping()
@@ -159,7 +174,7 @@ class Agent:
             self._metrics.stop()
         log.info("stopped")
 
-    # --- loops --------------------------------------------------------------------------
+    # --- the NVML poll ------------------------------------------------------------------
 
     async def _poll_loop(self) -> None:
         interval = self.config.sources.nvml.interval_seconds
@@ -167,10 +182,148 @@ class Agent:
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(backoff):
-                    await self._refresh.wait()
-            self._refresh.clear()
+                    await self.refresh_requested.wait()
+            self.refresh_requested.clear()
             ok = await self.poll_once()
             backoff = interval if ok else min(backoff * 2, max(_MAX_BACKOFF_SECONDS, interval))
+
+    async def poll_once(self, *, watch_xid_events: bool = True) -> bool:
+        """Poll NVML, evaluate checks, publish a snapshot. False when the source failed."""
+        assert self.nvml is not None
+        tracker = self._trackers["nvml"]
+        started = time.monotonic()
+        self.polls += 1
+        try:
+            observation = await self.nvml.poll()
+        except Exception as exc:  # a source bug must not take the daemon down
+            log.exception("NVML poll failed")
+            tracker.failure(time.monotonic() - started, f"{type(exc).__name__}: {exc}")
+            self._last_observation = self._without_values(tracker.status.last_error)
+            self._publish()
+            return False
+        duration = time.monotonic() - started
+        if observation.status.ok:
+            tracker.success(duration)
+        else:
+            tracker.failure(duration, observation.status.message)
+        self._last_observation = observation
+        if watch_xid_events and self.config.sources.nvml_events.enabled:
+            self._watch_xid_events()
+        self._publish()
+        return True
+
+    def _without_values(self, error: str | None) -> NvmlObservation | None:
+        """After a failed poll: the GPUs we know, with no values (nothing stale)."""
+        last = self._last_observation
+        if last is None:
+            return None
+        gpus = tuple(GpuState(g.identity, "error", error=error) for g in last.gpus)
+        return NvmlObservation(last.status, gpus)
+
+    def _watch_xid_events(self) -> None:
+        """(Re)register NVML XID events whenever a new NVML session brings new handles."""
+        assert self.nvml is not None
+        if self.nvml.generation == self._xid_generation:
+            return
+        if self._xid_watcher is not None:
+            self._xid_watcher.stop()
+        self._xid_generation = self.nvml.generation
+        self._xid_watcher = NvmlEventWatcher(
+            self.nvml.devices(), self.on_event, asyncio.get_running_loop()
+        )
+        self._xid_watcher.start()
+        self._trackers.setdefault("nvml_events", SourceTracker("nvml_events")).success(0.0)
+
+    # --- event sources ------------------------------------------------------------------
+
+    def on_event(self, event: GpuEvent) -> None:
+        """Every source's events arrive here, on the event loop."""
+        if not self.events.add(event):
+            return
+        log.info(
+            "%s event %s%s on %s: %s",
+            event.source,
+            event.kind,
+            f" {event.code}" if event.code is not None else "",
+            event.gpu or event.pci or "node",
+            event.line,
+        )
+        self._schedule_publish()
+
+    def _schedule_publish(self) -> None:
+        # A burst of kernel lines is read in one go: evaluate once after it, not per line.
+        if not self._publish_pending:
+            self._publish_pending = True
+            asyncio.get_running_loop().call_soon(self._publish_now)
+
+    def _publish_now(self) -> None:
+        self._publish_pending = False
+        self._publish()
+
+    async def _run_kmsg(self) -> None:
+        tracker = self._trackers.setdefault("kmsg", SourceTracker("kmsg"))
+
+        async def run(ready: Callable[[], None]) -> None:
+            self._kmsg = KmsgSource(self.config.sources.kmsg, self.on_event)
+            await self._kmsg.run(ready)
+
+        await supervise(tracker, run, self._schedule_publish)
+
+    async def _sysfs_loop(self) -> None:
+        tracker = self._trackers.setdefault("sysfs", SourceTracker("sysfs"))
+        config = self.config.sources.sysfs
+        while True:
+            started = time.monotonic()
+            try:
+                async with asyncio.timeout(_SYSFS_TIMEOUT_SECONDS):
+                    self._pcie = await asyncio.to_thread(read_pcie_paths, config.root)
+            except (OSError, TimeoutError) as exc:
+                tracker.failure(time.monotonic() - started, str(exc) or type(exc).__name__)
+            else:
+                tracker.success(time.monotonic() - started)
+            self._schedule_publish()
+            await asyncio.sleep(config.interval_seconds)
+
+    async def _run_udev(self) -> None:
+        tracker = self._trackers.setdefault("udev", SourceTracker("udev"))
+
+        async def run(ready: Callable[[], None]) -> None:
+            watcher = UdevWatcher()
+            try:
+                ready()
+                async for change in watcher.changes():
+                    self.on_pci_change(change)
+            finally:
+                watcher.close()
+
+        await supervise(tracker, run, self._schedule_publish)
+
+    def on_pci_change(self, change: PciChange) -> None:
+        now, wall = time.monotonic(), time.time()
+        kind = _UDEV_KINDS[change.action]
+        self.on_event(
+            GpuEvent(
+                event_id=f"udev:{change.address}:{change.action}:{time.monotonic_ns()}",
+                source="udev",
+                kind=kind,  # type: ignore[arg-type]
+                gpu=change.address,
+                time=wall,
+                monotonic=now,
+                pci=change.address,
+                line=f"PCI {change.action} {change.address}"
+                + (f" (driver {change.driver})" if change.driver else ""),
+            )
+        )
+        if change.action in ("add", "bind") and self.nvml is not None:
+            # A GPU (re)appeared: enumerate again without restarting the daemon.
+            self.nvml.reopen()
+            self.refresh_requested.set()
+
+    async def _prune_loop(self) -> None:
+        while True:
+            await asyncio.sleep(_PRUNE_SECONDS)
+            self.events.prune(time.monotonic())
+            self._schedule_publish()
 
     async def _watchdog_loop(self) -> None:
         # WATCHDOG=1 comes from the event loop itself, so a blocked loop stops the pings
@@ -182,60 +335,47 @@ class Agent:
             self.notifier.watchdog()
             await asyncio.sleep(interval)
 
-    async def poll_once(self) -> bool:
-        """Poll NVML, evaluate checks, publish a snapshot. False when the source failed."""
-        assert self._nvml is not None
-        started = time.monotonic()
-        self._polls += 1
-        try:
-            observation = await self._nvml.poll()
-        except Exception as exc:  # a source bug must not take the daemon down
-            log.exception("NVML poll failed")
-            self._nvml_tracker.failure(time.monotonic() - started, f"{type(exc).__name__}: {exc}")
-            self._publish(None)
-            return False
-        duration = time.monotonic() - started
-        if observation.status.ok:
-            self._nvml_tracker.success(duration)
-        else:
-            self._nvml_tracker.failure(duration, observation.status.message)
-        self._publish(observation)
-        return True
+    # --- evaluation and publishing ---------------------------------------------------------
 
-    def _publish(self, observation: NvmlObservation | None) -> None:
-        previous = self.store.current
+    def _publish(self) -> None:
+        observation = self._last_observation
         if observation is None:
-            # The source itself failed: keep the GPUs we know, with no values (not stale).
-            if previous is None:
-                return
-            error = self._nvml_tracker.status.last_error
-            gpus = tuple(GpuState(g.identity, "error", error=error) for g in previous.gpus)
-            nvml = previous.nvml
-        else:
-            gpus, nvml = observation.gpus, observation.status
+            return
+        previous = self.store.current
+        events = self.events.recent()
         health, self._memory = evaluate(
-            gpus, nvml, self.config.checks, self._memory, time.monotonic()
+            observation.gpus,
+            observation.status,
+            self.config.checks,
+            self._memory,
+            time.monotonic(),
+            events=events,
+            pcie=self._pcie,
         )
         self._sequence += 1
         snapshot = NodeSnapshot(
-            node_name=self._node_name,
+            node_name=self.node_name,
             cluster=self.config.agent.cluster,
             hostname=self._hostname,
             sequence=self._sequence,
             taken_at=time.time(),
-            nvml=nvml,
-            gpus=gpus,
+            nvml=observation.status,
+            gpus=observation.gpus,
             health=health,
-            sources=(self._nvml_tracker.status,),
+            sources=tuple(t.status for t in self._trackers.values()),
             simulated=self.simulator is not None,
             rejected_api_requests=tuple(sorted(self._api.rejected.items())),
+            events=events,
+            pcie=self._pcie,
+            kmsg=self._kmsg.counters if self._kmsg is not None else KmsgCounters(),
+            event_counts=self.events.counts(),
         )
         self._log_transitions(previous, snapshot)
         self.store.publish(snapshot)
         if self._metrics is not None:
             # Render /metrics now, once per snapshot, so no scrape waits for rendering.
             self._metrics.exposition.refresh()
-        self.notifier.status(self._summary())
+        self.notifier.status(self.summary())
 
     def _log_transitions(self, previous: NodeSnapshot | None, current: NodeSnapshot) -> None:
         before = (
@@ -253,7 +393,7 @@ class Agent:
                     finding.reason,
                 )
 
-    def _summary(self) -> str:
+    def summary(self) -> str:
         snapshot = self.store.current
         if snapshot is None:
             return "starting"
@@ -262,43 +402,3 @@ class Agent:
             f"{len(snapshot.gpus)} GPUs, health {snapshot.health.severity.name}, "
             f"{problems} problem{'s' if problems != 1 else ''}"
         )
-
-    # --- API handlers -------------------------------------------------------------------
-
-    async def _api_ping(self, _params: dict[str, Any]) -> dict[str, Any]:
-        return {"version": __version__, "node": self._node_name}
-
-    async def _api_status(self, _params: dict[str, Any]) -> dict[str, Any]:
-        snapshot = self.store.current
-        if snapshot is None:
-            raise ApiError("no snapshot yet: the agent is starting")
-        return status_document(snapshot)
-
-    async def _api_refresh(self, _params: dict[str, Any]) -> dict[str, Any]:
-        self._refresh.set()
-        async with asyncio.timeout(30):
-            snapshot = await self.store.next_update()
-        return {"sequence": snapshot.sequence}
-
-    async def _api_simulator(self, _params: dict[str, Any]) -> dict[str, Any]:
-        """NVML call counts of a simulated daemon, for benchmarks."""
-        if self.simulator is None:
-            raise ApiError("not a simulated daemon")
-        return {
-            "polls": self._polls,
-            "calls": self.simulator.call_counts(),
-            "calls_per_device": {str(k): v for k, v in self.simulator.calls_per_device().items()},
-        }
-
-    async def _api_inject(self, params: dict[str, Any]) -> dict[str, Any]:
-        if self.simulator is None:
-            raise ApiError("inject into NVML needs a simulated daemon (gpuagent run --simulate)")
-        kind, gpu, values = params.get("kind"), params.get("gpu"), params.get("values", {})
-        if not isinstance(kind, str) or not isinstance(gpu, int) or not isinstance(values, dict):
-            raise ApiError('inject needs "kind" (string), "gpu" (integer) and "values" (object)')
-        try:
-            self.simulator.inject(kind, gpu, values)
-        except ValueError as exc:
-            raise ApiError(str(exc)) from None
-        log.info("injected %s into simulated GPU %d %s", kind, gpu, values)
-        return await self._api_refresh({})

@@ -208,7 +208,7 @@ class KernelLine:
 
     kind: KernelKind
     code: int | None = None  # XID or SXid number
-    pci: str | None = None  # the bus id as the line gives it ("PCI:0000:3b:00", "0000:3b:00.0")
+    pci: str | None = None  # the bus id as the line gives it ("0000:3b:00", "0000:3b:00.0")
     pid: int | None = None
     process: str | None = None
     aer_severity: AerSeverity | None = None
@@ -230,7 +230,9 @@ class GpuEvent:
     kind: EventKind
     gpu: str | None  # canonical bus id ("0000:3b:00.0") when the event names a known device
     time: float  # wall clock of the event itself (for kmsg: boot time + the record's usec)
-    monotonic: float  # agent's monotonic clock when it saw the event (checks' time base)
+    # When it happened on the monotonic clock (the checks' time base): for kernel records
+    # their own timestamp (the kernel stamps records on the boot-time clock), else arrival.
+    monotonic: float
     pci: str | None = None  # the bus id as reported
     code: int | None = None
     line: str = ""  # the evidence: the raw kernel line, or a description
@@ -263,6 +265,18 @@ class PciePath:
 
     device: PcieLink
     bridges: tuple[PcieLink, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EventCount:
+    """How many events of one kind (and code or AER severity) a device had since start."""
+
+    gpu: str | None
+    kind: EventKind
+    code: int | None
+    aer_severity: AerSeverity | None
+    count: int
+    last_time: float  # wall clock of the newest one
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +330,7 @@ class NodeSnapshot:
     events: tuple[GpuEvent, ...] = ()
     pcie: tuple[PciePath, ...] = ()
     kmsg: KmsgCounters = field(default_factory=KmsgCounters)
+    event_counts: tuple[EventCount, ...] = ()
 
     def gpu(self, pci_bus_id: str) -> GpuState | None:
         return next((g for g in self.gpus if g.identity.pci_bus_id == pci_bus_id), None)

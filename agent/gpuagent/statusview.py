@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuagent.model import Finding, GpuState, NodeSnapshot, SourceStatus
+from gpuagent.model import Finding, GpuEvent, GpuState, NodeSnapshot, SourceStatus
 
 SCHEMA_VERSION = 1
 
@@ -58,6 +58,22 @@ def _gpu_json(snapshot: NodeSnapshot, gpu: GpuState) -> dict[str, Any]:
     return doc
 
 
+def event_json(event: GpuEvent) -> dict[str, Any]:
+    return {
+        "id": event.event_id,
+        "source": event.source,
+        "kind": event.kind,
+        "code": event.code,
+        "gpu": event.gpu,
+        "pci": event.pci,
+        "time": event.time,
+        "pid": event.pid,
+        "process": event.process,
+        "aer_severity": event.aer_severity,
+        "line": event.line,
+    }
+
+
 def _source_json(source: SourceStatus) -> dict[str, Any]:
     return {
         "name": source.name,
@@ -89,4 +105,10 @@ def status_document(snapshot: NodeSnapshot) -> dict[str, Any]:
         },
         "gpus": [_gpu_json(snapshot, gpu) for gpu in snapshot.gpus],
         "sources": [_source_json(s) for s in snapshot.sources],
+        "kmsg": {
+            "records_read": snapshot.kmsg.records_read,
+            "records_lost": snapshot.kmsg.records_lost,
+            "lines_unparsed": snapshot.kmsg.lines_unparsed,
+        },
+        "recent_events": len(snapshot.events),
     }

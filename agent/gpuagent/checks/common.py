@@ -9,10 +9,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gpuagent.checks.eventindex import EventIndex
 from gpuagent.checks.memory import GpuMemory
 from gpuagent.checks.vocabulary import Action, Runbook
 from gpuagent.config import ChecksSection
-from gpuagent.model import EvidenceValue, Finding, GpuIdentity, GpuReadings, Severity
+from gpuagent.model import (
+    EvidenceValue,
+    Finding,
+    GpuIdentity,
+    GpuReadings,
+    PcieLink,
+    PciePath,
+    Severity,
+)
 
 Evidence = tuple[tuple[str, EvidenceValue], ...]
 
@@ -29,6 +38,46 @@ class GpuView:
     config: ChecksSection
     memory: GpuMemory
     now: float
+    path: PciePath | None = None  # the GPU and the bridges above it, from sysfs
+
+
+@dataclass(frozen=True, slots=True)
+class EventView:
+    """What a per-GPU event check may look at: the recent events, the PCIe path, memory.
+
+    Kernel-log, udev and sysfs facts do not depend on NVML, so these checks run whether or
+    not the GPU served readings this poll (``readings`` is None when it did not).
+    """
+
+    identity: GpuIdentity
+    readings: GpuReadings | None
+    config: ChecksSection
+    memory: GpuMemory
+    now: float
+    events: EventIndex
+    path: PciePath | None
+
+    @property
+    def bus_id(self) -> str:
+        return self.identity.pci_bus_id
+
+    def functions(self) -> tuple[PcieLink, ...]:
+        """The GPU's PCI function and every bridge above it (empty without sysfs data)."""
+        return () if self.path is None else (self.path.device, *self.path.bridges)
+
+    def addresses(self) -> tuple[str, ...]:
+        """Bus ids whose events count for this GPU: its own and its bridges'."""
+        return tuple(f.address for f in self.functions()) or (self.bus_id,)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """What a node-level event check may look at. ``gpus`` are the bus ids NVML lists."""
+
+    config: ChecksSection
+    now: float
+    events: EventIndex
+    gpus: frozenset[str]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,9 @@
 """The engine: updates the memory with the latest poll and runs every enabled check.
 
-The check table below is the single place that names checks; the order of the table is
+The check tables below are the single place that names checks; the order of a table is
 the display order. Checks are pure: the engine hands each one its view, including the
-memory that already holds this poll's samples.
+memory that already holds this poll's samples. Events are indexed once per call, so a
+full event log costs one pass, not one pass per GPU and check.
 """
 
 from __future__ import annotations
@@ -10,20 +11,34 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpuagent.checks.aer import check_aer, remember_aer
 from gpuagent.checks.availability import check_availability, no_data
-from gpuagent.checks.common import GpuView, Outcome, to_finding
+from gpuagent.checks.bus import check_bus
+from gpuagent.checks.common import EventView, GpuView, NodeView, Outcome, to_finding
 from gpuagent.checks.ecc import check_ecc, remember_sbe
+from gpuagent.checks.eventindex import EventIndex
+from gpuagent.checks.kernel import check_kernel
 from gpuagent.checks.memory import GpuMemory, HealthMemory
 from gpuagent.checks.mig import check_mig
 from gpuagent.checks.nvlink import check_nvlink
 from gpuagent.checks.nvml import check_nvml
-from gpuagent.checks.pcie import check_pcie, remember_link
+from gpuagent.checks.pcie import check_pcie, remember_bridges, remember_link
 from gpuagent.checks.persistence import check_persistence
 from gpuagent.checks.retired_pages import check_retired_pages
 from gpuagent.checks.row_remap import check_row_remap
+from gpuagent.checks.sxid import check_sxid
 from gpuagent.checks.thermal import check_thermal
+from gpuagent.checks.xid import check_xid
 from gpuagent.config import ChecksSection
-from gpuagent.model import Finding, GpuReadings, GpuState, NodeHealth, NvmlStatus
+from gpuagent.model import (
+    Finding,
+    GpuEvent,
+    GpuReadings,
+    GpuState,
+    NodeHealth,
+    NvmlStatus,
+    PciePath,
+)
 
 AVAILABILITY = "availability"
 NVML = "nvml"
@@ -38,53 +53,115 @@ class ReadingsCheck:
     run: Callable[[GpuView], Outcome]
 
 
-READINGS_CHECKS: tuple[ReadingsCheck, ...] = (
+@dataclass(frozen=True, slots=True)
+class EventCheck:
+    """A per-GPU check of events and sysfs: it runs whether or not NVML served readings."""
+
+    name: str
+    enabled: Callable[[ChecksSection], bool]
+    run: Callable[[EventView], Outcome]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCheck:
+    name: str
+    enabled: Callable[[ChecksSection], bool]
+    run: Callable[[NodeView], Outcome]
+
+
+GPU_CHECKS: tuple[ReadingsCheck | EventCheck, ...] = (
+    # Is the GPU there at all, then the faults the driver reported, then the hardware.
+    EventCheck("bus", lambda c: c.bus.enabled, check_bus),
+    EventCheck("xid", lambda c: c.xid.enabled, check_xid),
     # Retired pages and row remapping are ECC's bookkeeping, so the ECC switch covers them.
     ReadingsCheck("ecc", lambda c: c.ecc.enabled, check_ecc),
     ReadingsCheck("retired_pages", lambda c: c.ecc.enabled, check_retired_pages),
     ReadingsCheck("row_remap", lambda c: c.ecc.enabled, check_row_remap),
     ReadingsCheck("thermal", lambda c: c.thermal.enabled, check_thermal),
     ReadingsCheck("pcie", lambda c: c.pcie.enabled, check_pcie),
+    EventCheck("aer", lambda c: c.aer.enabled, check_aer),
     ReadingsCheck("persistence", lambda c: c.persistence.enabled, check_persistence),
     ReadingsCheck("mig", lambda c: c.mig.enabled, check_mig),
     ReadingsCheck("nvlink", lambda c: c.nvlink.enabled, check_nvlink),
 )
 
-CHECK_NAMES: tuple[str, ...] = (AVAILABILITY, *(c.name for c in READINGS_CHECKS))
-NODE_CHECK_NAMES: tuple[str, ...] = (NVML,)
+NODE_CHECKS: tuple[NodeCheck, ...] = (
+    NodeCheck("sxid", lambda c: c.sxid.enabled, check_sxid),
+    NodeCheck("kernel", lambda _: True, check_kernel),
+)
+
+CHECK_NAMES: tuple[str, ...] = (AVAILABILITY, *(c.name for c in GPU_CHECKS))
+NODE_CHECK_NAMES: tuple[str, ...] = (NVML, *(c.name for c in NODE_CHECKS))
+
+
+@dataclass(frozen=True, slots=True)
+class _Context:
+    """What every GPU's evaluation shares in one call."""
+
+    config: ChecksSection
+    now: float
+    events: EventIndex
+    paths: dict[str, PciePath]
 
 
 def _remember(
     previous: GpuMemory,
     state: GpuState,
     readings: GpuReadings | None,
-    config: ChecksSection,
-    now: float,
+    path: PciePath | None,
+    context: _Context,
 ) -> GpuMemory:
     # A disabled check's memory stays empty: nothing would ever read it.
+    config, now = context.config, context.now
     memory = previous
     if config.ecc.enabled:
         memory = remember_sbe(memory, readings, config.ecc, now)
     if config.pcie.enabled:
         memory = remember_link(memory, state.identity, readings, config.pcie, now)
+        memory = remember_bridges(memory, path, readings, config.pcie, now)
+    if config.aer.enabled:
+        memory = remember_aer(memory, path, config.aer, now)
     return memory
 
 
 def _gpu_findings(
     state: GpuState,
     readings: GpuReadings | None,
-    config: ChecksSection,
+    path: PciePath | None,
     memory: GpuMemory,
-    now: float,
+    context: _Context,
 ) -> list[Finding]:
-    bus_id = state.identity.pci_bus_id
+    bus_id, config, now = state.identity.pci_bus_id, context.config, context.now
     findings = [to_finding(AVAILABILITY, bus_id, check_availability(state))]
-    enabled = [c for c in READINGS_CHECKS if c.enabled(config)]
-    if readings is None:
-        missing = no_data(state)
-        return findings + [to_finding(c.name, bus_id, missing) for c in enabled]
-    view = GpuView(state.identity, readings, config, memory, now)
-    return findings + [to_finding(c.name, bus_id, c.run(view)) for c in enabled]
+    events = EventView(state.identity, readings, config, memory, now, context.events, path)
+    view = (
+        None if readings is None else GpuView(state.identity, readings, config, memory, now, path)
+    )
+    for check in GPU_CHECKS:
+        if not check.enabled(config):
+            continue
+        if isinstance(check, EventCheck):
+            outcome = check.run(events)
+        elif view is None:
+            outcome = no_data(state)
+        else:
+            outcome = check.run(view)
+        findings.append(to_finding(check.name, bus_id, outcome))
+    return findings
+
+
+def _node_findings(
+    nvml: NvmlStatus, gpus: tuple[GpuState, ...], context: _Context
+) -> list[Finding]:
+    bus_ids = frozenset(state.identity.pci_bus_id for state in gpus)
+    view = NodeView(context.config, context.now, context.events, bus_ids)
+    findings = [to_finding(NVML, None, check_nvml(nvml))]
+    findings += [
+        to_finding(check.name, None, check.run(view))
+        for check in NODE_CHECKS
+        if check.enabled(context.config)
+    ]
+    return findings
 
 
 def evaluate(
@@ -93,20 +170,28 @@ def evaluate(
     config: ChecksSection,
     memory: HealthMemory,
     now: float,
+    *,
+    events: tuple[GpuEvent, ...] = (),
+    pcie: tuple[PciePath, ...] = (),
 ) -> tuple[NodeHealth, HealthMemory]:
     """Findings for the node and every GPU, plus the memory to pass to the next call.
 
-    ``now`` is monotonic seconds. Findings come node first, then GPU by GPU in the order
-    given, each in ``CHECK_NAMES`` order.
+    ``now`` is monotonic seconds, the clock of ``GpuEvent.monotonic``. ``events`` are the
+    recent events, oldest first; ``pcie`` the sysfs view of each GPU's PCIe path. Findings
+    come node first (in ``NODE_CHECK_NAMES`` order), then GPU by GPU in the order given,
+    each in ``CHECK_NAMES`` order.
     """
-    findings = [to_finding(NVML, None, check_nvml(nvml))]
+    paths = {path.device.address: path for path in pcie}
+    context = _Context(config, now, EventIndex(events), paths)
+    findings = _node_findings(nvml, gpus, context)
     remembered: dict[str, GpuMemory] = {}
     for state in gpus:
         bus_id = state.identity.pci_bus_id
         # Readings from a GPU NVML does not call healthy are never trusted.
         readings = state.readings if state.status == "ok" else None
-        gpu_memory = _remember(memory.for_gpu(bus_id), state, readings, config, now)
+        path = paths.get(bus_id)
+        gpu_memory = _remember(memory.for_gpu(bus_id), state, readings, path, context)
         remembered[bus_id] = gpu_memory
-        findings.extend(_gpu_findings(state, readings, config, gpu_memory, now))
+        findings.extend(_gpu_findings(state, readings, path, gpu_memory, context))
     # Only GPUs present in this poll are kept, so removed GPUs do not linger.
     return NodeHealth(tuple(findings)), HealthMemory(tuple(remembered.items()))

@@ -87,6 +87,14 @@ class GpuMemory:
     # When the PCIe link was first seen degraded in the current unbroken run of degraded
     # polls; None while the link looks fine (or the GPU could not be read).
     pcie_degraded_since: float | None = None
+    # The same for each bridge above the GPU whose link is degraded now: (bus id, since).
+    bridge_degraded_since: tuple[tuple[str, float], ...] = ()
+    # Corrected AER errors summed over the GPU and its bridges (sysfs totals); the source
+    # names the functions summed, so a function appearing or vanishing starts a new series.
+    aer_corrected: CounterSeries = field(default_factory=CounterSeries)
+    # Uncorrectable (non-fatal + fatal) AER totals per function when first seen, or after
+    # the counter went down: anything above this was seen while the agent watched.
+    aer_uncorrectable_baseline: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -5,17 +5,22 @@ as degraded while the GPU is busy; a narrower link is never a power-saving state
 must persist for ``degraded_hold_seconds`` so a link still training after a reset is not
 flagged. Replays (link-level retransmissions) point at signal integrity problems: a
 riser, a cable or a badly seated card.
+
+The bridges above the GPU (from sysfs) are held to the same rules: an upstream link that
+trained low (say between a PCIe switch and the root port) halves the GPU's bandwidth
+while NVML, which only sees the GPU's own link, reports nothing wrong.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from gpuagent.checks.common import Evidence, GpuView, Outcome, Problem, fmt
 from gpuagent.checks.memory import GpuMemory
 from gpuagent.checks.vocabulary import Action, Runbook
 from gpuagent.config import PcieCheck
-from gpuagent.model import GpuIdentity, GpuReadings, Severity
+from gpuagent.model import GpuIdentity, GpuReadings, PcieLink, PciePath, Severity
 
 # The configuration gives the replay limit per minute but no window; five minutes smooths
 # single bursts while still reacting within one typical scrape-to-alert cycle.
@@ -59,6 +64,99 @@ def remember_link(
     elif since is None or since > now:
         since = now
     return replace(memory, pcie_replay=replay, pcie_degraded_since=since)
+
+
+def _cap(
+    own: float | None, partners: list[PcieLink], maximum: Callable[[PcieLink], float | None]
+) -> float | None:
+    """What a link can train to: its own maximum, capped by the partners' maximums."""
+    if own is None:
+        return None
+    caps = [cap for cap in map(maximum, partners) if cap is not None]
+    return min([own, *caps])
+
+
+def _bridge_shortfall(bridge: PcieLink, partners: list[PcieLink], busy: bool) -> str:
+    # sysfs does not say which neighbour is a bridge's link partner (a downstream port's
+    # partner is below it, an upstream port's above), so both neighbours cap the
+    # expectation: a Gen5 root port above a Gen4 switch is not degraded at Gen4.
+    parts: list[str] = []
+    speed = bridge.current_speed_gts
+    speed_cap = _cap(bridge.max_speed_gts, partners, lambda p: p.max_speed_gts)
+    if busy and speed is not None and speed_cap is not None and speed < speed_cap:
+        parts.append(f"{fmt(speed)} of {fmt(speed_cap)} GT/s")
+    width = bridge.current_width
+    width_cap = _cap(bridge.max_width, partners, lambda p: p.max_width)
+    if width is not None and width_cap is not None and width < width_cap:
+        parts.append(f"x{width} of x{fmt(width_cap)}")
+    return ", ".join(parts)
+
+
+def bridge_shortfalls(
+    path: PciePath | None, readings: GpuReadings, config: PcieCheck
+) -> list[tuple[str, str]]:
+    """(bus id, shortfall) of every bridge above the GPU whose link counts as degraded.
+
+    As for the GPU, a lower speed only counts while the GPU is busy: the bridge port right
+    above the GPU shares the GPU's link, which slows down at idle.
+    """
+    if path is None:
+        return []
+    nodes = (path.device, *path.bridges)
+    busy = _busy(readings, config)
+    found = []
+    for i in range(1, len(nodes)):
+        partners = [nodes[i - 1], *nodes[i + 1 : i + 2]]
+        shortfall = _bridge_shortfall(nodes[i], partners, busy)
+        if shortfall:
+            found.append((nodes[i].address, shortfall))
+    return found
+
+
+def remember_bridges(
+    memory: GpuMemory,
+    path: PciePath | None,
+    readings: GpuReadings | None,
+    config: PcieCheck,
+    now: float,
+) -> GpuMemory:
+    """Start or continue the hold time of each degraded bridge; others (and all, when the
+    GPU could not be read) stop theirs."""
+    if readings is None:
+        return replace(memory, bridge_degraded_since=())
+    before = dict(memory.bridge_degraded_since)
+    since = []
+    for address, _ in bridge_shortfalls(path, readings, config):
+        started = before.get(address)
+        since.append((address, now if started is None or started > now else started))
+    return replace(memory, bridge_degraded_since=tuple(since))
+
+
+def _bridges(view: GpuView) -> tuple[list[Problem], Evidence]:
+    """Problems for bridges degraded longer than the hold time, and their evidence."""
+    shortfalls = bridge_shortfalls(view.path, view.readings, view.config.pcie)
+    since = dict(view.memory.bridge_degraded_since)
+    hold = view.config.pcie.degraded_hold_seconds
+    problems, longest = [], None
+    for address, shortfall in shortfalls:
+        held = max(0.0, view.now - since.get(address, view.now))
+        longest = held if longest is None else max(longest, held)
+        if held > hold:
+            reason = f"PCIe bridge {address} above the GPU degraded ({shortfall}) for {fmt(held)} s"
+            problems.append(
+                Problem(
+                    Severity.WARN,
+                    reason,
+                    Action.RESEAT_OR_REPLACE,
+                    Runbook.GPU_PCIE_BRIDGE_DEGRADED,
+                )
+            )
+    evidence: Evidence = (
+        ("bridges", None if view.path is None else len(view.path.bridges)),
+        ("bridges_degraded", "; ".join(f"{a} ({s})" for a, s in shortfalls) or None),
+        ("bridge_degraded_seconds", longest),
+    )
+    return problems, evidence
 
 
 def _link_text(readings: GpuReadings) -> str:
@@ -107,6 +205,7 @@ def check_pcie(view: GpuView) -> Outcome:
     held = None if since is None else max(0.0, view.now - since)
     degraded, ok_reason = _degraded(view, shortfall, held)
     replays, per_minute = _replays(view)
+    bridge_problems, bridge_evidence = _bridges(view)
     evidence: Evidence = (
         ("pcie_generation", readings.pcie_generation),
         ("pcie_max_generation", identity.pcie_max_generation),
@@ -119,6 +218,7 @@ def check_pcie(view: GpuView) -> Outcome:
         ("replay_rate_per_minute", per_minute),
         ("replay_rate_limit_per_minute", config.replay_rate_per_minute),
         ("replay_window_seconds", REPLAY_WINDOW_SECONDS),
+        *bridge_evidence,
     )
-    problems = tuple(p for p in (degraded, replays) if p is not None)
+    problems = (*(p for p in (degraded, replays) if p is not None), *bridge_problems)
     return Outcome(ok_reason, evidence, problems)

@@ -19,6 +19,7 @@ from prometheus_client.core import (
 )
 
 from gpuagent.metrics import names
+from gpuagent.metrics.events import event_families
 from gpuagent.metrics.names import GpuMetric, MetricSpec
 from gpuagent.model import (
     Finding,
@@ -26,6 +27,8 @@ from gpuagent.model import (
     GpuReadings,
     GpuState,
     NodeSnapshot,
+    PcieLink,
+    PciePath,
     Severity,
     SourceStatus,
 )
@@ -59,6 +62,11 @@ def _number(value: object) -> float | None:
 
 def _gauge(spec: MetricSpec) -> GaugeMetricFamily:
     return GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
+
+
+def _counter(spec: MetricSpec) -> CounterMetricFamily:
+    """A real counter: ``spec.name`` ends in _total, which is the sample name served."""
+    return CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
 
 
 class _Gpu:
@@ -111,6 +119,11 @@ class _Builder:
             if finding.gpu is not None and finding.gpu not in known:
                 known[finding.gpu] = _Gpu(None, finding.gpu, host, driver)
         self.with_health = list(known.values())
+        self._known = known
+
+    def _labels_for(self, bus_id: str) -> tuple[str, ...]:
+        gpu = self._known.get(bus_id)
+        return gpu.labels if gpu is not None else _gpu_labels(None, bus_id, self.snapshot.hostname)
 
     def families(self) -> list[Metric]:
         families: list[Metric] = [
@@ -122,6 +135,13 @@ class _Builder:
             *(self._table_family(m, dcgm=False) for m in names.AGENT_GPU_METRICS),
             self._clock_event_reasons(),
             self._nvlink_up(),
+            *self._pcie(),
+            *event_families(
+                self.snapshot,
+                self._labels_for,
+                self.snapshot.nvml.driver_version or "",
+                nvml_bus_id,
+            ),
         ]
         # Empty families would only add HELP/TYPE noise for values no GPU has.
         return [f for f in families if f.samples]
@@ -139,9 +159,7 @@ class _Builder:
         taken_at.add_metric([], snap.taken_at)
         simulated = _gauge(names.SIMULATED)
         simulated.add_metric([], float(snap.simulated))
-        rejected = CounterMetricFamily(
-            names.API_REJECTED.name, names.API_REJECTED.help, labels=names.API_REJECTED.labels
-        )
+        rejected = _counter(names.API_REJECTED)
         for reason, count in snap.rejected_api_requests:
             rejected.add_metric([reason], count)
         return [
@@ -223,6 +241,40 @@ class _Builder:
                 if up is not None:
                     family.add_metric([*gpu.labels, str(link)], float(up))
         return family
+
+    def _pcie(self) -> list[Metric]:
+        links = _pcie_links(self.snapshot.pcie, self.snapshot.hostname)
+        families: list[Metric] = []
+        for spec, field in names.PCIE_LINK_GAUGES:
+            family = _gauge(spec)
+            for link, labels in links:
+                value = _number(getattr(link, field))
+                if value is not None:
+                    family.add_metric(labels, value)
+            families.append(family)
+        aer = _counter(names.PCIE_AER_ERRORS)
+        for link, labels in links:
+            for severity, field in names.PCIE_AER_SEVERITIES:
+                count = _number(getattr(link, field))
+                if count is not None:
+                    aer.add_metric([*labels, severity], count)
+        return [*families, aer]
+
+
+def _pcie_links(paths: Sequence[PciePath], hostname: str) -> list[tuple[PcieLink, Labels]]:
+    """Every link once, with its labels, in path order.
+
+    Paths share bridges (a switch port above two GPUs, the root port above the switch);
+    one series per address keeps them from clashing, labelled with the device of the
+    first path that reaches the bridge.
+    """
+    seen: dict[str, tuple[PcieLink, Labels]] = {}
+    for path in paths:
+        device = nvml_bus_id(path.device.address)
+        for link in (path.device, *path.bridges):
+            if link.address not in seen:
+                seen[link.address] = (link, (link.address, link.role, device, hostname))
+    return list(seen.values())
 
 
 def _answered(state: GpuState) -> GpuReadings | None:

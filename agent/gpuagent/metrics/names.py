@@ -334,3 +334,83 @@ API_REJECTED = MetricSpec(
     "Local API requests refused since start, by reason (malformed, oversized, forbidden, ...).",
     ("reason",),
 )
+
+# --- PCIe links from sysfs (snapshot.pcie): the GPUs, NVSwitches and every bridge above --
+# `pci_bus_id` is the link's own address in sysfs form (bridges are not NVML devices);
+# `device_pci_bus_id` is the GPU or NVSwitch the path leads to, in NVML form, to join with
+# the per-GPU series.
+PCIE_LABELS = ("pci_bus_id", "role", "device_pci_bus_id", "Hostname")
+
+PCIE_LINK_SPEED = MetricSpec(
+    "gpuagent_pcie_link_speed_gts",
+    "Current PCIe link speed in GT/s, as sysfs reports it.",
+    PCIE_LABELS,
+)
+PCIE_LINK_MAX_SPEED = MetricSpec(
+    "gpuagent_pcie_link_max_speed_gts",
+    "Highest PCIe link speed in GT/s the function supports.",
+    PCIE_LABELS,
+)
+PCIE_LINK_WIDTH = MetricSpec(
+    "gpuagent_pcie_link_width",
+    "Current PCIe link width (lanes), as sysfs reports it.",
+    PCIE_LABELS,
+)
+PCIE_LINK_MAX_WIDTH = MetricSpec(
+    "gpuagent_pcie_link_max_width",
+    "Widest PCIe link (lanes) the function supports.",
+    PCIE_LABELS,
+)
+PCIE_AER_ERRORS = MetricSpec(
+    "gpuagent_pcie_aer_errors_total",
+    "PCIe errors the kernel's AER driver counted for the function since boot, by severity.",
+    (*PCIE_LABELS, "severity"),
+)
+
+# Gauges: (family, PcieLink field).
+PCIE_LINK_GAUGES: tuple[tuple[MetricSpec, str], ...] = (
+    (PCIE_LINK_SPEED, "current_speed_gts"),
+    (PCIE_LINK_MAX_SPEED, "max_speed_gts"),
+    (PCIE_LINK_WIDTH, "current_width"),
+    (PCIE_LINK_MAX_WIDTH, "max_width"),
+)
+# `severity` label value -> PcieLink field (the aer_dev_* file it was read from).
+PCIE_AER_SEVERITIES: tuple[tuple[str, str], ...] = (
+    ("correctable", "aer_correctable"),
+    ("nonfatal", "aer_nonfatal"),
+    ("fatal", "aer_fatal"),
+)
+
+# --- kernel-log, NVML and bus events (metrics/events.py) -------------------------------
+
+XID_LAST = MetricSpec(
+    "DCGM_FI_DEV_XID_ERRORS",
+    "Value of the last XID error encountered.",
+    DCGM_LABELS,
+)
+XID_TOTAL = MetricSpec(
+    "gpuagent_xid_errors_total",
+    "XID errors reported for the GPU since the agent started (kernel log or NVML), by XID.",
+    (*GPU_LABELS, "xid"),
+)
+SXID_TOTAL = MetricSpec(
+    "gpuagent_sxid_errors_total",
+    "NVSwitch SXid errors in the kernel log since the agent started, by SXid.",
+    ("pci_bus_id", "sxid", "Hostname"),
+)
+AER_REPORTS_TOTAL = MetricSpec(
+    "gpuagent_aer_reports_total",
+    "PCIe AER reports in the kernel log since the agent started, by device and severity.",
+    ("pci_bus_id", "severity", "Hostname"),
+)
+BUS_EVENTS_TOTAL = MetricSpec(
+    "gpuagent_bus_events_total",
+    "Fallen-off-the-bus lines and udev add/remove/bind/unbind events, by device and kind.",
+    ("pci_bus_id", "kind", "Hostname"),
+)
+KMSG_READ = MetricSpec("gpuagent_kmsg_records_read_total", "Kernel log records read.")
+KMSG_LOST = MetricSpec(
+    "gpuagent_kmsg_records_lost_total",
+    "Kernel log records overwritten before the agent could read them.",
+)
+KMSG_UNPARSED = MetricSpec("gpuagent_kmsg_lines_unparsed_total", "Malformed kernel log records.")

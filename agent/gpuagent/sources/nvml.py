@@ -12,6 +12,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 
@@ -56,10 +57,32 @@ class NvmlSource:
         self._next_open = 0.0
         self._last_slow: float | None = None
         self._identities: dict[int, GpuIdentity] = {}
+        self._generation = 0
+        self._force_reopen = False
 
     @property
     def status(self) -> NvmlStatus | None:
         return None if self._session is None else self._session.status
+
+    @property
+    def generation(self) -> int:
+        """Increases whenever a new NVML session (and so new device handles) opens."""
+        return self._generation
+
+    def devices(self) -> list[tuple[Any, str]]:
+        """(handle, canonical bus id) of every identified GPU in the current session."""
+        if self._session is None or not self._session.status.ok:
+            return []
+        return [
+            (device.handle, self._identities[device.index].pci_bus_id)
+            for device in self._session.devices
+            if device.index in self._identities
+        ]
+
+    def reopen(self) -> None:
+        """Start a fresh session at the next poll (a GPU appeared or came back on the bus)."""
+        self._next_open = 0.0
+        self._force_reopen = True
 
     async def poll(self) -> NvmlObservation:
         session = await self._ensure_session()
@@ -83,6 +106,10 @@ class NvmlSource:
 
     async def _ensure_session(self) -> Session:
         session = self._session
+        if self._force_reopen and session is not None:
+            await self._close_session(session)
+            session = self._session = None
+        self._force_reopen = False
         if session is not None and (session.status.ok or self._clock() < self._next_open):
             return session
         try:
@@ -96,6 +123,8 @@ class NvmlSource:
             self._session_worker = CallWorker("nvml-session")
         if not session.status.ok:
             self._next_open = self._clock() + self._config.init_retry_seconds
+        else:
+            self._generation += 1
         self._session = session
         self._identities.clear()
         self._last_slow = None
@@ -135,15 +164,17 @@ class NvmlSource:
 
     async def close(self) -> None:
         session, self._session = self._session, None
-        if session is None:
-            return
+        if session is not None:
+            await self._close_session(session)
+        self._session_worker.close()
+
+    async def _close_session(self, session: Session) -> None:
         for device in session.devices:
             device.worker.close()
         if session.status.ok and not self._session_worker.busy:
             # A wedged driver must not hold up shutdown: give up on a clean nvmlShutdown.
             with contextlib.suppress(CallTimeoutError):
                 await self._session_worker.run(close_session, self._config.call_timeout_seconds)
-        self._session_worker.close()
 
 
 def _placeholder(index: int) -> GpuIdentity:

@@ -1,0 +1,389 @@
+"""``xid``: the GPU's XID errors (kernel log and NVML), judged by NVIDIA's catalog.
+
+Each XID is judged by the catalog's immediate-action bucket. Application errors fade:
+they are the workload's fault, so they only WARN for ``app_error_hold_seconds`` and turn
+CRITICAL when they come faster than ``app_error_rate_per_hour``. Every other verdict holds
+for as long as its event is in the event log: the fault stays until the GPU is reset or
+the node rebooted. GSP error messages that no XID explains are judged here too.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from gpuagent.checks.common import EventView, Evidence, Outcome, Problem, fmt, plural
+from gpuagent.checks.eventindex import RECENT_SECONDS, age, near, recent, times
+from gpuagent.checks.vocabulary import Action, Runbook
+from gpuagent.kernel.xid import XidInfo, lookup
+from gpuagent.model import GpuEvent, Severity
+
+FALLEN_OFF_THE_BUS = 79  # a node reboot whatever the catalog says: the GPU is unreachable
+PREEMPTIVE_REMOVAL = 45
+RECOVERY_ACTION_CHANGED = 154
+# Lines of one application crash (one per channel or SM) arrive together; events closer
+# than this from the same process (or an unknown one) are one incident.
+APP_INCIDENT_GAP_SECONDS = 10.0
+APP_RATE_SECONDS = 3600.0
+# GSP messages this close to an XID on the same GPU are that XID's details.
+GSP_XID_SECONDS = 60.0
+
+_ROOT_XID = re.compile(r"caused by previous Xid (\d+)", re.IGNORECASE)
+_RECOVERY = re.compile(r"recovery action changed from .*? to 0x([0-9A-Fa-f]+)(?: \(([^)]*)\))?")
+# NVLink5 XIDs (144-150) print the error's fatality: "RLW_RXPIPE Nonfatal XC0 ...".
+_NVLINK_FATALITY = re.compile(r"\b(Nonfatal|Non-fatal|Fatal)\b")
+
+
+# Compared by identity: verdicts are the constants below, and grouping thousands of events
+# by verdict must not hash their fields each time.
+@dataclass(frozen=True, slots=True, eq=False)
+class Verdict:
+    severity: Severity
+    label: str
+    action: Action
+    runbook: Runbook
+
+
+IGNORED = Verdict(Severity.OK, "informational", Action.NONE, Runbook.NONE)
+NO_RECOVERY = Verdict(Severity.OK, "no recovery action needed", Action.NONE, Runbook.NONE)
+APP_ERROR = Verdict(
+    Severity.WARN, "application error", Action.RESTART_APP, Runbook.GPU_XID_APP_ERROR
+)
+RESET = Verdict(
+    Severity.CRITICAL, "reset required", Action.RESET_GPU, Runbook.GPU_XID_RESET_REQUIRED
+)
+DRAIN_AND_RESET = Verdict(
+    Severity.CRITICAL,
+    "drain and reset required",
+    Action.DRAIN_AND_RESET,
+    Runbook.GPU_XID_RESET_REQUIRED,
+)
+ECC_DBE = Verdict(
+    Severity.CRITICAL,
+    "uncorrectable ECC error, drain and reset required",
+    Action.DRAIN_AND_RESET,
+    Runbook.GPU_ECC_DBE,
+)
+REBOOT = Verdict(
+    Severity.CRITICAL, "reboot required", Action.DRAIN_AND_REBOOT, Runbook.GPU_XID_REBOOT_REQUIRED
+)
+SUPPORT = Verdict(
+    Severity.CRITICAL, "contact support", Action.CONTACT_SUPPORT, Runbook.GPU_XID_CONTACT_SUPPORT
+)
+NVLINK_NONFATAL = Verdict(
+    Severity.WARN, "non-fatal NVLink error", Action.INVESTIGATE, Runbook.GPU_XID_NVLINK_NONFATAL
+)
+MECHANICALS = Verdict(
+    Severity.WARN, "check power cables", Action.CHECK_POWER, Runbook.GPU_XID_CHECK_MECHANICALS
+)
+UNKNOWN = Verdict(Severity.WARN, "unknown XID", Action.INVESTIGATE, Runbook.GPU_XID_UNKNOWN)
+
+# Catalog buckets that need no decoding. RESTART_VM restarts the operating system the
+# agent runs in, which for this agent is a reboot. Buckets not listed here and not
+# decoded below (CONTACT_SUPPORT, UPDATE_SWFW, CHECK_UVM, none) have no safe automatic
+# fix, so they go to support.
+_PLAIN = {
+    "RESTART_APP": APP_ERROR,
+    "IGNORE": IGNORED,
+    "RESET_GPU": RESET,
+    "RESTART_BM": REBOOT,
+    "RESTART_VM": REBOOT,
+    "CHECK_MECHANICALS": MECHANICALS,
+    "WORKFLOW_XID_48": ECC_DBE,
+    "WORKFLOW_NVLINK_ERR": SUPPORT,  # needs register decoding the line does not carry
+}
+# NVML_GPU_RECOVERY_ACTION_*: the driver's own verdict, printed by Xid 154. Draining
+# peer-to-peer traffic (3) is covered by draining the GPU.
+_RECOVERY_ACTIONS = {0: NO_RECOVERY, 1: RESET, 2: REBOOT, 3: DRAIN_AND_RESET, 4: DRAIN_AND_RESET}
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    verdict: Verdict
+    info: XidInfo | None
+    detail: str = ""  # how a workflow XID was decoded, for the reason
+    root_xid: int | None = None
+    recovery_action: str | None = None
+
+
+def _plain(info: XidInfo) -> Judgement:
+    """The judgement of an XID the catalog's bucket alone decides."""
+    verdict = _PLAIN.get(info.action, SUPPORT)
+    # The device plugin's application-error list marks XIDs that are the workload's fault;
+    # that makes such an XID at least an application error, never less.
+    if info.app_error and verdict.severity.rank < APP_ERROR.severity.rank:
+        verdict = APP_ERROR
+    return Judgement(verdict, info)
+
+
+def _preemptive_removal(info: XidInfo, line: str) -> Judgement:
+    # Newer drivers name the XID that made the driver tear the channel down; that XID is
+    # the fault. Alone, Xid 45 means a process's channels were removed (it was killed).
+    root = _ROOT_XID.search(line)
+    if root is None or int(root[1]) == PREEMPTIVE_REMOVAL:
+        return Judgement(APP_ERROR, info)
+    root_xid = int(root[1])
+    # The root XID's own line is elsewhere; judged without it, a root that needs its line
+    # decoded falls to "contact support".
+    judged = judge(root_xid, "")
+    return replace(judged, info=info, detail=f"caused by Xid {root_xid}", root_xid=root_xid)
+
+
+def _recovery_action(info: XidInfo, line: str) -> Judgement:
+    found = _RECOVERY.search(line)
+    if found is None:
+        return Judgement(SUPPORT, info, detail="recovery action not readable")
+    value, name = int(found[1], 16), found[2]
+    shown = f"0x{value:x} ({name})" if name else f"0x{value:x}"
+    verdict = _RECOVERY_ACTIONS.get(value, SUPPORT)
+    return Judgement(verdict, info, detail=f"recovery action {shown}", recovery_action=shown)
+
+
+def _nvlink5(info: XidInfo, line: str) -> Judgement:
+    # The catalog's NVLink5 decode tables call for a GPU reset on every fatal status and
+    # mostly for nothing on non-fatal ones; without the fatality there is no safe decode.
+    found = _NVLINK_FATALITY.search(line)
+    if found is None:
+        return Judgement(SUPPORT, info)
+    if found[1] == "Fatal":
+        return Judgement(RESET, info, detail="fatal")
+    return Judgement(NVLINK_NONFATAL, info, detail="non-fatal")
+
+
+# Workflow buckets whose decoding the line makes possible.
+_DECODERS: dict[str, Callable[[XidInfo, str], Judgement]] = {
+    "WORKFLOW_XID_45": _preemptive_removal,
+    "XID_154": _recovery_action,
+    "WORKFLOW_NVLINK5_ERR": _nvlink5,
+}
+
+
+def judge(code: int | None, line: str) -> Judgement:
+    """What one XID line means for the GPU."""
+    if code is None:
+        return Judgement(UNKNOWN, None)
+    by_number = _by_number(code)
+    return by_number if by_number is not None else _by_line(code, line)
+
+
+# Every evaluation judges every retained XID again, so both steps are cached (beyond the
+# event log's size); they depend on nothing but the catalog, which never changes.
+@functools.lru_cache(maxsize=4096)
+def _by_number(code: int) -> Judgement | None:
+    """The judgement of an XID whose meaning does not depend on its line; else None."""
+    info = lookup(code)
+    if code == FALLEN_OFF_THE_BUS:
+        return Judgement(REBOOT, info)
+    if info is None:
+        return Judgement(UNKNOWN, None)
+    return None if info.action in _DECODERS else _plain(info)
+
+
+@functools.lru_cache(maxsize=16384)
+def _by_line(code: int, line: str) -> Judgement:
+    """A workflow XID (one `_by_number` leaves to its line), decoded."""
+    info = lookup(code)
+    assert info is not None  # _by_number judged the XIDs the catalog lacks
+    return _DECODERS[info.action](info, line)
+
+
+# --- the check ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Subject:
+    """The event a problem is about, for the finding's evidence."""
+
+    event: GpuEvent
+    count: int
+    judgement: Judgement | None  # None for GSP messages
+
+
+@dataclass(frozen=True, slots=True)
+class _Item:
+    problem: Problem
+    subject: _Subject
+
+
+def _name(code: int | None, info: XidInfo | None) -> str:
+    return f"Xid {code} ({info.mnemonic})" if info is not None else f"Xid {code}"
+
+
+def _who(event: GpuEvent) -> str:
+    if event.process and event.pid is not None:
+        return f"{event.process} (pid {event.pid})"
+    if event.process:
+        return event.process
+    return f"pid {event.pid}" if event.pid is not None else "an unknown process"
+
+
+Judged = tuple[GpuEvent, Judgement]
+_GroupKey = tuple[int | None, Verdict, str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Tally:
+    """The GPU's XIDs sorted by what they mean, in one pass over them."""
+
+    faults: dict[_GroupKey, list[Judged]]  # non-OK verdicts other than app errors
+    apps: list[Judged]
+
+
+def _tally(xids: Sequence[GpuEvent]) -> _Tally:
+    faults: dict[_GroupKey, list[Judged]] = {}
+    apps: list[Judged] = []
+    recovery: Judged | None = None
+    for event in xids:
+        judgement = judge(event.code, event.line)
+        if event.code == RECOVERY_ACTION_CHANGED:
+            # Xid 154 reports the GPU's current recovery action: only the newest is true.
+            recovery = (event, judgement)
+        elif judgement.verdict is APP_ERROR:
+            apps.append((event, judgement))
+        elif judgement.verdict.severity is not Severity.OK:
+            key = (event.code, judgement.verdict, judgement.detail)
+            faults.setdefault(key, []).append((event, judgement))
+    if recovery is not None and recovery[1].verdict.severity is not Severity.OK:
+        _, judgement = recovery
+        faults[(RECOVERY_ACTION_CHANGED, judgement.verdict, judgement.detail)] = [recovery]
+    return _Tally(faults, apps)
+
+
+def _group_reason(code: int | None, judgement: Judgement, count: int) -> str:
+    times_seen = f" ({count} times)" if count > 1 else ""
+    if judgement.verdict is UNKNOWN:
+        number = "(no number)" if code is None else str(code)
+        return f"unknown XID {number}{times_seen}"
+    detail = f" {judgement.detail}" if judgement.detail else ""
+    return f"{_name(code, judgement.info)}{detail}: {judgement.verdict.label}{times_seen}"
+
+
+def _fault_items(tally: _Tally) -> list[_Item]:
+    """One problem per XID number and verdict, for every verdict that is not an app error."""
+    items = []
+    for (code, verdict, _), members in tally.faults.items():
+        event, judgement = members[-1]
+        reason = _group_reason(code, judgement, len(members))
+        problem = Problem(verdict.severity, reason, verdict.action, verdict.runbook)
+        items.append(_Item(problem, _Subject(event, len(members), judgement)))
+    return items
+
+
+def _incidents(events: Sequence[GpuEvent]) -> int:
+    count, previous = 0, None
+    for event in events:
+        same = (
+            previous is not None
+            and abs(event.monotonic - previous.monotonic) <= APP_INCIDENT_GAP_SECONDS
+            and (previous.pid is None or event.pid is None or previous.pid == event.pid)
+        )
+        count += 0 if same else 1
+        previous = event
+    return count
+
+
+def _app_items(view: EventView, apps: list[Judged], incidents: int) -> list[_Item]:
+    if not apps:
+        return []
+    config = view.config.xid
+    event, judgement = apps[-1]
+    subject = _Subject(event, len(apps), judgement)
+    items = []
+    if incidents > config.app_error_rate_per_hour:
+        reason = (
+            f"{incidents} application XID incidents in the last hour, "
+            f"above {fmt(config.app_error_rate_per_hour)}"
+        )
+        problem = Problem(
+            Severity.CRITICAL, reason, Action.INVESTIGATE, Runbook.GPU_XID_APP_ERROR_RATE
+        )
+        items.append(_Item(problem, subject))
+    if age(event, view.now) < config.app_error_hold_seconds:
+        reason = f"application error {_name(event.code, judgement.info)} in {_who(event)}"
+        problem = Problem(Severity.WARN, reason, APP_ERROR.action, APP_ERROR.runbook)
+        items.append(_Item(problem, subject))
+    return items
+
+
+def gsp_reason(count: int) -> str:
+    return f"{plural(count, 'GSP error message')} in the last hour without an XID"
+
+
+def _gsp_item(gsp: list[GpuEvent]) -> list[_Item]:
+    if not gsp:
+        return []
+    problem = Problem(
+        Severity.WARN, gsp_reason(len(gsp)), Action.INVESTIGATE, Runbook.GPU_GSP_ERROR
+    )
+    return [_Item(problem, _Subject(gsp[-1], len(gsp), None))]
+
+
+def _untied_gsp(view: EventView, xids: Sequence[GpuEvent]) -> list[GpuEvent]:
+    gsp = recent(view.events.for_device(view.bus_id, "gsp"), view.now, RECENT_SECONDS)
+    if not gsp:
+        return []
+    xid_times = times(xids)
+    return [e for e in gsp if not near(e.monotonic, xid_times, GSP_XID_SECONDS)]
+
+
+def _worst(items: list[_Item]) -> _Item | None:
+    # The same choice to_finding makes: the worst problem, the first listed among equals.
+    return max(items, key=lambda item: item.problem.severity.rank, default=None)
+
+
+def _subject_evidence(subject: _Subject | None) -> Evidence:
+    event = None if subject is None else subject.event
+    judgement = None if subject is None else subject.judgement
+    info = None if judgement is None else judgement.info
+    is_xid = judgement is not None
+    return (
+        ("xid", event.code if event is not None and is_xid else None),
+        ("mnemonic", None if info is None else info.mnemonic),
+        ("catalog_action", None if info is None else info.action or None),
+        ("count", None if subject is None else subject.count),
+        ("root_xid", None if judgement is None else judgement.root_xid),
+        ("recovery_action", None if judgement is None else judgement.recovery_action),
+        ("line", None if event is None else event.line),
+        ("time", None if event is None else event.time),
+        ("pid", None if event is None else event.pid),
+        ("process", None if event is None else event.process),
+    )
+
+
+def check_xid(view: EventView) -> Outcome:
+    config = view.config.xid
+    xids = view.events.for_device(view.bus_id, "xid")
+    tally = _tally(xids)
+    incidents = _incidents(recent((e for e, _ in tally.apps), view.now, APP_RATE_SECONDS))
+    gsp = _untied_gsp(view, xids)
+    items = [*_fault_items(tally), *_app_items(view, tally.apps, incidents), *_gsp_item(gsp)]
+    # Newest first, so among equally bad problems the finding leads with the latest.
+    items.sort(key=lambda item: _order(item.subject.event), reverse=True)
+    worst = _worst(items)
+    subject = worst.subject if worst is not None else _latest_subject(xids)
+    evidence: Evidence = (
+        ("xid_events", len(xids)),
+        *_subject_evidence(subject),
+        ("app_error_incidents_last_hour", incidents),
+        ("app_error_rate_limit_per_hour", config.app_error_rate_per_hour),
+        ("app_error_hold_seconds", config.app_error_hold_seconds),
+        ("gsp_messages_last_hour", len(gsp)),
+    )
+    ok = f"{plural(len(xids), 'XID')} seen, none needing action" if xids else "no XIDs"
+    return Outcome(ok, evidence, tuple(item.problem for item in items))
+
+
+def _latest_subject(xids: Sequence[GpuEvent]) -> _Subject | None:
+    """Without problems, the evidence shows the newest XID (an ignored one, say)."""
+    if not xids:
+        return None
+    event = xids[-1]
+    count = sum(1 for other in xids if other.code == event.code)
+    return _Subject(event, count, judge(event.code, event.line))
+
+
+def _order(event: GpuEvent) -> float:
+    return -math.inf if math.isnan(event.monotonic) else event.monotonic  # NaN: oldest

@@ -1,0 +1,139 @@
+"""The daemon's local API methods (see docs/api.md), over the running Agent."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from gpuagent import __version__
+from gpuagent.api import ApiError, ApiServer
+from gpuagent.drills import DRILL_KINDS, compose_line, write_kernel_line
+from gpuagent.model import GpuEvent
+from gpuagent.sources.udev import PciChange
+from gpuagent.statusview import event_json, status_document
+
+if TYPE_CHECKING:
+    from gpuagent.daemon import Agent
+
+log = logging.getLogger(__name__)
+
+_MAX_EVENTS = 1000
+# Simulated udev events (a simulated node has no devices on the host's PCI bus).
+_SIMULATED_PCI = {"pci_remove": "remove", "pci_add": "add"}
+
+
+class AgentApi:
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    def register(self, server: ApiServer) -> None:
+        server.route("ping", self.ping)
+        server.route("status", self.status)
+        server.route("refresh", self.refresh)
+        server.route("events", self.events)
+        server.route("simulator", self.simulator)
+        server.route("inject", self.inject, changes_state=True)
+        server.route("drill", self.drill, changes_state=True)
+
+    async def ping(self, _params: dict[str, Any]) -> dict[str, Any]:
+        return {"version": __version__, "node": self.agent.node_name}
+
+    async def status(self, _params: dict[str, Any]) -> dict[str, Any]:
+        snapshot = self.agent.store.current
+        if snapshot is None:
+            raise ApiError("no snapshot yet: the agent is starting")
+        return status_document(snapshot)
+
+    async def refresh(self, _params: dict[str, Any]) -> dict[str, Any]:
+        self.agent.refresh_requested.set()
+        async with asyncio.timeout(30):
+            snapshot = await self.agent.store.next_update()
+        return {"sequence": snapshot.sequence}
+
+    async def events(self, params: dict[str, Any]) -> dict[str, Any]:
+        limit = params.get("limit", 50)
+        gpu = params.get("gpu")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= _MAX_EVENTS:
+            raise ApiError(f'"limit" must be an integer from 1 to {_MAX_EVENTS}')
+        if gpu is not None and not isinstance(gpu, str):
+            raise ApiError('"gpu" must be a PCI bus id')
+
+        def accept(event: GpuEvent) -> bool:
+            return gpu is None or event.gpu == gpu
+
+        chosen = self.agent.events.latest(limit, accept)
+        return {"events": [event_json(e) for e in chosen]}
+
+    async def simulator(self, _params: dict[str, Any]) -> dict[str, Any]:
+        """NVML call counts of a simulated daemon, for benchmarks."""
+        simulator = self.agent.simulator
+        if simulator is None:
+            raise ApiError("not a simulated daemon")
+        return {
+            "polls": self.agent.polls,
+            "calls": simulator.call_counts(),
+            "calls_per_device": {str(k): v for k, v in simulator.calls_per_device().items()},
+        }
+
+    def _bus_id(self, index: int) -> str:
+        snapshot = self.agent.store.current
+        gpu = (
+            next((g for g in snapshot.gpus if g.identity.index == index), None)
+            if snapshot
+            else None
+        )
+        if gpu is None or gpu.identity.pci_bus_id.startswith("unknown"):
+            raise ApiError(f"no GPU with index {index} is known")
+        return gpu.identity.pci_bus_id
+
+    async def inject(self, params: dict[str, Any]) -> dict[str, Any]:
+        simulator = self.agent.simulator
+        if simulator is None:
+            raise ApiError("inject into NVML needs a simulated daemon (gpuagent run --simulate)")
+        kind, gpu, values = _fault_params(params)
+        if kind in _SIMULATED_PCI:
+            action = _SIMULATED_PCI[kind]
+            # Off the bus, NVML loses the GPU too; back on it, the GPU answers again.
+            simulator.inject("gpu_lost" if action == "remove" else "clear", gpu, {})
+            change = PciChange(action, self._bus_id(gpu), None, 0x10DE, 0x030200)  # type: ignore[arg-type]
+            self.agent.on_pci_change(change)
+        else:
+            try:
+                simulator.inject(kind, gpu, values)
+            except ValueError as exc:
+                raise ApiError(str(exc)) from None
+        log.info("injected %s into simulated GPU %d %s", kind, gpu, values)
+        return await self.refresh({})
+
+    async def drill(self, params: dict[str, Any]) -> dict[str, Any]:
+        kind, gpu, values = _fault_params(params)
+        if kind not in DRILL_KINDS:
+            raise ApiError(f"unknown drill {kind!r} (known: {', '.join(DRILL_KINDS)})")
+        try:
+            line = compose_line(kind, self._bus_id(gpu), values)
+        except ValueError as exc:
+            raise ApiError(str(exc)) from None
+        path = self.agent.config.sources.kmsg.path
+        try:
+            write_kernel_line(path, line)
+        except OSError as exc:
+            raise ApiError(f"cannot write to {path}: {exc.strerror or exc}") from None
+        simulator = self.agent.simulator
+        if simulator is not None and kind == "xid":
+            # The driver reports an XID through NVML too; the event log keeps one of the two.
+            simulator.inject("xid", gpu, {"xid": values["code"]})
+        log.info("drill: wrote %r to %s", line, path)
+        return {"line": line, "path": str(path)}
+
+
+def _fault_params(params: dict[str, Any]) -> tuple[str, int, dict[str, Any]]:
+    kind, gpu, values = params.get("kind"), params.get("gpu"), params.get("values", {})
+    if (
+        not isinstance(kind, str)
+        or isinstance(gpu, bool)
+        or not isinstance(gpu, int)
+        or not isinstance(values, dict)
+    ):
+        raise ApiError('needs "kind" (string), "gpu" (integer) and "values" (object)')
+    return kind, gpu, values

@@ -1,0 +1,98 @@
+"""The event log: every fault event the sources report, de-duplicated and bounded.
+
+One fault produces one event: the same event id (a kernel-log record re-read after a
+restart, a retried report) is dropped, and so is the same XID on the same GPU from the
+other source (kernel log vs NVML) within `dedup_window_seconds`, whichever came first.
+Recent events (for the checks and status) are bounded by age and count; per-device counts
+since start (for metrics) are kept separately and never pruned.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+
+from gpuagent.config import EventsSection
+from gpuagent.model import EventCount, GpuEvent
+
+_CountKey = tuple[str | None, str, int | None, str | None]
+
+
+class EventLog:
+    def __init__(self, config: EventsSection) -> None:
+        self._config = config
+        self._events: collections.deque[GpuEvent] = collections.deque()
+        self._ids: set[str] = set()
+        # (gpu, xid) → (source, monotonic) of the last XID seen, for cross-source de-dup.
+        self._last_xid: dict[tuple[str | None, int], tuple[str, float]] = {}
+        self._counts: dict[_CountKey, EventCount] = {}
+        self._recent: tuple[GpuEvent, ...] | None = ()
+        self._counts_view: tuple[EventCount, ...] | None = ()
+        self.duplicates = 0
+
+    def add(self, event: GpuEvent) -> bool:
+        """Record ``event``; False when it repeats one already recorded."""
+        if event.event_id in self._ids or self._same_xid_other_source(event):
+            self.duplicates += 1
+            return False
+        self._events.append(event)
+        self._ids.add(event.event_id)
+        if event.kind == "xid" and event.code is not None:
+            self._last_xid[(event.gpu, event.code)] = (event.source, event.monotonic)
+        key = (event.gpu, event.kind, event.code, event.aer_severity)
+        before = self._counts.get(key)
+        self._counts[key] = EventCount(
+            gpu=event.gpu,
+            kind=event.kind,
+            code=event.code,
+            aer_severity=event.aer_severity,
+            count=(before.count if before else 0) + 1,
+            last_time=max(event.time, before.last_time if before else event.time),
+        )
+        self._recent = self._counts_view = None
+        self._trim(event.monotonic)
+        return True
+
+    def _same_xid_other_source(self, event: GpuEvent) -> bool:
+        if event.kind != "xid" or event.code is None:
+            return False
+        seen = self._last_xid.get((event.gpu, event.code))
+        if seen is None:
+            return False
+        source, when = seen
+        return source != event.source and abs(event.monotonic - when) <= (
+            self._config.dedup_window_seconds
+        )
+
+    def prune(self, now: float) -> None:
+        """Forget events older than the retention (call periodically)."""
+        self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        oldest_kept = now - self._config.retention_seconds
+        events = self._events
+        dropped = False
+        while events and (
+            len(events) > self._config.max_events or events[0].monotonic < oldest_kept
+        ):
+            self._ids.discard(events.popleft().event_id)
+            dropped = True
+        if dropped:
+            self._recent = None
+
+    def recent(self) -> tuple[GpuEvent, ...]:
+        """Events within retention, oldest first (the same tuple until something changes)."""
+        if self._recent is None:
+            self._recent = tuple(self._events)
+        return self._recent
+
+    def counts(self) -> tuple[EventCount, ...]:
+        if self._counts_view is None:
+            self._counts_view = tuple(self._counts.values())
+        return self._counts_view
+
+    def latest(
+        self, limit: int, accept: Callable[[GpuEvent], bool] | None = None
+    ) -> list[GpuEvent]:
+        chosen = [e for e in reversed(self._events) if accept is None or accept(e)]
+        return chosen[:limit]

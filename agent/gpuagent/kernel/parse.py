@@ -1,0 +1,301 @@
+"""Kernel-log messages → what they say about GPUs, NVSwitches and the PCIe bus.
+
+Pure functions, no I/O. They accept whatever a kernel log line looks like in practice:
+the bare message /dev/kmsg gives after the ``;``, a whole /dev/kmsg record line, and
+``dmesg``, ``dmesg -T``, ``dmesg -x --time-format iso``, syslog and journal lines. None of
+them ever raises: the agent feeds them every line the kernel writes, and one odd line must
+not stop the stream. docs/kernel-log.md lists the forms and shows an example of each.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gpuagent.model import AerSeverity, KernelKind, KernelLine
+
+# --- prefixes: timestamps, syslog and journal headers ---------------------------------------
+
+_LEVELS = r"(?:emerg|alert|crit|err|warn|warning|notice|info|debug)"
+_FACILITIES = r"(?:kern|user|mail|daemon|auth|syslog|lpr|news|uucp|cron|authpriv|ftp|local[0-7])"
+_ISO_TIME = (
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]{1,9})?"
+    r"(?:Z|[+-][0-9]{2}:?[0-9]{2})?"
+)
+# One pass strips every prefix in any order and number: `journalctl` lines carry a syslog
+# header *and* the kernel's own timestamp, Talos adds a host and a level, and so on. Every
+# alternative consumes at least one character and nothing follows the repetition, so the
+# match simply stops at the first position no alternative fits: it never backtracks over
+# the prefixes already taken, and its cost stays linear in the line's length.
+_PREFIXES = re.compile(
+    rf"""(?:
+        \s+                                              # padding, multi-line indents
+      | <[0-9]{{1,3}}>                                   # dmesg -r: <6>
+      | [0-9]{{1,3}},[0-9]{{1,20}},[0-9]{{1,20}}(?:,[^;]{{0,64}})?;   # /dev/kmsg record header
+      | \[\s*[+-]?[0-9]{{1,12}}(?:[.,][0-9]{{1,9}})?(?:\s*<[^>]{{0,24}}>)?\]:?   # [ 12.345678]
+      | \[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)\s[^\]]{{1,40}}\]:?   # dmesg -T
+      | \[?{_ISO_TIME}\]?:?                              # dmesg --time-format iso, short-iso
+      | [^\W\d_]{{3,5}}\.?\s{{1,2}}[0-9]{{1,2}}\s[0-9]{{2}}:[0-9]{{2}}:[0-9]{{2}}(?:\.[0-9]{{1,9}})?
+        (?:\s+[\w.-]{{1,253}}(?=\s+[^\s:]{{1,64}}:))?     # syslog: "Jul 09 10:42:47 host"
+      | [\w.-]{{1,253}}(?=\s+kernel:)                    # the host before "kernel:"
+      | kernel:                                          # syslog/journal tag
+      | (?:[\w.-]{{1,253}}:\s+)?{_FACILITIES}\s*:\s*{_LEVELS}\s*:   # dmesg -x, Talos
+    )*""",
+    re.VERBOSE,
+)
+
+# --- what the NVIDIA driver prints ------------------------------------------------------------
+
+# A bus id inside a line, domain required so that times ("16:24:18") never look like one.
+_BUS_ID = r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?"
+
+# NVRM: Xid (PCI:0000:3b:00): 79, pid=..., name=..., text    (also "(0000:3b:00)", old drivers)
+# The bus id is taken as printed; anything else inside the parentheses is tolerated.
+_XID = re.compile(
+    r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f:.]{0,20})[^)]{0,64}\): ?(?P<code>[0-9]{1,9})\b"
+)
+# What follows the code: "pid=1234, name=python3", "pid='<unknown>', name=<unknown>", a pid
+# without a name, or neither. The name is the process's comm, which may hold spaces
+# ("Web Content"); it ends at ", ".
+_XID_PROCESS = re.compile(
+    r",\s*pid=(?:'?<unknown>'?|(?P<pid>[0-9]{1,10}))"
+    r"(?:,\s*name=(?P<name>.*?))?(?:,\s|,?$)",
+    re.DOTALL,
+)
+_UNKNOWN_NAMES = frozenset({"<unknown>", "'<unknown>'", ""})
+
+# nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 ...
+_SXID = re.compile(
+    r"SXid \((?:PCI:)?(?P<pci>[0-9A-Fa-f:.]{0,20})[^)]{0,64}\): ?(?P<code>[0-9]{1,9})\b"
+)
+
+# The GPU a driver message is about: "GPU 0000:91:00.0:", "GPU at PCI:0000:9b:00:",
+# "GPU at 0000:01:00.0 has", "The NVIDIA GPU 0000:b3:00.0".
+_NVRM_GPU = re.compile(rf"GPU(?: at)? (?:PCI:)?(?P<pci>{_BUS_ID})")
+
+# "GPU has fallen off the bus", and the three-line probe-time form, whose first two lines
+# name the GPU but not the fault:
+#   NVRM: The NVIDIA GPU 0000:b3:00.0
+#   NVRM: (PCI ID: 10de:26b5) installed in this system has
+#   NVRM: fallen off the bus and is not responding to commands.
+# (Every other "The NVIDIA GPU ..." message carries "(PCI ID: ...)" on its first line.)
+_FALLEN = re.compile(
+    rf"fallen off the bus"
+    rf"|The NVIDIA GPU {_BUS_ID}(?: \(PCI ID: [0-9A-Fa-f]{{4}}:[0-9A-Fa-f]{{4}}\) installed"
+    rf" in this system has)?\s*$"
+    rf"|^NVRM: \(PCI ID: [0-9A-Fa-f]{{4}}:[0-9A-Fa-f]{{4}}\) installed in this system has\s*$",
+    re.MULTILINE,
+)
+_CRASH_DUMP = "crash dump has been created"
+# NVRM: API mismatch: the client has the version 570.153.02, but
+# NVRM: API mismatch: the client 'kwin_wayland' (pid 1005)
+_MISMATCH = re.compile(r"API mismatch|[Vv]ersion mismatch")
+_MISMATCH_CLIENT = re.compile(r"client '(?P<name>[^']{1,64})' \(pid (?P<pid>[0-9]{1,10})\)")
+# GSP firmware and its RPC channel: "GSP", "kgsp..."/"...Gsp..." in function names, and the
+# RPC plumbing ("_issueRpcAndWait", "rpcSendMessage", "RPC history"). Case matters: a
+# case-insensitive "gsp" would match inside unrelated identifiers.
+_GSP = re.compile(r"GSP|Gsp|kgsp|\bgsp|RPC|Rpc|\brpc")
+# nvidia: probe of 0000:5d:00.0 failed with error -1   (the PCI driver, not RM: no "NVRM")
+_PROBE_FAILED = re.compile(rf"nvidia: probe of (?P<pci>{_BUS_ID}) failed")
+
+# --- PCIe AER -----------------------------------------------------------------------------------
+
+# "<driver> <bus id>: " and then a line of an AER report. Kernels from 4.19 on prefix every
+# line with "AER:"; older ones print the detail lines bare:
+#   pcieport 0000:00:03.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer
+#   pcieport 0000:00:1c.0:   device [8086:9d10] error status/mask=00002001/00002000
+#   nvidia 0000:01:00.0:    [ 0] RxErr                  (First)
+# "AER: enabled with IRQ 24" is the port driver starting up, not a report.
+_AER = re.compile(
+    rf"[\w.-]{{1,64}} (?P<pci>{_BUS_ID}):\s"
+    r"(?:AER:(?!\s*enabled with IRQ)|PCIe Bus Error:"
+    r"|\s*device \[[0-9A-Fa-f]{4}:[0-9A-Fa-f]{4}\] error status/mask="
+    r"|\s*\[\s?[0-9]{1,2}\] |\s*TLP Header:)"
+)
+_AER_HINTS = ("AER", "PCIe Bus Error", "status/mask", "   [", "TLP Header")
+_AER_SEVERITY = re.compile(
+    r"Uncorrect(?:ed|able) \((?P<fatality>Non-Fatal|Fatal)\)|Correct(?:ed|able)\b"
+)
+
+
+def _strip_prefixes(line: str) -> str:
+    match = _PREFIXES.match(line)
+    return line[match.end() :].rstrip() if match else line.rstrip()
+
+
+def parse_message(message: str) -> KernelLine:
+    """Classify one kernel-log message (or dmesg/syslog/journal line)."""
+    text = _strip_prefixes(message)
+    # Cheap substring tests first: almost every line on a node is noise, and a
+    # `str.__contains__` costs far less than running the patterns below.
+    if "NVRM" in text:
+        return _nvrm(text)
+    if "SXid" in text:
+        return _sxid(text)
+    if any(hint in text for hint in _AER_HINTS):
+        aer = _aer(text)
+        if aer is not None:
+            return aer
+    if "probe of" in text:
+        probe = _PROBE_FAILED.search(text)
+        if probe is not None:
+            return KernelLine(kind="other_nvrm", pci=probe["pci"], text=text)
+    return KernelLine(kind="noise", text=text)
+
+
+def _nvrm(text: str) -> KernelLine:
+    if "Xid" in text:
+        xid = _XID.search(text)
+        if xid is not None:
+            return _xid(text, xid)
+    kind: KernelKind = "other_nvrm"
+    pid: int | None = None
+    process: str | None = None
+    if _FALLEN.search(text):
+        kind = "fallen_off_bus"
+    elif _CRASH_DUMP in text:
+        kind = "crash_dump"
+    elif _MISMATCH.search(text):
+        kind = "driver_mismatch"
+        client = _MISMATCH_CLIENT.search(text)
+        if client is not None:
+            pid, process = int(client["pid"]), client["name"]
+    elif _GSP.search(text):
+        kind = "gsp"
+    gpu = _NVRM_GPU.search(text)
+    return KernelLine(
+        kind=kind,
+        pci=gpu["pci"] if gpu else None,
+        pid=pid,
+        process=process,
+        text=text,
+    )
+
+
+def _xid(text: str, xid: re.Match[str]) -> KernelLine:
+    pid: int | None = None
+    process: str | None = None
+    owner = _XID_PROCESS.match(text, xid.end())
+    if owner is not None:
+        pid = int(owner["pid"]) if owner["pid"] else None
+        name = owner["name"]
+        process = None if name is None or name in _UNKNOWN_NAMES else name
+    return KernelLine(
+        kind="xid",
+        code=int(xid["code"]),
+        pci=xid["pci"] or None,
+        pid=pid,
+        process=process,
+        text=text,
+    )
+
+
+def _sxid(text: str) -> KernelLine:
+    sxid = _SXID.search(text)
+    if sxid is None:
+        # "SXid" in some other wording (a summary, a tool's echo): not a fault report.
+        return KernelLine(kind="noise", text=text)
+    return KernelLine(kind="sxid", code=int(sxid["code"]), pci=sxid["pci"] or None, text=text)
+
+
+def _aer(text: str) -> KernelLine | None:
+    report = _AER.match(text)
+    if report is None:
+        return None
+    return KernelLine(
+        kind="aer",
+        pci=report["pci"],
+        aer_severity=_aer_severity(text),
+        text=text,
+    )
+
+
+def _aer_severity(text: str) -> AerSeverity | None:
+    found = _AER_SEVERITY.search(text)
+    if found is None:
+        return None
+    fatality = found["fatality"]
+    if fatality is None:
+        return "corrected"
+    return "fatal" if fatality == "Fatal" else "nonfatal"
+
+
+# --- PCI bus ids ----------------------------------------------------------------------------
+
+_PCI_FORM = re.compile(
+    r"(?:(?i:PCI):)?(?:(?P<domain>[0-9A-Fa-f]{1,8}):)?(?P<bus>[0-9A-Fa-f]{1,2})"
+    r":(?P<device>[0-9A-Fa-f]{1,2})(?:\.(?P<function>[0-7]))?"
+)
+_MAX_DEVICE = 0x1F
+
+
+def canonical_pci(raw: str) -> str | None:
+    """Any bus-id form a line may give → sysfs's ``0000:3b:00.0``; None if not a bus id.
+
+    Accepts ``PCI:0000:3b:00`` (Xid lines), ``0000:3b:00``, ``0000:3B:00.0``,
+    ``00000000:3b:00.0`` (NVML) and ``3b:00.0``. A bare ``3b:00`` (neither domain nor
+    function) is refused: it reads as well as a time of day as a bus id.
+    """
+    found = _PCI_FORM.fullmatch(raw.strip())
+    if found is None:
+        return None
+    domain, function = found["domain"], found["function"]
+    if domain is None and function is None:
+        return None
+    device = int(found["device"], 16)
+    if device > _MAX_DEVICE:
+        return None
+    return f"{int(domain or '0', 16):04x}:{int(found['bus'], 16):02x}:{device:02x}.{function or 0}"
+
+
+# --- /dev/kmsg records --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class KmsgRecord:
+    """One /dev/kmsg record (Documentation/ABI/testing/dev-kmsg)."""
+
+    priority: int  # the syslog level: 0 emerg ... 7 debug
+    facility: int  # 0 for the kernel's own messages
+    sequence: int
+    usec: int  # monotonic microseconds since boot
+    continuation: bool  # flagged as a fragment of a line ('c', or '+' from old kernels)
+    message: str
+
+
+_KMSG_ESCAPE = re.compile(rb"\\x([0-9A-Fa-f]{2})")
+_MAX_HEADER_DIGITS = 20  # 64-bit counters; anything longer is not a record
+
+
+def _unescape(match: re.Match[bytes]) -> bytes:
+    return bytes((int(match[1], 16),))
+
+
+def parse_kmsg_record(record: bytes) -> KmsgRecord | None:
+    """``prio,seq,usec,flags[,more];message`` + ``\\n KEY=value`` lines → a record, or None.
+
+    The kernel writes non-printable bytes, bytes ≥ 0x7f and the backslash as ``\\xNN``;
+    they are unescaped and the message decoded as UTF-8 (invalid bytes replaced). The
+    dictionary lines after the message are ignored.
+    """
+    header, separator, body = record.partition(b";")
+    if not separator:
+        return None
+    fields = header.split(b",")
+    numbers = fields[:3]
+    if len(numbers) < 3 or not all(  # prio, seq, usec
+        field.isdigit() and len(field) <= _MAX_HEADER_DIGITS for field in numbers
+    ):
+        return None
+    prio, sequence, usec = (int(field) for field in numbers)
+    flags = fields[3] if len(fields) > 3 else b""
+    raw_message = body.partition(b"\n")[0]
+    message = _KMSG_ESCAPE.sub(_unescape, raw_message).decode("utf-8", errors="replace")
+    return KmsgRecord(
+        priority=prio & 7,
+        facility=prio >> 3,
+        sequence=sequence,
+        usec=usec,
+        continuation=b"c" in flags or b"+" in flags,
+        message=message,
+    )

@@ -1,0 +1,69 @@
+"""Metric families for kernel-log, NVML and bus events, from the snapshot's event counts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from gpuagent.metrics import names
+from gpuagent.model import EventCount, NodeSnapshot
+
+LabelsFor = Callable[[str], tuple[str, ...]]
+
+_BUS_KINDS = frozenset(
+    {"fallen_off_bus", "gpu_removed", "gpu_added", "driver_unbound", "driver_bound"}
+)
+
+
+def _counter(spec: names.MetricSpec, value: float | None = None) -> CounterMetricFamily:
+    return CounterMetricFamily(spec.name, spec.help, labels=spec.labels or None, value=value)
+
+
+def event_families(
+    snapshot: NodeSnapshot,
+    gpu_labels: LabelsFor,
+    driver: str,
+    nvml_bus_id: Callable[[str], str],
+) -> list[Metric]:
+    """``gpu_labels(bus_id)`` gives a GPU's label values (GPU_LABELS order)."""
+    last_xid = GaugeMetricFamily(
+        names.XID_LAST.name, names.XID_LAST.help, labels=names.XID_LAST.labels
+    )
+    xids, sxids = _counter(names.XID_TOTAL), _counter(names.SXID_TOTAL)
+    aer, bus = _counter(names.AER_REPORTS_TOTAL), _counter(names.BUS_EVENTS_TOTAL)
+    host = snapshot.hostname
+    newest: dict[str, EventCount] = {}
+    for count in snapshot.event_counts:
+        where = nvml_bus_id(count.gpu) if count.gpu else ""
+        if count.kind == "xid" and count.code is not None and count.gpu:
+            xids.add_metric([*gpu_labels(count.gpu), str(count.code)], count.count)
+            if count.gpu not in newest or count.last_time >= newest[count.gpu].last_time:
+                newest[count.gpu] = count
+        elif count.kind == "sxid" and count.code is not None:
+            sxids.add_metric([where, str(count.code), host], count.count)
+        elif count.kind == "aer":
+            aer.add_metric([where, count.aer_severity or "unknown", host], count.count)
+        elif count.kind in _BUS_KINDS:
+            bus.add_metric([where, count.kind, host], count.count)
+    # Like dcgm-exporter: every answering GPU has the series, 0 until it reports an XID.
+    # (A GPU that stopped answering keeps only a real last XID: history, not a reading.)
+    for gpu in snapshot.gpus:
+        if gpu.status != "ok":
+            continue
+        last = newest.pop(gpu.identity.pci_bus_id, None)
+        value = float(last.code or 0) if last else 0.0
+        last_xid.add_metric([*gpu_labels(gpu.identity.pci_bus_id), driver], value)
+    for bus_id, count in newest.items():  # silent GPUs, and devices NVML does not list
+        last_xid.add_metric([*gpu_labels(bus_id), driver], float(count.code or 0))
+    kmsg = snapshot.kmsg
+    return [
+        last_xid,
+        xids,
+        sxids,
+        aer,
+        bus,
+        _counter(names.KMSG_READ, kmsg.records_read),
+        _counter(names.KMSG_LOST, kmsg.records_lost),
+        _counter(names.KMSG_UNPARSED, kmsg.lines_unparsed),
+    ]

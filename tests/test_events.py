@@ -1,0 +1,107 @@
+"""The event log: de-duplication across sources and re-reads, retention, counts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpuagent.config import EventsSection
+from gpuagent.events import EventLog
+from gpuagent.model import GpuEvent
+
+BUS = "0000:3b:00.0"
+
+
+def event(
+    event_id: str,
+    *,
+    source: str = "kmsg",
+    kind: str = "xid",
+    code: int | None = 79,
+    gpu: str | None = BUS,
+    at: float = 100.0,
+    **extra: Any,
+) -> GpuEvent:
+    return GpuEvent(
+        event_id=event_id,
+        source=source,
+        kind=kind,
+        gpu=gpu,  # type: ignore[arg-type]
+        time=1e9 + at,
+        monotonic=at,
+        code=code,
+        **extra,
+    )
+
+
+def test_same_id_is_recorded_once() -> None:
+    log = EventLog(EventsSection())
+    assert log.add(event("kmsg:b:1"))
+    assert not log.add(event("kmsg:b:1"))
+    assert len(log.recent()) == 1
+    assert log.duplicates == 1
+
+
+@pytest.mark.parametrize(
+    ("second", "kept"),
+    [
+        pytest.param(
+            event("nvml:x", source="nvml", at=105.0), False, id="nvml-after-kmsg-within-window"
+        ),
+        pytest.param(
+            event("nvml:x", source="nvml", at=95.0), False, id="nvml-slightly-earlier-clock"
+        ),
+        pytest.param(event("nvml:x", source="nvml", at=111.0), True, id="outside-window"),
+        pytest.param(event("nvml:x", source="nvml", code=48), True, id="other-xid"),
+        pytest.param(event("nvml:x", source="nvml", gpu="0000:5d:00.0"), True, id="other-gpu"),
+        pytest.param(event("kmsg:b:2", at=101.0), True, id="same-source-repeats-are-real"),
+    ],
+)
+def test_one_fault_seen_by_both_sources_is_one_event(second: GpuEvent, kept: bool) -> None:
+    log = EventLog(EventsSection(dedup_window_seconds=10))
+    log.add(event("kmsg:b:1"))
+    assert log.add(second) is kept
+    assert len(log.recent()) == (2 if kept else 1)
+
+
+def test_retention_by_age_and_count_keeps_counts() -> None:
+    log = EventLog(EventsSection(retention_seconds=60, max_events=3))
+    for i in range(5):
+        log.add(event(f"kmsg:b:{i}", at=100.0 + i))
+    assert [e.event_id for e in log.recent()] == ["kmsg:b:2", "kmsg:b:3", "kmsg:b:4"]
+    log.prune(200.0)
+    assert log.recent() == ()
+    (count,) = log.counts()
+    assert (count.gpu, count.kind, count.code, count.count) == (BUS, "xid", 79, 5)
+
+
+def test_counts_split_by_kind_code_and_aer_severity() -> None:
+    log = EventLog(EventsSection())
+    log.add(event("a", code=13))
+    log.add(event("b", code=13, at=200))
+    log.add(event("c", kind="aer", code=None, aer_severity="corrected"))
+    log.add(event("d", kind="aer", code=None, aer_severity="fatal"))
+    counts = {(c.kind, c.code, c.aer_severity): c.count for c in log.counts()}
+    assert counts == {
+        ("xid", 13, None): 2,
+        ("aer", None, "corrected"): 1,
+        ("aer", None, "fatal"): 1,
+    }
+
+
+def test_recent_is_the_same_tuple_until_something_changes() -> None:
+    log = EventLog(EventsSection())
+    log.add(event("a"))
+    first = log.recent()
+    assert log.recent() is first
+    log.add(event("b", code=13))
+    assert log.recent() is not first
+
+
+def test_latest_newest_first_with_filter() -> None:
+    log = EventLog(EventsSection())
+    for i in range(4):
+        log.add(event(f"e{i}", code=i, gpu=BUS if i % 2 else None))
+    assert [e.code for e in log.latest(10)] == [3, 2, 1, 0]
+    assert [e.code for e in log.latest(1, lambda e: e.gpu == BUS)] == [3]

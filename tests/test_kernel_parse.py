@@ -1,0 +1,620 @@
+"""Kernel-log parsing: the shared corpus, every form the drivers print, and properties."""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+from typing import get_args
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import SHARED_DATA
+from gpuagent.kernel.parse import KmsgRecord, canonical_pci, parse_kmsg_record, parse_message
+from gpuagent.model import AerSeverity, KernelKind, KernelLine
+
+CORPUS = SHARED_DATA / "kmsg_corpus.tsv"
+KINDS = frozenset(get_args(KernelKind))
+AER_SEVERITIES = frozenset(get_args(AerSeverity))
+
+
+def _corpus_rows() -> list[dict[str, str]]:
+    if not CORPUS.exists():
+        return []
+    with CORPUS.open(newline="", encoding="utf-8") as stream:
+        return list(csv.DictReader(stream, delimiter="\t", quoting=csv.QUOTE_NONE))
+
+
+CORPUS_ROWS = _corpus_rows()
+
+
+def _corpus_params() -> list[object]:
+    if not CORPUS_ROWS:
+        return [pytest.param(None, id="corpus-missing")]
+    return [
+        pytest.param(row, id=f"row{number}-{row['expected_kind']}")
+        for number, row in enumerate(CORPUS_ROWS, 2)  # row 1 is the header
+    ]
+
+
+def _skip_without_corpus() -> None:
+    message = f"the shared kernel-log corpus {CORPUS} is missing"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+# --- the shared corpus: every line parses to what its source says ---------------------------
+
+
+@pytest.mark.parametrize("row", _corpus_params())
+def test_corpus_line(row: dict[str, str] | None) -> None:
+    if row is None:
+        _skip_without_corpus()
+        return
+    parsed = parse_message(row["line"])
+    expected = (
+        row["expected_kind"],
+        None if row["expected_code"] == "-" else int(row["expected_code"]),
+        None if row["expected_pci"] == "-" else row["expected_pci"],
+    )
+    assert (parsed.kind, parsed.code, parsed.pci) == expected, (
+        f"{row['source']}\n{row['line']!r}\n-> {parsed}"
+    )
+
+
+def test_corpus_covers_every_kind() -> None:
+    if not CORPUS_ROWS:
+        _skip_without_corpus()
+    assert {row["expected_kind"] for row in CORPUS_ROWS} == KINDS
+
+
+# --- each form the drivers print ---------------------------------------------------------------
+
+Case = tuple[str, str, int | None, str | None, int | None, str | None, str | None]
+
+
+def case(
+    line: str,
+    kind: str,
+    code: int | None = None,
+    pci: str | None = None,
+    *,
+    pid: int | None = None,
+    process: str | None = None,
+    aer: str | None = None,
+) -> Case:
+    return (line, kind, code, pci, pid, process, aer)
+
+
+CASES: list[Case] = [
+    # Xid: pre-2013 drivers print the bus id without "PCI:"
+    case("NVRM: Xid (0000:03:00): 13, 0000 00000000 ...", "xid", 13, "0000:03:00"),
+    case(
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.",
+        *("xid", 79, "0000:3b:00"),
+        pid=1234,
+        process="python3",
+    ),
+    case(
+        "NVRM: Xid (PCI:0000:cb:00): 13, pid='<unknown>', name=<unknown>, Graphics Exception",
+        *("xid", 13, "0000:cb:00"),
+    ),
+    case(
+        "NVRM: Xid (PCI:0000:00:01.0): 79, pid='<unknown>', name='<unknown>', GPU has fallen",
+        *("xid", 79, "0000:00:01.0"),
+    ),
+    case(
+        "NVRM: Xid (PCI:0000:0f:00): 64, pid=57530, Row Remapper Error: (0x5d28c03a0)",
+        *("xid", 64, "0000:0f:00"),
+        pid=57530,
+    ),
+    case("NVRM: Xid (PCI:0000:04:00): 79, GPU has fallen off the bus", "xid", 79, "0000:04:00"),
+    case("NVRM: Xid (PCI:0000:01:00): 79", "xid", 79, "0000:01:00"),
+    case("NVRM: Xid (PCI:0000:01:00): 8, pid=0", "xid", 8, "0000:01:00", pid=0),
+    # the process name is the comm, which may hold a space
+    case(
+        "NVRM: Xid (PCI:0000:01:00): 13, pid=4242, name=Web Content, Graphics SM Warp Exception",
+        *("xid", 13, "0000:01:00"),
+        pid=4242,
+        process="Web Content",
+    ),
+    # NVLink5 extended format, XIDs 144-150, with and without the process
+    case(
+        "NVRM: Xid (PCI:0018:01:00): 145, pid=876767, name=ray::WorkerDict, RLW_RXPIPE Nonfatal"
+        " XC0 i0 Link 13 (0x0409a0c2 0x00000008 0x00000001 0x00000000 0x00100000 0x00000004)",
+        *("xid", 145, "0018:01:00"),
+        pid=876767,
+        process="ray::WorkerDict",
+    ),
+    case(
+        "NVRM: Xid (PCI:0019:01:00): 149, NETIR Fatal XC0 i0 Link -1 (0x000fe406 0x00000000"
+        " 0x00000000 0x00000000 0x00000000 0x00000000)",
+        *("xid", 149, "0019:01:00"),
+    ),
+    case(
+        "NVRM: Xid (PCI:0008:01:00): 144, SAW_MVB Nonfatal XC0 i0 Link -1 (0x00000001 0x0)",
+        *("xid", 144, "0008:01:00"),
+    ),
+    # something else inside the parentheses (an instance suffix) is tolerated
+    case(
+        "NVRM: Xid (PCI:0000:41:00 GPU-I:05): 43, pid=7, name=job, channel 0x0b00000a",
+        *("xid", 43, "0000:41:00"),
+        pid=7,
+        process="job",
+    ),
+    # not an Xid report: no parentheses (DCGM's reader rejects this form too)
+    case("NVRM: Xid PCI:0000:01:00: 43, pid=1, name=x, Ch 00000018", "other_nvrm"),
+    # SXid from nvidia-nvswitch: the code is the SXid
+    case(
+        "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted"
+        " PRIV error (First)",
+        *("sxid", 12028, "0000:05:00.0"),
+    ),
+    case(
+        "nvidia-nvswitch3: SXid (PCI:0000:c1:00.0): 28006, Non-fatal, Link 46 MC TS crumbstore",
+        *("sxid", 28006, "0000:c1:00.0"),
+    ),
+    case(
+        "nvidia-nvswitch0: SXid (PCI:0004:00:00.0): 26006, SOE HALT data[0] = 0x               0",
+        *("sxid", 26006, "0004:00:00.0"),
+    ),
+    case(
+        "nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up",
+        *("sxid", 20034, "0000:06:00.0"),
+    ),
+    case("NVSwitch SXid summary: 3 errors", "noise"),
+    # the GPU has fallen off the bus, in every wording
+    case(
+        "NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.",
+        *("fallen_off_bus", None, "0000:91:00.0"),
+    ),
+    case(
+        "NVRM: GPU at PCI:0000:01:00: GPU has fallen off the bus.",
+        *("fallen_off_bus", None, "0000:01:00"),
+    ),
+    case(
+        "NVRM: GPU at 0000:01:00.0 has fallen off the bus.",
+        *("fallen_off_bus", None, "0000:01:00.0"),
+    ),
+    case("NVRM: The NVIDIA GPU 0000:b3:00.0", "fallen_off_bus", None, "0000:b3:00.0"),
+    case("NVRM: (PCI ID: 10de:26b5) installed in this system has", "fallen_off_bus"),
+    case("NVRM: fallen off the bus and is not responding to commands.", "fallen_off_bus"),
+    case(
+        "NVRM: The NVIDIA GPU 0000:01:00.0 (PCI ID: 10de:2d04) installed in this system has",
+        *("fallen_off_bus", None, "0000:01:00.0"),
+    ),
+    # the same three lines as one journal entry
+    case(
+        "[ 1843.308145] NVRM: The NVIDIA GPU 0000:b3:00.0\n"
+        "               NVRM: (PCI ID: 10de:26b5) installed in this system has\n"
+        "               NVRM: fallen off the bus and is not responding to commands.",
+        *("fallen_off_bus", None, "0000:b3:00.0"),
+    ),
+    # other "The NVIDIA GPU" messages say something else
+    case(
+        "NVRM: The NVIDIA GPU 0000:01:00.0 (PCI ID: 10de:1b80)",
+        *("other_nvrm", None, "0000:01:00.0"),
+    ),
+    # GSP: RPC timeouts and errors that are not themselves Xid lines
+    case("NVRM: GPU0 _kgspRpcRecvPoll: GSP RM heartbeat timed out", "gsp"),
+    case(
+        "NVRM: Rate limiting GSP RPC error prints for GPU at PCI:0000:9b:00 (printing 1 of every"
+        " 30).  The GPU likely needs to be reset.",
+        *("gsp", None, "0000:9b:00"),
+    ),
+    case("NVRM: _issueRpcAndWait: rpcSendMessage failed with status 0x0000000f for fn 78!", "gsp"),
+    case("NVRM: GPU4 RPC history (CPU -> GSP):", "gsp"),
+    case("NVRM: kgspInitRm_IMPL: cannot bootstrap GSP-RM", "gsp"),
+    case("NVRM: RmFetchGspRmImages: No firmware image found", "gsp"),
+    # an Xid about GSP is an Xid
+    case(
+        "NVRM: Xid (PCI:0000:9b:00): 119, pid=28098, name=gpu-feature-dis, Timeout after 45s of"
+        " waiting for RPC response from GPU4 GSP! Expected function 76 (GSP_RM_CONTROL).",
+        *("xid", 119, "0000:9b:00"),
+        pid=28098,
+        process="gpu-feature-dis",
+    ),
+    # the user-space driver and the kernel module disagree
+    case("NVRM: API mismatch: the client has the version 570.153.02, but", "driver_mismatch"),
+    case(
+        "NVRM: API mismatch: the client 'kwin_wayland' (pid 1005)",
+        "driver_mismatch",
+        pid=1005,
+        process="kwin_wayland",
+    ),
+    case("NVRM: A GPU crash dump has been created. If possible, please run", "crash_dump"),
+    # other driver messages, with the GPU when they name one
+    case(
+        "NVRM: GPU at PCI:0000:9b:00: GPU-509665ad-b600-ac93-3616-d754b23d636d",
+        *("other_nvrm", None, "0000:9b:00"),
+    ),
+    case(
+        "NVRM: GPU 0000:13:00.0: RmInitAdapter failed! (0x26:0x56:1463)",
+        *("other_nvrm", None, "0000:13:00.0"),
+    ),
+    case(
+        "nvidia: probe of 0000:5d:00.0 failed with error -1",
+        *("other_nvrm", None, "0000:5d:00.0"),
+    ),
+    case("NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.183.01", "other_nvrm"),
+    case(
+        "NVRM: krcRcAndNotifyAllChannels_IMPL: RC all channels for critical error 79.", "other_nvrm"
+    ),
+    # PCIe AER, from the port driver and from nvidia, in old and new kernels' wording
+    case(
+        "pcieport 0000:00:1c.0: AER: Corrected error received: 0000:00:1c.0",
+        *("aer", None, "0000:00:1c.0"),
+        aer="corrected",
+    ),
+    case(
+        "pcieport 0000:00:01.0: AER: Multiple Corrected error received: 0000:01:00.0",
+        *("aer", None, "0000:00:01.0"),
+        aer="corrected",
+    ),
+    case(
+        "pcieport 0000:00:01.0: AER: Correctable error message received from 0000:01:00.0",
+        *("aer", None, "0000:00:01.0"),
+        aer="corrected",
+    ),
+    case(
+        "pcieport 0000:00:01.0: AER: Uncorrected (Non-Fatal) error received: 0000:01:00.0",
+        *("aer", None, "0000:00:01.0"),
+        aer="nonfatal",
+    ),
+    case(
+        "pcieport 0000:00:01.0: AER: Uncorrected (Fatal) error received: 0000:01:00.0",
+        *("aer", None, "0000:00:01.0"),
+        aer="fatal",
+    ),
+    case(
+        "nvidia 0000:3b:00.0: AER: PCIe Bus Error: severity=Uncorrectable (Non-Fatal),"
+        " type=Transaction Layer, (Requester ID)",
+        *("aer", None, "0000:3b:00.0"),
+        aer="nonfatal",
+    ),
+    case(
+        "nvidia 0000:3b:00.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction"
+        " Layer, (Requester ID)",
+        *("aer", None, "0000:3b:00.0"),
+        aer="fatal",
+    ),
+    case(
+        "pcieport 0000:00:03.1: PCIe Bus Error: severity=Correctable, type=Data Link Layer,"
+        " (Transmitter ID)",
+        *("aer", None, "0000:00:03.1"),
+        aer="corrected",
+    ),
+    case(
+        "nvidia 0000:3b:00.0: AER:   device [10de:2330] error status/mask=00000001/0000e000",
+        *("aer", None, "0000:3b:00.0"),
+    ),
+    case(
+        "pcieport 0000:00:1c.0:   device [8086:9d10] error status/mask=00002001/00002000",
+        *("aer", None, "0000:00:1c.0"),
+    ),
+    case(
+        "nvidia 0000:3b:00.0:    [ 0] RxErr                  (First)", "aer", None, "0000:3b:00.0"
+    ),
+    case("nvidia 0000:3b:00.0: AER:    [12] Timeout", "aer", None, "0000:3b:00.0"),
+    case(
+        "pcieport 0000:00:03.0:   TLP Header: 40000001 0000000f 9c7ff000 00000000",
+        *("aer", None, "0000:00:03.0"),
+    ),
+    case(
+        "pcieport 0000:00:03.0: AER: Root Port link has been reset (0)", "aer", None, "0000:00:03.0"
+    ),
+    case(
+        "nvidia 0000:03:00.0: AER: can't recover (no error_detected callback)",
+        *("aer", None, "0000:03:00.0"),
+    ),
+    # ...but not the port driver starting up, nor other device messages
+    case("pcieport 0000:00:01.0: AER: enabled with IRQ 24", "noise"),
+    case("pcieport 0000:02:02.0: Refused to change power state, currently in D3", "noise"),
+    case("nvidia 0000:01:00.0: irq 52 for MSI/MSI-X", "noise"),
+    case("nvidia-nvlink: Nvlink Core is being initialized, major device number 239", "noise"),
+    case("nvidia-peermem nv_get_p2p_free_callback:127 ERROR detected invalid context", "noise"),
+    case("kernel: GPU crash dump saved to /sys/class/drm/card0/error", "noise"),
+    case("", "noise"),
+    case("   \n", "noise"),
+]
+
+
+@pytest.mark.parametrize(
+    ("line", "kind", "code", "pci", "pid", "process", "aer_severity"),
+    CASES,
+    ids=[f"{index}-{case[1]}" for index, case in enumerate(CASES)],
+)
+def test_driver_forms(
+    line: str,
+    kind: str,
+    code: int | None,
+    pci: str | None,
+    pid: int | None,
+    process: str | None,
+    aer_severity: str | None,
+) -> None:
+    parsed = parse_message(line)
+    assert (parsed.kind, parsed.code, parsed.pci) == (kind, code, pci)
+    assert (parsed.pid, parsed.process, parsed.aer_severity) == (pid, process, aer_severity)
+
+
+# --- prefixes: the same message under every header it may arrive with ---------------------
+
+MESSAGE = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
+PREFIXES = [
+    "",  # the bare message, as /dev/kmsg gives it after the ";"
+    "4,1234,567890123,-;",  # a whole /dev/kmsg record line
+    "4,1234,567890123,c,caller=T42;",  # with a continuation flag and an extra field
+    "[  123.456789] ",  # dmesg
+    "[6781741.548779] ",
+    "[  +0.000844] ",  # dmesg --reltime / -d
+    "[  239.061387 <    0.000011>] ",  # dmesg -d
+    "[123] ",
+    "[Sun Feb 23 16:24:18 2025] ",  # dmesg -T
+    "[Mon Aug  5 03:54:13 2024] ",
+    "<4>[  123.456789] ",  # dmesg -r
+    "kern  :err   : [  123.456789] ",  # dmesg -x
+    "syslog:err   : 2025-05-27T04:18:56,089671+00:00 ",  # dmesg -x --time-format iso
+    "Jul 09 10:42:47 pool0-0082 kernel: ",  # syslog / journalctl
+    "Jan  3 07:39:45 ubuntu kernel: [17257.355551] ",
+    "Mar 21 21:42:01 kernel: ",  # journal, host removed
+    "jan. 29 20:50:17 kevin kernel: ",  # a localised month
+    "2026-09-08T01:00:00+0000 n1 kernel: ",  # journalctl -o short-iso
+    "2024-01-15T03:00:00.123456+00:00 gpu-node-7 kernel: ",  # rsyslog, RFC 3339
+    "192.168.11.119: kern: warning: [2026-04-22T21:30:51.526447914Z]: ",  # Talos
+    "kernel: ",
+    "               ",  # a multi-line journal entry's indent
+]
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+def test_prefixes_are_stripped(prefix: str) -> None:
+    parsed = parse_message(f"{prefix}{MESSAGE}\n")
+    assert parsed == KernelLine(
+        kind="xid", code=79, pci="0000:3b:00", pid=1234, process="python3", text=MESSAGE
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "text"),
+    [
+        ("Oct 03 17:59:22 mnemosyne systemd[1]: bluetooth.service skipped", "systemd[1]: "),
+        ("6,3973,227986636,-;IPv6: ADDRCONF(NETDEV_CHANGE): eth0: link becomes ready", "IPv6: "),
+        (" DEVICE=+acpi:PNP0A03:00", "DEVICE=+acpi:PNP0A03:00"),
+        ("[Sun Feb 23 16:24:18 2025]  os_dump_stack+0xe/0x14 [nvidia]", "os_dump_stack+"),
+    ],
+)
+def test_noise_keeps_its_message(line: str, text: str) -> None:
+    parsed = parse_message(line)
+    assert parsed.kind == "noise"
+    assert parsed.text.startswith(text)
+
+
+# --- PCI bus ids --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "canonical"),
+    [
+        ("PCI:0000:3b:00", "0000:3b:00.0"),
+        ("0000:3b:00", "0000:3b:00.0"),
+        ("0000:3B:00.0", "0000:3b:00.0"),
+        ("00000000:3b:00.0", "0000:3b:00.0"),
+        ("00000001:AB:1F.7", "0001:ab:1f.7"),
+        ("3b:00.0", "0000:3b:00.0"),
+        ("0009:01:00", "0009:01:00.0"),
+        ("10000:e1:00.0", "10000:e1:00.0"),  # VMD domains go past 0xffff
+        (" pci:0000:cb:00 ", "0000:cb:00.0"),
+        ("3b:00", None),  # neither domain nor function: could be a time of day
+        ("0000:3b:20.0", None),  # device numbers stop at 0x1f
+        ("0000:3b:00.8", None),  # functions stop at 7
+        ("0000:3b", None),
+        ("GPU-509665ad", None),
+        ("", None),
+        ("0000:3g:00.0", None),
+    ],
+)
+def test_canonical_pci(raw: str, canonical: str | None) -> None:
+    assert canonical_pci(raw) == canonical
+
+
+# --- /dev/kmsg records --------------------------------------------------------------------------
+
+
+def test_kmsg_record() -> None:
+    record = parse_kmsg_record(b"6,3973,227986636,-;IPv6: ADDRCONF(NETDEV_CHANGE): eth0: up\n")
+    assert record == KmsgRecord(
+        priority=6,
+        facility=0,
+        sequence=3973,
+        usec=227986636,
+        continuation=False,
+        message="IPv6: ADDRCONF(NETDEV_CHANGE): eth0: up",
+    )
+
+
+def test_kmsg_record_facility_and_level() -> None:
+    record = parse_kmsg_record(b"47,1639,370063740,-;systemd-journald[301]: Sent WATCHDOG=1.")
+    assert record is not None
+    assert (record.facility, record.priority) == (5, 7)  # (LOG_SYSLOG << 3) | LOG_DEBUG
+
+
+@pytest.mark.parametrize(("flags", "continuation"), [(b"-", False), (b"c", True), (b"+", True)])
+def test_kmsg_record_continuation(flags: bytes, continuation: bool) -> None:
+    record = parse_kmsg_record(b"4,1227,437812449932," + flags + b";NVRM: Xid ...")
+    assert record is not None
+    assert record.continuation is continuation
+
+
+def test_kmsg_record_dictionary_is_ignored() -> None:
+    raw = (
+        b"7,160,424069,-;pci_root PNP0A03:00: host bridge window [io  0x0000-0x0cf7] (ignored)\n"
+        b" SUBSYSTEM=acpi\n"
+        b" DEVICE=+acpi:PNP0A03:00\n"
+    )
+    record = parse_kmsg_record(raw)
+    assert record is not None
+    assert record.message == "pci_root PNP0A03:00: host bridge window [io  0x0000-0x0cf7] (ignored)"
+
+
+def test_kmsg_record_unescapes() -> None:
+    record = parse_kmsg_record(b"6,1,2,-;a\\x5cb\\x09c \\xe2\\x82\\xac; d\\x")
+    assert record is not None
+    assert record.message == "a\\b\tc \u20ac; d\\x"
+
+
+def test_kmsg_record_invalid_utf8_is_replaced() -> None:
+    record = parse_kmsg_record(b"6,1,2,-;caf\\xe9")
+    assert record is not None
+    assert record.message == "caf\ufffd"
+
+
+def test_kmsg_record_more_fields_and_old_kernels() -> None:
+    with_caller = parse_kmsg_record(b"6,1,2,-,caller=T17;message")
+    without_flags = parse_kmsg_record(b"6,1,2;message")
+    assert with_caller is not None
+    assert without_flags is not None
+    assert with_caller.message == without_flags.message == "message"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"no header at all",
+        b" DEVICE=+acpi:PNP0A03:00",
+        b"a,b,c,-;message",
+        b"6,1;message",
+        b"-6,1,2,-;message",
+        b"6,1,2,-",
+        b"6, 1,2,-;message",
+        b"6,1_000,2,-;message",
+        b"6," + b"9" * 5000 + b",2,-;message",
+        b"\xff\xfe,1,2,-;message",
+    ],
+)
+def test_malformed_kmsg_records(raw: bytes) -> None:
+    assert parse_kmsg_record(raw) is None
+
+
+def test_kmsg_record_message_parses() -> None:
+    record = parse_kmsg_record(b"4,1234,5678,-;NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen")
+    assert record is not None
+    assert parse_message(record.message).code == 79
+
+
+# --- properties: any input, never an exception, always a valid answer -----------------------
+
+
+def _check_line(parsed: KernelLine) -> None:
+    assert parsed.kind in KINDS
+    assert isinstance(parsed.text, str)
+    assert parsed.aer_severity is None or parsed.aer_severity in AER_SEVERITIES
+    if parsed.code is not None:
+        assert parsed.kind in {"xid", "sxid"}
+        assert parsed.code >= 0
+    if parsed.pid is not None:
+        assert parsed.pid >= 0
+    assert (parsed.aer_severity is None) or parsed.kind == "aer"
+
+
+@given(st.text())
+def test_any_text_parses(text: str) -> None:
+    _check_line(parse_message(text))
+
+
+# Lines the driver really prints, for mutation: the corpus, else this file's own cases.
+SEED_LINES = [row["line"] for row in CORPUS_ROWS] or [case[0] for case in CASES]
+
+
+@given(
+    line=st.sampled_from(SEED_LINES),
+    edits=st.lists(
+        st.tuples(st.integers(0, 400), st.integers(0, 12), st.text(max_size=12)), max_size=6
+    ),
+)
+@settings(max_examples=500)
+def test_mutated_lines_parse(line: str, edits: list[tuple[int, int, str]]) -> None:
+    for position, deleted, inserted in edits:
+        at = position % (len(line) + 1)
+        line = line[:at] + inserted + line[at + deleted :]
+    _check_line(parse_message(line))
+
+
+_KEYWORDS = st.sampled_from(
+    [
+        *("NVRM: ", "Xid (PCI:", "SXid (", "): ", ", pid=", ", name=", "<unknown>", "'"),
+        *("AER: ", "PCIe Bus Error: ", "severity=Uncorrected (Fatal)", "nvidia 0000:01:00.0: "),
+        *("0000:3b:00", ".0", "fallen off the bus", "GSP", "\n", "[ 12.5] ", "kernel: "),
+        "9" * 30,
+    ]
+)
+
+
+@given(st.lists(st.one_of(_KEYWORDS, st.text(max_size=5)), max_size=12))
+def test_keyword_soup_parses(parts: list[str]) -> None:
+    _check_line(parse_message("".join(parts)))
+
+
+@given(st.binary())
+def test_any_bytes_as_kmsg_record(raw: bytes) -> None:
+    record = parse_kmsg_record(raw)
+    assert record is None or 0 <= record.priority <= 7
+
+
+_KMSG_HEADERS = st.builds(
+    lambda prio, seq, usec, flags: f"{prio},{seq},{usec},{flags};".encode(),
+    st.integers(0, 191),
+    st.integers(0, 2**64 - 1),
+    st.integers(0, 2**64 - 1),
+    st.sampled_from(["-", "c", "+", "-,caller=T1"]),
+)
+
+
+def _kernel_escape(message: str) -> bytes:
+    """What the kernel writes to /dev/kmsg for ``message`` (printk's ext text escaping)."""
+    out = bytearray()
+    for byte in message.encode():
+        if byte < 0x20 or byte >= 0x7F or byte == 0x5C:
+            out += b"\\x%02x" % byte
+        else:
+            out.append(byte)
+    return bytes(out)
+
+
+@given(_KMSG_HEADERS, st.text(st.characters(exclude_categories=["Cs"])))
+def test_kmsg_records_round_trip(header: bytes, message: str) -> None:
+    record = parse_kmsg_record(header + _kernel_escape(message) + b"\n SUBSYSTEM=pci\n")
+    assert record is not None
+    assert record.message == message
+    prio = int(header.split(b",")[0])
+    assert (record.facility, record.priority) == (prio >> 3, prio & 7)
+
+
+_CANONICAL = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+
+
+@given(st.text(max_size=40))
+def test_canonical_pci_any_text(raw: str) -> None:
+    canonical = canonical_pci(raw)
+    if canonical is not None:
+        assert _CANONICAL.fullmatch(canonical)
+        assert canonical_pci(canonical) == canonical
+
+
+@given(
+    st.integers(0, 0xFFFF),
+    st.integers(0, 0xFF),
+    st.integers(0, 0x1F),
+    st.integers(0, 7),
+    st.sampled_from(["{d:04x}:{b:02x}:{s:02x}.{f}", "{d:08X}:{b:02X}:{s:02X}.{f}"]),
+    st.sampled_from(["", "PCI:"]),
+)
+def test_canonical_pci_forms(
+    domain: int, bus: int, slot: int, function: int, form: str, prefix: str
+) -> None:
+    raw = prefix + form.format(d=domain, b=bus, s=slot, f=function)
+    assert canonical_pci(raw) == f"{domain:04x}:{bus:02x}:{slot:02x}.{function}"
