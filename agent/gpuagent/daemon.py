@@ -209,6 +209,7 @@ class Agent:
         self._last_observation = observation
         if watch_xid_events and self.config.sources.nvml_events.enabled:
             self._watch_xid_events()
+            self._track_xid_watcher()
         self._publish()
         return True
 
@@ -232,7 +233,16 @@ class Agent:
             self.nvml.devices(), self.on_event, asyncio.get_running_loop()
         )
         self._xid_watcher.start()
-        self._trackers.setdefault("nvml_events", SourceTracker("nvml_events")).success(0.0)
+
+    def _track_xid_watcher(self) -> None:
+        watcher = self._xid_watcher
+        if watcher is None:
+            return
+        tracker = self._trackers.setdefault("nvml_events", SourceTracker("nvml_events"))
+        if watcher.error:
+            tracker.failure(0.0, watcher.error)
+        elif not tracker.status.up:
+            tracker.success(0.0)
 
     # --- event sources ------------------------------------------------------------------
 
