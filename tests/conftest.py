@@ -114,6 +114,12 @@ class DaemonProcess:
                 break
         return self.notifications
 
+    def kill(self) -> None:
+        """SIGKILL: a crash, no clean shutdown."""
+        self.process.kill()
+        self.process.wait()
+        self.notify.close()
+
     def stop(self) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -139,8 +145,9 @@ def start_daemon(
     config = workdir / "config.toml"
     # The kernel log is a FIFO the test writes to; sysfs an empty tree (no host devices).
     kmsg = workdir / "kmsg"
-    os.mkfifo(kmsg)
-    (workdir / "sys" / "bus" / "pci" / "devices").mkdir(parents=True)
+    if not kmsg.exists():  # a restart in the same workdir keeps its FIFO and state
+        os.mkfifo(kmsg)
+    (workdir / "sys" / "bus" / "pci" / "devices").mkdir(parents=True, exist_ok=True)
     config.write_text(
         f'[agent]\nnode_name = "test-node"\nstate_dir = "{workdir / "state"}"\n'
         f'[api]\nsocket = "{sock}"\n[metrics]\nlisten = "127.0.0.1:{port}"\n'
@@ -152,6 +159,7 @@ def start_daemon(
     scenario_path = workdir / "scenario.toml"
     scenario_path.write_text(scenario)
     notify_path = workdir / "notify.sock"
+    notify_path.unlink(missing_ok=True)  # left behind by an earlier run in this workdir
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(str(notify_path))
     env = {

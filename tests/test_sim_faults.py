@@ -221,6 +221,14 @@ def test_process_shows_in_processes_memory_and_load(node: SimulatedNode) -> None
     assert pynvml.nvmlDeviceGetComputeRunningProcesses(handle(0)) == []
 
 
+def test_process_exit_ends_only_that_process(node: SimulatedNode) -> None:
+    node.inject("process", 2, {"pid": 10, "name": "a", "used_mib": 1})
+    node.inject("process", 2, {"pid": 11, "name": "b", "used_mib": 1})
+    node.inject("process_exit", 2, {"pid": 10})
+    node.inject("process_exit", 2, {"pid": 99})  # not running: nothing happens
+    assert [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle(2))] == [11]
+
+
 def test_process_list_sizing_call(node: SimulatedNode) -> None:
     node.inject("process", 0, {"pid": 7, "name": "a", "used_mib": 1})
     function = node.library.nvmlDeviceGetComputeRunningProcesses_v3
@@ -273,7 +281,8 @@ def test_every_kind_has_a_test_here() -> None:
     tested = {
         "ecc_sbe", "ecc_dbe", "retired_pages", "row_remap_pending", "row_remap_failure",
         "temperature", "throttle", "pcie_degrade", "pcie_replay", "gpu_lost", "nvml_hang",
-        "persistence_off", "nvlink_down", "nvlink_errors", "process", "xid", "clear",
+        "persistence_off", "nvlink_down", "nvlink_errors", "process", "process_exit", "xid",
+        "clear",
     }  # fmt: skip
     assert set(FAULT_KINDS) == tested
 

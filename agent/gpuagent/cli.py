@@ -83,10 +83,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     import asyncio  # noqa: PLC0415
 
     from gpuagent.daemon import Agent  # noqa: PLC0415
+    from gpuagent.remediation.backends import BackendConfigError  # noqa: PLC0415
 
     agent = Agent(config, simulate=args.simulate)
     try:
         asyncio.run(agent.run())
+    except BackendConfigError as exc:
+        _fail(f"invalid configuration: {exc}", EXIT_CONFIG_ERROR)
     except OSError as exc:
         _fail(str(exc))
     return 0
@@ -155,6 +158,66 @@ def cmd_inject(args: argparse.Namespace) -> int:
         print(f"wrote to {result['path']}: {result['line']}")
     else:
         print(f"injected {args.kind} into GPU {args.gpu} (snapshot {result['sequence']})")
+    return 0
+
+
+def cmd_actions(args: argparse.Namespace) -> int:
+    from gpuagent.client import ClientError, call  # noqa: PLC0415
+
+    try:
+        result = call(_socket_path(args), "actions", {"limit": args.limit})
+    except ClientError as exc:
+        _fail(str(exc), EXIT_UNKNOWN)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    import time  # noqa: PLC0415
+
+    paused = " (paused)" if result["paused"] else ""
+    print(f"remediation mode: {result['mode']}{paused}")
+    for record in result["actions"]:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record["time"]))
+        detail = f" [{record['detail']}]" if record["detail"] else ""
+        print(
+            f"{when}  {record['result']:<9} {record['action']:<18} {record['target']}: "
+            f"{record['reason']}{detail}"
+        )
+    return 0
+
+
+def cmd_remediation(args: argparse.Namespace) -> int:
+    """pause/resume: the kill-switch file, written directly, so it works with the daemon
+    down too; status: from the daemon, or from the file when the daemon is not running."""
+    config = _load_config(args.config)
+    switch = config.remediation.kill_switch
+    if args.action == "pause":
+        try:
+            switch.parent.mkdir(parents=True, exist_ok=True)
+            switch.write_text("paused by gpuagent remediation pause\n")
+        except OSError as exc:
+            _fail(f"cannot create {switch}: {exc.strerror or exc}")
+        print(f"remediation paused ({switch} exists)")
+        return 0
+    if args.action == "resume":
+        try:
+            switch.unlink(missing_ok=True)
+        except OSError as exc:
+            _fail(f"cannot remove {switch}: {exc.strerror or exc}")
+        print("remediation resumed")
+        return 0
+    from gpuagent.client import ClientError, call  # noqa: PLC0415
+
+    try:
+        status = call(config.api.socket, "status")["remediation"] or {}
+    except ClientError:
+        status = {}
+    mode = status.get("mode", config.remediation.mode)
+    paused = switch.exists()
+    print(f"mode: {mode}\npaused: {'yes (' + str(switch) + ')' if paused else 'no'}")
+    if status:
+        print(f"node cordoned by gpuagent: {'yes' if status['cordoned_by_us'] else 'no'}")
+        for budget in status["budgets"]:
+            print(f"budget {budget['action']} per {budget['scope']}: {budget['remaining']} left")
     return 0
 
 
@@ -357,6 +420,7 @@ def _parser() -> argparse.ArgumentParser:
 
     _add_daemon_commands(add)
     _add_client_commands(add)
+    _add_remediation_commands(add)
     _add_tool_commands(add)
     return parser
 
@@ -403,6 +467,19 @@ def _add_client_commands(add: Add) -> None:
     events.add_argument("--limit", type=int, default=50, help="at most this many (newest first)")
     events.add_argument("--json", action="store_true", help="print JSON")
     events.set_defaults(func=cmd_events)
+
+
+def _add_remediation_commands(add: Add) -> None:
+    actions = add("actions", "the remediation audit trail from the running daemon")
+    _socket_options(actions)
+    actions.add_argument("--limit", type=int, default=50, help="at most this many (newest first)")
+    actions.add_argument("--json", action="store_true", help="print JSON")
+    actions.set_defaults(func=cmd_actions)
+
+    remediation = add("remediation", "pause or resume remediation (the kill switch), or status")
+    _config_option(remediation)
+    remediation.add_argument("action", choices=["pause", "resume", "status"])
+    remediation.set_defaults(func=cmd_remediation)
 
 
 def _add_tool_commands(add: Add) -> None:

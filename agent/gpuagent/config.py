@@ -238,10 +238,12 @@ def _default_rules() -> list[RemediationRule]:
         RemediationRule("persistence", ["enable_persistence"], "WARN"),
         RemediationRule("ecc", ["cordon", "reset_gpu"]),
         RemediationRule("row_remap", ["cordon"]),
-        RemediationRule("row_remap", ["cordon", "reset_gpu"], "WARN",
-                        cordon_reason="reset required"),
-        RemediationRule("retired_pages", ["cordon", "reset_gpu"], "WARN",
-                        cordon_reason="reset required"),
+        RemediationRule(
+            "row_remap", ["cordon", "reset_gpu"], "WARN", cordon_reason="reset required"
+        ),
+        RemediationRule(
+            "retired_pages", ["cordon", "reset_gpu"], "WARN", cordon_reason="reset required"
+        ),
         RemediationRule("xid", ["cordon", "reset_gpu"], xid_buckets=["RESET_GPU"]),
         RemediationRule("xid", ["cordon"], xids=[79, 95, 119, 120]),
         RemediationRule("availability", ["cordon"]),

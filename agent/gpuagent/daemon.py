@@ -31,8 +31,13 @@ from gpuagent.model import (
     KmsgCounters,
     NodeSnapshot,
     PciePath,
+    RemediationStatus,
     Severity,
 )
+from gpuagent.remediation.audit import AuditStore
+from gpuagent.remediation.backends import build_backends
+from gpuagent.remediation.executor import Remediator
+from gpuagent.remediation.gpu_ops import GpuOps
 from gpuagent.sdnotify import Notifier
 from gpuagent.sim import SimulatedNode, load_scenario
 from gpuagent.sources.kmsg import KmsgSource
@@ -84,6 +89,9 @@ class Agent:
         self._publish_pending = False
         self._metrics: MetricsServer | None = None
         self._api = ApiServer(config.api.socket, config.api.group)
+        self.remediator: Remediator | None = None
+        self._remediation_pending: NodeSnapshot | None = None
+        self._remediation_task: asyncio.Task[None] | None = None
 
     # --- phases -----------------------------------------------------------------------
 
@@ -132,7 +140,30 @@ class Agent:
         assert self.store.current is not None
         return self.store.current
 
+    def _build_remediator(self) -> Remediator:
+        config = self.config.remediation
+        return Remediator(
+            config,
+            audit=AuditStore(self.config.agent.state_dir / "remediation.sqlite"),
+            backends=build_backends(config.cordon, self.node_name, self.config.agent.cluster),
+            ops=GpuOps(
+                reset_command=config.reset.command,
+                timeout=config.reset.timeout_seconds,
+                simulator=self.simulator,
+            ),
+            node=self.node_name,
+            cluster=self.config.agent.cluster,
+            on_reset=self._on_gpu_reset,
+            simulated=self.simulator is not None,
+        )
+
+    def _on_gpu_reset(self, bus_id: str, when: float) -> None:
+        # A reset clears what the XIDs before it asked for; poll at once to see the GPU.
+        self.events.forget(bus_id, when, frozenset({"xid", "gsp"}))
+        self.refresh_requested.set()
+
     async def startup(self) -> None:
+        self.remediator = self._build_remediator()
         self._open_sources()
         host, port = self.config.metrics.host_port
         self._metrics = MetricsServer(
@@ -169,6 +200,8 @@ class Agent:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(SHUTDOWN_TIMEOUT_SECONDS):
                 await self._api.stop()
+                if self._remediation_task is not None:
+                    self._remediation_task.cancel()
                 await self._close_sources()
         if self._metrics is not None:
             self._metrics.stop()
@@ -379,6 +412,7 @@ class Agent:
             pcie=self._pcie,
             kmsg=self._kmsg.counters if self._kmsg is not None else KmsgCounters(),
             event_counts=self.events.counts(),
+            remediation=self._remediation_status(),
         )
         self._log_transitions(previous, snapshot)
         self.store.publish(snapshot)
@@ -386,6 +420,38 @@ class Agent:
             # Render /metrics now, once per snapshot, so no scrape waits for rendering.
             self._metrics.exposition.refresh()
         self.notifier.status(self.summary())
+        self._schedule_remediation(snapshot)
+
+    def _remediation_status(self) -> RemediationStatus | None:
+        remediator = self.remediator
+        if remediator is None:
+            return None
+        return RemediationStatus(
+            mode=remediator.mode,
+            paused=remediator.paused,
+            cordoned_by_us=remediator.history().cordoned_by_us,
+            counts=tuple((a, r, n) for (a, r), n in sorted(remediator.counts.items())),
+            budgets=tuple(remediator.budget_remaining()),
+        )
+
+    def _schedule_remediation(self, snapshot: NodeSnapshot) -> None:
+        """Remediation runs beside publishing, one cycle at a time, on the newest snapshot."""
+        if self.remediator is None:
+            return
+        self._remediation_pending = snapshot
+        if self._remediation_task is None or self._remediation_task.done():
+            self._remediation_task = asyncio.get_running_loop().create_task(
+                self._remediation_loop(), name="remediation"
+            )
+
+    async def _remediation_loop(self) -> None:
+        assert self.remediator is not None
+        while (snapshot := self._remediation_pending) is not None:
+            self._remediation_pending = None
+            try:
+                await self.remediator.handle(snapshot)
+            except Exception:  # a remediation bug must not take monitoring down
+                log.exception("remediation cycle failed")
 
     def _log_transitions(self, previous: NodeSnapshot | None, current: NodeSnapshot) -> None:
         before = (

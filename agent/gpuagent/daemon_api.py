@@ -33,6 +33,7 @@ class AgentApi:
         server.route("refresh", self.refresh)
         server.route("events", self.events)
         server.route("simulator", self.simulator)
+        server.route("actions", self.actions)
         server.route("inject", self.inject, changes_state=True)
         server.route("drill", self.drill, changes_state=True)
 
@@ -64,6 +65,19 @@ class AgentApi:
 
         chosen = self.agent.events.latest(limit, accept)
         return {"events": [event_json(e) for e in chosen]}
+
+    async def actions(self, params: dict[str, Any]) -> dict[str, Any]:
+        limit = params.get("limit", 50)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= _MAX_EVENTS:
+            raise ApiError(f'"limit" must be an integer from 1 to {_MAX_EVENTS}')
+        remediator = self.agent.remediator
+        if remediator is None:
+            raise ApiError("remediation is not running")
+        return {
+            "mode": remediator.mode,
+            "paused": remediator.paused,
+            "actions": [record.json() for record in remediator.audit.recent(limit)],
+        }
 
     async def simulator(self, _params: dict[str, Any]) -> dict[str, Any]:
         """NVML call counts of a simulated daemon, for benchmarks."""

@@ -80,6 +80,20 @@ class EventLog:
         if dropped:
             self._recent = None
 
+    def forget(self, gpu: str, before: float, kinds: frozenset[str]) -> int:
+        """Drop ``gpu``'s events of ``kinds`` older than ``before`` (a GPU reset clears the
+        XIDs that asked for it); counts since start are kept. Returns how many went."""
+        kept = [
+            e
+            for e in self._events
+            if not (e.gpu == gpu and e.kind in kinds and e.monotonic < before)
+        ]
+        gone = len(self._events) - len(kept)
+        if gone:
+            self._events = collections.deque(kept)
+            self._recent = None
+        return gone
+
     def recent(self) -> tuple[GpuEvent, ...]:
         """Events within retention, oldest first (the same tuple until something changes)."""
         if self._recent is None:

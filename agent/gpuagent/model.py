@@ -287,6 +287,17 @@ class KmsgCounters:
 
 
 @dataclass(frozen=True, slots=True)
+class RemediationStatus:
+    mode: str  # "observe" or "enforce"
+    paused: bool
+    cordoned_by_us: bool = False
+    # (action, result, count) since the agent started
+    counts: tuple[tuple[str, str, int], ...] = ()
+    # (action, scope, attempts left) of the node-wide budgets
+    budgets: tuple[tuple[str, str, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class NodeHealth:
     findings: tuple[Finding, ...] = ()
 
@@ -331,6 +342,7 @@ class NodeSnapshot:
     pcie: tuple[PciePath, ...] = ()
     kmsg: KmsgCounters = field(default_factory=KmsgCounters)
     event_counts: tuple[EventCount, ...] = ()
+    remediation: RemediationStatus | None = None
 
     def gpu(self, pci_bus_id: str) -> GpuState | None:
         return next((g for g in self.gpus if g.identity.pci_bus_id == pci_bus_id), None)

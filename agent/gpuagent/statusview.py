@@ -111,4 +111,18 @@ def status_document(snapshot: NodeSnapshot) -> dict[str, Any]:
             "lines_unparsed": snapshot.kmsg.lines_unparsed,
         },
         "recent_events": len(snapshot.events),
+        "remediation": _remediation_json(snapshot),
+    }
+
+
+def _remediation_json(snapshot: NodeSnapshot) -> dict[str, Any] | None:
+    status = snapshot.remediation
+    if status is None:
+        return None
+    return {
+        "mode": status.mode,
+        "paused": status.paused,
+        "cordoned_by_us": status.cordoned_by_us,
+        "counts": [{"action": a, "result": r, "count": n} for a, r, n in status.counts],
+        "budgets": [{"action": a, "scope": s, "remaining": n} for a, s, n in status.budgets],
     }

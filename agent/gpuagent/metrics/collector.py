@@ -136,6 +136,7 @@ class _Builder:
             self._clock_event_reasons(),
             self._nvlink_up(),
             *self._pcie(),
+            *self._remediation(),
             *event_families(
                 self.snapshot,
                 self._labels_for,
@@ -171,6 +172,27 @@ class _Builder:
             simulated,
             rejected,
         ]
+
+    def _remediation(self) -> list[Metric]:
+        status = self.snapshot.remediation
+        if status is None:
+            return []
+        actions = _counter(names.ACTIONS_TOTAL)
+        for action, result, count in status.counts:
+            actions.add_metric([action, result], count)
+        budgets = _gauge(names.REMEDIATION_BUDGET)
+        for action, scope, remaining in status.budgets:
+            budgets.add_metric([action, scope], remaining)
+        flags = []
+        for spec, value in (
+            (names.REMEDIATION_ENFORCING, status.mode == "enforce"),
+            (names.REMEDIATION_PAUSED, status.paused),
+            (names.REMEDIATION_CORDONED, status.cordoned_by_us),
+        ):
+            family = _gauge(spec)
+            family.add_metric([], float(value))
+            flags.append(family)
+        return [actions, budgets, *flags]
 
     def _sources(self) -> list[Metric]:
         columns: list[tuple[MetricSpec, Callable[[SourceStatus], float | None]]] = [

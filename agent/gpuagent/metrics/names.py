@@ -414,3 +414,27 @@ KMSG_LOST = MetricSpec(
     "Kernel log records overwritten before the agent could read them.",
 )
 KMSG_UNPARSED = MetricSpec("gpuagent_kmsg_lines_unparsed_total", "Malformed kernel log records.")
+
+# --- remediation --------------------------------------------------------------------------
+
+ACTIONS_TOTAL = MetricSpec(
+    "gpuagent_actions_total",
+    "Remediation actions since the agent started, by action and result "
+    "(planned, started, succeeded, failed, refused, skipped, verified, escalated).",
+    ("action", "result"),
+)
+REMEDIATION_BUDGET = MetricSpec(
+    "gpuagent_remediation_budget_remaining",
+    "Attempts left in a remediation budget's current window, by action and scope.",
+    ("action", "scope"),
+)
+REMEDIATION_ENFORCING = MetricSpec(
+    "gpuagent_remediation_enforcing",
+    "1 if remediation acts (mode enforce), 0 if it only plans and audits (observe).",
+)
+REMEDIATION_PAUSED = MetricSpec(
+    "gpuagent_remediation_paused", "1 while the remediation kill switch is set."
+)
+REMEDIATION_CORDONED = MetricSpec(
+    "gpuagent_remediation_cordoned", "1 while the node is cordoned by gpuagent."
+)

@@ -161,6 +161,11 @@ def _process(gpu: SimGpu, params: Params, _at: float) -> Events:
     return ()
 
 
+def _process_exit(gpu: SimGpu, params: Params, _at: float) -> Events:
+    gpu.processes.pop(_int(params["pid"]), None)
+    return ()
+
+
 def _xid(_gpu: SimGpu, params: Params, _at: float) -> Events:
     return ((codes.EVENT_XID, _int(params["xid"])),)
 
@@ -237,6 +242,11 @@ KINDS: dict[str, FaultKind] = {
                 ),
             ),
             _process,
+        ),
+        FaultKind(
+            "process_exit",
+            (Param("pid", "int", required=True, minimum=1, maximum=2**32 - 1),),
+            _process_exit,
         ),
         FaultKind("xid", (Param("xid", "int", required=True, minimum=1, maximum=999),), _xid),
         FaultKind("clear", (), _clear),

@@ -1,0 +1,186 @@
+"""The audit trail and the memory behind budgets: every plan, attempt and result, in SQLite
+under `agent.state_dir`.
+
+Records are written before an action starts ("started") and after it ends, with
+synchronous commits, so a crash or restart can neither forget an attempt nor let a crash
+loop exceed a budget: budgets and cooldowns are counted from these rows, in wall-clock
+time (they must survive reboots too). If a record cannot be written (disk full, read-only
+state dir), the executor does not act.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuagent.remediation.types import ActionKind, ActionResult, PlannedAction
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS actions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    time REAL NOT NULL,
+    kind TEXT NOT NULL,
+    target TEXT NOT NULL,
+    result TEXT NOT NULL,
+    mode TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    check_name TEXT,
+    severity TEXT,
+    evidence TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS actions_by_key ON actions (kind, target, time);
+"""
+_COLUMNS = "id, time, kind, target, result, mode, reason, check_name, severity, evidence, detail"
+
+
+class AuditError(Exception):
+    """The audit trail cannot be written: nothing may be done without a record."""
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    id: int
+    time: float
+    kind: ActionKind
+    target: str
+    result: ActionResult
+    mode: str
+    reason: str
+    check: str | None
+    severity: str | None
+    evidence: dict[str, object]
+    detail: str
+
+    def json(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "time": self.time,
+            "action": self.kind,
+            "target": self.target,
+            "result": self.result,
+            "mode": self.mode,
+            "reason": self.reason,
+            "check": self.check,
+            "severity": self.severity,
+            "evidence": self.evidence,
+            "detail": self.detail,
+        }
+
+
+class AuditStore:
+    def __init__(self, path: Path, *, wall_clock: Callable[[], float] = time.time) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._wall = wall_clock
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        # WAL with FULL sync: a record that returned is on disk, even across a power cut.
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def record(
+        self, action: PlannedAction, result: ActionResult, *, mode: str, detail: str = ""
+    ) -> AuditRecord:
+        evidence: dict[str, object] = dict(action.evidence)
+        if action.params:
+            # Kept with the record: a restore needs the limit from before the cap.
+            evidence["params"] = dict(action.params)
+        now = self._wall()
+        try:
+            cursor = self._db.execute(
+                "INSERT INTO actions (time, kind, target, result, mode, reason, check_name,"
+                " severity, evidence, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    now,
+                    action.kind,
+                    action.target,
+                    result,
+                    mode,
+                    action.reason,
+                    action.check,
+                    action.severity,
+                    json.dumps(evidence, default=str),
+                    detail,
+                ),
+            )
+        except sqlite3.Error as exc:
+            raise AuditError(f"cannot write the audit record: {exc}") from exc
+        return AuditRecord(
+            id=int(cursor.lastrowid or 0),
+            time=now,
+            kind=action.kind,
+            target=action.target,
+            result=result,
+            mode=mode,
+            reason=action.reason,
+            check=action.check,
+            severity=action.severity,
+            evidence=evidence,
+            detail=detail,
+        )
+
+    def count(
+        self,
+        kind: ActionKind,
+        results: Iterable[ActionResult],
+        since: float,
+        target: str | None = None,
+    ) -> int:
+        wanted = tuple(results)
+        marks = ",".join("?" for _ in wanted)
+        query = f"SELECT COUNT(*) FROM actions WHERE kind = ? AND time >= ? AND result IN ({marks})"  # noqa: S608 - placeholders only
+        args: list[object] = [kind, since, *wanted]
+        if target is not None:
+            query += " AND target = ?"
+            args.append(target)
+        return int(self._db.execute(query, args).fetchone()[0])
+
+    def last(
+        self, kind: ActionKind, target: str | None, results: Iterable[ActionResult]
+    ) -> AuditRecord | None:
+        wanted = tuple(results)
+        marks = ",".join("?" for _ in wanted)
+        query = f"SELECT {_COLUMNS} FROM actions WHERE kind = ? AND result IN ({marks})"  # noqa: S608
+        args: list[object] = [kind, *wanted]
+        if target is not None:
+            query += " AND target = ?"
+            args.append(target)
+        row = self._db.execute(query + " ORDER BY id DESC LIMIT 1", args).fetchone()
+        return None if row is None else _record(row)
+
+    def targets(self, kind: ActionKind, result: ActionResult) -> list[str]:
+        rows = self._db.execute(
+            "SELECT DISTINCT target FROM actions WHERE kind = ? AND result = ?", (kind, result)
+        )
+        return [str(r[0]) for r in rows]
+
+    def recent(self, limit: int) -> list[AuditRecord]:
+        rows = self._db.execute(
+            f"SELECT {_COLUMNS} FROM actions ORDER BY id DESC LIMIT ?",  # noqa: S608
+            (limit,),
+        )
+        return [_record(row) for row in rows]
+
+
+def _record(row: tuple[object, ...]) -> AuditRecord:
+    (id_, when, kind, target, result, mode, reason, check, severity, evidence, detail) = row
+    return AuditRecord(
+        id=int(id_),  # type: ignore[call-overload]
+        time=float(when),  # type: ignore[arg-type]
+        kind=str(kind),  # type: ignore[arg-type]
+        target=str(target),
+        result=str(result),  # type: ignore[arg-type]
+        mode=str(mode),
+        reason=str(reason),
+        check=None if check is None else str(check),
+        severity=None if severity is None else str(severity),
+        evidence=json.loads(str(evidence)),
+        detail=str(detail),
+    )

@@ -1,0 +1,54 @@
+"""Building the configured cordon backends (each imported only when configured)."""
+
+from __future__ import annotations
+
+from gpuagent.config import RemediationCordon
+from gpuagent.remediation.backend import CordonBackend
+
+
+class BackendConfigError(ValueError):
+    pass
+
+
+def build_backends(config: RemediationCordon, node: str, cluster: str) -> list[CordonBackend]:
+    backends: list[CordonBackend] = []
+    for name in config.backends:
+        if name == "slurm":
+            from gpuagent.remediation.slurm import SlurmBackend  # noqa: PLC0415
+
+            backends.append(
+                SlurmBackend(
+                    config.slurm.node_name or node,
+                    scontrol=config.slurm.scontrol,
+                    timeout=config.timeout_seconds,
+                )
+            )
+        elif name == "kubernetes":
+            from gpuagent.remediation.kubernetes import KubernetesBackend  # noqa: PLC0415
+
+            backends.append(
+                KubernetesBackend(
+                    config.kubernetes.node_name or node,
+                    kubeconfig=config.kubernetes.kubeconfig,
+                    taint_key=config.kubernetes.taint_key,
+                    timeout=config.timeout_seconds,
+                )
+            )
+        elif name == "command":
+            if not config.command:
+                raise BackendConfigError(
+                    'remediation.cordon.command: the "command" backend needs a program'
+                )
+            from gpuagent.remediation.command import CommandBackend  # noqa: PLC0415
+
+            backends.append(
+                CommandBackend(
+                    config.command, timeout=config.timeout_seconds, node=node, cluster=cluster
+                )
+            )
+        else:
+            raise BackendConfigError(
+                f"remediation.cordon.backends: the {name!r} backend asks the aggregator, which "
+                "this agent does not talk to yet (it comes with the MQTT reporter)"
+            )
+    return backends

@@ -1,0 +1,387 @@
+"""The executor: turns planned actions into guarded, audited attempts.
+
+For every planned action, in order: a cooldown (the same action on the same target is
+not tried again sooner than `budgets.cooldown_seconds`), the mode (observe: audit what
+would be done, do nothing), the kill switch, the budget (counted from the audit trail, so
+restarts and crash loops cannot exceed it), the preconditions (a reset needs an idle GPU,
+no MIG unless allowed, and the node cordoned first when configured), then a "started"
+record, the action, and its result. After a reset the GPU must come back healthy for
+`reset.verify_polls` polls; if it does not, the reset is escalated: the node is cordoned
+with "drain and reboot" and that GPU is never reset again.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gpuagent.config import RemediationSection
+from gpuagent.model import NodeSnapshot, Severity
+from gpuagent.remediation.audit import AuditError, AuditStore
+from gpuagent.remediation.backend import CordonBackend
+from gpuagent.remediation.gpu_ops import GpuOperationError, GpuOps
+from gpuagent.remediation.planner import node_is_healthy, plan, thermal_ok
+from gpuagent.remediation.types import (
+    ActionKind,
+    ActionResult,
+    CordonRequest,
+    History,
+    PlannedAction,
+)
+
+if TYPE_CHECKING:
+    from gpuagent.model import GpuState
+
+log = logging.getLogger(__name__)
+
+# What an attempt looks like in the audit trail (for budgets) and what counts as "this
+# action was just looked at" (for cooldowns, so observe mode does not audit every poll).
+_ATTEMPTS: tuple[ActionResult, ...] = ("started",)
+_COOLDOWN_RESULTS: tuple[ActionResult, ...] = (
+    "planned",
+    "started",
+    "succeeded",
+    "failed",
+    "refused",
+    "skipped",
+)
+
+
+@dataclass
+class _Verification:
+    bus_id: str
+    good_polls: int = 0
+    bad_polls: int = 0
+
+
+class Remediator:
+    def __init__(
+        self,
+        config: RemediationSection,
+        *,
+        audit: AuditStore,
+        backends: Sequence[CordonBackend],
+        ops: GpuOps,
+        node: str,
+        cluster: str,
+        on_reset: Callable[[str, float], None] = lambda _bus, _when: None,
+        simulated: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.audit = audit
+        self._backends = list(backends)
+        self._ops = ops
+        self._node = node
+        self._cluster = cluster
+        self._on_reset = on_reset
+        self._clock = clock
+        self._wall = wall_clock
+        self._persistenced = not simulated and shutil.which("nvidia-persistenced") is not None
+        self._cool_since: dict[str, float] = {}
+        self._healthy_since: float | None = None
+        self._verifying: dict[str, _Verification] = {}
+        self.counts: dict[tuple[str, str], int] = {}
+
+    @property
+    def paused(self) -> bool:
+        return self.config.kill_switch.exists()
+
+    @property
+    def mode(self) -> str:
+        return self.config.mode
+
+    # --- history ------------------------------------------------------------------------
+
+    def history(self) -> History:
+        audit = self.audit
+        cordon = audit.last("cordon", None, ("succeeded",))
+        uncordon = audit.last("uncordon", None, ("succeeded",))
+        capped: list[tuple[str, float]] = []
+        for target in audit.targets("cap_power", "succeeded"):
+            cap = audit.last("cap_power", target, ("succeeded",))
+            restore = audit.last("restore_power", target, ("succeeded",))
+            if cap is not None and (restore is None or restore.id < cap.id):
+                params = cap.evidence.get("params", {})
+                previous = params.get("previous_w") if isinstance(params, dict) else None
+                if isinstance(previous, int | float):
+                    capped.append((target, float(previous)))
+        return History(
+            cordoned_by_us=cordon is not None and (uncordon is None or uncordon.id < cordon.id),
+            power_capped=tuple(capped),
+            cool_since=tuple(self._cool_since.items()),
+            healthy_since=self._healthy_since,
+            escalated=tuple(audit.targets("reset_gpu", "escalated")),
+            persistenced_installed=self._persistenced,
+        )
+
+    def _track(self, snapshot: NodeSnapshot, now: float) -> None:
+        """Hold timers the planner needs: since when each GPU is cool, the node healthy."""
+        for gpu in snapshot.gpus:
+            bus = gpu.identity.pci_bus_id
+            if thermal_ok(snapshot, bus):
+                self._cool_since.setdefault(bus, now)
+            else:
+                self._cool_since.pop(bus, None)
+        if node_is_healthy(snapshot):
+            if self._healthy_since is None:
+                self._healthy_since = now
+        else:
+            self._healthy_since = None
+
+    # --- the cycle ----------------------------------------------------------------------
+
+    async def handle(self, snapshot: NodeSnapshot) -> None:
+        """Plan for this snapshot and carry the plan out (one cycle at a time)."""
+        now = self._clock()
+        self._track(snapshot, now)
+        await self._verify(snapshot)
+        for action in plan(snapshot, self.history(), now, self.config):
+            try:
+                await self._execute(action, snapshot)
+            except AuditError as exc:
+                # Without an audit record nothing is done; try again next cycle.
+                log.error("remediation halted: %s", exc)  # noqa: TRY400 - no traceback needed
+                return
+
+    def _record(self, action: PlannedAction, result: ActionResult, detail: str = "") -> None:
+        self.audit.record(action, result, mode=self.mode, detail=detail)
+        self.counts[(action.kind, result)] = self.counts.get((action.kind, result), 0) + 1
+        level = logging.WARNING if result in ("failed", "refused", "escalated") else logging.INFO
+        log.log(
+            level,
+            "remediation %s %s on %s: %s%s",
+            result,
+            action.kind,
+            action.target,
+            action.reason,
+            f" ({detail})" if detail else "",
+        )
+
+    def _cooling_down(self, action: PlannedAction) -> bool:
+        since = self._wall() - self.config.budgets.cooldown_seconds
+        return self.audit.count(action.kind, _COOLDOWN_RESULTS, since, action.target) > 0
+
+    async def _execute(self, action: PlannedAction, snapshot: NodeSnapshot) -> None:  # noqa: PLR0911 - one exit per guard
+        if self._cooling_down(action):
+            return
+        if self.mode == "observe":
+            self._record(action, "planned", "observe mode: not done")
+            return
+        if self.paused:
+            self._record(action, "skipped", f"paused ({self.config.kill_switch} exists)")
+            return
+        exhausted = self._budget_exhausted(action)
+        if exhausted:
+            self._record(action, "skipped", exhausted)
+            return
+        refused = self._precondition_failure(action, snapshot)
+        if refused:
+            self._record(action, "refused", refused)
+            return
+        self._record(action, "started")
+        try:
+            detail = await self._perform(action, snapshot)
+        except GpuOperationError as exc:
+            self._record(action, "failed", str(exc))
+            if action.kind == "reset_gpu":
+                await self._escalate(action.target, f"reset failed: {exc}")
+            return
+        if detail is None:
+            return  # _perform recorded a failure itself
+        self._record(action, "succeeded", detail)
+        if action.kind == "reset_gpu":
+            self._on_reset(action.target, self._clock())
+            self._verifying[action.target] = _Verification(action.target)
+
+    # --- budgets and preconditions -------------------------------------------------------
+
+    def _budget_exhausted(self, action: PlannedAction) -> str | None:
+        budgets = self.config.budgets
+        now = self._wall()
+        limits: list[tuple[int, float, str | None, str]] = []
+        if action.kind == "reset_gpu":
+            limits = [
+                (
+                    budgets.reset_per_gpu,
+                    budgets.reset_per_gpu_window_seconds,
+                    action.target,
+                    "per GPU",
+                ),
+                (budgets.reset_per_node, budgets.reset_per_node_window_seconds, None, "per node"),
+            ]
+        elif action.kind == "cordon":
+            limits = [
+                (budgets.cordon_per_node, budgets.cordon_per_node_window_seconds, None, "per node")
+            ]
+        elif action.kind in ("enable_persistence", "cap_power"):
+            limits = [
+                (
+                    budgets.other_per_gpu,
+                    budgets.other_per_gpu_window_seconds,
+                    action.target,
+                    "per GPU",
+                )
+            ]
+        for limit, window, target, scope in limits:
+            used = self.audit.count(action.kind, _ATTEMPTS, now - window, target)
+            if used >= limit:
+                return f"budget exhausted: {used} of {limit} {scope} in {window / 3600:g} h"
+        return None
+
+    def budget_remaining(self) -> list[tuple[str, str, int]]:
+        """(action, scope, attempts left) for the node-wide budgets, for metrics."""
+        budgets = self.config.budgets
+        now = self._wall()
+        rows = [
+            ("reset_gpu", budgets.reset_per_node, budgets.reset_per_node_window_seconds),
+            ("cordon", budgets.cordon_per_node, budgets.cordon_per_node_window_seconds),
+        ]
+        return [
+            (kind, "node", max(0, limit - self.audit.count(kind, _ATTEMPTS, now - window)))  # type: ignore[arg-type]
+            for kind, limit, window in rows
+        ]
+
+    def _precondition_failure(  # noqa: PLR0911 - one exit per precondition
+        self, action: PlannedAction, snapshot: NodeSnapshot
+    ) -> str | None:
+        if action.kind != "reset_gpu":
+            return None
+        gpu = snapshot.gpu(action.target)
+        if gpu is None or gpu.status != "ok" or gpu.readings is None:
+            return "the GPU does not answer; a lost GPU needs drain and reboot, not a reset"
+        readings = gpu.readings
+        if readings.processes:
+            names = ", ".join(f"{p.name} ({p.pid})" for p in readings.processes)
+            return f"the GPU is busy (NVML compute processes: {names}); waiting until idle"
+        holders = self._ops.device_holders(gpu.identity.minor_number)
+        if holders:
+            names = ", ".join(f"{name} ({pid})" for pid, name in holders)
+            return f"processes hold {gpu.identity.device} open: {names}; waiting until idle"
+        if readings.mig_mode_current and not self.config.reset.allow_mig:
+            return "MIG is enabled: a reset would destroy its instances (reset.allow_mig)"
+        if self.config.reset.require_cordon:
+            if not self._backends:
+                return "reset.require_cordon is set but no cordon backend is configured"
+            if not self.history().cordoned_by_us:
+                return "the node is not cordoned yet (reset.require_cordon)"
+        return None
+
+    # --- performing ------------------------------------------------------------------------
+
+    async def _perform(self, action: PlannedAction, snapshot: NodeSnapshot) -> str | None:
+        kind: ActionKind = action.kind
+        if kind == "report":
+            return "reported"
+        if kind in ("cordon", "uncordon"):
+            return await self._cordon(action, snapshot)
+        if kind == "enable_persistence":
+            return await self._ops.enable_persistence(action.target)
+        if kind in ("cap_power", "restore_power"):
+            limit = action.param("limit_w")
+            if not isinstance(limit, float | int):
+                raise GpuOperationError("no power limit to set")
+            return await self._ops.set_power_limit(action.target, float(limit))
+        gpu = snapshot.gpu(action.target)
+        assert gpu is not None  # checked by the preconditions
+        return await self._ops.reset(action.target, gpu.identity.index)
+
+    async def _cordon(self, action: PlannedAction, snapshot: NodeSnapshot) -> str | None:
+        request = self._cordon_request(action.reason, snapshot)
+        details = []
+        changed = False
+        for backend in self._backends:
+            call = backend.cordon if action.kind == "cordon" else backend.uncordon
+            result = await call(request)
+            changed = changed or result.changed
+            details.append(
+                f"{backend.name}: {result.detail or ('done' if result.changed else 'unchanged')}"
+            )
+            if not result.ok:
+                self._record(action, "failed", "; ".join(details))
+                return None
+        if action.kind == "cordon" and not changed and not await self._owned():
+            # Someone else had already taken the node out: theirs to undo, not ours.
+            details.append("the node is cordoned by someone else: left alone")
+            self._record(action, "skipped", "; ".join(details))
+            return None
+        return "; ".join(details) or "no backend"
+
+    async def _owned(self) -> bool:
+        for backend in self._backends:
+            try:
+                if (await backend.state()).owned:
+                    return True
+            except Exception:  # noqa: BLE001, S112 - a backend that cannot tell is not proof
+                continue
+        return False
+
+    def _cordon_request(self, reason: str, snapshot: NodeSnapshot) -> CordonRequest:
+        problems = snapshot.health.problems()
+        return CordonRequest(
+            node=self._node,
+            cluster=self._cluster,
+            reason=reason,
+            request_id=f"{self._node}:{int(self._wall() * 1000)}",
+            gpus=tuple(sorted({f.gpu for f in problems if f.gpu})),
+            findings=tuple((f.gpu or "", f.check, f.reason) for f in problems),
+        )
+
+    # --- after a reset ---------------------------------------------------------------------
+
+    async def _verify(self, snapshot: NodeSnapshot) -> None:
+        for bus_id, state in list(self._verifying.items()):
+            gpu: GpuState | None = snapshot.gpu(bus_id)
+            healthy = (
+                gpu is not None
+                and gpu.status == "ok"
+                and snapshot.health.gpu_severity(bus_id) in (Severity.OK, Severity.WARN)
+            )
+            if healthy:
+                state.good_polls += 1
+            else:
+                state.bad_polls += 1
+            needed = self.config.reset.verify_polls
+            action = PlannedAction("reset_gpu", bus_id, "verification after reset")
+            if state.good_polls >= needed:
+                del self._verifying[bus_id]
+                diag = await self._ops.dcgm_diag() if self.config.reset.dcgm_diag else None
+                if diag is not None and not diag[0]:
+                    await self._escalate(bus_id, f"DCGM diagnostic after the reset: {diag[1]}")
+                    continue
+                detail = f"healthy for {needed} polls after the reset"
+                self._record(action, "verified", detail + (f"; {diag[1]}" if diag else ""))
+            elif state.bad_polls >= needed:
+                del self._verifying[bus_id]
+                problems = "; ".join(f.reason for f in snapshot.health.problems(bus_id))
+                await self._escalate(bus_id, f"not healthy after the reset: {problems or 'lost'}")
+
+    async def _escalate(self, bus_id: str, why: str) -> None:
+        """A reset that did not help: ask for drain and reboot, never reset this GPU again."""
+        action = PlannedAction("reset_gpu", bus_id, "drain and reboot required")
+        self._record(action, "escalated", why)
+        if not self._backends:
+            return
+        cordon = PlannedAction(
+            "cordon", self._node, f"GPU {bus_id}: reset did not help, drain and reboot"
+        )
+        request = CordonRequest(
+            node=self._node,
+            cluster=self._cluster,
+            reason=cordon.reason,
+            request_id=f"{self._node}:{int(self._wall() * 1000)}",
+            gpus=(bus_id,),
+        )
+        self._record(cordon, "started")
+        details = []
+        ok = True
+        for backend in self._backends:
+            result = await backend.cordon(request)
+            ok = ok and result.ok
+            details.append(f"{backend.name}: {result.detail}")
+        self._record(cordon, "succeeded" if ok else "failed", "; ".join(details))

@@ -1,0 +1,192 @@
+"""What remediation does to a GPU: persistence mode, power limit, reset.
+
+NVML setters run on a worker thread under a timeout (a wedged GPU must not stall the
+event loop). A reset runs the configured command (`nvidia-smi --gpu-reset -i <bus id>`
+by default); on a simulated node the simulated GPU is reset instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pynvml
+
+from gpuagent.sim import SimulatedNode
+
+# Processes that hold every GPU's device node open by design; they are not a workload.
+_SYSTEM_HOLDERS = frozenset({"nvidia-persistenced", "nv-hostengine", "nvidia-smi"})
+
+
+class GpuOperationError(Exception):
+    pass
+
+
+def nvml_bus_id(bus_id: str) -> str:
+    """Canonical "0000:3b:00.0" → NVML's "00000000:3B:00.0"."""
+    domain, _, rest = bus_id.partition(":")
+    return f"{int(domain, 16):08X}:{rest.upper()}"
+
+
+class GpuOps:
+    def __init__(
+        self,
+        *,
+        reset_command: str,
+        timeout: float,
+        simulator: SimulatedNode | None = None,
+        proc_root: Path = Path("/proc"),
+    ) -> None:
+        self._reset_command = reset_command
+        self._timeout = timeout
+        self._simulator = simulator
+        self._proc = proc_root
+
+    async def _nvml(self, call: Callable[[], None]) -> None:
+        try:
+            async with asyncio.timeout(self._timeout):
+                await asyncio.to_thread(call)
+        except pynvml.NVMLError as exc:
+            raise GpuOperationError(str(exc)) from None
+        except TimeoutError:
+            raise GpuOperationError(f"NVML did not answer within {self._timeout:.0f} s") from None
+
+    async def enable_persistence(self, bus_id: str) -> str:
+        def call() -> None:
+            handle = pynvml.nvmlDeviceGetHandleByPciBusId(nvml_bus_id(bus_id))
+            pynvml.nvmlDeviceSetPersistenceMode(handle, pynvml.NVML_FEATURE_ENABLED)
+
+        await self._nvml(call)
+        return "persistence mode enabled"
+
+    async def set_power_limit(self, bus_id: str, watts: float) -> str:
+        def call() -> None:
+            handle = pynvml.nvmlDeviceGetHandleByPciBusId(nvml_bus_id(bus_id))
+            pynvml.nvmlDeviceSetPowerManagementLimit(handle, round(watts * 1000))
+
+        await self._nvml(call)
+        return f"power limit set to {watts:.0f} W"
+
+    async def reset(self, bus_id: str, index: int) -> str:
+        if self._simulator is not None:
+            try:
+                self._simulator.reset_gpu(index)
+            except Exception as exc:  # noqa: BLE001 - the simulator's refusal is the result
+                raise GpuOperationError(str(exc)) from None
+            return "simulated GPU reset"
+        argv = [part.replace("{bus_id}", bus_id) for part in shlex.split(self._reset_command)]
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+            )
+        except OSError as exc:
+            raise GpuOperationError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
+        try:
+            async with asyncio.timeout(self._timeout):
+                output, _ = await process.communicate()
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+            raise GpuOperationError(
+                f"{argv[0]} did not finish within {self._timeout:.0f} s"
+            ) from None
+        text = output.decode(errors="replace").strip()[-500:]
+        if process.returncode != 0:
+            raise GpuOperationError(f"{argv[0]} exited {process.returncode}: {text}")
+        return text or "reset"
+
+    async def dcgm_diag(self) -> tuple[bool, str] | None:
+        """`dcgmi diag -r 1 -j` (the quick DCGM diagnostic); None when DCGM is absent."""
+        dcgmi = shutil.which("dcgmi")
+        if dcgmi is None or self._simulator is not None:
+            return None
+        process = await asyncio.create_subprocess_exec(
+            dcgmi,
+            "diag",
+            "-r",
+            "1",
+            "-j",
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        try:
+            async with asyncio.timeout(self._timeout):
+                output, _ = await process.communicate()
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+            return False, f"dcgmi diag did not finish within {self._timeout:.0f} s"
+        return parse_dcgm_diag(output.decode(errors="replace"))
+
+    def device_holders(self, minor: int | None) -> list[tuple[int, str]]:
+        """Processes (pid, name) other than us that hold /dev/nvidia<minor> open.
+
+        NVML lists compute processes; this also finds graphics clients and anything that
+        merely opened the device, which a reset would break just the same.
+        """
+        if minor is None or self._simulator is not None:
+            return []
+        device = f"/dev/nvidia{minor}"
+        holders: list[tuple[int, str]] = []
+        for entry in self._proc.iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            if _holds(entry, device):
+                name = _process_name(entry)
+                if name not in _SYSTEM_HOLDERS:
+                    holders.append((int(entry.name), name))
+        return holders
+
+
+def parse_dcgm_diag(text: str) -> tuple[bool, str]:
+    """Whether a `dcgmi diag -j` report passed, and which tests failed.
+
+    The report nests test categories, tests and per-GPU results; any result whose status
+    is "Fail" fails the diagnostic. Found by walking the document rather than a fixed path,
+    since the nesting has changed between DCGM versions.
+    """
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError:
+        return False, "dcgmi diag printed no JSON: " + text.strip()[:200]
+    failed: list[str] = []
+
+    def walk(node: object, name: str) -> None:
+        if isinstance(node, dict):
+            here = str(node.get("name", name))
+            status = node.get("status")
+            if isinstance(status, str) and status.lower() == "fail":
+                failed.append(here)
+            for value in node.values():
+                walk(value, here)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item, name)
+
+    walk(document, "diagnostic")
+    if failed:
+        return False, "failed: " + ", ".join(sorted(set(failed)))
+    return True, "dcgmi diag -r 1 passed"
+
+
+def _holds(proc: Path, device: str) -> bool:
+    try:
+        return any(str(fd.readlink()) == device for fd in (proc / "fd").iterdir())
+    except OSError:
+        return False  # gone, or not ours to look at
+
+
+def _process_name(proc: Path) -> str:
+    try:
+        return (proc / "comm").read_text().strip()
+    except OSError:
+        return "?"

@@ -1,0 +1,150 @@
+"""The audit trail: records, counts for budgets, persistence across reopen, failures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuagent.remediation.audit import AuditError, AuditStore
+from gpuagent.remediation.gpu_ops import (
+    GpuOperationError,
+    GpuOps,
+    nvml_bus_id,
+    parse_dcgm_diag,
+)
+from gpuagent.remediation.types import PlannedAction
+
+RESET = PlannedAction(
+    "reset_gpu",
+    "0000:3b:00.0",
+    "1 uncorrectable ECC error",
+    "ecc",
+    "CRITICAL",
+    evidence=(("ecc_dbe_volatile", 1),),
+)
+CAP = PlannedAction("cap_power", "0000:3b:00.0", "hot", params=(("limit_w", 490.0),))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_records_survive_reopening(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "remediation.sqlite"
+    store = AuditStore(path)
+    record = store.record(RESET, "started", mode="enforce")
+    assert record.evidence == {"ecc_dbe_volatile": 1}
+    store.close()
+    reopened = AuditStore(path)
+    (again,) = reopened.recent(10)
+    assert (again.kind, again.target, again.result, again.check) == (
+        "reset_gpu",
+        "0000:3b:00.0",
+        "started",
+        "ecc",
+    )
+    assert again.json()["action"] == "reset_gpu"
+    reopened.close()
+
+
+def test_counts_by_kind_result_target_and_time(tmp_path: Path) -> None:
+    clock = Clock()
+    store = AuditStore(tmp_path / "a.sqlite", wall_clock=clock)
+    store.record(RESET, "started", mode="enforce")
+    clock.now += 100
+    store.record(RESET, "succeeded", mode="enforce")
+    other = PlannedAction("reset_gpu", "0000:5d:00.0", "x")
+    store.record(other, "started", mode="enforce")
+    assert store.count("reset_gpu", ("started",), since=0) == 2
+    assert store.count("reset_gpu", ("started",), since=0, target="0000:3b:00.0") == 1
+    assert store.count("reset_gpu", ("started",), since=clock.now - 10) == 1
+    assert store.count("cordon", ("started",), since=0) == 0
+    last = store.last("reset_gpu", "0000:3b:00.0", ("succeeded", "started"))
+    assert last is not None
+    assert last.result == "succeeded"
+    assert store.targets("reset_gpu", "started") == ["0000:3b:00.0", "0000:5d:00.0"]
+    store.close()
+
+
+def test_parameters_are_kept_in_the_evidence(tmp_path: Path) -> None:
+    store = AuditStore(tmp_path / "a.sqlite")
+    assert store.record(CAP, "succeeded", mode="enforce").evidence == {"params": {"limit_w": 490.0}}
+    store.close()
+
+
+def test_an_unwritable_trail_is_an_audit_error(tmp_path: Path) -> None:
+    store = AuditStore(tmp_path / "a.sqlite")
+    store._db.execute("DROP TABLE actions")  # the trail is gone from under us
+    with pytest.raises(AuditError):
+        store.record(RESET, "started", mode="enforce")
+    store.close()
+
+
+@pytest.mark.parametrize(
+    ("text", "passed", "detail"),
+    [
+        (
+            (
+                '{"DCGM GPU Diagnostic": {"test_categories": [{"category": "Deployment", "tests":'
+                ' [{"name": "Denylist", "results": [{"status": "Pass"}]}, {"name": "NVML Library",'
+                ' "results": [{"status": "Pass"}]}]}]}}'
+            ),
+            True,
+            "passed",
+        ),
+        (
+            (
+                '{"DCGM GPU Diagnostic": {"test_categories": [{"category": "Hardware", "tests":'
+                ' [{"name": "GPU Memory", "results": [{"gpu_id": "1", "status": "Fail"}]}]}]}}'
+            ),
+            False,
+            "GPU Memory",
+        ),
+        ("Error: unable to connect to host engine", False, "no JSON"),
+    ],
+)
+def test_dcgm_diag_reports(text: str, passed: bool, detail: str) -> None:
+    ok, why = parse_dcgm_diag(text)
+    assert ok is passed
+    assert detail in why
+
+
+def test_bus_id_in_nvml_form() -> None:
+    assert nvml_bus_id("0000:3b:00.0") == "00000000:3B:00.0"
+
+
+def test_device_holders_from_proc(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    for pid, name, target in (
+        (100, "python", "/dev/nvidia3"),
+        (101, "nvidia-persistenced", "/dev/nvidia3"),
+        (102, "bash", "/dev/null"),
+    ):
+        (proc / str(pid) / "fd").mkdir(parents=True)
+        (proc / str(pid) / "comm").write_text(name + "\n")
+        (proc / str(pid) / "fd" / "5").symlink_to(target)
+    (proc / "self").mkdir()
+    ops = GpuOps(reset_command="true", timeout=5, proc_root=proc)
+    assert ops.device_holders(3) == [(100, "python")]
+    assert ops.device_holders(None) == []
+
+
+async def test_reset_command_runs_with_the_bus_id(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    ops = GpuOps(reset_command=f"sh -c 'echo $0 > {out}' {{bus_id}}", timeout=5)
+    await ops.reset("0000:3b:00.0", 3)
+    assert out.read_text().strip() == "0000:3b:00.0"
+
+
+async def test_a_failing_reset_command_is_an_error() -> None:
+    ops = GpuOps(reset_command="sh -c 'echo nope; exit 3'", timeout=5)
+    with pytest.raises(GpuOperationError, match="exited 3: nope"):
+        await ops.reset("0000:3b:00.0", 0)
+    missing = GpuOps(reset_command="/nonexistent/reset {bus_id}", timeout=5)
+    with pytest.raises(GpuOperationError, match="cannot run"):
+        await missing.reset("0000:3b:00.0", 0)
