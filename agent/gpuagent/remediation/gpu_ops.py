@@ -80,6 +80,25 @@ class GpuOps:
                 raise GpuOperationError(str(exc)) from None
             return "simulated GPU reset"
         argv = [part.replace("{bus_id}", bus_id) for part in shlex.split(self._reset_command)]
+        returncode, text = await self._run(argv)
+        if returncode != 0:
+            raise GpuOperationError(f"{argv[0]} exited {returncode}: {text}")
+        return text or "reset"
+
+    async def dcgm_diag(self) -> tuple[bool, str] | None:
+        """`dcgmi diag -r 1 -j` (the quick DCGM diagnostic); None when DCGM is absent."""
+        dcgmi = shutil.which("dcgmi")
+        if dcgmi is None or self._simulator is not None:
+            return None
+        try:
+            _, text = await self._run([dcgmi, "diag", "-r", "1", "-j"], keep=None)
+        except GpuOperationError as exc:
+            return False, str(exc)
+        return parse_dcgm_diag(text)
+
+    async def _run(self, argv: list[str], keep: int | None = 500) -> tuple[int, str]:
+        """Run ``argv`` (no shell) under the timeout: its exit code and output (the last
+        ``keep`` characters; all of it when ``keep`` is None)."""
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv,
@@ -98,34 +117,8 @@ class GpuOps:
             raise GpuOperationError(
                 f"{argv[0]} did not finish within {self._timeout:.0f} s"
             ) from None
-        text = output.decode(errors="replace").strip()[-500:]
-        if process.returncode != 0:
-            raise GpuOperationError(f"{argv[0]} exited {process.returncode}: {text}")
-        return text or "reset"
-
-    async def dcgm_diag(self) -> tuple[bool, str] | None:
-        """`dcgmi diag -r 1 -j` (the quick DCGM diagnostic); None when DCGM is absent."""
-        dcgmi = shutil.which("dcgmi")
-        if dcgmi is None or self._simulator is not None:
-            return None
-        process = await asyncio.create_subprocess_exec(
-            dcgmi,
-            "diag",
-            "-r",
-            "1",
-            "-j",
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        try:
-            async with asyncio.timeout(self._timeout):
-                output, _ = await process.communicate()
-        except TimeoutError:
-            process.kill()
-            await process.wait()
-            return False, f"dcgmi diag did not finish within {self._timeout:.0f} s"
-        return parse_dcgm_diag(output.decode(errors="replace"))
+        text = output.decode(errors="replace").strip()
+        return int(process.returncode or 0), text if keep is None else text[-keep:]
 
     def device_holders(self, minor: int | None) -> list[tuple[int, str]]:
         """Processes (pid, name) other than us that hold /dev/nvidia<minor> open.
