@@ -1,0 +1,134 @@
+"""Metric names used in PromQL expressions, and the names the agent really exports.
+
+Shared by the deploy tests: every name an alert rule or dashboard panel queries must be one
+the agent serves (or Prometheus' own ``up``), so a renamed metric cannot silently empty a
+panel or mute an alert.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+
+from gpuagent.model import (
+    EventCount,
+    Finding,
+    KmsgCounters,
+    NodeSnapshot,
+    PcieLink,
+    PciePath,
+    RemediationStatus,
+    Severity,
+)
+from test_metrics_support import BUS_IDS, exposition, ok_findings, snapshot
+
+# Series Prometheus itself adds for every scrape target.
+PROMETHEUS_NAMES = frozenset({"up"})
+
+KEYWORDS = frozenset(
+    {
+        "and",
+        "or",
+        "unless",
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "bool",
+        "offset",
+        "inf",
+        "nan",
+    }
+)
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
+_MATCHERS = re.compile(r"\{[^{}]*\}")
+_RANGE = re.compile(r"\[[^\[\]]*\]")
+_VARIABLE = re.compile(r"\$\{?\w+(?::\w+)?\}?")
+_LABEL_LIST = re.compile(
+    r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)", re.IGNORECASE
+)
+_DURATION = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:ms|[smhdwy])+\b")
+_IDENTIFIER = re.compile(r"(?<![\w.:$])([a-zA-Z_:][\w:]*)(?!\s*\()(?=\s|[{\[)=!<>+\-*/%^,]|$)")
+
+
+def metric_names(expr: str) -> set[str]:
+    """Names of the series an expression selects.
+
+    Strings, label matchers, ranges, dashboard variables and label lists are removed first;
+    of what is left, an identifier not followed by ``(`` (a function call or an aggregation)
+    and not a PromQL keyword is a metric name.
+    """
+    text = _STRING.sub(" ", expr)
+    text = _VARIABLE.sub(" ", text)
+    text = _MATCHERS.sub(" ", text)
+    text = _RANGE.sub(" ", text)
+    text = _LABEL_LIST.sub(" ", text)
+    text = _DURATION.sub(" ", text)
+    return {
+        name
+        for name in _IDENTIFIER.findall(text)
+        if name.lower() not in KEYWORDS and not re.fullmatch(r"\d\w*", name)
+    }
+
+
+def _full_snapshot() -> NodeSnapshot:
+    """A snapshot that makes every metric family the agent has carry at least one sample."""
+    bus = BUS_IDS[0]
+    link = PcieLink(
+        bus,
+        "gpu",
+        current_speed_gts=32.0,
+        max_speed_gts=32.0,
+        current_width=16,
+        max_width=16,
+        aer_correctable=1,
+        aer_nonfatal=0,
+        aer_fatal=0,
+    )
+    bridge = PcieLink(
+        "0000:17:00.0", "bridge", 32.0, 32.0, 16, 16, aer_correctable=0, aer_nonfatal=0
+    )
+    counts = (
+        EventCount(bus, "xid", 79, None, 1, 1_700_000_000.0),
+        EventCount(None, "sxid", 20034, None, 1, 1_700_000_000.0),
+        EventCount(bus, "aer", None, "fatal", 1, 1_700_000_000.0),
+        EventCount(bus, "fallen_off_bus", None, None, 1, 1_700_000_000.0),
+    )
+    findings = (
+        *ok_findings(),
+        Finding(check="pcie", severity=Severity.WARN, reason="degraded", gpu=bus),
+    )
+    return snapshot(
+        findings=findings,
+        pcie=(PciePath(link, (bridge,)),),
+        event_counts=counts,
+        kmsg=KmsgCounters(records_read=10, records_lost=1, lines_unparsed=1),
+        rejected_api_requests=(("malformed", 1),),
+        remediation=RemediationStatus(
+            mode="enforce",
+            paused=False,
+            cordoned_by_us=True,
+            counts=(("reset_gpu", "succeeded", 1),),
+            budgets=(("reset_gpu", "node", 2),),
+        ),
+    )
+
+
+@cache
+def exported_names() -> frozenset[str]:
+    """Every sample name in the real exposition of a snapshot that uses every family."""
+    text = exposition(_full_snapshot())
+    names = {
+        re.split(r"[{\s]", line, maxsplit=1)[0]
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+    return frozenset(names)
+
+
+def queryable_names() -> frozenset[str]:
+    """What an expression may select: the agent's series and Prometheus' own."""
+    return exported_names() | PROMETHEUS_NAMES
