@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -10,6 +11,7 @@ from gpuagent.remediation.audit import AuditError, AuditStore
 from gpuagent.remediation.gpu_ops import (
     GpuOperationError,
     GpuOps,
+    _holds,
     nvml_bus_id,
     parse_dcgm_diag,
 )
@@ -132,6 +134,23 @@ def test_device_holders_from_proc(tmp_path: Path) -> None:
     ops = GpuOps(reset_command="true", timeout=5, proc_root=proc)
     assert ops.device_holders(3) == [(100, "python")]
     assert ops.device_holders(None) == []
+
+
+def test_a_process_we_cannot_inspect_counts_as_holding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proc = tmp_path / "7"
+    (proc / "fd").mkdir(parents=True)
+    real = Path.iterdir
+
+    def denied(self: Path) -> Any:
+        if self == proc / "fd":
+            raise PermissionError(13, "Permission denied")
+        return real(self)
+
+    monkeypatch.setattr(Path, "iterdir", denied)
+    assert _holds(proc, "/dev/nvidia0") is True  # fail closed: no reset
+    assert _holds(tmp_path / "gone", "/dev/nvidia0") is False
 
 
 async def test_reset_command_runs_with_the_bus_id(tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import tomllib
@@ -64,12 +63,11 @@ def _check_scenario(path: Path | None) -> None:
         _fail(f"invalid scenario {path}: {exc}", EXIT_CONFIG_ERROR)
 
 
-def _setup_logging(level: str) -> None:
-    # Under systemd, journald stamps time and unit itself.
-    fmt = "%(levelname)s %(name)s: %(message)s"
-    if not os.environ.get("JOURNAL_STREAM"):
-        fmt = "%(asctime)s " + fmt
-    logging.basicConfig(level=level.upper(), format=fmt, stream=sys.stderr)
+def _setup_logging(level: str, log_format: str = "text") -> None:
+    # Under systemd, journald stamps time and unit itself; see gpuagent.logs.
+    from gpuagent import logs  # noqa: PLC0415
+
+    logs.setup(level, log_format)
 
 
 # --- commands -------------------------------------------------------------------------
@@ -78,7 +76,7 @@ def _setup_logging(level: str) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     config = _load_config(args.config)
     _check_scenario(args.simulate)
-    _setup_logging(args.log_level)
+    _setup_logging(args.log_level, args.log_format)
 
     import asyncio  # noqa: PLC0415
 
@@ -430,6 +428,12 @@ def _add_daemon_commands(add: Add) -> None:
     _config_option(run)
     run.add_argument("--simulate", type=Path, metavar="SCENARIO", help="simulate the GPUs")
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    run.add_argument(
+        "--log-format",
+        default="text",
+        choices=["text", "json"],
+        help="text (with journald priority prefixes under systemd) or JSON lines",
+    )
     run.set_defaults(func=cmd_run)
 
     check = add(

@@ -134,7 +134,7 @@ class GpuOps:
             if not entry.name.isdigit() or int(entry.name) == os.getpid():
                 continue
             if _holds(entry, device):
-                name = _process_name(entry)
+                name = _process_name(entry)  # "?" when it cannot be read
                 if name not in _SYSTEM_HOLDERS:
                     holders.append((int(entry.name), name))
         return holders
@@ -172,10 +172,14 @@ def parse_dcgm_diag(text: str) -> tuple[bool, str]:
 
 
 def _holds(proc: Path, device: str) -> bool:
+    """Whether the process has ``device`` open. A process we are not allowed to inspect
+    counts as holding it: a reset must fail closed, never hit a job we could not see."""
     try:
         return any(str(fd.readlink()) == device for fd in (proc / "fd").iterdir())
+    except PermissionError:
+        return True
     except OSError:
-        return False  # gone, or not ours to look at
+        return False  # the process is gone
 
 
 def _process_name(proc: Path) -> str:

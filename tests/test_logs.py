@@ -1,0 +1,130 @@
+"""Log formats: journald priority prefixes under systemd, JSON lines for shippers."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli, start_daemon
+from gpuagent import logs
+
+
+def _record(level: int, message: str = "hello %s", **extra: object) -> logging.LogRecord:
+    record = logging.LogRecord("gpuagent.test", level, __file__, 1, message, ("world",), None)
+    for key, value in extra.items():
+        setattr(record, key, value)
+    return record
+
+
+@pytest.mark.parametrize(
+    ("level", "priority"),
+    [
+        (logging.CRITICAL, 3),
+        (logging.ERROR, 3),
+        (logging.WARNING, 4),
+        (logging.INFO, 6),
+        (logging.DEBUG, 7),
+        (5, 7),
+    ],
+)
+def test_syslog_priority(level: int, priority: int) -> None:
+    assert logs.syslog_priority(level) == priority
+
+
+@pytest.mark.parametrize(
+    ("log_format", "under_journal", "level", "pattern"),
+    [
+        ("text", True, logging.ERROR, r"<3>ERROR gpuagent\.test: hello world"),
+        ("text", True, logging.WARNING, r"<4>WARNING gpuagent\.test: hello world"),
+        ("text", True, logging.INFO, r"<6>INFO gpuagent\.test: hello world"),
+        ("text", True, logging.DEBUG, r"<7>DEBUG gpuagent\.test: hello world"),
+        (
+            "text",
+            False,
+            logging.INFO,
+            r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO gpuagent\.test: hello world",
+        ),
+    ],
+)
+def test_text_formats(log_format: str, under_journal: bool, level: int, pattern: str) -> None:
+    formatter = logs.make_formatter(log_format, under_journal=under_journal)
+    assert re.fullmatch(pattern, formatter.format(_record(level)))
+
+
+def test_journal_prefixes_every_line_of_a_traceback() -> None:
+    formatter = logs.make_formatter("text", under_journal=True)
+    try:
+        raise ValueError("boom")  # noqa: TRY301
+    except ValueError:
+        record = _record(logging.ERROR)
+        record.exc_info = sys.exc_info()
+    lines = formatter.format(record).split("\n")
+    assert len(lines) > 2
+    assert all(line.startswith("<3>") for line in lines)
+
+
+@pytest.mark.parametrize("under_journal", [True, False])
+def test_json_format(under_journal: bool) -> None:
+    formatter = logs.make_formatter("json", under_journal=under_journal)
+    doc = json.loads(formatter.format(_record(logging.WARNING, gpu=3, path=Path("/x"))))
+    assert doc["level"] == "warning"
+    assert doc["logger"] == "gpuagent.test"
+    assert doc["message"] == "hello world"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", doc["time"])
+    assert doc["gpu"] == 3
+    assert doc["path"] == "/x"
+    assert set(doc) == {"time", "level", "logger", "message", "gpu", "path"}
+
+
+def test_json_format_carries_the_exception() -> None:
+    formatter = logs.make_formatter("json", under_journal=False)
+    try:
+        raise ValueError("boom")  # noqa: TRY301
+    except ValueError:
+        record = _record(logging.ERROR)
+        record.exc_info = sys.exc_info()
+    doc = json.loads(formatter.format(record))
+    assert "ValueError: boom" in doc["exception"]
+
+
+def test_unknown_format() -> None:
+    with pytest.raises(ValueError, match="xml"):
+        logs.make_formatter("xml", under_journal=False)
+
+
+def test_setup_writes_to_the_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(root, "level", root.level)
+    monkeypatch.setenv("JOURNAL_STREAM", "8:12345")
+    stream = io.StringIO()
+    logs.setup("info", "text", stream)
+    logging.getLogger("gpuagent.test").info("started")
+    logging.getLogger("gpuagent.test").debug("hidden")
+    assert stream.getvalue() == "<6>INFO gpuagent.test: started\n"
+
+
+def test_run_rejects_an_unknown_format() -> None:
+    result = run_cli("run", "--log-format", "xml")
+    assert result.returncode == 2
+    assert "--log-format" in result.stderr
+
+
+SCENARIO = '[node]\ngpus = 2\nmodel = "NVIDIA H100 80GB HBM3"\n'
+
+
+def test_daemon_under_journald_prefixes_priorities(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("JOURNAL_STREAM", "8:12345")
+    daemon = start_daemon(tmp_path, SCENARIO)
+    daemon.stop()
+    lines = (tmp_path / "daemon.log").read_text().splitlines()
+    assert any(line.startswith("<6>INFO gpuagent") for line in lines), lines
+    assert all(re.match(r"<[3467]>[A-Z]+ ", line) for line in lines), lines
