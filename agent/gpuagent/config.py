@@ -64,6 +64,20 @@ class MetricsSection:
 
 
 @dataclass(frozen=True)
+class TextfileOutput:
+    # node_exporter's textfile collector directory (e.g.
+    # /var/lib/prometheus/node-exporter); empty: off. gpuagent.prom is written atomically.
+    dir: str = ""
+    # At most one write per this many seconds.
+    min_interval_seconds: float = 5.0
+
+
+@dataclass(frozen=True)
+class OutputsSection:
+    textfile: TextfileOutput = field(default_factory=TextfileOutput)
+
+
+@dataclass(frozen=True)
 class NvmlSourceSection:
     interval_seconds: float = 5.0
     call_timeout_seconds: float = 2.0
@@ -344,6 +358,7 @@ class Config:
     agent: AgentSection = field(default_factory=AgentSection)
     api: ApiSection = field(default_factory=ApiSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
+    outputs: OutputsSection = field(default_factory=OutputsSection)
     sources: SourcesSection = field(default_factory=SourcesSection)
     events: EventsSection = field(default_factory=EventsSection)
     checks: ChecksSection = field(default_factory=ChecksSection)
@@ -370,6 +385,7 @@ _NON_NEGATIVE = {
     "checks.pcie.degraded_hold_seconds",
     "checks.pcie.degraded_min_utilization_pct",
     "checks.pcie.replay_rate_per_minute",
+    "outputs.textfile.min_interval_seconds",
     "checks.xid.app_error_hold_seconds",
     "checks.xid.app_error_rate_per_hour",
     "checks.aer.corrected_rate_per_hour",

@@ -47,6 +47,7 @@ from gpuagent.sources.pcie import read_pcie_paths
 from gpuagent.sources.udev import PciChange, UdevWatcher
 from gpuagent.store import SnapshotStore
 from gpuagent.supervisor import SourceTracker, supervise
+from gpuagent.textfile import TextfileWriter
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,12 @@ class Agent:
         self._metrics: MetricsServer | None = None
         self._api = ApiServer(config.api.socket, config.api.group)
         self.remediator: Remediator | None = None
+        textfile = config.outputs.textfile
+        self._textfile = (
+            TextfileWriter(Path(textfile.dir), textfile.min_interval_seconds)
+            if textfile.dir
+            else None
+        )
         self._remediation_pending: NodeSnapshot | None = None
         self._remediation_task: asyncio.Task[None] | None = None
 
@@ -418,7 +425,10 @@ class Agent:
         self.store.publish(snapshot)
         if self._metrics is not None:
             # Render /metrics now, once per snapshot, so no scrape waits for rendering.
-            self._metrics.exposition.refresh()
+            exposition = self._metrics.exposition
+            exposition.refresh()
+            if self._textfile is not None:
+                self._textfile.offer(lambda: exposition.body(gzipped=False))
         self.notifier.status(self.summary())
         self._schedule_remediation(snapshot)
 
