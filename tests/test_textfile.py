@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -63,11 +64,11 @@ async def test_a_failing_directory_is_logged_once_and_retried(
 
 
 def test_the_daemon_writes_its_metrics_for_node_exporter(
-    tmp_path: Path, run_daemon: object
+    tmp_path: Path, run_daemon: Callable[..., DaemonProcess]
 ) -> None:
     directory = tmp_path / "textfile"
     directory.mkdir()
-    daemon: DaemonProcess = run_daemon(  # type: ignore[operator]
+    run_daemon(
         "[node]\ngpus = 2\n",
         config_extra=f'[outputs.textfile]\ndir = "{directory}"\nmin_interval_seconds = 0.1\n',
     )
