@@ -1,0 +1,132 @@
+"""The Debian package: `make deb` builds it lintian-clean (no errors), and it installs,
+runs, upgrades keeping a locally edited conffile, and removes and purges without leftovers.
+
+Installs into this machine's dpkg database, so it runs only as root and only when asked:
+GPUAGENT_DEB_TEST=1 (the build also needs PyPI for the pinned wheels). Missing build tools
+skip it, unless CI is set.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PKG = "gpuagent"
+CONF = Path("/etc/gpuagent/config.toml")
+BASE_VERSION = "0.1.0"
+UPGRADE_VERSION = "0.1.0+test1"
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        os.environ.get("GPUAGENT_DEB_TEST") != "1",
+        reason="builds and installs the .deb on this machine: set GPUAGENT_DEB_TEST=1",
+    ),
+    pytest.mark.skipif(os.geteuid() != 0, reason="dpkg -i needs root"),
+]
+
+
+def _run(*cmd: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+        cwd=REPO,
+        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+    )
+    assert proc.returncode == 0, (
+        f"{' '.join(cmd)}: rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    )
+    return proc
+
+
+def _installed_version() -> str | None:
+    proc = subprocess.run(
+        ["dpkg-query", "-W", "-f=${Status} ${Version}", PKG],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0 or not proc.stdout.startswith("install ok installed"):
+        return None
+    return proc.stdout.split()[-1]
+
+
+def _deb(version: str) -> Path:
+    arch = subprocess.run(
+        ["dpkg", "--print-architecture"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    return REPO / "dist" / f"{PKG}_{version}_{arch}.deb"
+
+
+@pytest.fixture(scope="module")
+def tools() -> None:
+    if shutil.which("dpkg") is None or shutil.which("make") is None:
+        if os.environ.get("CI"):
+            pytest.fail("dpkg and make are required in CI")
+        pytest.skip("dpkg or make is not installed")
+    if _installed_version() is not None:
+        pytest.skip(f"{PKG} is already installed on this machine; not touching it")
+
+
+def test_build_install_upgrade_purge(tools: None) -> None:
+    try:
+        # Build (make deb installs its build dependencies and runs lintian --fail-on error).
+        _run("make", "deb", f"VERSION={BASE_VERSION}")
+        deb = _deb(BASE_VERSION)
+        assert deb.is_file()
+        _run("lintian", "--fail-on", "error", str(deb))
+
+        _run("dpkg", "-i", str(deb))
+        assert _installed_version() == BASE_VERSION
+        assert f"gpuagent {BASE_VERSION}" in _run("gpuagent", "--version").stdout
+        _run("/usr/bin/gpuagent", "config", "check", str(CONF))
+        _run(
+            "/usr/bin/gpuagent",
+            "check",
+            "--config",
+            str(CONF),
+            "--simulate",
+            str(REPO / "scenarios" / "h100-healthy.toml"),
+        )
+
+        # A local edit of the conffile survives an upgrade.
+        text = CONF.read_text()
+        assert 'cluster = "default"' in text
+        CONF.write_text(text.replace('cluster = "default"', 'cluster = "deb-test"'))
+        Path("/var/lib/gpuagent").mkdir(exist_ok=True)
+        (Path("/var/lib/gpuagent") / "state.txt").write_text("x")
+
+        _run("make", "deb", f"VERSION={UPGRADE_VERSION}")
+        _run("dpkg", "-i", "--force-confold", str(_deb(UPGRADE_VERSION)))
+        assert _installed_version() == UPGRADE_VERSION
+        assert 'cluster = "deb-test"' in CONF.read_text()
+        assert "cluster deb-test" in _run("gpuagent", "config", "check", str(CONF)).stdout
+
+        # Remove: the program is gone, configuration and state stay.
+        _run("dpkg", "-r", PKG)
+        assert not Path("/usr/lib/gpuagent").exists()
+        assert not Path("/usr/bin/gpuagent").exists()
+        assert CONF.exists()
+
+        # Purge: nothing of ours is left.
+        _run("dpkg", "-P", PKG)
+        for path in (
+            "/usr/lib/gpuagent",
+            "/usr/bin/gpuagent",
+            "/var/lib/gpuagent",
+            "/etc/gpuagent",
+        ):
+            assert not Path(path).exists(), f"{path} left after purge"
+        assert _installed_version() is None
+    finally:
+        subprocess.run(["dpkg", "-P", PKG], capture_output=True, check=False)
+        for version in (BASE_VERSION, UPGRADE_VERSION):
+            _deb(version).unlink(missing_ok=True)
