@@ -59,8 +59,13 @@ class MetricsSection:
 
     @property
     def host_port(self) -> tuple[str, int]:
-        host, _, port = self.listen.rpartition(":")
-        return host.strip("[]"), int(port)
+        return split_listen(self.listen)
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    """ "HOST:PORT" (validated at load) → (host, port); "[::1]:1" → ("::1", 1)."""
+    host, _, port = listen.rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 @dataclass(frozen=True)
@@ -73,8 +78,59 @@ class TextfileOutput:
 
 
 @dataclass(frozen=True)
+class MqttConnection:
+    """How to reach the MQTT broker (the agent's reporter and the aggregator alike)."""
+
+    host: str = "localhost"
+    port: int = 8883
+    # TLS (on by default: credentials and node reports never cross the network in clear).
+    tls: bool = True
+    # CA bundle to verify the broker with; empty: the system's.
+    ca_file: str = ""
+    # Client certificate and key (with the broker's use_identity_as_username, the
+    # certificate's CN is the MQTT user name, and must be the node name).
+    cert_file: str = ""
+    key_file: str = ""
+    # Username/password authentication; the password is read from a file (mode 0600).
+    username: str = ""
+    password_file: str = ""
+    # Empty: "gpuagent-<node>" for an agent, "gpuagent-aggregator-<host>" for the aggregator.
+    client_id: str = ""
+    topic_prefix: str = "gpuagent/v1"
+    keepalive_seconds: int = 30
+    # Reconnect backoff: doubles from min to max, with jitter.
+    reconnect_min_seconds: float = 1.0
+    reconnect_max_seconds: float = 60.0
+
+
+@dataclass(frozen=True)
+class SpoolSection:
+    # Events and action records wait here (SQLite under agent.state_dir) until the broker
+    # acknowledges them. The oldest are dropped (and counted) past either bound.
+    max_bytes: int = 64 * 1024 * 1024
+    max_age_seconds: float = 7 * 86400.0
+
+
+@dataclass(frozen=True)
+class MqttOutput:
+    enabled: bool = False
+    broker: MqttConnection = field(default_factory=MqttConnection)
+    # The retained state report is sent on every change and at least this often.
+    state_interval_seconds: float = 30.0
+    # MQTT 5 message expiry of events and action records (a broker drops older ones for
+    # a subscriber that was away longer).
+    event_expiry_seconds: int = 86400
+    spool: SpoolSection = field(default_factory=SpoolSection)
+    # Remote commands that can destroy work (GPU reset) are refused unless this is true.
+    allow_remote_reset: bool = False
+    # Largest command payload accepted from the broker.
+    max_command_bytes: int = 65536
+
+
+@dataclass(frozen=True)
 class OutputsSection:
     textfile: TextfileOutput = field(default_factory=TextfileOutput)
+    mqtt: MqttOutput = field(default_factory=MqttOutput)
 
 
 @dataclass(frozen=True)
@@ -354,6 +410,37 @@ class RemediationSection:
 
 
 @dataclass(frozen=True)
+class CordonBudgetSection:
+    # Approve a cordon request only while, counting it, at most max_nodes nodes and at most
+    # max_percent of the cluster's known nodes were cordoned within window_seconds.
+    max_nodes: int = 2
+    max_percent: float = 10.0
+    window_seconds: float = 3600.0
+
+
+@dataclass(frozen=True)
+class AggregatorSection:
+    # HTTP: the JSON API (/api/v1/...), the fleet page (/) and fleet metrics (/metrics).
+    listen: str = "127.0.0.1:19500"
+    # Fleet state (SQLite).
+    database: Path = Path("/var/lib/gpuagent-aggregator/fleet.sqlite")
+    # Shared-subscription group: every aggregator with the same group splits the fleet's
+    # messages; empty: plain subscriptions (one aggregator sees everything).
+    share_group: str = "gpuagent"
+    # A node whose last report is older than this is shown as stale (offline comes from
+    # its Last Will at once).
+    stale_after_seconds: float = 120.0
+    events_retention_seconds: float = 7 * 86400.0
+    max_events: int = 1_000_000
+    broker: MqttConnection = field(default_factory=MqttConnection)
+    cordon_budget: CordonBudgetSection = field(default_factory=CordonBudgetSection)
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        return split_listen(self.listen)
+
+
+@dataclass(frozen=True)
 class Config:
     agent: AgentSection = field(default_factory=AgentSection)
     api: ApiSection = field(default_factory=ApiSection)
@@ -363,6 +450,7 @@ class Config:
     events: EventsSection = field(default_factory=EventsSection)
     checks: ChecksSection = field(default_factory=ChecksSection)
     remediation: RemediationSection = field(default_factory=RemediationSection)
+    aggregator: AggregatorSection = field(default_factory=AggregatorSection)
 
 
 # --- extra rules beyond types ----------------------------------------------------------
@@ -377,6 +465,20 @@ _POSITIVE = {
     "sources.sysfs.interval_seconds",
     "events.retention_seconds",
     "events.max_events",
+    "outputs.mqtt.state_interval_seconds",
+    "outputs.mqtt.event_expiry_seconds",
+    "outputs.mqtt.max_command_bytes",
+    "outputs.mqtt.spool.max_bytes",
+    "outputs.mqtt.spool.max_age_seconds",
+    "aggregator.stale_after_seconds",
+    "aggregator.events_retention_seconds",
+    "aggregator.max_events",
+    "aggregator.cordon_budget.window_seconds",
+    *(
+        f"{section}.{key}"
+        for section in ("outputs.mqtt.broker", "aggregator.broker")
+        for key in ("keepalive_seconds", "reconnect_min_seconds", "reconnect_max_seconds")
+    ),
 }
 _NON_NEGATIVE = {
     "checks.ecc.sbe_rate_per_hour",
@@ -391,6 +493,8 @@ _NON_NEGATIVE = {
     "checks.aer.corrected_rate_per_hour",
     "sources.kmsg.lookback_seconds",
     "events.dedup_window_seconds",
+    "aggregator.cordon_budget.max_nodes",
+    "aggregator.cordon_budget.max_percent",
 }
 _LISTEN_RE = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]*):(\d{1,5})$")
 
@@ -401,7 +505,9 @@ def _check_value(key: str, value: object) -> str | None:
         return "must be greater than 0"
     if key in _NON_NEGATIVE and isinstance(value, int | float) and value < 0:
         return "must not be negative"
-    if key == "metrics.listen":
+    if key.endswith(".port") and isinstance(value, int) and not 0 < value < 65536:
+        return "must be a port number, 1 to 65535"
+    if key in ("metrics.listen", "aggregator.listen"):
         match = _LISTEN_RE.match(str(value))
         if match is None or not 0 < int(match.group(2)) < 65536:
             return 'must be "HOST:PORT", e.g. "0.0.0.0:19400" or "[::1]:19400"'

@@ -1,0 +1,1 @@
+"""Node ↔ aggregator over MQTT: topics, versioned payloads, the node's reporter and spool."""
