@@ -1,0 +1,143 @@
+"""The durable outbox: events and action records wait here until the broker has them.
+
+A message is written (synchronously, WAL) before anyone tries to publish it and deleted
+only after the broker acknowledged it, so neither a broker outage nor an agent crash
+loses one; a crash between the acknowledgement and the delete sends it again, which the
+aggregator absorbs by message id (at least once, end to end). Messages come out in the
+order they went in. Bounded by bytes and age: the oldest go first, and every drop is
+counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS outbox (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    channel TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS cursors (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+"""
+
+
+class SpoolError(Exception):
+    """The spool cannot be written (disk full, read-only): the caller keeps the message."""
+
+
+@dataclass(frozen=True, slots=True)
+class Spooled:
+    seq: int
+    id: str
+    channel: str
+    payload: bytes
+    created: float
+
+
+class Spool:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_bytes: int,
+        max_age_seconds: float,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._wall = wall_clock
+        self._max_bytes = max_bytes
+        self._max_age = max_age_seconds
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+        row = self._db.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM outbox")
+        self.depth, self.bytes = (int(v) for v in row.fetchone())
+        self.dropped = 0
+
+    def close(self) -> None:
+        self._db.close()
+
+    def put(self, message_id: str, channel: str, payload: bytes) -> bool:
+        """Keep one message; False if one with this id is already waiting."""
+        try:
+            cursor = self._db.execute(
+                "INSERT OR IGNORE INTO outbox (id, channel, payload, created) VALUES (?, ?, ?, ?)",
+                (message_id, channel, payload, self._wall()),
+            )
+        except sqlite3.Error as exc:
+            raise SpoolError(str(exc)) from exc
+        if cursor.rowcount == 0:
+            return False
+        self.depth += 1
+        self.bytes += len(payload)
+        self._enforce_bounds()
+        return True
+
+    def head(self, limit: int = 100) -> list[Spooled]:
+        """The oldest waiting messages, in order."""
+        rows = self._db.execute(
+            "SELECT seq, id, channel, payload, created FROM outbox ORDER BY seq LIMIT ?",
+            (limit,),
+        ).fetchall()
+        return [Spooled(int(s), str(i), str(c), bytes(p), float(t)) for s, i, c, p, t in rows]
+
+    def remove(self, seq: int) -> None:
+        """The broker has it (or refused it for good)."""
+        try:
+            cursor = self._db.execute(
+                "DELETE FROM outbox WHERE seq = ? RETURNING LENGTH(payload)", (seq,)
+            )
+            row = cursor.fetchone()
+        except sqlite3.Error as exc:
+            raise SpoolError(str(exc)) from exc
+        if row is not None:
+            self.depth -= 1
+            self.bytes -= int(row[0])
+
+    def _enforce_bounds(self) -> None:
+        now = self._wall()
+        expired = self._db.execute(
+            "DELETE FROM outbox WHERE created < ? RETURNING LENGTH(payload)",
+            (now - self._max_age,),
+        ).fetchall()
+        self._dropped(expired, "older than max_age_seconds")
+        while self.bytes > self._max_bytes and self.depth > 1:
+            oldest = self._db.execute(
+                "DELETE FROM outbox WHERE seq = (SELECT MIN(seq) FROM outbox)"
+                " RETURNING LENGTH(payload)"
+            ).fetchall()
+            self._dropped(oldest, "spool over max_bytes")
+
+    def _dropped(self, rows: list[tuple[int]], why: str) -> None:
+        if not rows:
+            return
+        if self.dropped == 0:
+            log.warning("MQTT spool dropping its oldest messages: %s", why)
+        self.dropped += len(rows)
+        self.depth -= len(rows)
+        self.bytes -= sum(int(r[0]) for r in rows)
+
+    def cursor(self, name: str) -> int:
+        row = self._db.execute("SELECT value FROM cursors WHERE name = ?", (name,)).fetchone()
+        return int(row[0]) if row else 0
+
+    def set_cursor(self, name: str, value: int) -> None:
+        try:
+            self._db.execute(
+                "INSERT INTO cursors (name, value) VALUES (?, ?)"
+                " ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                (name, value),
+            )
+        except sqlite3.Error as exc:
+            raise SpoolError(str(exc)) from exc

@@ -1,0 +1,215 @@
+"""A real mosquitto on loopback for the fleet tests.
+
+Two listeners on free ports of 127.0.0.1: a plain one (anonymous, no ACL) and a TLS one
+configured like production (docs/fleet.md): a test CA, `require_certificate`,
+`use_identity_as_username` and the project's own ACL file, deploy/mosquitto/gpuagent.acl.
+Certificates are made with the openssl command. The broker can be killed (SIGKILL) and
+restarted on the same ports and persistence file, for outage tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from conftest import free_port
+from gpuagent.config import MqttConnection
+
+REPO = Path(__file__).resolve().parent.parent
+ACL = REPO / "deploy" / "mosquitto" / "gpuagent.acl"
+_SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", os.defpath), "/usr/sbin", "/sbin"])
+STARTUP_SECONDS = 10.0
+
+
+def mosquitto_path() -> str | None:
+    return shutil.which("mosquitto", path=_SEARCH_PATH)
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@dataclass
+class Pki:
+    """A test CA that signs the broker's certificate and one per client identity."""
+
+    root: Path
+    _issued: dict[str, tuple[Path, Path]] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, root: Path) -> Pki:
+        root.mkdir(parents=True, exist_ok=True)
+        _openssl(
+            "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+            "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+            "-subj", "/CN=gpuagent test CA", cwd=root,
+        )  # fmt: skip
+        pki = cls(root)
+        pki._sign("broker", san="subjectAltName=IP:127.0.0.1,DNS:localhost")
+        return pki
+
+    @property
+    def ca_file(self) -> Path:
+        return self.root / "ca.crt"
+
+    def _sign(self, name: str, san: str | None = None) -> tuple[Path, Path]:
+        key, csr, crt = (self.root / f"{name}.{ext}" for ext in ("key", "csr", "crt"))
+        _openssl(
+            "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", key.name, "-out", csr.name, "-subj", f"/CN={name}", cwd=self.root,
+        )  # fmt: skip
+        extfile = self.root / f"{name}.ext"
+        extfile.write_text((san or f"subjectAltName=DNS:{name}") + "\n")
+        _openssl(
+            "x509", "-req", "-in", csr.name, "-CA", "ca.crt", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", crt.name, "-days", "2", "-extfile", extfile.name,
+            cwd=self.root,
+        )  # fmt: skip
+        key.chmod(0o600)
+        return crt, key
+
+    def client(self, name: str) -> tuple[Path, Path]:
+        """(certificate, key) for a client whose CN, and so MQTT user name, is ``name``."""
+        if name not in self._issued:
+            self._issued[name] = self._sign(name)
+        return self._issued[name]
+
+
+@dataclass
+class Broker:
+    root: Path
+    pki: Pki
+    port: int
+    tls_port: int
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def log(self) -> Path:
+        return self.root / "mosquitto.log"
+
+    def connection(self, identity: str | None = None, **overrides: object) -> MqttConnection:
+        """Settings for the plain listener, or (with ``identity``) the TLS listener with a
+        client certificate for that identity."""
+        if identity is None:
+            base = MqttConnection(host="127.0.0.1", port=self.port, tls=False)
+        else:
+            cert, key = self.pki.client(identity)
+            base = MqttConnection(
+                host="127.0.0.1",
+                port=self.tls_port,
+                tls=True,
+                ca_file=str(self.pki.ca_file),
+                cert_file=str(cert),
+                key_file=str(key),
+            )
+        fields = {**base.__dict__, "reconnect_min_seconds": 0.2, "reconnect_max_seconds": 1.0}
+        fields.update(overrides)
+        return MqttConnection(**fields)  # type: ignore[arg-type]
+
+    def _write_config(self) -> Path:
+        crt, key = self.root / "pki" / "broker.crt", self.root / "pki" / "broker.key"
+        lines = [
+            "per_listener_settings true",
+            "persistence true",
+            f"persistence_location {self.root}/",
+            "autosave_interval 1",
+            f"log_dest file {self.log}",
+            "log_type error",
+            "log_type warning",
+            "log_type notice",
+            "log_type subscribe",
+            f"listener {self.port} 127.0.0.1",
+            "allow_anonymous true",
+            f"listener {self.tls_port} 127.0.0.1",
+            f"cafile {self.pki.ca_file}",
+            f"certfile {crt}",
+            f"keyfile {key}",
+            "require_certificate true",
+            "use_identity_as_username true",
+            "allow_anonymous false",
+            f"acl_file {ACL}",
+        ]
+        if os.geteuid() == 0:
+            lines.insert(0, "user root")  # else mosquitto drops to a user that can't read our files
+        conf = self.root / "mosquitto.conf"
+        conf.write_text("\n".join(lines) + "\n")
+        return conf
+
+    def start(self) -> None:
+        program = mosquitto_path()
+        assert program is not None
+        self.process = subprocess.Popen(
+            [program, "-c", str(self._write_config())],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                err = self.process.stderr.read().decode() if self.process.stderr else ""
+                log = self.log.read_text() if self.log.exists() else ""
+                raise RuntimeError(f"mosquitto exited: {err}\n{log}")
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.tls_port), timeout=0.2),
+            ):
+                return
+            time.sleep(0.05)
+        raise RuntimeError("mosquitto did not start listening")
+
+    def kill(self) -> None:
+        """SIGKILL: an outage with no goodbye to anyone."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=10)
+        self.process = None
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+        self.process = None
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    return Pki.create(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture
+def mqtt_broker(tmp_path: Path, pki: Pki) -> Iterator[Broker]:
+    if mosquitto_path() is None:
+        if os.environ.get("CI"):
+            pytest.fail("mosquitto is required in CI (scripts/test installs it)")
+        pytest.skip("mosquitto is not installed")
+    root = tmp_path / "broker"
+    root.mkdir()
+    (root / "pki").mkdir()
+    for name in ("broker.crt", "broker.key"):
+        shutil.copy(pki.root / name, root / "pki" / name)
+    broker = Broker(root, pki, port=free_port(), tls_port=free_port())
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
