@@ -24,6 +24,7 @@ from gpuagent.checks import HealthMemory, evaluate
 from gpuagent.config import Config
 from gpuagent.daemon_api import AgentApi
 from gpuagent.events import EventLog
+from gpuagent.fleet.reporter import CommandRefusedError, Reporter
 from gpuagent.metrics import MetricsServer, build_registry
 from gpuagent.model import (
     GpuEvent,
@@ -34,10 +35,11 @@ from gpuagent.model import (
     RemediationStatus,
     Severity,
 )
-from gpuagent.remediation.audit import AuditStore
+from gpuagent.remediation.audit import AuditError, AuditStore
 from gpuagent.remediation.backends import build_backends
 from gpuagent.remediation.executor import Remediator
 from gpuagent.remediation.gpu_ops import GpuOps
+from gpuagent.remediation.types import PlannedAction
 from gpuagent.sdnotify import Notifier
 from gpuagent.sim import SimulatedNode, load_scenario
 from gpuagent.sources.kmsg import KmsgSource
@@ -56,6 +58,7 @@ _MAX_BACKOFF_SECONDS = 60.0
 _GIL_SWITCH_SECONDS = 0.0005
 _SYSFS_TIMEOUT_SECONDS = 10.0
 _PRUNE_SECONDS = 60.0
+_RUN_CHECKS_TIMEOUT_SECONDS = 30.0
 _UDEV_KINDS = {
     "add": "gpu_added",
     "remove": "gpu_removed",
@@ -77,6 +80,7 @@ class Agent:
         self._hostname = socket.gethostname()
         self._stop = asyncio.Event()
         self.refresh_requested = asyncio.Event()
+        self._polled = asyncio.Event()  # set after every NVML poll's snapshot
         self._memory = HealthMemory()
         self._sequence = 0
         self.polls = 0
@@ -91,6 +95,7 @@ class Agent:
         self._metrics: MetricsServer | None = None
         self._api = ApiServer(config.api.socket, config.api.group)
         self.remediator: Remediator | None = None
+        self.reporter: Reporter | None = None
         textfile = config.outputs.textfile
         self._textfile = (
             TextfileWriter(Path(textfile.dir), textfile.min_interval_seconds)
@@ -147,12 +152,28 @@ class Agent:
         assert self.store.current is not None
         return self.store.current
 
-    def _build_remediator(self) -> Remediator:
+    def _build_reporter(self, audit: AuditStore) -> Reporter | None:
+        mqtt = self.config.outputs.mqtt
+        if not mqtt.enabled:
+            return None
+        reporter = Reporter(
+            mqtt,
+            node=self.node_name,
+            cluster=self.config.agent.cluster,
+            agent_version=__version__,
+            state_dir=self.config.agent.state_dir,
+            audit=audit,
+        )
+        reporter.target = self
+        return reporter
+
+    def _build_remediator(self, audit: AuditStore) -> Remediator:
         config = self.config.remediation
+        ask = self.reporter.ask_aggregator if self.reporter is not None else None
         return Remediator(
             config,
-            audit=AuditStore(self.config.agent.state_dir / "remediation.sqlite"),
-            backends=build_backends(config.cordon, self.node_name, self.config.agent.cluster),
+            audit=audit,
+            backends=build_backends(config.cordon, self.node_name, self.config.agent.cluster, ask),
             ops=GpuOps(
                 reset_command=config.reset.command,
                 timeout=config.reset.timeout_seconds,
@@ -170,7 +191,11 @@ class Agent:
         self.refresh_requested.set()
 
     async def startup(self) -> None:
-        self.remediator = self._build_remediator()
+        audit = AuditStore(self.config.agent.state_dir / "remediation.sqlite")
+        self.reporter = self._build_reporter(audit)
+        self.remediator = self._build_remediator(audit)
+        if self.reporter is not None:
+            self.remediator.on_record = self.reporter.audit_written
         self._open_sources()
         host, port = self.config.metrics.host_port
         self._metrics = MetricsServer(
@@ -198,7 +223,12 @@ class Agent:
             # from `gpuagent inject pci_remove|pci_add` instead.
             if sources.udev.enabled and self.simulator is None:
                 running.append(tasks.create_task(self._run_udev(), name="udev"))
+            if self.reporter is not None:
+                running.append(tasks.create_task(self.reporter.run(), name="mqtt"))
             await self._stop.wait()
+            if self.reporter is not None:
+                # Before the connection goes: a clean goodbye, not the Last Will.
+                await self.reporter.shutdown()
             for task in running:
                 task.cancel()
 
@@ -210,6 +240,8 @@ class Agent:
                 if self._remediation_task is not None:
                     self._remediation_task.cancel()
                 await self._close_sources()
+        if self.reporter is not None:
+            self.reporter.close()
         if self._metrics is not None:
             self._metrics.stop()
         log.info("stopped")
@@ -251,6 +283,7 @@ class Agent:
             self._watch_xid_events()
             self._track_xid_watcher()
         self._publish()
+        self._polled.set()
         return True
 
     def _without_values(self, error: str | None) -> NvmlObservation | None:
@@ -290,6 +323,8 @@ class Agent:
         """Every source's events arrive here, on the event loop."""
         if not self.events.add(event):
             return
+        if self.reporter is not None:
+            self.reporter.offer_event(event)
         log.info(
             "%s event %s%s on %s: %s",
             event.source,
@@ -420,6 +455,7 @@ class Agent:
             kmsg=self._kmsg.counters if self._kmsg is not None else KmsgCounters(),
             event_counts=self.events.counts(),
             remediation=self._remediation_status(),
+            mqtt=self.reporter.status() if self.reporter is not None else None,
         )
         self._log_transitions(previous, snapshot)
         self.store.publish(snapshot)
@@ -430,6 +466,8 @@ class Agent:
             if self._textfile is not None:
                 self._textfile.offer(lambda: exposition.body(gzipped=False))
         self.notifier.status(self.summary())
+        if self.reporter is not None:
+            self.reporter.offer_snapshot(snapshot)
         self._schedule_remediation(snapshot)
 
     def _remediation_status(self) -> RemediationStatus | None:
@@ -478,6 +516,45 @@ class Agent:
                     finding.severity.name,
                     finding.reason,
                 )
+
+    # --- remote commands (the MQTT reporter's CommandTarget) ----------------------------------
+
+    def refresh(self) -> None:
+        self.refresh_requested.set()
+
+    async def run_checks(self) -> str:
+        """Poll and evaluate now; the summary of the snapshot that follows."""
+        before = self.polls
+        self.refresh_requested.set()
+        async with asyncio.timeout(_RUN_CHECKS_TIMEOUT_SECONDS):
+            while self.polls <= before:
+                self._polled.clear()
+                await self._polled.wait()
+        return self.summary()
+
+    def set_remediation_mode(self, mode: str) -> str:
+        assert self.remediator is not None
+        detail = self.remediator.set_mode(mode)
+        self._schedule_publish()
+        return detail
+
+    async def reset_gpu(self, bus_id: str) -> str:
+        """A remote reset request: through every rail local remediation has (mode, kill
+        switch, budgets, no process on the GPU, cordoned first), never around them."""
+        snapshot = self.store.current
+        assert self.remediator is not None
+        if snapshot is None or snapshot.gpu(bus_id) is None:
+            raise CommandRefusedError(f"no GPU {bus_id} on this node")
+        action = PlannedAction("reset_gpu", bus_id, "requested by the aggregator")
+        try:
+            record = await self.remediator.run_requested(action, snapshot)
+        except AuditError as exc:
+            raise CommandRefusedError(str(exc)) from None
+        if record is None:
+            raise CommandRefusedError("not attempted: cooling down after a recent attempt")
+        if record.result not in ("succeeded", "planned"):
+            raise CommandRefusedError(f"{record.result}: {record.detail}")
+        return f"{record.result}: {record.detail}"
 
     def summary(self) -> str:
         snapshot = self.store.current

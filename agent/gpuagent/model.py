@@ -298,6 +298,21 @@ class RemediationStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class MqttStatus:
+    """The MQTT reporter's state, for metrics and status."""
+
+    connected: bool
+    connections: int = 0  # successful connects since start
+    spool_depth: int = 0  # messages waiting for the broker
+    spool_bytes: int = 0
+    spool_dropped: int = 0  # dropped by the spool's bounds since start
+    published: tuple[tuple[str, int], ...] = ()  # (channel, acknowledged publishes)
+    refused: tuple[tuple[str, int], ...] = ()  # (channel, publishes the broker refused)
+    commands: tuple[tuple[str, int], ...] = ()  # (command, received)
+    rejected_commands: tuple[tuple[str, int], ...] = ()  # (reason, count)
+
+
+@dataclass(frozen=True, slots=True)
 class NodeHealth:
     findings: tuple[Finding, ...] = ()
 
@@ -343,6 +358,7 @@ class NodeSnapshot:
     kmsg: KmsgCounters = field(default_factory=KmsgCounters)
     event_counts: tuple[EventCount, ...] = ()
     remediation: RemediationStatus | None = None
+    mqtt: MqttStatus | None = None
 
     def gpu(self, pci_bus_id: str) -> GpuState | None:
         return next((g for g in self.gpus if g.identity.pci_bus_id == pci_bus_id), None)

@@ -137,6 +137,7 @@ class _Builder:
             self._nvlink_up(),
             *self._pcie(),
             *self._remediation(),
+            *self._mqtt(),
             *event_families(
                 self.snapshot,
                 self._labels_for,
@@ -193,6 +194,38 @@ class _Builder:
             family.add_metric([], float(value))
             flags.append(family)
         return [actions, budgets, *flags]
+
+    def _mqtt(self) -> list[Metric]:
+        status = self.snapshot.mqtt
+        if status is None:
+            return []
+        families: list[Metric] = []
+        for spec, value in (
+            (names.MQTT_CONNECTED, float(status.connected)),
+            (names.MQTT_SPOOL_MESSAGES, float(status.spool_depth)),
+            (names.MQTT_SPOOL_BYTES, float(status.spool_bytes)),
+        ):
+            family = _gauge(spec)
+            family.add_metric([], value)
+            families.append(family)
+        for spec, total in (
+            (names.MQTT_CONNECTIONS, status.connections),
+            (names.MQTT_SPOOL_DROPPED, status.spool_dropped),
+        ):
+            counter = _counter(spec)
+            counter.add_metric([], float(total))
+            families.append(counter)
+        for spec, counts in (
+            (names.MQTT_PUBLISHED, status.published),
+            (names.MQTT_REFUSED, status.refused),
+            (names.MQTT_COMMANDS, status.commands),
+            (names.MQTT_COMMANDS_REJECTED, status.rejected_commands),
+        ):
+            counter = _counter(spec)
+            for label, count in counts:
+                counter.add_metric([label], float(count))
+            families.append(counter)
+        return families
 
     def _sources(self) -> list[Metric]:
         columns: list[tuple[MetricSpec, Callable[[SourceStatus], float | None]]] = [

@@ -438,3 +438,36 @@ REMEDIATION_PAUSED = MetricSpec(
 REMEDIATION_CORDONED = MetricSpec(
     "gpuagent_remediation_cordoned", "1 while the node is cordoned by gpuagent."
 )
+MQTT_CONNECTED = MetricSpec(
+    "gpuagent_mqtt_connected", "1 while the MQTT reporter is connected to the broker."
+)
+MQTT_CONNECTIONS = MetricSpec(
+    "gpuagent_mqtt_connections_total", "Successful connections to the MQTT broker."
+)
+MQTT_SPOOL_MESSAGES = MetricSpec(
+    "gpuagent_mqtt_spool_messages", "Events and action records waiting for the broker."
+)
+MQTT_SPOOL_BYTES = MetricSpec("gpuagent_mqtt_spool_bytes", "Bytes waiting in the MQTT spool.")
+MQTT_SPOOL_DROPPED = MetricSpec(
+    "gpuagent_mqtt_spool_dropped_total",
+    "Messages dropped unsent because the spool went past its size or age bound.",
+)
+MQTT_PUBLISHED = MetricSpec(
+    "gpuagent_mqtt_published_total",
+    "Publishes the broker acknowledged, by channel (state, events, actions, replies).",
+    ("channel",),
+)
+MQTT_REFUSED = MetricSpec(
+    "gpuagent_mqtt_publish_refused_total",
+    "Publishes the broker refused (MQTT 5 reason code, e.g. not authorized by its ACL).",
+    ("channel",),
+)
+MQTT_COMMANDS = MetricSpec(
+    "gpuagent_mqtt_commands_total", "Commands received from the aggregator.", ("command",)
+)
+MQTT_COMMANDS_REJECTED = MetricSpec(
+    "gpuagent_mqtt_commands_rejected_total",
+    "Messages on the command topic that were rejected, by reason "
+    "(oversized, malformed, schema, unknown_type, invalid, foreign, not_allowed).",
+    ("reason",),
+)
