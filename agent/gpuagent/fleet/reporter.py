@@ -227,20 +227,27 @@ class Reporter:
         options = client_options(self.config.broker, client_id=f"gpuagent-{self.node}", will=will)
         while True:
             try:
-                async with aiomqtt.Client(**options) as client:
-                    self._attach(client)
-                    backoff.reset()
-                    log.info("MQTT connected to %s:%d", options["hostname"], options["port"])
-                    await self._session(client)
-            except aiomqtt.MqttError as exc:
-                if self.connected:
-                    log.warning("MQTT connection lost: %s", exc)
-                else:
-                    log.debug("MQTT connect failed: %s", exc)
+                await self._connection(options, backoff)
+            except Exception:  # a reporter bug must not take monitoring down: reconnect
+                log.exception("MQTT reporter failed")
             finally:
                 self.connected = False
                 self._client = None
             await asyncio.sleep(backoff.next_delay())
+
+    async def _connection(self, options: dict[str, Any], backoff: Backoff) -> None:
+        try:
+            async with aiomqtt.Client(**options) as client:
+                self._attach(client)
+                backoff.reset()
+                log.info("MQTT connected to %s:%d", options["hostname"], options["port"])
+                await self._session(client)
+        except* aiomqtt.MqttError as errors:
+            # The session's tasks all end with the connection: one line, not a traceback.
+            if self.connected:
+                log.warning("MQTT connection lost: %s", errors.exceptions[0])
+            else:
+                log.debug("MQTT connect failed: %s", errors.exceptions[0])
 
     def _attach(self, client: aiomqtt.Client) -> None:
         # aiomqtt drops PUBACK reason codes; read them from the paho client beneath it so
