@@ -218,7 +218,8 @@ def check_fabric(view: InventoryView) -> Outcome:
                 Runbook.NODE_FABRIC_MANAGER,
             )
         )
-    ok = f"NVSwitch fabric up ({plural(len(switches), 'NVSwitch')}, {FABRIC_MANAGER} {manager})"
+    count = f"{len(switches)} NVSwitch{'' if len(switches) == 1 else 'es'}"
+    ok = f"NVSwitch fabric up ({count}, {FABRIC_MANAGER} {manager.replace('_', ' ')})"
     return Outcome(ok, evidence, tuple(problems))
 
 
