@@ -156,6 +156,14 @@ def verdict(outcome: Outcome) -> tuple[Severity, str, str]:
             id="no-sysfs-falls-back-on-nvml",
         ),
         pytest.param(
+            node(gpus=(gpu(0), gpu(1), gpu(2), gpu(3, pci_bus_id="unknown-3"))),
+            4,
+            Severity.OK,
+            "",
+            "4 GPUs, 4 expected",
+            id="unidentified-nvml-gpu-may-be-the-pci-one",
+        ),
+        pytest.param(
             node(nvml_ok=False),
             4,
             Severity.OK,

@@ -12,6 +12,7 @@ import pytest
 
 from gpuagent.inventory import (
     HostFacts,
+    NodeInventory,
     PciFunction,
     Service,
     build_inventory,
@@ -21,6 +22,7 @@ from gpuagent.inventory import (
 from gpuagent.inventory.baseline import load_baseline, save_baseline
 from gpuagent.inventory.collect import collect_host, read_os_release, read_pci_functions
 from gpuagent.inventory.services import parse_show, read_services
+from gpuagent.metrics.inventory import inventory_families
 from gpuagent.model import GpuIdentity, GpuReadings, GpuState, NvmlStatus
 
 NVIDIA, INTEL = 0x10DE, 0x8086
@@ -290,3 +292,44 @@ def test_inventory_json_carries_fingerprint_and_hash() -> None:
     assert doc["services"] == {"nvidia-persistenced": "active"}
     assert doc["gpus"][0]["ecc"] == {"current": True, "pending": False}
     assert json.loads(json.dumps(doc)) == doc
+
+
+# --- metrics -------------------------------------------------------------------------------
+
+
+def _families(inventory: NodeInventory | None) -> dict[str, list[tuple[dict[str, str], float]]]:
+    def labels(bus_id: str) -> tuple[str, ...]:
+        return ("0", "GPU-0", bus_id, "nvidia0", "H100", "host")
+
+    return {
+        family.name: [(s.labels, s.value) for s in family.samples]
+        for family in inventory_families(inventory, labels)
+    }
+
+
+def test_inventory_metrics() -> None:
+    inventory = build_inventory(HOST, STATUS, (_state(0, "96.00.99.00.01"),), "1.2.3", 8)
+    found = _families(inventory)
+    ((node_labels, node_value),) = found["gpuagent_node_info"]
+    assert node_value == 1.0
+    assert node_labels["fingerprint"] == fingerprint_hash(fingerprint(inventory))
+    assert node_labels["module_version"] == "550.54.15"
+    ((gpu_labels, _),) = found["gpuagent_gpu_inventory_info"]
+    assert gpu_labels["vbios_version"] == "96.00.99.00.01"
+    assert gpu_labels["gsp_firmware_version"] == "550.54.15"
+    assert found["gpuagent_gpus_expected"] == [({}, 8.0)]
+    assert found["gpuagent_gpus_seen"] == [({"source": "nvml"}, 1.0), ({"source": "pci"}, 1.0)]
+    assert found["gpuagent_kernel_module_loaded"] == [({"module": "nvidia"}, 1.0)]
+    assert found["gpuagent_service_state"] == [
+        ({"service": "nvidia-persistenced", "state": "active"}, 1.0)
+    ]
+
+
+def test_inventory_metrics_leave_out_what_is_not_known() -> None:
+    host = HostFacts(pci=None)
+    inventory = build_inventory(host, NvmlStatus(ok=False), (), "1.2.3")
+    found = _families(inventory)
+    assert found["gpuagent_gpus_expected"] == []
+    assert found["gpuagent_gpus_seen"] == []
+    assert found["gpuagent_nvswitches_seen"] == []
+    assert _families(None) == {}

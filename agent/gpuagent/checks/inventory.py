@@ -61,6 +61,11 @@ def check_gpu_count(view: InventoryView) -> Outcome:
         if pci_gpus is None or not inventory.nvml_ok
         else tuple(f.address for f in pci_gpus if f.address not in nvml_ids)
     )
+    # GPUs NVML counts but could not identify yet (wedged or lost before their bus id was
+    # read) may be exactly those: only more PCI-only GPUs than that are proof.
+    unidentified = sum(1 for g in inventory.gpus if g.pci_bus_id.startswith("unknown"))
+    if len(unlisted) <= unidentified:
+        unlisted = ()
     evidence: Evidence = (
         ("gpus_expected", expected or None),
         ("gpus_nvml", nvml_count),
