@@ -88,6 +88,20 @@ CASES: list[tuple[str, str, str, set[tuple[int | None, str, str, str]], int]] = 
         2,
     ),
     (
+        "nvml-library-not-found",
+        H100.format(gpus=2) + 'init_error = "library_not_found"\n',
+        "",
+        {(None, "nvml", "CRITICAL", "nvml-library-not-found")},
+        2,
+    ),
+    (
+        "nvml-no-permission",
+        H100.format(gpus=2) + 'init_error = "no_permission"\n',
+        "",
+        {(None, "nvml", "CRITICAL", "nvml-no-permission")},
+        2,
+    ),
+    (
         "gsp-firmware-differs",
         H100.format(gpus=2) + 'gsp_firmware_version = "550.40.07"\n',
         "",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuagent.config import ConfigError, parse_config
 from gpuagent.inventory import (
     HostFacts,
     NodeInventory,
@@ -333,3 +334,18 @@ def test_inventory_metrics_leave_out_what_is_not_known() -> None:
     assert found["gpuagent_gpus_seen"] == []
     assert found["gpuagent_nvswitches_seen"] == []
     assert _families(None) == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "line"),
+    [
+        ("[inventory]\nrefresh_seconds = 0\n", "inventory.refresh_seconds", 2),
+        ("[inventory.expected]\n\ngpus = -1\n", "inventory.expected.gpus", 3),
+        ("[inventory.expected]\nmodules = 'nvidia'\n", "inventory.expected.modules", 2),
+        ("[inventory]\nlern = true\n", "inventory.lern", 2),
+    ],
+)
+def test_inventory_config_errors_name_key_and_line(text: str, key: str, line: int) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text)
+    assert (info.value.key, info.value.line) == (key, line)
