@@ -89,6 +89,7 @@ def test_birth_state_events_and_clean_shutdown(
     assert birth["type"] == "state"
     assert (birth["node"], birth["cluster"]) == ("test-node", "default")
     assert len(birth["status"]["gpus"]) == 8
+    assert birth["status"]["node"]["inventory"]["fingerprint_id"]  # for the fleet's drift view
     late = Listener(mqtt_broker, f"{PREFIX}/+/state", client_id="late-listener")
     try:
         retained = late.wait_for(bool)[0]

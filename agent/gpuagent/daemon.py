@@ -20,11 +20,15 @@ from pathlib import Path
 
 from gpuagent import __version__
 from gpuagent.api import ApiServer
-from gpuagent.checks import HealthMemory, evaluate
+from gpuagent.checks import HealthMemory, InventoryView, evaluate
 from gpuagent.config import Config
 from gpuagent.daemon_api import AgentApi
 from gpuagent.events import EventLog
 from gpuagent.fleet.reporter import CommandRefusedError, Reporter
+from gpuagent.inventory import HostFacts, NodeInventory, build_inventory, fingerprint
+from gpuagent.inventory.baseline import BASELINE_FILE, load_baseline, save_baseline
+from gpuagent.inventory.collect import collect_host
+from gpuagent.inventory.services import read_services
 from gpuagent.metrics import MetricsServer, build_registry
 from gpuagent.model import (
     GpuEvent,
@@ -57,6 +61,7 @@ SHUTDOWN_TIMEOUT_SECONDS = 4.0
 _MAX_BACKOFF_SECONDS = 60.0
 _GIL_SWITCH_SECONDS = 0.0005
 _SYSFS_TIMEOUT_SECONDS = 10.0
+_INVENTORY_TIMEOUT_SECONDS = 10.0
 _PRUNE_SECONDS = 60.0
 _RUN_CHECKS_TIMEOUT_SECONDS = 30.0
 _UDEV_KINDS = {
@@ -104,6 +109,12 @@ class Agent:
         )
         self._remediation_pending: NodeSnapshot | None = None
         self._remediation_task: asyncio.Task[None] | None = None
+        self._host: HostFacts | None = None
+        self.inventory_refresh_requested = asyncio.Event()
+        self._baseline_path = config.agent.state_dir / BASELINE_FILE
+        self._baseline: dict[str, str] | None = None
+        # Only the daemon learns a baseline; a one-shot `gpuagent check` just compares.
+        self._may_learn = False
 
     # --- phases -----------------------------------------------------------------------
 
@@ -146,6 +157,9 @@ class Agent:
         """One poll and one evaluation without serving anything (`gpuagent check`)."""
         self._open_sources()
         try:
+            if self.config.inventory.enabled:
+                self._load_baseline()
+                await self.refresh_inventory()
             await self.poll_once(watch_xid_events=False)
         finally:
             await self._close_sources()
@@ -204,6 +218,10 @@ class Agent:
         self._metrics.start()
         AgentApi(self).register(self._api)
         await self._api.start()
+        if self.config.inventory.enabled:
+            self._load_baseline()
+            self._may_learn = self.config.inventory.learn
+            await self.refresh_inventory()
         await self.poll_once()
         self.notifier.ready(self.summary())
 
@@ -219,6 +237,8 @@ class Agent:
                 running.append(tasks.create_task(self._run_kmsg(), name="kmsg"))
             if sources.sysfs.enabled:
                 running.append(tasks.create_task(self._sysfs_loop(), name="sysfs"))
+            if self.config.inventory.enabled:
+                running.append(tasks.create_task(self._inventory_loop(), name="inventory"))
             # A simulated node has no NVIDIA devices on the host bus; its udev events come
             # from `gpuagent inject pci_remove|pci_add` instead.
             if sources.udev.enabled and self.simulator is None:
@@ -369,6 +389,74 @@ class Agent:
             self._schedule_publish()
             await asyncio.sleep(config.interval_seconds)
 
+    # --- the node inventory ----------------------------------------------------------------
+
+    def _load_baseline(self) -> None:
+        if self.config.inventory.learn:
+            self._baseline = load_baseline(self._baseline_path)
+
+    async def refresh_inventory(self) -> None:
+        """Read the host side of the inventory (sysfs, procfs, systemd) off the loop."""
+        tracker = self._trackers.setdefault("inventory", SourceTracker("inventory"))
+        config = self.config.inventory
+        started = time.monotonic()
+        if self.simulator is not None:
+            # A simulated node's PCI functions, modules and services are the scenario's.
+            self._host = self.simulator.host_facts()
+            tracker.success(time.monotonic() - started)
+            return
+        try:
+            async with asyncio.timeout(_INVENTORY_TIMEOUT_SECONDS):
+                services = await read_services(config.systemctl)
+                self._host = await asyncio.to_thread(
+                    collect_host,
+                    self.config.sources.sysfs.root,
+                    config.proc_root,
+                    config.os_release,
+                    tuple(config.expected.modules),
+                    services,
+                )
+        except (OSError, TimeoutError) as exc:
+            tracker.failure(time.monotonic() - started, str(exc) or type(exc).__name__)
+        else:
+            tracker.success(time.monotonic() - started)
+
+    async def _inventory_loop(self) -> None:
+        interval = self.config.inventory.refresh_seconds
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await self.inventory_refresh_requested.wait()
+            self.inventory_refresh_requested.clear()
+            await self.refresh_inventory()
+            self._schedule_publish()
+
+    def _inventory(self, observation: NvmlObservation) -> NodeInventory | None:
+        if self._host is None:
+            return None
+        return build_inventory(
+            self._host,
+            observation.status,
+            observation.gpus,
+            __version__,
+            self.config.inventory.expected.gpus,
+        )
+
+    def _learn(self, inventory: NodeInventory | None, severity: Severity) -> None:
+        """Learn mode: the first healthy inventory becomes the baseline drift is judged by."""
+        if not self._may_learn or self._baseline is not None or inventory is None:
+            return
+        if severity is not Severity.OK or not inventory.nvml_ok:
+            return
+        learned = fingerprint(inventory)
+        try:
+            save_baseline(self._baseline_path, learned, time.time())
+        except OSError as exc:
+            log.warning("cannot write inventory baseline %s: %s", self._baseline_path, exc)
+            return
+        self._baseline = learned
+        log.info("learned inventory baseline: %s", learned)
+
     async def _run_udev(self) -> None:
         tracker = self._trackers.setdefault("udev", SourceTracker("udev"))
 
@@ -399,6 +487,8 @@ class Agent:
                 + (f" (driver {change.driver})" if change.driver else ""),
             )
         )
+        # The PCI functions changed: read the inventory again now, not at the next refresh.
+        self.inventory_refresh_requested.set()
         if change.action in ("add", "bind") and self.nvml is not None:
             # A GPU (re)appeared: enumerate again without restarting the daemon.
             self.nvml.reopen()
@@ -428,6 +518,8 @@ class Agent:
             return
         previous = self.store.current
         events = self.events.recent()
+        inventory = self._inventory(observation)
+        expected = self.config.inventory.expected
         health, self._memory = evaluate(
             observation.gpus,
             observation.status,
@@ -436,7 +528,11 @@ class Agent:
             time.monotonic(),
             events=events,
             pcie=self._pcie,
+            inventory=None
+            if inventory is None
+            else InventoryView(inventory, expected, self._baseline),
         )
+        self._learn(inventory, health.severity)
         self._sequence += 1
         snapshot = NodeSnapshot(
             node_name=self.node_name,
@@ -456,6 +552,7 @@ class Agent:
             event_counts=self.events.counts(),
             remediation=self._remediation_status(),
             mqtt=self.reporter.status() if self.reporter is not None else None,
+            inventory=inventory,
         )
         self._log_transitions(previous, snapshot)
         self.store.publish(snapshot)

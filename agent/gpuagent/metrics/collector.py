@@ -20,6 +20,7 @@ from prometheus_client.core import (
 
 from gpuagent.metrics import names
 from gpuagent.metrics.events import event_families
+from gpuagent.metrics.inventory import inventory_families
 from gpuagent.metrics.names import GpuMetric, MetricSpec
 from gpuagent.model import (
     Finding,
@@ -129,6 +130,7 @@ class _Builder:
         families: list[Metric] = [
             *self._node(),
             *self._sources(),
+            *inventory_families(self.snapshot.inventory, self._labels_for),
             self._gpu_up(),
             *self._gpu_health(),
             *(self._table_family(m, dcgm=True) for m in names.DCGM_GPU_METRICS),
