@@ -352,6 +352,12 @@ class Agent:
             f" {event.code}" if event.code is not None else "",
             event.gpu or event.pci or "node",
             event.line,
+            extra={
+                "gpu_bus_id": event.gpu,
+                "event_kind": event.kind,
+                "xid": event.code if event.kind == "xid" else None,
+                "sxid": event.code if event.kind == "sxid" else None,
+            },
         )
         self._schedule_publish()
 
@@ -605,6 +611,7 @@ class Agent:
         for finding in current.health.findings:
             old = before.get((finding.gpu, finding.check), Severity.OK)
             if old is not finding.severity:
+                gpu = current.gpu(finding.gpu) if finding.gpu else None
                 log.warning(
                     "%s %s: %s -> %s: %s",
                     finding.gpu or "node",
@@ -612,6 +619,13 @@ class Agent:
                     old.name,
                     finding.severity.name,
                     finding.reason,
+                    extra={
+                        "gpu_bus_id": finding.gpu,
+                        "gpu_uuid": gpu.identity.uuid if gpu else None,
+                        "check": finding.check,
+                        "severity": finding.severity.name,
+                        "runbook": finding.runbook or None,
+                    },
                 )
 
     # --- remote commands (the MQTT reporter's CommandTarget) ----------------------------------
