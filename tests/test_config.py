@@ -130,3 +130,9 @@ def test_missing_config_file_exits_2(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "cannot read" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("name", ["a/b", "node+1", "#", "-x", "x" * 129])
+def test_names_must_be_usable_as_topic_levels(name: str) -> None:
+    with pytest.raises(ConfigError, match=r"agent\.node_name \(line 2\)"):
+        parse_config(f'[agent]\nnode_name = "{name}"\n')

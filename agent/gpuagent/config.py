@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from gpuagent.fleet.topics import NAME_RE
+
 T = TypeVar("T")
 
 
@@ -544,6 +546,9 @@ def _check_value(key: str, value: object) -> str | None:
         return "must not be negative"
     if key.endswith(".port") and isinstance(value, int) and not 0 < value < 65536:
         return "must be a port number, 1 to 65535"
+    if key in ("agent.node_name", "agent.cluster") and value and not NAME_RE.match(str(value)):
+        # Names are MQTT topic levels and ACL user names in fleet reports.
+        return "must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
     if key in ("metrics.listen", "aggregator.listen"):
         match = _LISTEN_RE.match(str(value))
         if match is None or not 0 < int(match.group(2)) < 65536:

@@ -102,6 +102,8 @@ class Reporter:
         )
         self._backlog: deque[tuple[str, str, bytes]] = deque()
         self._backlog_dropped = 0
+        self._flush_scheduled = False
+        self._spool_failing = False
         self._work = asyncio.Event()
         self._state_changed = asyncio.Event()
         self._snapshot: NodeSnapshot | None = None
@@ -182,35 +184,44 @@ class Reporter:
 
     def _enqueue(self, message_id: str, channel: Channel, message: dict[str, Any]) -> None:
         self._backlog.append((message_id, channel, schema.encode(message)))
-        self._flush_backlog()
-        self._work.set()
+        # A burst (a page of kernel log) goes to disk in one transaction, right after it.
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_backlog)
 
     def _flush_backlog(self) -> None:
         """Move messages held in memory into the spool; while it can't be written (disk
         full), they wait in memory, bounded, and the oldest are dropped and counted."""
-        while self._backlog:
-            message_id, channel, payload = self._backlog[0]
-            try:
-                self.spool.put(message_id, channel, payload)
-            except SpoolError as exc:
-                if len(self._backlog) > _MEMORY_BACKLOG:
-                    self._backlog.popleft()
-                    self._backlog_dropped += 1
+        self._flush_scheduled = False
+        if not self._backlog:
+            return
+        try:
+            self.spool.put(list(self._backlog))
+        except SpoolError as exc:
+            while len(self._backlog) > _MEMORY_BACKLOG:
+                self._backlog.popleft()
+                self._backlog_dropped += 1
+            if not self._spool_failing:
                 log.warning("MQTT spool not writable (%s): holding messages in memory", exc)
-                return
-            self._backlog.popleft()
+            self._spool_failing = True
+            return
+        self._spool_failing = False
+        self._backlog.clear()
+        self._work.set()
 
     def _copy_audit(self) -> None:
         if self._audit is None:
             return
         after = self.spool.cursor(_AUDIT_CURSOR)
-        for record in self._audit.since(after, limit=500):
+        records = self._audit.since(after, limit=500)
+        if not records:
+            return
+        for record in records:
             message = schema.action_message(self.node, self.cluster, record)
             self._backlog.append((message["id"], "actions", schema.encode(message)))
-            self._flush_backlog()
-            if self._backlog:
-                return  # the spool is not writable: try again later, from the same cursor
-            self.spool.set_cursor(_AUDIT_CURSOR, record.id)
+        self._flush_backlog()
+        if not self._backlog:  # written: move the cursor (else try again from it later)
+            self.spool.set_cursor(_AUDIT_CURSOR, records[-1].id)
 
     # --- the connection -------------------------------------------------------------------
 
@@ -321,10 +332,16 @@ class Reporter:
             self._flush_backlog()
             self._copy_audit()
             batch = self.spool.head()
-            for item in batch:
-                channel = typing.cast("Channel", item.channel)
-                await self._publish(client, channel, item.payload, expiry=expiry)
-                self.spool.remove(item.seq)  # acknowledged, or refused for good
+            sent: list[int] = []
+            try:
+                for item in batch:
+                    channel = typing.cast("Channel", item.channel)
+                    await self._publish(client, channel, item.payload, expiry=expiry)
+                    sent.append(item.seq)  # acknowledged, or refused for good
+            finally:
+                # One transaction per batch; a crash before it only means a resend.
+                if sent:
+                    self.spool.remove(sent)
             if not batch:
                 await self._work.wait()
 

@@ -10,10 +10,11 @@ counted.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,28 +62,49 @@ class Spool:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
-        row = self._db.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM outbox")
-        self.depth, self.bytes = (int(v) for v in row.fetchone())
-        self.dropped = 0
+        self.depth = self.bytes = self.dropped = 0
+        self._recount()
 
     def close(self) -> None:
         self._db.close()
 
-    def put(self, message_id: str, channel: str, payload: bytes) -> bool:
-        """Keep one message; False if one with this id is already waiting."""
+    def put(self, messages: list[tuple[str, str, bytes]]) -> int:
+        """Keep (id, channel, payload) messages, in one transaction (one disk sync for a
+        burst); ids already waiting are ignored. How many were new."""
+        now = self._wall()
+        added = 0
         try:
-            cursor = self._db.execute(
-                "INSERT OR IGNORE INTO outbox (id, channel, payload, created) VALUES (?, ?, ?, ?)",
-                (message_id, channel, payload, self._wall()),
-            )
+            with self._transaction():
+                for message_id, channel, payload in messages:
+                    cursor = self._db.execute(
+                        "INSERT OR IGNORE INTO outbox (id, channel, payload, created)"
+                        " VALUES (?, ?, ?, ?)",
+                        (message_id, channel, payload, now),
+                    )
+                    if cursor.rowcount:
+                        added += 1
+                        self.depth += 1
+                        self.bytes += len(payload)
         except sqlite3.Error as exc:
+            self._recount()
             raise SpoolError(str(exc)) from exc
-        if cursor.rowcount == 0:
-            return False
-        self.depth += 1
-        self.bytes += len(payload)
-        self._enforce_bounds()
-        return True
+        if added:
+            self._enforce_bounds()
+        return added
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def _recount(self) -> None:
+        row = self._db.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM outbox")
+        self.depth, self.bytes = (int(v) for v in row.fetchone())
 
     def head(self, limit: int = 100) -> list[Spooled]:
         """The oldest waiting messages, in order."""
@@ -92,18 +114,16 @@ class Spool:
         ).fetchall()
         return [Spooled(int(s), str(i), str(c), bytes(p), float(t)) for s, i, c, p, t in rows]
 
-    def remove(self, seq: int) -> None:
-        """The broker has it (or refused it for good)."""
+    def remove(self, seqs: list[int]) -> None:
+        """The broker has these (or refused them for good): one transaction."""
         try:
-            cursor = self._db.execute(
-                "DELETE FROM outbox WHERE seq = ? RETURNING LENGTH(payload)", (seq,)
-            )
-            row = cursor.fetchone()
+            with self._transaction():
+                for seq in seqs:
+                    self._db.execute("DELETE FROM outbox WHERE seq = ?", (seq,))
         except sqlite3.Error as exc:
             raise SpoolError(str(exc)) from exc
-        if row is not None:
-            self.depth -= 1
-            self.bytes -= int(row[0])
+        finally:
+            self._recount()
 
     def _enforce_bounds(self) -> None:
         now = self._wall()

@@ -16,7 +16,7 @@ CHANNELS: Final[tuple[Channel, ...]] = get_args(Channel)
 NODE_CHANNELS: Final[tuple[Channel, ...]] = ("state", "events", "actions", "replies")
 DEFAULT_PREFIX: Final = "gpuagent/v1"
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 class TopicError(ValueError):
@@ -25,7 +25,7 @@ class TopicError(ValueError):
 
 def check_name(kind: str, name: str) -> str:
     """A cluster or node name usable as one topic level (and in an ACL pattern)."""
-    if not _NAME_RE.match(name):
+    if not NAME_RE.match(name):
         raise TopicError(
             f"{kind} name {name!r} must be 1-128 letters, digits, '.', '_' or '-' "
             "(no MQTT separators or wildcards)"
