@@ -28,13 +28,17 @@ from mqtt_broker import Broker, mqtt_broker, pki  # noqa: F401 - fixtures
 pytestmark = pytest.mark.integration
 
 
+def close_stderr(broker: Broker) -> None:
+    # mosquitto logs to a file; Broker leaves its stderr pipe for the garbage collector to
+    # close, which warns (an error under this suite's filterwarnings).
+    if broker.process is not None and broker.process.stderr is not None:
+        broker.process.stderr.close()
+
+
 @pytest.fixture
 def broker(mqtt_broker: Broker) -> Iterator[Broker]:  # noqa: F811 - the fixture by name
     yield mqtt_broker
-    # mosquitto logs to a file; its stderr pipe would otherwise be left for the garbage
-    # collector to close, and warn (an error under this suite's filterwarnings).
-    if mqtt_broker.process is not None and mqtt_broker.process.stderr is not None:
-        mqtt_broker.process.stderr.close()
+    close_stderr(mqtt_broker)
 
 
 @asynccontextmanager
@@ -247,3 +251,15 @@ async def test_the_fleet_cordon_budget_end_to_end(tmp_path: Path, broker: Broker
     assert all(d["node"] == node for node, d in decisions.items())
     denied = [d for d in decisions.values() if d["decision"] == "denied"]
     assert all(d["retry_after_seconds"] > 3500 for d in denied)
+
+
+async def test_the_aggregator_reconnects_after_a_broker_outage(
+    tmp_path: Path, broker: Broker
+) -> None:
+    async with aggregator(tmp_path, broker) as agg:
+        close_stderr(broker)
+        await asyncio.to_thread(broker.restart)
+        await until(lambda: agg.state.connected, timeout=10)
+        async with node_client(broker, "n1") as n1:
+            await publish(n1, "state", msg.state("n1"))
+            await until(lambda: ("c1", "n1") in agg.state.nodes)
