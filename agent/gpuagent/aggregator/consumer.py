@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import aiomqtt
 
+from gpuagent.aggregator import paho_tables
 from gpuagent.aggregator.ingest import Outgoing
 from gpuagent.aggregator.state import FleetState
 from gpuagent.config import ConfigError, MqttConnection
@@ -42,6 +43,8 @@ class Consumer:
         self.state = state
         self.client_id = connection.client_id or f"gpuagent-aggregator-{socket.gethostname()}"
         self._client: aiomqtt.Client | None = None
+        # paho's per-message MQTT 5 property tables otherwise cap a core at ~1,500 msg/s.
+        paho_tables.install()
 
     async def publish(self, out: Outgoing) -> None:
         """Publish at QoS 1; ConnectionError while not connected."""

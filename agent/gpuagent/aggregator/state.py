@@ -55,8 +55,12 @@ class FleetState:
     seen: RecentIds = field(default_factory=lambda: RecentIds(200_000))
     # Whether the MQTT consumer is connected right now.
     connected: bool = False
+    # Nodes per cluster, kept as nodes are added (read per cordon request and per scrape).
+    sizes: Counter[str] = field(default_factory=Counter)
 
     def put(self, record: NodeRecord) -> None:
+        if record.key not in self.nodes:
+            self.sizes[record.cluster] += 1
         self.nodes[record.key] = record
 
     def find(self, node: str, cluster: str | None = None) -> list[NodeRecord]:
@@ -67,10 +71,10 @@ class FleetState:
         return [r for (_, name), r in self.nodes.items() if name == node]
 
     def cluster_size(self, cluster: str) -> int:
-        return sum(1 for c, _ in self.nodes if c == cluster)
+        return self.sizes[cluster]
 
     def clusters(self) -> list[str]:
-        return sorted({c for c, _ in self.nodes})
+        return sorted(self.sizes)
 
     def add_reply(self, cluster: str, node: str, reply: dict[str, Any]) -> None:
         recent = self.replies.setdefault((cluster, node), deque(maxlen=REPLIES_PER_NODE))
