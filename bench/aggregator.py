@@ -278,7 +278,7 @@ def probe(mqtt_port: int, api_port: int, template: dict, seconds: float) -> list
             except OSError:
                 pass
             time.sleep(0.02)
-        time.sleep(0.1)
+        time.sleep(0.05)
     client.loop_stop()
     client.disconnect()
     return latencies
@@ -287,7 +287,7 @@ def probe(mqtt_port: int, api_port: int, template: dict, seconds: float) -> list
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a 10 s load window")
-    parser.add_argument("--rate", type=float, default=6000.0, help="offered messages/s")
+    parser.add_argument("--rate", type=float, default=5000.0, help="offered messages/s")
     parser.add_argument("--generate", nargs=4, metavar=("PORT", "RATE", "SECONDS", "TEMPLATE"))
     args = parser.parse_args()
     if args.generate:
@@ -298,7 +298,7 @@ def main() -> int:
     if mosquitto is None:
         print("bench/aggregator.py: mosquitto is not installed", file=sys.stderr)
         return 1
-    seconds = 10.0 if args.quick else 40.0
+    seconds = 12.0 if args.quick else 45.0
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="gpuagent-aggbench-") as tmp:
         work = Path(tmp)
@@ -345,27 +345,37 @@ def main() -> int:
             while processed(api_port) < NODES:
                 time.sleep(0.5)
             first = time.monotonic() - started
-            # Phase 2: sustained load, probed.
-            generator = subprocess.Popen(
-                [sys.executable, __file__, "--generate", str(mqtt_port), str(args.rate),
-                 str(seconds), str(template_file)],
-                stdout=subprocess.PIPE, text=True,
-            )  # fmt: skip
-            assert generator.stdout is not None
-            assert generator.stdout.readline().strip() == "go"
-            time.sleep(1.0)  # ramp
-            before, cpu_before, t0 = processed(api_port), proc.cpu_times(), time.monotonic()
-            latencies = probe(mqtt_port, api_port, template, seconds - 2.0)
-            after, cpu_after, t1 = processed(api_port), proc.cpu_times(), time.monotonic()
-            out, _ = generator.communicate(timeout=120)
-            sent = json.loads(out.strip().splitlines()[-1])
-            rate = (after - before) / (t1 - t0)
-            cpu = (cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system) / (
-                t1 - t0
-            )
+
+            # Phase 2: the target load, probed for latency.
+            def run_load(
+                rate: float, window: float, probed: bool
+            ) -> tuple[float, float, int, list[float]]:
+                generator = subprocess.Popen(
+                    [sys.executable, __file__, "--generate", str(mqtt_port), str(rate),
+                     str(window), str(template_file)],
+                    stdout=subprocess.PIPE, text=True,
+                )  # fmt: skip
+                assert generator.stdout is not None
+                assert generator.stdout.readline().strip() == "go"
+                time.sleep(1.0)  # ramp
+                before, cpu_before, t0 = processed(api_port), proc.cpu_times(), time.monotonic()
+                if probed:
+                    latencies = probe(mqtt_port, api_port, template, window - 2.0)
+                else:
+                    latencies = []
+                    time.sleep(window - 2.0)
+                after, cpu_after, t1 = processed(api_port), proc.cpu_times(), time.monotonic()
+                out, _ = generator.communicate(timeout=120)
+                sent = int(json.loads(out.strip().splitlines()[-1])["sent"])
+                cpu = cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system
+                return (after - before) / (t1 - t0), cpu / (t1 - t0), sent, latencies
+
+            rate, cpu, sent, latencies = run_load(args.rate, seconds, probed=True)
+            # Phase 3: more than it can take, for its capacity.
+            capacity, _, overload_sent, _ = run_load(args.rate * 2, seconds / 3, probed=False)
             # Drain: everything sent is processed (nothing lost on the way).
-            total_sent = NODES + sent["sent"] + len(latencies)
-            deadline = time.monotonic() + 30
+            total_sent = NODES + sent + len(latencies) + overload_sent
+            deadline = time.monotonic() + 60
             while processed(api_port) < total_sent and time.monotonic() < deadline:
                 time.sleep(0.5)
             final = processed(api_port)
@@ -378,9 +388,10 @@ def main() -> int:
             rows += [
                 Row("nodes known", len(nodes["nodes"]), "nodes"),
                 Row("first report of every node", first, "s"),
-                Row("offered load", sent["sent"] / seconds, "msg/s"),
+                Row("offered load", sent / seconds, "msg/s"),
                 Row("processed, sustained", rate, "msg/s", "≥ 5000", rate >= 5000),
-                Row("aggregator CPU", cpu * 100, "% of a core", "≤ 100", cpu <= 1.0),
+                Row("aggregator CPU at that load", cpu * 100, "% of a core"),
+                Row("capacity (offered twice that)", capacity, "msg/s", "≥ 5000", capacity >= 5000),
                 Row("messages lost", total_sent - final, "msgs", "0", final >= total_sent),
                 Row("publish to API p50", percentile(latencies, 50) * 1000, "ms"),
                 Row("publish to API p99", percentile(latencies, 99) * 1000, "ms", "< 1000",
