@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import aggregator_support as msg
-from conftest import free_port
+from conftest import REPO, free_port
 from gpuagent.aggregator.service import Aggregator
 from gpuagent.fleet import schema
 
@@ -236,6 +236,11 @@ async def test_metrics(rig: Rig) -> None:
     assert value("gpuagent_fleet_fingerprint_nodes", cluster="c1", fingerprint="unknown") == 2
     assert value("gpuagent_fleet_api_bad_requests_total", endpoint="events") == 1
     assert value("gpuagent_fleet_mqtt_connected") == 0
+    documented = (REPO / "docs" / "metrics.md").read_text()
+    families = {f.name for f in text_string_to_metric_families(text)}
+    assert {
+        f for f in families if f"`{f}`" not in documented and f"`{f}_total`" not in documented
+    } == set()
 
 
 async def test_the_page_is_self_contained(rig: Rig) -> None:
