@@ -264,3 +264,31 @@ async def test_close_is_bounded(tmp_path: Path) -> None:
     await again.start()
     assert list(again.state.nodes) == [("c1", "n1")]  # written on the way out
     await again.close()
+
+
+async def test_a_restart_does_not_reopen_a_spent_budget(tmp_path: Path) -> None:
+    config = msg.config(tmp_path, port=free_port(), max_nodes=1)
+    agg = Aggregator(config)
+    await agg.start()
+    for node in ("n1", "n2"):
+        agg.ingest.handle(msg.topic(node, "state"), schema.encode(msg.state(node)))
+    agg.ingest.handle(msg.topic("n1", "actions"), schema.encode(msg.cordon_request("n1")))
+    await agg.close()
+    again = Aggregator(config)
+    await again.start()
+    try:
+        assert again.budget.remaining("c1", 2, again.clock()) == 0
+        (answer,) = again.ingest.handle(
+            msg.topic("n2", "actions"), schema.encode(msg.cordon_request("n2"))
+        )
+        assert schema.decode(answer.payload)["decision"] == "denied"
+        uncordon = msg.cordon_request("n1", action="uncordon")
+        again.ingest.handle(msg.topic("n1", "actions"), schema.encode(uncordon))
+    finally:
+        await again.close()
+    third = Aggregator(config)
+    await third.start()
+    try:
+        assert third.budget.remaining("c1", 2, third.clock()) == 1  # the uncordon released it
+    finally:
+        await third.close()
