@@ -18,6 +18,7 @@ deb: deb-deps
 	tar -c --exclude=__pycache__ --exclude='*.egg-info' $(DEB_SOURCES) | tar -x -C $(DEB_TREE)
 	cp -r deb $(DEB_TREE)/debian
 	cp systemd/gpuagent.service $(DEB_TREE)/debian/gpuagent.service
+	cp systemd/gpuagent-aggregator.service $(DEB_TREE)/debian/gpuagent.gpuagent-aggregator.service
 	@# A version other than the changelog's gets its own changelog entry on top.
 	if [ "$$(dpkg-parsechangelog -l deb/changelog -S Version)" != "$(VERSION)" ]; then \
 		{ printf 'gpuagent (%s) unstable; urgency=medium\n\n  * Build of %s.\n\n -- %s  %s\n\n' \

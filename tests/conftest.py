@@ -18,6 +18,9 @@ import pytest
 
 from gpuagent.sim import SimulatedNode, parse_scenario
 
+# Fixtures for a real MQTT broker (mqtt_broker, pki).
+pytest_plugins = ("mqtt_broker",)
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
 
@@ -138,6 +141,7 @@ def start_daemon(
     config_extra: str = "",
     interval: float = 0.3,
     call_timeout: float = 0.5,
+    node_name: str = "test-node",
 ) -> DaemonProcess:
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -149,7 +153,7 @@ def start_daemon(
         os.mkfifo(kmsg)
     (workdir / "sys" / "bus" / "pci" / "devices").mkdir(parents=True, exist_ok=True)
     config.write_text(
-        f'[agent]\nnode_name = "test-node"\nstate_dir = "{workdir / "state"}"\n'
+        f'[agent]\nnode_name = "{node_name}"\nstate_dir = "{workdir / "state"}"\n'
         f'[api]\nsocket = "{sock}"\n[metrics]\nlisten = "127.0.0.1:{port}"\n'
         f"[sources.nvml]\ninterval_seconds = {interval}\ncall_timeout_seconds = {call_timeout}\n"
         f"slow_interval_seconds = {interval}\ninit_retry_seconds = 1\n"

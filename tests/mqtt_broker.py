@@ -10,17 +10,23 @@ restarted on the same ports and persistence file, for outage tests.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import paho.mqtt.client as mqtt
 import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from conftest import free_port
 from gpuagent.config import MqttConnection
@@ -172,6 +178,11 @@ class Broker:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait(timeout=10)
+        self._forget()
+
+    def _forget(self) -> None:
+        if self.process is not None and self.process.stderr is not None:
+            self.process.stderr.close()
         self.process = None
 
     def restart(self) -> None:
@@ -186,7 +197,7 @@ class Broker:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=5)
-        self.process = None
+        self._forget()
 
 
 @pytest.fixture(scope="session")
@@ -213,3 +224,68 @@ def mqtt_broker(tmp_path: Path, pki: Pki) -> Iterator[Broker]:
         yield broker
     finally:
         broker.stop()
+
+
+@dataclass
+class Received:
+    topic: str
+    payload: dict[str, Any]
+    retain: bool
+
+
+class Listener:
+    """A plain MQTT 5 subscriber on a background thread (paho's own loop) that records what
+    it gets: tests watch subprocess agents through it. A persistent session, so QoS 1
+    messages sent while the broker was down or we were away still arrive."""
+
+    def __init__(self, broker: Broker, *topics: str, client_id: str = "test-listener") -> None:
+        self.messages: list[Received] = []
+        self._lock = threading.Lock()
+        self._topics = topics
+        self._client = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5
+        )
+        self._client.on_connect = self._on_connect
+        self._client.on_message = self._on_message
+        self._client.reconnect_delay_set(0.2, 1)
+        properties = Properties(PacketTypes.CONNECT)
+        properties.SessionExpiryInterval = 3600
+        self._client.connect("127.0.0.1", broker.port, clean_start=False, properties=properties)
+        self._client.loop_start()
+
+    def _on_connect(self, client: mqtt.Client, *_args: Any) -> None:
+        for topic in self._topics:
+            client.subscribe(topic, qos=1)
+
+    def _on_message(self, _client: mqtt.Client, _userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        try:
+            payload = json.loads(msg.payload)
+        except ValueError:
+            payload = {"raw": msg.payload.decode(errors="replace")}
+        received = Received(msg.topic, payload, bool(msg.retain))
+        with self._lock:
+            self.messages.append(received)
+
+    def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        self._client.publish(topic, payload, qos=1, retain=retain).wait_for_publish(5)
+
+    def snapshot(self) -> list[Received]:
+        with self._lock:
+            return list(self.messages)
+
+    def wait_for(
+        self, predicate: Callable[[list[Received]], bool], timeout: float = 10.0
+    ) -> list[Received]:
+        deadline = time.monotonic() + timeout
+        while True:
+            messages = self.snapshot()
+            if predicate(messages):
+                return messages
+            if time.monotonic() > deadline:
+                shown = "\n".join(f"{m.topic} {str(m.payload)[:200]}" for m in messages[-20:])
+                raise AssertionError(f"not received in {timeout} s; last messages:\n{shown}")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self._client.loop_stop()
+        self._client.disconnect()

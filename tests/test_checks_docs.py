@@ -8,16 +8,28 @@ from pathlib import Path
 
 import pytest
 
-from gpuagent.checks import CHECK_NAMES, NODE_CHECK_NAMES, Action, Runbook
+from gpuagent.checks import (
+    CHECK_NAMES,
+    INVENTORY_CHECK_NAMES,
+    INVENTORY_NODE_CHECK_NAMES,
+    NODE_CHECK_NAMES,
+    Action,
+    Runbook,
+)
 from gpuagent.config import ChecksSection
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "checks.md").read_text(encoding="utf-8")
 HEADINGS = set(re.findall(r"^#{2,4} (.+)$", DOC, flags=re.MULTILINE))
 
 
-@pytest.mark.parametrize("name", CHECK_NAMES + NODE_CHECK_NAMES)
+@pytest.mark.parametrize("name", CHECK_NAMES + NODE_CHECK_NAMES + INVENTORY_CHECK_NAMES)
 def test_every_check_has_a_section(name: str) -> None:
     assert f"`{name}`" in HEADINGS or f"`{name}` (node)" in HEADINGS
+
+
+@pytest.mark.parametrize("name", INVENTORY_NODE_CHECK_NAMES)
+def test_every_inventory_node_check_has_a_section(name: str) -> None:
+    assert f"`{name}` (node)" in HEADINGS
 
 
 @pytest.mark.parametrize("action", [a.value for a in Action])

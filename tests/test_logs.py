@@ -128,3 +128,45 @@ def test_daemon_under_journald_prefixes_priorities(
     lines = (tmp_path / "daemon.log").read_text().splitlines()
     assert any(line.startswith("<6>INFO gpuagent") for line in lines), lines
     assert all(re.match(r"<[3467]>[A-Z]+ ", line) for line in lines), lines
+
+
+def test_under_journald_with_bindings_extra_fields_become_journal_fields(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sent: list[tuple[str, dict[str, str]]] = []
+    monkeypatch.setenv("JOURNAL_STREAM", "8:1234")
+    logs.setup(
+        "info", "text", journal_send=lambda message, **fields: sent.append((message, fields))
+    )
+    try:
+        logging.getLogger("gpuagent.daemon").warning(
+            "GPU %s critical",
+            "0000:3b:00.0",
+            extra={"gpu_bus_id": "0000:3b:00.0", "check": "ecc", "xid": None},
+        )
+    finally:
+        logging.getLogger().handlers.clear()
+    assert sent == [
+        (
+            "gpuagent.daemon: GPU 0000:3b:00.0 critical",
+            {
+                "PRIORITY": "4",
+                "SYSLOG_IDENTIFIER": "gpuagent",
+                "LOGGER": "gpuagent.daemon",
+                "GPUAGENT_GPU_BUS_ID": "0000:3b:00.0",
+                "GPUAGENT_CHECK": "ecc",
+            },
+        )
+    ]
+
+
+def test_without_bindings_journald_gets_prefixed_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JOURNAL_STREAM", "8:1234")
+    monkeypatch.setattr(logs, "journal_sender", lambda: None)
+    stream = io.StringIO()
+    logs.setup("info", "text", stream)
+    try:
+        logging.getLogger("x").error("boom", extra={"check": "ecc"})
+    finally:
+        logging.getLogger().handlers.clear()
+    assert stream.getvalue() == "<3>ERROR x: boom\n"

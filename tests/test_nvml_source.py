@@ -119,3 +119,40 @@ async def test_identity_matches_what_nvml_reports(node: SimulatedNode) -> None:
     assert readings.ecc_enabled is True
     assert readings.fb_used_mib is not None
     assert readings.fb_free_mib is not None
+
+
+async def test_inventory_values_are_read_with_identity_and_slow_readings() -> None:
+    scenario = (
+        '[node]\ngpus = 2\nfabric_state = "in_progress"\ngsp_firmware_version = "550.1.2"\n'
+        '[[fault]]\ngpu = 1\nkind = "ecc_mode"\nenabled = false\n'
+        '[[fault]]\ngpu = 1\nkind = "app_clocks"\nmhz = 1500\n'
+    )
+    with SimulatedNode(parse_scenario(scenario)) as node:
+        clock = FakeClock()
+        source = _source(node, clock)
+        first, second = (await source.poll()).gpus
+        await source.close()
+    assert first.identity.inforom_version == "G520.0200.00.05"
+    assert first.identity.gsp_firmware_version == "550.1.2"
+    assert first.identity.applications_clock_default_mhz == 1980
+    assert first.readings is not None
+    assert second.readings is not None
+    assert (first.readings.ecc_enabled, first.readings.ecc_enabled_pending) == (True, True)
+    assert (second.readings.ecc_enabled, second.readings.ecc_enabled_pending) == (True, False)
+    assert (first.readings.applications_clock_mhz, second.readings.applications_clock_mhz) == (
+        1980,
+        1500,
+    )
+    assert (first.readings.fabric_state, first.readings.fabric_ok) == ("in_progress", None)
+
+
+async def test_fabric_and_gsp_absent_where_not_supported() -> None:
+    scenario = '[node]\ngpus = 1\ngsp_firmware_version = "none"\n'
+    with SimulatedNode(parse_scenario(scenario)) as node:
+        node.inject("fabric", 0, {"state": "completed", "ok": False})
+        source = _source(node, FakeClock())
+        (gpu,) = (await source.poll()).gpus
+        await source.close()
+    assert gpu.identity.gsp_firmware_version is None
+    assert gpu.readings is not None
+    assert (gpu.readings.fabric_state, gpu.readings.fabric_ok) == ("completed", False)

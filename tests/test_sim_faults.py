@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from collections.abc import Callable
@@ -277,12 +278,69 @@ def test_clear_returns_the_gpu_to_healthy_and_keeps_lifetime_counters(
     assert pynvml.nvmlDeviceGetComputeRunningProcesses(h) == []
 
 
+def test_ecc_and_mig_mode_changes_wait_for_a_reset(node: SimulatedNode) -> None:
+    node.inject("ecc_mode", 1, {"enabled": False})
+    node.inject("mig_mode", 1, {"enabled": True})
+    assert pynvml.nvmlDeviceGetEccMode(handle(1)) == [1, 0]
+    assert pynvml.nvmlDeviceGetMigMode(handle(1)) == [0, 1]
+    assert pynvml.nvmlDeviceGetEccMode(handle(0)) == [1, 1]
+    node.reset_gpu(1)
+    assert pynvml.nvmlDeviceGetEccMode(handle(1)) == [0, 0]
+    assert pynvml.nvmlDeviceGetMigMode(handle(1)) == [1, 1]
+
+
+def test_power_limit_and_app_clocks_stay_until_clear(node: SimulatedNode) -> None:
+    graphics = pynvml.NVML_CLOCK_GRAPHICS
+    default = pynvml.nvmlDeviceGetDefaultApplicationsClock(handle(2), graphics)
+    assert pynvml.nvmlDeviceGetApplicationsClock(handle(2), graphics) == default == 1980
+    node.inject("power_limit", 2, {"watts": 450})
+    node.inject("app_clocks", 2, {"mhz": 1410})
+    assert pynvml.nvmlDeviceGetPowerManagementLimit(handle(2)) == 450_000
+    assert pynvml.nvmlDeviceGetApplicationsClock(handle(2), graphics) == 1410
+    assert reasons(2) & pynvml.nvmlClocksEventReasonApplicationsClocksSetting
+    node.reset_gpu(2)  # a reset keeps settings
+    assert pynvml.nvmlDeviceGetApplicationsClock(handle(2), graphics) == 1410
+    node.inject("clear", 2, {})
+    assert pynvml.nvmlDeviceGetPowerManagementLimit(handle(2)) == 700_000
+    assert pynvml.nvmlDeviceGetApplicationsClock(handle(2), graphics) == 1980
+
+
+def _fabric(index: int) -> tuple[int, int]:
+    info = pynvml.c_nvmlGpuFabricInfo_t()
+    pynvml.nvmlDeviceGetGpuFabricInfo(handle(index), ctypes.byref(info))
+    return int(info.state), int(info.status)
+
+
+def test_fabric_state_is_unsupported_until_a_fabric_exists(make_node: MakeNode) -> None:
+    node = make_node("[node]\ngpus = 2\n")
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        _fabric(0)
+    node.inject("fabric", 0, {"state": "in_progress"})
+    assert _fabric(0) == (pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS, pynvml.NVML_SUCCESS)
+    node.inject("fabric", 0, {"state": "completed", "ok": False})
+    assert _fabric(0) == (pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, pynvml.NVML_ERROR_UNKNOWN)
+
+
+def test_node_fabric_state_gsp_and_inforom(make_node: MakeNode) -> None:
+    make_node('[node]\ngpus = 2\nfabric_state = "completed"\ngsp_firmware_version = "535.1.2"\n')
+    assert _fabric(1) == (pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, pynvml.NVML_SUCCESS)
+    # pynvml hands this one back as bytes (no str conversion on that wrapper).
+    assert pynvml.nvmlDeviceGetGspFirmwareVersion(handle(1)) == b"535.1.2"
+    assert pynvml.nvmlDeviceGetInforomImageVersion(handle(1)) == "G520.0200.00.05"
+
+
+def test_gsp_firmware_none_is_not_supported(make_node: MakeNode) -> None:
+    make_node('[node]\ngpus = 1\ngsp_firmware_version = "none"\n')
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetGspFirmwareVersion(handle(0))
+
+
 def test_every_kind_has_a_test_here() -> None:
     tested = {
         "ecc_sbe", "ecc_dbe", "retired_pages", "row_remap_pending", "row_remap_failure",
         "temperature", "throttle", "pcie_degrade", "pcie_replay", "gpu_lost", "nvml_hang",
         "persistence_off", "nvlink_down", "nvlink_errors", "process", "process_exit", "xid",
-        "clear",
+        "clear", "ecc_mode", "mig_mode", "power_limit", "app_clocks", "fabric",
     }  # fmt: skip
     assert set(FAULT_KINDS) == tested
 

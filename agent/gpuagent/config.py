@@ -288,6 +288,39 @@ class ChecksSection:
 
 
 @dataclass(frozen=True)
+class InventoryExpected:
+    """What this node should be; empty strings and 0 mean "no expectation"."""
+
+    gpus: int = 0
+    # Substring of the NVML product name, e.g. "H100".
+    model: str = ""
+    # Exact ("550.54.15") or a prefix ending in a dot or a major version ("550." or "550").
+    driver_version: str = ""
+    cuda_driver_version: str = ""
+    vbios_version: str = ""
+    kernel_release: str = ""
+    # 0: the GPU's default power limit.
+    power_limit_watts: float = 0.0
+    # Kernel modules that must be loaded (nvidia_peermem on GPUDirect RDMA nodes).
+    modules: list[str] = field(default_factory=lambda: ["nvidia"])
+
+
+@dataclass(frozen=True)
+class InventorySection:
+    enabled: bool = True
+    # The node inventory is read at start, on PCI add/remove (udev) and this often.
+    refresh_seconds: float = 300.0
+    # procfs mount point (kernel release); sysfs is sources.sysfs.root.
+    proc_root: Path = Path("/proc")
+    os_release: Path = Path("/etc/os-release")
+    systemctl: str = "systemctl"
+    # Record the first healthy inventory as the baseline (in agent.state_dir) and warn
+    # about any later change from it.
+    learn: bool = False
+    expected: InventoryExpected = field(default_factory=InventoryExpected)
+
+
+@dataclass(frozen=True)
 class RemediationRule:
     """Findings → actions. A rule matches a finding by check and minimum severity, and,
     for the xid check, optionally by the XID catalog's action bucket or the XIDs."""
@@ -449,6 +482,7 @@ class Config:
     sources: SourcesSection = field(default_factory=SourcesSection)
     events: EventsSection = field(default_factory=EventsSection)
     checks: ChecksSection = field(default_factory=ChecksSection)
+    inventory: InventorySection = field(default_factory=InventorySection)
     remediation: RemediationSection = field(default_factory=RemediationSection)
     aggregator: AggregatorSection = field(default_factory=AggregatorSection)
 
@@ -479,6 +513,7 @@ _POSITIVE = {
         for section in ("outputs.mqtt.broker", "aggregator.broker")
         for key in ("keepalive_seconds", "reconnect_min_seconds", "reconnect_max_seconds")
     ),
+    "inventory.refresh_seconds",
 }
 _NON_NEGATIVE = {
     "checks.ecc.sbe_rate_per_hour",
@@ -495,6 +530,8 @@ _NON_NEGATIVE = {
     "events.dedup_window_seconds",
     "aggregator.cordon_budget.max_nodes",
     "aggregator.cordon_budget.max_percent",
+    "inventory.expected.gpus",
+    "inventory.expected.power_limit_watts",
 }
 _LISTEN_RE = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]*):(\d{1,5})$")
 

@@ -20,10 +20,15 @@ from pathlib import Path
 
 from gpuagent import __version__
 from gpuagent.api import ApiServer
-from gpuagent.checks import HealthMemory, evaluate
+from gpuagent.checks import HealthMemory, InventoryView, evaluate
 from gpuagent.config import Config
 from gpuagent.daemon_api import AgentApi
 from gpuagent.events import EventLog
+from gpuagent.fleet.reporter import CommandRefusedError, Reporter
+from gpuagent.inventory import HostFacts, NodeInventory, build_inventory, fingerprint
+from gpuagent.inventory.baseline import BASELINE_FILE, load_baseline, save_baseline
+from gpuagent.inventory.collect import collect_host
+from gpuagent.inventory.services import read_services
 from gpuagent.metrics import MetricsServer, build_registry
 from gpuagent.model import (
     GpuEvent,
@@ -34,10 +39,11 @@ from gpuagent.model import (
     RemediationStatus,
     Severity,
 )
-from gpuagent.remediation.audit import AuditStore
+from gpuagent.remediation.audit import AuditError, AuditStore
 from gpuagent.remediation.backends import build_backends
 from gpuagent.remediation.executor import Remediator
 from gpuagent.remediation.gpu_ops import GpuOps
+from gpuagent.remediation.types import PlannedAction
 from gpuagent.sdnotify import Notifier
 from gpuagent.sim import SimulatedNode, load_scenario
 from gpuagent.sources.kmsg import KmsgSource
@@ -55,7 +61,9 @@ SHUTDOWN_TIMEOUT_SECONDS = 4.0
 _MAX_BACKOFF_SECONDS = 60.0
 _GIL_SWITCH_SECONDS = 0.0005
 _SYSFS_TIMEOUT_SECONDS = 10.0
+_INVENTORY_TIMEOUT_SECONDS = 10.0
 _PRUNE_SECONDS = 60.0
+_RUN_CHECKS_TIMEOUT_SECONDS = 30.0
 _UDEV_KINDS = {
     "add": "gpu_added",
     "remove": "gpu_removed",
@@ -77,6 +85,7 @@ class Agent:
         self._hostname = socket.gethostname()
         self._stop = asyncio.Event()
         self.refresh_requested = asyncio.Event()
+        self._polled = asyncio.Event()  # set after every NVML poll's snapshot
         self._memory = HealthMemory()
         self._sequence = 0
         self.polls = 0
@@ -91,6 +100,7 @@ class Agent:
         self._metrics: MetricsServer | None = None
         self._api = ApiServer(config.api.socket, config.api.group)
         self.remediator: Remediator | None = None
+        self.reporter: Reporter | None = None
         textfile = config.outputs.textfile
         self._textfile = (
             TextfileWriter(Path(textfile.dir), textfile.min_interval_seconds)
@@ -99,6 +109,12 @@ class Agent:
         )
         self._remediation_pending: NodeSnapshot | None = None
         self._remediation_task: asyncio.Task[None] | None = None
+        self._host: HostFacts | None = None
+        self.inventory_refresh_requested = asyncio.Event()
+        self._baseline_path = config.agent.state_dir / BASELINE_FILE
+        self._baseline: dict[str, str] | None = None
+        # Only the daemon learns a baseline; a one-shot `gpuagent check` just compares.
+        self._may_learn = False
 
     # --- phases -----------------------------------------------------------------------
 
@@ -141,18 +157,37 @@ class Agent:
         """One poll and one evaluation without serving anything (`gpuagent check`)."""
         self._open_sources()
         try:
+            if self.config.inventory.enabled:
+                self._load_baseline()
+                await self.refresh_inventory()
             await self.poll_once(watch_xid_events=False)
         finally:
             await self._close_sources()
         assert self.store.current is not None
         return self.store.current
 
-    def _build_remediator(self) -> Remediator:
+    def _build_reporter(self, audit: AuditStore) -> Reporter | None:
+        mqtt = self.config.outputs.mqtt
+        if not mqtt.enabled:
+            return None
+        reporter = Reporter(
+            mqtt,
+            node=self.node_name,
+            cluster=self.config.agent.cluster,
+            agent_version=__version__,
+            state_dir=self.config.agent.state_dir,
+            audit=audit,
+        )
+        reporter.target = self
+        return reporter
+
+    def _build_remediator(self, audit: AuditStore) -> Remediator:
         config = self.config.remediation
+        ask = self.reporter.ask_aggregator if self.reporter is not None else None
         return Remediator(
             config,
-            audit=AuditStore(self.config.agent.state_dir / "remediation.sqlite"),
-            backends=build_backends(config.cordon, self.node_name, self.config.agent.cluster),
+            audit=audit,
+            backends=build_backends(config.cordon, self.node_name, self.config.agent.cluster, ask),
             ops=GpuOps(
                 reset_command=config.reset.command,
                 timeout=config.reset.timeout_seconds,
@@ -170,7 +205,11 @@ class Agent:
         self.refresh_requested.set()
 
     async def startup(self) -> None:
-        self.remediator = self._build_remediator()
+        audit = AuditStore(self.config.agent.state_dir / "remediation.sqlite")
+        self.reporter = self._build_reporter(audit)
+        self.remediator = self._build_remediator(audit)
+        if self.reporter is not None:
+            self.remediator.on_record = self.reporter.audit_written
         self._open_sources()
         host, port = self.config.metrics.host_port
         self._metrics = MetricsServer(
@@ -179,6 +218,10 @@ class Agent:
         self._metrics.start()
         AgentApi(self).register(self._api)
         await self._api.start()
+        if self.config.inventory.enabled:
+            self._load_baseline()
+            self._may_learn = self.config.inventory.learn
+            await self.refresh_inventory()
         await self.poll_once()
         self.notifier.ready(self.summary())
 
@@ -194,11 +237,18 @@ class Agent:
                 running.append(tasks.create_task(self._run_kmsg(), name="kmsg"))
             if sources.sysfs.enabled:
                 running.append(tasks.create_task(self._sysfs_loop(), name="sysfs"))
+            if self.config.inventory.enabled:
+                running.append(tasks.create_task(self._inventory_loop(), name="inventory"))
             # A simulated node has no NVIDIA devices on the host bus; its udev events come
             # from `gpuagent inject pci_remove|pci_add` instead.
             if sources.udev.enabled and self.simulator is None:
                 running.append(tasks.create_task(self._run_udev(), name="udev"))
+            if self.reporter is not None:
+                running.append(tasks.create_task(self.reporter.run(), name="mqtt"))
             await self._stop.wait()
+            if self.reporter is not None:
+                # Before the connection goes: a clean goodbye, not the Last Will.
+                await self.reporter.shutdown()
             for task in running:
                 task.cancel()
 
@@ -210,6 +260,8 @@ class Agent:
                 if self._remediation_task is not None:
                     self._remediation_task.cancel()
                 await self._close_sources()
+        if self.reporter is not None:
+            self.reporter.close()
         if self._metrics is not None:
             self._metrics.stop()
         log.info("stopped")
@@ -251,6 +303,7 @@ class Agent:
             self._watch_xid_events()
             self._track_xid_watcher()
         self._publish()
+        self._polled.set()
         return True
 
     def _without_values(self, error: str | None) -> NvmlObservation | None:
@@ -290,6 +343,8 @@ class Agent:
         """Every source's events arrive here, on the event loop."""
         if not self.events.add(event):
             return
+        if self.reporter is not None:
+            self.reporter.offer_event(event)
         log.info(
             "%s event %s%s on %s: %s",
             event.source,
@@ -297,6 +352,12 @@ class Agent:
             f" {event.code}" if event.code is not None else "",
             event.gpu or event.pci or "node",
             event.line,
+            extra={
+                "gpu_bus_id": event.gpu,
+                "event_kind": event.kind,
+                "xid": event.code if event.kind == "xid" else None,
+                "sxid": event.code if event.kind == "sxid" else None,
+            },
         )
         self._schedule_publish()
 
@@ -334,6 +395,74 @@ class Agent:
             self._schedule_publish()
             await asyncio.sleep(config.interval_seconds)
 
+    # --- the node inventory ----------------------------------------------------------------
+
+    def _load_baseline(self) -> None:
+        if self.config.inventory.learn:
+            self._baseline = load_baseline(self._baseline_path)
+
+    async def refresh_inventory(self) -> None:
+        """Read the host side of the inventory (sysfs, procfs, systemd) off the loop."""
+        tracker = self._trackers.setdefault("inventory", SourceTracker("inventory"))
+        config = self.config.inventory
+        started = time.monotonic()
+        if self.simulator is not None:
+            # A simulated node's PCI functions, modules and services are the scenario's.
+            self._host = self.simulator.host_facts()
+            tracker.success(time.monotonic() - started)
+            return
+        try:
+            async with asyncio.timeout(_INVENTORY_TIMEOUT_SECONDS):
+                services = await read_services(config.systemctl)
+                self._host = await asyncio.to_thread(
+                    collect_host,
+                    self.config.sources.sysfs.root,
+                    config.proc_root,
+                    config.os_release,
+                    tuple(config.expected.modules),
+                    services,
+                )
+        except (OSError, TimeoutError) as exc:
+            tracker.failure(time.monotonic() - started, str(exc) or type(exc).__name__)
+        else:
+            tracker.success(time.monotonic() - started)
+
+    async def _inventory_loop(self) -> None:
+        interval = self.config.inventory.refresh_seconds
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await self.inventory_refresh_requested.wait()
+            self.inventory_refresh_requested.clear()
+            await self.refresh_inventory()
+            self._schedule_publish()
+
+    def _inventory(self, observation: NvmlObservation) -> NodeInventory | None:
+        if self._host is None:
+            return None
+        return build_inventory(
+            self._host,
+            observation.status,
+            observation.gpus,
+            __version__,
+            self.config.inventory.expected.gpus,
+        )
+
+    def _learn(self, inventory: NodeInventory | None, severity: Severity) -> None:
+        """Learn mode: the first healthy inventory becomes the baseline drift is judged by."""
+        if not self._may_learn or self._baseline is not None or inventory is None:
+            return
+        if severity is not Severity.OK or not inventory.nvml_ok:
+            return
+        learned = fingerprint(inventory)
+        try:
+            save_baseline(self._baseline_path, learned, time.time())
+        except OSError as exc:
+            log.warning("cannot write inventory baseline %s: %s", self._baseline_path, exc)
+            return
+        self._baseline = learned
+        log.info("learned inventory baseline: %s", learned)
+
     async def _run_udev(self) -> None:
         tracker = self._trackers.setdefault("udev", SourceTracker("udev"))
 
@@ -364,6 +493,8 @@ class Agent:
                 + (f" (driver {change.driver})" if change.driver else ""),
             )
         )
+        # The PCI functions changed: read the inventory again now, not at the next refresh.
+        self.inventory_refresh_requested.set()
         if change.action in ("add", "bind") and self.nvml is not None:
             # A GPU (re)appeared: enumerate again without restarting the daemon.
             self.nvml.reopen()
@@ -393,6 +524,8 @@ class Agent:
             return
         previous = self.store.current
         events = self.events.recent()
+        inventory = self._inventory(observation)
+        expected = self.config.inventory.expected
         health, self._memory = evaluate(
             observation.gpus,
             observation.status,
@@ -401,7 +534,11 @@ class Agent:
             time.monotonic(),
             events=events,
             pcie=self._pcie,
+            inventory=None
+            if inventory is None
+            else InventoryView(inventory, expected, self._baseline),
         )
+        self._learn(inventory, health.severity)
         self._sequence += 1
         snapshot = NodeSnapshot(
             node_name=self.node_name,
@@ -420,6 +557,8 @@ class Agent:
             kmsg=self._kmsg.counters if self._kmsg is not None else KmsgCounters(),
             event_counts=self.events.counts(),
             remediation=self._remediation_status(),
+            mqtt=self.reporter.status() if self.reporter is not None else None,
+            inventory=inventory,
         )
         self._log_transitions(previous, snapshot)
         self.store.publish(snapshot)
@@ -430,6 +569,8 @@ class Agent:
             if self._textfile is not None:
                 self._textfile.offer(lambda: exposition.body(gzipped=False))
         self.notifier.status(self.summary())
+        if self.reporter is not None:
+            self.reporter.offer_snapshot(snapshot)
         self._schedule_remediation(snapshot)
 
     def _remediation_status(self) -> RemediationStatus | None:
@@ -470,6 +611,7 @@ class Agent:
         for finding in current.health.findings:
             old = before.get((finding.gpu, finding.check), Severity.OK)
             if old is not finding.severity:
+                gpu = current.gpu(finding.gpu) if finding.gpu else None
                 log.warning(
                     "%s %s: %s -> %s: %s",
                     finding.gpu or "node",
@@ -477,7 +619,53 @@ class Agent:
                     old.name,
                     finding.severity.name,
                     finding.reason,
+                    extra={
+                        "gpu_bus_id": finding.gpu,
+                        "gpu_uuid": gpu.identity.uuid if gpu else None,
+                        "check": finding.check,
+                        "severity": finding.severity.name,
+                        "runbook": finding.runbook or None,
+                    },
                 )
+
+    # --- remote commands (the MQTT reporter's CommandTarget) ----------------------------------
+
+    def refresh(self) -> None:
+        self.refresh_requested.set()
+
+    async def run_checks(self) -> str:
+        """Poll and evaluate now; the summary of the snapshot that follows."""
+        before = self.polls
+        self.refresh_requested.set()
+        async with asyncio.timeout(_RUN_CHECKS_TIMEOUT_SECONDS):
+            while self.polls <= before:
+                self._polled.clear()
+                await self._polled.wait()
+        return self.summary()
+
+    def set_remediation_mode(self, mode: str) -> str:
+        assert self.remediator is not None
+        detail = self.remediator.set_mode(mode)
+        self._schedule_publish()
+        return detail
+
+    async def reset_gpu(self, bus_id: str) -> str:
+        """A remote reset request: through every rail local remediation has (mode, kill
+        switch, budgets, no process on the GPU, cordoned first), never around them."""
+        snapshot = self.store.current
+        assert self.remediator is not None
+        if snapshot is None or snapshot.gpu(bus_id) is None:
+            raise CommandRefusedError(f"no GPU {bus_id} on this node")
+        action = PlannedAction("reset_gpu", bus_id, "requested by the aggregator")
+        try:
+            record = await self.remediator.run_requested(action, snapshot)
+        except AuditError as exc:
+            raise CommandRefusedError(str(exc)) from None
+        if record is None:
+            raise CommandRefusedError("not attempted: cooling down after a recent attempt")
+        if record.result not in ("succeeded", "planned"):
+            raise CommandRefusedError(f"{record.result}: {record.detail}")
+        return f"{record.result}: {record.detail}"
 
     def summary(self) -> str:
         snapshot = self.store.current

@@ -6,16 +6,25 @@
   (``journalctl -p warning`` works).
 - ``json``: one object a line with time, level, logger, message and any ``extra=`` fields,
   for log shippers.
+- Under systemd with the systemd Python bindings installed, ``text`` goes to the journal
+  natively instead: the same priority, plus the ``extra=`` fields (GPU bus id and UUID,
+  check, XID, ...) as journal fields (``GPUAGENT_GPU_BUS_ID=...``), so
+  ``journalctl GPUAGENT_CHECK=ecc`` finds them.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
+import re
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Final, TextIO
+
+JournalSend = Callable[..., None]
 
 FORMATS: Final = ("text", "json")
 
@@ -57,14 +66,59 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        for key, value in vars(record).items():
-            if key not in _STANDARD_ATTRS and key not in document:
+        for key, value in extra_fields(record).items():
+            if key not in document:
                 document[key] = value
         if record.exc_info:
             document["exception"] = self.formatException(record.exc_info)
         if record.stack_info:
             document["stack"] = self.formatStack(record.stack_info)
         return json.dumps(document, default=str)
+
+
+def extra_fields(record: logging.LogRecord) -> dict[str, Any]:
+    """What a log call passed in ``extra=``."""
+    return {k: v for k, v in vars(record).items() if k not in _STANDARD_ATTRS}
+
+
+_FIELD_RE = re.compile(r"[^A-Z0-9_]")
+
+
+class JournalFieldsHandler(logging.Handler):
+    """Writes records to the journal with their ``extra=`` fields as journal fields
+    (upper-cased, prefixed GPUAGENT_; None values left out)."""
+
+    def __init__(self, send: JournalSend) -> None:
+        super().__init__()
+        self._send = send
+        self.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            fields = {
+                "GPUAGENT_" + _FIELD_RE.sub("_", key.upper()): str(value)
+                for key, value in extra_fields(record).items()
+                if value is not None
+            }
+            self._send(
+                self.format(record),
+                PRIORITY=str(syslog_priority(record.levelno)),
+                SYSLOG_IDENTIFIER="gpuagent",
+                LOGGER=record.name,
+                **fields,
+            )
+        except Exception:  # noqa: BLE001 - logging must never raise into the daemon
+            self.handleError(record)
+
+
+def journal_sender() -> JournalSend | None:
+    """systemd.journal.send when the systemd bindings are installed."""
+    try:
+        journal = importlib.import_module("systemd.journal")  # optional dependency
+    except ImportError:
+        return None
+    send: JournalSend = journal.send
+    return send
 
 
 def make_formatter(log_format: str, *, under_journal: bool) -> logging.Formatter:
@@ -77,11 +131,24 @@ def make_formatter(log_format: str, *, under_journal: bool) -> logging.Formatter
     return logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def setup(level: str, log_format: str = "text", stream: TextIO | None = None) -> None:
-    """Configure the root logger to write ``log_format`` to ``stream`` (stderr)."""
-    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
-    handler.setFormatter(make_formatter(log_format, under_journal=under_journal()))
-    logging.basicConfig(level=level.upper(), handlers=[handler])
+def setup(
+    level: str,
+    log_format: str = "text",
+    stream: TextIO | None = None,
+    *,
+    journal_send: JournalSend | None = None,
+) -> None:
+    """Configure the root logger: ``log_format`` to ``stream`` (stderr), or, under
+    journald with the systemd bindings (``journal_send``), text to the journal natively."""
+    journal = under_journal()
+    send = journal_send or (journal_sender() if journal and stream is None else None)
+    handler: logging.Handler
+    if journal and log_format == "text" and send is not None:
+        handler = JournalFieldsHandler(send)
+    else:
+        handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+        handler.setFormatter(make_formatter(log_format, under_journal=journal))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
 def under_journal() -> bool:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from gpuagent.inventory.model import NodeInventory
 
 
 class Severity(enum.Enum):
@@ -73,6 +76,9 @@ class GpuIdentity:
     pcie_max_generation: int | None = None
     pcie_max_width: int | None = None
     nvlink_count: int = 0
+    inforom_version: str | None = None  # the InfoROM image version
+    gsp_firmware_version: str | None = None  # None: no GSP firmware, or not reported
+    applications_clock_default_mhz: int | None = None  # graphics
 
     @property
     def device(self) -> str:
@@ -85,6 +91,9 @@ class GpuProcess:
     pid: int
     name: str
     used_mib: float | None
+
+
+FabricState = Literal["not_started", "in_progress", "completed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +133,11 @@ class GpuReadings:
     persistence_mode: bool | None = None
     mig_mode_current: bool | None = None
     mig_mode_pending: bool | None = None
+    ecc_enabled_pending: bool | None = None  # takes effect at the next reset
+    applications_clock_mhz: int | None = None  # graphics; the default unless someone set it
+    # NVSwitch systems: the GPU's registration with Fabric Manager. None: not supported.
+    fabric_state: FabricState | None = None
+    fabric_ok: bool | None = None  # the registration's result, once completed
     # One entry per NVLink: True up, False down, None unknown/unsupported.
     nvlink_up: tuple[bool | None, ...] = ()
     nvlink_crc_flit_errors: int | None = None
@@ -298,6 +312,21 @@ class RemediationStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class MqttStatus:
+    """The MQTT reporter's state, for metrics and status."""
+
+    connected: bool
+    connections: int = 0  # successful connects since start
+    spool_depth: int = 0  # messages waiting for the broker
+    spool_bytes: int = 0
+    spool_dropped: int = 0  # dropped by the spool's bounds since start
+    published: tuple[tuple[str, int], ...] = ()  # (channel, acknowledged publishes)
+    refused: tuple[tuple[str, int], ...] = ()  # (channel, publishes the broker refused)
+    commands: tuple[tuple[str, int], ...] = ()  # (command, received)
+    rejected_commands: tuple[tuple[str, int], ...] = ()  # (reason, count)
+
+
+@dataclass(frozen=True, slots=True)
 class NodeHealth:
     findings: tuple[Finding, ...] = ()
 
@@ -343,6 +372,8 @@ class NodeSnapshot:
     kmsg: KmsgCounters = field(default_factory=KmsgCounters)
     event_counts: tuple[EventCount, ...] = ()
     remediation: RemediationStatus | None = None
+    mqtt: MqttStatus | None = None
+    inventory: NodeInventory | None = None
 
     def gpu(self, pci_bus_id: str) -> GpuState | None:
         return next((g for g in self.gpus if g.identity.pci_bus_id == pci_bus_id), None)

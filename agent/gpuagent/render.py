@@ -37,6 +37,33 @@ def _gpu_row(gpu: dict[str, Any]) -> tuple[str, ...]:
     )
 
 
+def _inventory_lines(inventory: dict[str, Any] | None) -> list[str]:
+    """The node section: what the node is (see docs/inventory.md)."""
+    if not inventory:
+        return []
+    pci = inventory.get("pci")
+    pci_gpus = None if pci is None else sum(1 for f in pci if f["role"] == "gpu")
+    switches = None if pci is None else sum(1 for f in pci if f["role"] == "nvswitch")
+    services = inventory.get("services") or {}
+    fingerprint = inventory.get("fingerprint") or {}
+    return [
+        (
+            f"GPUs: NVML {_fmt(inventory.get('gpus_nvml'))}, PCI {_fmt(pci_gpus)}"
+            f"  NVSwitches {_fmt(switches)}"
+            f"  module {inventory.get('module_version') or '-'}"
+            f"  VBIOS {fingerprint.get('vbios') or '-'}"
+            f"  GSP {fingerprint.get('gsp_firmware') or '-'}"
+        ),
+        (
+            f"Kernel {inventory.get('kernel_release') or '-'}"
+            f"  OS {inventory.get('os_release') or '-'}"
+            f"  agent {inventory.get('agent_version') or '-'}"
+            f"  fingerprint {inventory.get('fingerprint_id') or '-'}"
+        ),
+        "Services: " + (", ".join(f"{name} {state}" for name, state in services.items()) or "-"),
+    ]
+
+
 def render_status(doc: dict[str, Any], now: float | None = None) -> str:
     node = doc["node"]
     now = time.time() if now is None else now
@@ -49,6 +76,7 @@ def render_status(doc: dict[str, Any], now: float | None = None) -> str:
             f"  CUDA {node.get('cuda_driver_version') or '-'}  snapshot {age:.1f} s old"
         ),
     ]
+    lines.extend(_inventory_lines(node.get("inventory")))
     lines.extend(
         f"  {f['severity']} {f['check']}: {f['reason']} (action: {f['action']})"
         for f in node.get("findings", [])

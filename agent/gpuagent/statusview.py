@@ -102,6 +102,7 @@ def status_document(snapshot: NodeSnapshot) -> dict[str, Any]:
             "nvml_version": nvml.nvml_version,
             "nvml": {"ok": nvml.ok, "problem": nvml.problem, "message": nvml.message},
             "findings": [finding_json(f) for f in snapshot.health.problems() if f.gpu is None],
+            "inventory": None if snapshot.inventory is None else snapshot.inventory.to_json(),
         },
         "gpus": [_gpu_json(snapshot, gpu) for gpu in snapshot.gpus],
         "sources": [_source_json(s) for s in snapshot.sources],

@@ -17,6 +17,17 @@ from gpuagent.checks.bus import check_bus
 from gpuagent.checks.common import EventView, GpuView, NodeView, Outcome, to_finding
 from gpuagent.checks.ecc import check_ecc, remember_sbe
 from gpuagent.checks.eventindex import EventIndex
+from gpuagent.checks.inventory import (
+    InventoryView,
+    check_drift,
+    check_driver,
+    check_ecc_mode,
+    check_fabric,
+    check_firmware,
+    check_gpu_count,
+    check_services,
+    check_settings,
+)
 from gpuagent.checks.kernel import check_kernel
 from gpuagent.checks.memory import GpuMemory, HealthMemory
 from gpuagent.checks.mig import check_mig
@@ -29,7 +40,8 @@ from gpuagent.checks.row_remap import check_row_remap
 from gpuagent.checks.sxid import check_sxid
 from gpuagent.checks.thermal import check_thermal
 from gpuagent.checks.xid import check_xid
-from gpuagent.config import ChecksSection
+from gpuagent.config import ChecksSection, InventoryExpected
+from gpuagent.inventory.model import GpuInventory
 from gpuagent.model import (
     Finding,
     GpuEvent,
@@ -90,8 +102,40 @@ NODE_CHECKS: tuple[NodeCheck, ...] = (
     NodeCheck("kernel", lambda _: True, check_kernel),
 )
 
+
+@dataclass(frozen=True, slots=True)
+class InventoryNodeCheck:
+    name: str
+    run: Callable[[InventoryView], Outcome]
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryGpuCheck:
+    """A per-GPU inventory check; like a readings check it needs the GPU to answer."""
+
+    name: str
+    run: Callable[[GpuInventory, InventoryExpected], Outcome]
+
+
+# Run only when the daemon has an inventory (`inventory.enabled`), after the checks above.
+INVENTORY_NODE_CHECKS: tuple[InventoryNodeCheck, ...] = (
+    # Is everything there and loaded, then is it running, then is it the right version.
+    InventoryNodeCheck("gpu_count", check_gpu_count),
+    InventoryNodeCheck("driver", check_driver),
+    InventoryNodeCheck("fabric", check_fabric),
+    InventoryNodeCheck("services", check_services),
+    InventoryNodeCheck("firmware", check_firmware),
+    InventoryNodeCheck("drift", check_drift),
+)
+INVENTORY_GPU_CHECKS: tuple[InventoryGpuCheck, ...] = (
+    InventoryGpuCheck("ecc_mode", check_ecc_mode),
+    InventoryGpuCheck("settings", check_settings),
+)
+
 CHECK_NAMES: tuple[str, ...] = (AVAILABILITY, *(c.name for c in GPU_CHECKS))
 NODE_CHECK_NAMES: tuple[str, ...] = (NVML, *(c.name for c in NODE_CHECKS))
+INVENTORY_CHECK_NAMES: tuple[str, ...] = tuple(c.name for c in INVENTORY_GPU_CHECKS)
+INVENTORY_NODE_CHECK_NAMES: tuple[str, ...] = tuple(c.name for c in INVENTORY_NODE_CHECKS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +146,7 @@ class _Context:
     now: float
     events: EventIndex
     paths: dict[str, PciePath]
+    inventory: InventoryView | None = None
 
 
 def _remember(
@@ -147,7 +192,26 @@ def _gpu_findings(
         else:
             outcome = check.run(view)
         findings.append(to_finding(check.name, bus_id, outcome))
+    findings.extend(_gpu_inventory_findings(state, readings, context))
     return findings
+
+
+def _gpu_inventory_findings(
+    state: GpuState, readings: GpuReadings | None, context: _Context
+) -> list[Finding]:
+    view = context.inventory
+    if view is None:
+        return []
+    bus_id = state.identity.pci_bus_id
+    gpu = next((g for g in view.inventory.gpus if g.pci_bus_id == bus_id), None)
+    return [
+        to_finding(
+            check.name,
+            bus_id,
+            no_data(state) if readings is None or gpu is None else check.run(gpu, view.expected),
+        )
+        for check in INVENTORY_GPU_CHECKS
+    ]
 
 
 def _node_findings(
@@ -161,6 +225,11 @@ def _node_findings(
         for check in NODE_CHECKS
         if check.enabled(context.config)
     ]
+    if context.inventory is not None:
+        findings += [
+            to_finding(check.name, None, check.run(context.inventory))
+            for check in INVENTORY_NODE_CHECKS
+        ]
     return findings
 
 
@@ -173,16 +242,19 @@ def evaluate(
     *,
     events: tuple[GpuEvent, ...] = (),
     pcie: tuple[PciePath, ...] = (),
+    inventory: InventoryView | None = None,
 ) -> tuple[NodeHealth, HealthMemory]:
     """Findings for the node and every GPU, plus the memory to pass to the next call.
 
     ``now`` is monotonic seconds, the clock of ``GpuEvent.monotonic``. ``events`` are the
-    recent events, oldest first; ``pcie`` the sysfs view of each GPU's PCIe path. Findings
-    come node first (in ``NODE_CHECK_NAMES`` order), then GPU by GPU in the order given,
-    each in ``CHECK_NAMES`` order.
+    recent events, oldest first; ``pcie`` the sysfs view of each GPU's PCIe path;
+    ``inventory`` the node inventory with its expectations (None: no inventory checks).
+    Findings come node first (in ``NODE_CHECK_NAMES`` order, then
+    ``INVENTORY_NODE_CHECK_NAMES``), then GPU by GPU in the order given, each in
+    ``CHECK_NAMES`` order followed by ``INVENTORY_CHECK_NAMES``.
     """
     paths = {path.device.address: path for path in pcie}
-    context = _Context(config, now, EventIndex(events), paths)
+    context = _Context(config, now, EventIndex(events), paths, inventory)
     findings = _node_findings(nvml, gpus, context)
     remembered: dict[str, GpuMemory] = {}
     for state in gpus:

@@ -29,6 +29,8 @@ class Action(enum.StrEnum):
     INSTALL_DRIVER = "install_driver"
     REBOOT = "reboot"
     RUN_AS_ROOT = "run_as_root"
+    START_SERVICE = "start_service"
+    RESTORE_SETTINGS = "restore_settings"
 
 
 class Runbook(enum.StrEnum):
@@ -74,6 +76,16 @@ class Runbook(enum.StrEnum):
     NODE_DRIVER_MISMATCH = "node-driver-mismatch"
     NODE_CRASH_DUMP = "node-crash-dump"
     NODE_GSP_ERROR = "node-gsp-error"
+    NODE_GPU_MISSING_DRIVER = "node-gpu-missing-driver"
+    NODE_GPU_MISSING_PCI = "node-gpu-missing-pci"
+    NODE_DRIVER_MODULE = "node-driver-module"
+    NODE_GSP_FIRMWARE_MISMATCH = "node-gsp-firmware-mismatch"
+    NODE_PERSISTENCED_DOWN = "node-persistenced-down"
+    NODE_FABRIC_MANAGER = "node-fabric-manager"
+    NODE_INVENTORY_DRIFT = "node-inventory-drift"
+    GPU_ECC_PENDING = "gpu-ecc-pending"
+    GPU_POWER_LIMIT_CHANGED = "gpu-power-limit-changed"
+    GPU_CLOCKS_SET = "gpu-clocks-set"
     NVML_DRIVER_NOT_LOADED = "nvml-driver-not-loaded"
     NVML_LIBRARY_NOT_FOUND = "nvml-library-not-found"
     NVML_VERSION_MISMATCH = "nvml-version-mismatch"

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import aiomqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from gpuagent.config import ConfigError, MqttConnection
 
@@ -20,11 +22,18 @@ def read_password(path: str) -> str:
         raise ConfigError(f"cannot read the MQTT password file {path}: {exc}") from None
 
 
+# How long the broker keeps our session (subscriptions, QoS 1 messages for us) after we
+# went away: MQTT 5 ends it at once unless told otherwise.
+SESSION_EXPIRY_SECONDS = 86400
+
+
 def client_options(
     conn: MqttConnection, *, client_id: str, will: aiomqtt.Will | None = None
 ) -> dict[str, Any]:
     """Keyword arguments for `aiomqtt.Client`: MQTT 5, TLS as configured, a persistent
     session (QoS 1 messages for us wait at the broker while we are away)."""
+    properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+    properties.SessionExpiryInterval = SESSION_EXPIRY_SECONDS
     options: dict[str, Any] = {
         "hostname": conn.host,
         "port": conn.port,
@@ -34,6 +43,7 @@ def client_options(
         "clean_start": False,
         "timeout": 10.0,
         "will": will,
+        "properties": properties,
     }
     if conn.username:
         options["username"] = conn.username

@@ -20,6 +20,7 @@ from prometheus_client.core import (
 
 from gpuagent.metrics import names
 from gpuagent.metrics.events import event_families
+from gpuagent.metrics.inventory import inventory_families
 from gpuagent.metrics.names import GpuMetric, MetricSpec
 from gpuagent.model import (
     Finding,
@@ -129,6 +130,7 @@ class _Builder:
         families: list[Metric] = [
             *self._node(),
             *self._sources(),
+            *inventory_families(self.snapshot.inventory, self._labels_for),
             self._gpu_up(),
             *self._gpu_health(),
             *(self._table_family(m, dcgm=True) for m in names.DCGM_GPU_METRICS),
@@ -137,6 +139,7 @@ class _Builder:
             self._nvlink_up(),
             *self._pcie(),
             *self._remediation(),
+            *self._mqtt(),
             *event_families(
                 self.snapshot,
                 self._labels_for,
@@ -193,6 +196,38 @@ class _Builder:
             family.add_metric([], float(value))
             flags.append(family)
         return [actions, budgets, *flags]
+
+    def _mqtt(self) -> list[Metric]:
+        status = self.snapshot.mqtt
+        if status is None:
+            return []
+        families: list[Metric] = []
+        for spec, value in (
+            (names.MQTT_CONNECTED, float(status.connected)),
+            (names.MQTT_SPOOL_MESSAGES, float(status.spool_depth)),
+            (names.MQTT_SPOOL_BYTES, float(status.spool_bytes)),
+        ):
+            family = _gauge(spec)
+            family.add_metric([], value)
+            families.append(family)
+        for spec, total in (
+            (names.MQTT_CONNECTIONS, status.connections),
+            (names.MQTT_SPOOL_DROPPED, status.spool_dropped),
+        ):
+            counter = _counter(spec)
+            counter.add_metric([], float(total))
+            families.append(counter)
+        for spec, counts in (
+            (names.MQTT_PUBLISHED, status.published),
+            (names.MQTT_REFUSED, status.refused),
+            (names.MQTT_COMMANDS, status.commands),
+            (names.MQTT_COMMANDS_REJECTED, status.rejected_commands),
+        ):
+            counter = _counter(spec)
+            for label, count in counts:
+                counter.add_metric([label], float(count))
+            families.append(counter)
+        return families
 
     def _sources(self) -> list[Metric]:
         columns: list[tuple[MetricSpec, Callable[[SourceStatus], float | None]]] = [

@@ -321,6 +321,50 @@ BUILD_INFO = MetricSpec(
     "Always 1; labels carry the agent, driver, NVML and CUDA driver versions.",
     ("version", "driver_version", "nvml_version", "cuda_driver_version"),
 )
+# --- the node inventory (snapshot.inventory): info-style, the values are labels -------
+NODE_INFO = MetricSpec(
+    "gpuagent_node_info",
+    "Always 1; labels carry what the node is: driver, module, CUDA, kernel, OS, agent and "
+    "the fleet fingerprint's hash.",
+    (
+        "driver_version",
+        "module_version",
+        "nvml_version",
+        "cuda_driver_version",
+        "kernel_release",
+        "os_release",
+        "agent_version",
+        "fingerprint",
+    ),
+)
+GPU_INVENTORY_INFO = MetricSpec(
+    "gpuagent_gpu_inventory_info",
+    "Always 1; labels carry the GPU's serial, VBIOS, InfoROM and GSP firmware versions.",
+    (*GPU_LABELS, "serial", "vbios_version", "inforom_version", "gsp_firmware_version"),
+)
+GPUS_EXPECTED = MetricSpec(
+    "gpuagent_gpus_expected",
+    "GPUs this node should have (inventory.expected.gpus); absent when not configured.",
+)
+GPUS_SEEN = MetricSpec(
+    "gpuagent_gpus_seen",
+    'GPUs seen, by where: "nvml" (listed by NVML) or "pci" (NVIDIA GPU functions in sysfs).',
+    ("source",),
+)
+NVSWITCHES_SEEN = MetricSpec(
+    "gpuagent_nvswitches_seen", "NVSwitch functions on the PCI bus (sysfs)."
+)
+KERNEL_MODULE_LOADED = MetricSpec(
+    "gpuagent_kernel_module_loaded",
+    "1 if the NVIDIA kernel module is loaded, 0 if not.",
+    ("module",),
+)
+SERVICE_STATE = MetricSpec(
+    "gpuagent_service_state",
+    "1 for the service's current state (active, inactive, failed, not_installed, unknown, "
+    "...), one series per service.",
+    ("service", "state"),
+)
 SNAPSHOT_TIMESTAMP = MetricSpec(
     "gpuagent_snapshot_timestamp_seconds",
     "Unix time the served snapshot was taken; alert on time() minus this for staleness.",
@@ -437,4 +481,37 @@ REMEDIATION_PAUSED = MetricSpec(
 )
 REMEDIATION_CORDONED = MetricSpec(
     "gpuagent_remediation_cordoned", "1 while the node is cordoned by gpuagent."
+)
+MQTT_CONNECTED = MetricSpec(
+    "gpuagent_mqtt_connected", "1 while the MQTT reporter is connected to the broker."
+)
+MQTT_CONNECTIONS = MetricSpec(
+    "gpuagent_mqtt_connections_total", "Successful connections to the MQTT broker."
+)
+MQTT_SPOOL_MESSAGES = MetricSpec(
+    "gpuagent_mqtt_spool_messages", "Events and action records waiting for the broker."
+)
+MQTT_SPOOL_BYTES = MetricSpec("gpuagent_mqtt_spool_bytes", "Bytes waiting in the MQTT spool.")
+MQTT_SPOOL_DROPPED = MetricSpec(
+    "gpuagent_mqtt_spool_dropped_total",
+    "Messages dropped unsent because the spool went past its size or age bound.",
+)
+MQTT_PUBLISHED = MetricSpec(
+    "gpuagent_mqtt_published_total",
+    "Publishes the broker acknowledged, by channel (state, events, actions, replies).",
+    ("channel",),
+)
+MQTT_REFUSED = MetricSpec(
+    "gpuagent_mqtt_publish_refused_total",
+    "Publishes the broker refused (MQTT 5 reason code, e.g. not authorized by its ACL).",
+    ("channel",),
+)
+MQTT_COMMANDS = MetricSpec(
+    "gpuagent_mqtt_commands_total", "Commands received from the aggregator.", ("command",)
+)
+MQTT_COMMANDS_REJECTED = MetricSpec(
+    "gpuagent_mqtt_commands_rejected_total",
+    "Messages on the command topic that were rejected, by reason "
+    "(oversized, malformed, schema, unknown_type, invalid, foreign, not_allowed).",
+    ("reason",),
 )

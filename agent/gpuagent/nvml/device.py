@@ -8,6 +8,7 @@ between slow reads.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +53,12 @@ _THRESHOLDS = {
     "temperature_shutdown_c": pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
     "temperature_gpu_max_c": pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX,
     "temperature_memory_max_c": pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX,
+}
+
+_FABRIC_STATES = {
+    pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED: "not_started",
+    pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS: "in_progress",
+    pynvml.NVML_GPU_FABRIC_STATE_COMPLETED: "completed",
 }
 
 _VALUE_MEMBER = {
@@ -156,6 +163,19 @@ class Device:
                 "nvmlDeviceGetMaxPcieLinkWidth", pynvml.nvmlDeviceGetMaxPcieLinkWidth
             ),
             nvlink_count=self._nvlink_count,
+            inforom_version=text(
+                self._get(
+                    "nvmlDeviceGetInforomImageVersion", pynvml.nvmlDeviceGetInforomImageVersion
+                )
+            ),
+            gsp_firmware_version=text(
+                self._get("nvmlDeviceGetGspFirmwareVersion", pynvml.nvmlDeviceGetGspFirmwareVersion)
+            ),
+            applications_clock_default_mhz=self._get(
+                "nvmlDeviceGetDefaultApplicationsClock",
+                pynvml.nvmlDeviceGetDefaultApplicationsClock,
+                pynvml.NVML_CLOCK_GRAPHICS,
+            ),
             **{k: None if v is None else float(v) for k, v in thresholds.items()},
         )
 
@@ -237,6 +257,12 @@ class Device:
             if persistence is None
             else persistence == pynvml.NVML_FEATURE_ENABLED,
             "ecc_enabled": None if ecc is None else ecc[0] == pynvml.NVML_FEATURE_ENABLED,
+            "ecc_enabled_pending": None if ecc is None else ecc[1] == pynvml.NVML_FEATURE_ENABLED,
+            "applications_clock_mhz": self._get(
+                "nvmlDeviceGetApplicationsClock",
+                pynvml.nvmlDeviceGetApplicationsClock,
+                pynvml.NVML_CLOCK_GRAPHICS,
+            ),
             "mig_mode_current": None if mig is None else mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE,
             "mig_mode_pending": None if mig is None else mig[1] == pynvml.NVML_DEVICE_MIG_ENABLE,
             "pcie_generation": self._get(
@@ -246,12 +272,26 @@ class Device:
                 "nvmlDeviceGetCurrPcieLinkWidth", pynvml.nvmlDeviceGetCurrPcieLinkWidth
             ),
         }
+        slow.update(self._read_fabric())
         if not self._power_field_supported:
             limit = self._get(
                 "nvmlDeviceGetEnforcedPowerLimit", pynvml.nvmlDeviceGetEnforcedPowerLimit
             )
             slow["power_limit_w"] = None if limit is None else limit / 1000
         return slow
+
+    def _read_fabric(self) -> dict[str, Any]:
+        """The GPU's Fabric Manager registration (NVSwitch systems); absent elsewhere."""
+        info = pynvml.c_nvmlGpuFabricInfo_t()
+        answered = self._get(
+            "nvmlDeviceGetGpuFabricInfo", pynvml.nvmlDeviceGetGpuFabricInfo, ctypes.byref(info)
+        )
+        state = None if answered is None else _FABRIC_STATES.get(int(info.state))
+        if state is None:
+            return {"fabric_state": None, "fabric_ok": None}
+        # The status only means something once registration has completed.
+        ok = int(info.status) == pynvml.NVML_SUCCESS if state == "completed" else None
+        return {"fabric_state": state, "fabric_ok": ok}
 
     def _process(self, info: Any) -> GpuProcess:
         used = getattr(info, "usedGpuMemory", None)

@@ -161,6 +161,14 @@ class AuditStore:
         )
         return [str(r[0]) for r in rows]
 
+    def since(self, after_id: int, limit: int) -> list[AuditRecord]:
+        """Records newer than ``after_id``, oldest first (the MQTT reporter's feed)."""
+        rows = self._db.execute(
+            f"SELECT {_COLUMNS} FROM actions WHERE id > ? ORDER BY id LIMIT ?",  # noqa: S608
+            (after_id, limit),
+        ).fetchall()
+        return [_record(row) for row in rows]
+
     def recent(self, limit: int) -> list[AuditRecord]:
         rows = self._db.execute(
             f"SELECT {_COLUMNS} FROM actions ORDER BY id DESC LIMIT ?",  # noqa: S608

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpuagent.config import RemediationCordon
+from gpuagent.remediation.aggregator import Ask
 from gpuagent.remediation.backend import CordonBackend
 
 
@@ -10,7 +11,9 @@ class BackendConfigError(ValueError):
     pass
 
 
-def build_backends(config: RemediationCordon, node: str, cluster: str) -> list[CordonBackend]:
+def build_backends(
+    config: RemediationCordon, node: str, cluster: str, ask_aggregator: Ask | None = None
+) -> list[CordonBackend]:
     backends: list[CordonBackend] = []
     for name in config.backends:
         if name == "slurm":
@@ -47,8 +50,12 @@ def build_backends(config: RemediationCordon, node: str, cluster: str) -> list[C
                 )
             )
         else:
-            raise BackendConfigError(
-                f"remediation.cordon.backends: the {name!r} backend asks the aggregator, which "
-                "this agent does not talk to yet (it comes with the MQTT reporter)"
-            )
+            if ask_aggregator is None:
+                raise BackendConfigError(
+                    'remediation.cordon.backends: the "aggregator" backend asks the aggregator '
+                    "over MQTT: enable [outputs.mqtt]"
+                )
+            from gpuagent.remediation.aggregator import AggregatorBackend  # noqa: PLC0415
+
+            backends.append(AggregatorBackend(ask_aggregator, timeout=config.timeout_seconds))
     return backends

@@ -12,16 +12,17 @@ with "drain and reboot" and that GPU is never reset again.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 from gpuagent.config import RemediationSection
 from gpuagent.model import NodeSnapshot, Severity
-from gpuagent.remediation.audit import AuditError, AuditStore
+from gpuagent.remediation.audit import AuditError, AuditRecord, AuditStore
 from gpuagent.remediation.backend import CordonBackend
 from gpuagent.remediation.gpu_ops import GpuOperationError, GpuOps
 from gpuagent.remediation.planner import node_is_healthy, plan, thermal_ok
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 # What an attempt looks like in the audit trail (for budgets) and what counts as "this
 # action was just looked at" (for cooldowns, so observe mode does not audit every poll).
 _ATTEMPTS: tuple[ActionResult, ...] = ("started",)
+_ALL_RESULTS: tuple[ActionResult, ...] = get_args(ActionResult)
 _COOLDOWN_RESULTS: tuple[ActionResult, ...] = (
     "planned",
     "started",
@@ -87,6 +89,11 @@ class Remediator:
         self._healthy_since: float | None = None
         self._verifying: dict[str, _Verification] = {}
         self.counts: dict[tuple[str, str], int] = {}
+        self._mode: str = config.mode
+        # One cycle or requested action at a time: two must never act on one GPU at once.
+        self._busy = asyncio.Lock()
+        # Called after every audit record (the MQTT reporter forwards them).
+        self.on_record: Callable[[], None] = lambda: None
 
     @property
     def paused(self) -> bool:
@@ -94,7 +101,16 @@ class Remediator:
 
     @property
     def mode(self) -> str:
-        return self.config.mode
+        return self._mode
+
+    def set_mode(self, mode: str) -> str:
+        """Switch between observe and enforce until the agent restarts (the configuration
+        file stays the source of truth); the change is logged."""
+        if mode not in ("observe", "enforce"):
+            raise ValueError(f"mode must be observe or enforce, not {mode!r}")
+        previous, self._mode = self._mode, mode
+        log.warning("remediation mode %s -> %s (until restart)", previous, mode)
+        return f"remediation mode {previous} -> {mode}"
 
     # --- history ------------------------------------------------------------------------
 
@@ -138,6 +154,21 @@ class Remediator:
 
     async def handle(self, snapshot: NodeSnapshot) -> None:
         """Plan for this snapshot and carry the plan out (one cycle at a time)."""
+        async with self._busy:
+            await self._cycle(snapshot)
+
+    async def run_requested(
+        self, action: PlannedAction, snapshot: NodeSnapshot
+    ) -> AuditRecord | None:
+        """Carry out an action asked for from outside (a remote command) with every guard a
+        planned one has; the last audit record it left, or None if it was cooling down."""
+        async with self._busy:
+            last = self.audit.last(action.kind, action.target, _ALL_RESULTS)
+            await self._execute(action, snapshot)
+            record = self.audit.last(action.kind, action.target, _ALL_RESULTS)
+        return record if record is not None and (last is None or record.id != last.id) else None
+
+    async def _cycle(self, snapshot: NodeSnapshot) -> None:
         now = self._clock()
         self._track(snapshot, now)
         await self._verify(snapshot)
@@ -151,6 +182,7 @@ class Remediator:
 
     def _record(self, action: PlannedAction, result: ActionResult, detail: str = "") -> None:
         self.audit.record(action, result, mode=self.mode, detail=detail)
+        self.on_record()
         self.counts[(action.kind, result)] = self.counts.get((action.kind, result), 0) + 1
         level = logging.WARNING if result in ("failed", "refused", "escalated") else logging.INFO
         log.log(

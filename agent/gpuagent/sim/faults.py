@@ -170,6 +170,33 @@ def _xid(_gpu: SimGpu, params: Params, _at: float) -> Events:
     return ((codes.EVENT_XID, _int(params["xid"])),)
 
 
+def _ecc_mode(gpu: SimGpu, params: Params, _at: float) -> Events:
+    # `nvidia-smi -e`: the new mode is pending until the next reset.
+    gpu.ecc_pending = bool(params["enabled"])
+    return ()
+
+
+def _mig_mode(gpu: SimGpu, params: Params, _at: float) -> Events:
+    gpu.mig_pending = bool(params["enabled"])
+    return ()
+
+
+def _power_limit(gpu: SimGpu, params: Params, _at: float) -> Events:
+    gpu.power_limit_mw = round(_number(params["watts"]) * 1000)
+    return ()
+
+
+def _app_clocks(gpu: SimGpu, params: Params, _at: float) -> Events:
+    gpu.applications_clock_mhz = _int(params["mhz"])
+    return ()
+
+
+def _fabric(gpu: SimGpu, params: Params, _at: float) -> Events:
+    gpu.fabric_state = codes.FABRIC_STATES[str(params["state"])]
+    gpu.fabric_status = codes.SUCCESS if params["ok"] else codes.ERROR_UNKNOWN
+    return ()
+
+
 def _clear(gpu: SimGpu, _params: Params, _at: float) -> Events:
     gpu.clear()
     return ()
@@ -249,6 +276,34 @@ KINDS: dict[str, FaultKind] = {
             _process_exit,
         ),
         FaultKind("xid", (Param("xid", "int", required=True, minimum=1, maximum=999),), _xid),
+        FaultKind("ecc_mode", (Param("enabled", "bool", required=True),), _ecc_mode),
+        FaultKind("mig_mode", (Param("enabled", "bool", required=True),), _mig_mode),
+        FaultKind(
+            "power_limit",
+            (
+                Param(
+                    "watts",
+                    "number",
+                    required=True,
+                    minimum=hardware.POWER_MIN_LIMIT_MW / 1000,
+                    maximum=hardware.POWER_MAX_LIMIT_MW / 1000,
+                ),
+            ),
+            _power_limit,
+        ),
+        FaultKind(
+            "app_clocks",
+            (Param("mhz", "int", required=True, minimum=210, maximum=hardware.SM_CLOCK_MAX_MHZ),),
+            _app_clocks,
+        ),
+        FaultKind(
+            "fabric",
+            (
+                Param("state", "str", required=True, choices=tuple(codes.FABRIC_STATES)),
+                Param("ok", "bool", default=True),
+            ),
+            _fabric,
+        ),
         FaultKind("clear", (), _clear),
     )
 }

@@ -60,7 +60,14 @@ class SimGpu:
         self.ecc_enabled = ecc
         self.persistence = persistence
         self.mig_mode = mig_mode
+        # Mode changes wait for the next reset, as on a real GPU.
+        self.ecc_pending = ecc
+        self.mig_pending = mig_mode
         self.power_limit_mw = hardware.POWER_DEFAULT_LIMIT_MW
+        self.applications_clock_mhz = hardware.APPLICATIONS_CLOCK_DEFAULT_MHZ
+        # nvmlGpuFabricState_t and the registration's nvmlReturn_t (NVSwitch systems).
+        self.fabric_state = codes.FABRIC_STATE_NOT_SUPPORTED
+        self.fabric_status = codes.SUCCESS
 
         self.ecc_sbe_volatile = 0
         self.ecc_dbe_volatile = 0
@@ -120,6 +127,8 @@ class SimGpu:
     def clock_event_reasons(self, now: float) -> int:
         """Injected reasons plus those the GPU would raise itself at this heat and power."""
         reasons = self.throttle_reasons
+        if self.applications_clock_mhz != hardware.APPLICATIONS_CLOCK_DEFAULT_MHZ:
+            reasons |= codes.REASON_APPLICATIONS_CLOCKS
         temperature = self.temperature(now)
         if temperature >= hardware.TEMPERATURE_GPU_MAX_C:
             reasons |= codes.REASON_SW_THERMAL
@@ -165,6 +174,8 @@ class SimGpu:
         self.retired_pending = False
         self.remap_pending = False
         self.hang_until = 0.0
+        self.ecc_enabled = self.ecc_pending
+        self.mig_mode = self.mig_pending
 
     def clear(self) -> None:
         """Back to healthy: every fault condition removed, lifetime counters kept."""
@@ -176,5 +187,9 @@ class SimGpu:
         self.pcie_generation = hardware.PCIE_MAX_GENERATION
         self.pcie_width = hardware.PCIE_MAX_WIDTH
         self.persistence = self.default_persistence
+        self.applications_clock_mhz = hardware.APPLICATIONS_CLOCK_DEFAULT_MHZ
+        self.power_limit_mw = hardware.POWER_DEFAULT_LIMIT_MW
+        self.ecc_pending = self.ecc_enabled
+        self.mig_pending = self.mig_mode
         self.nvlink_up = [True] * self.nvlinks
         self.processes.clear()

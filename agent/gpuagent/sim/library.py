@@ -266,7 +266,7 @@ class SimulatedLibrary:
             "nvmlDeviceGetUUID": lambda g, _n, buf, size: _put_string(buf, size, g.uuid),
             "nvmlDeviceGetSerial": lambda g, _n, buf, size: _put_string(buf, size, g.serial),
             "nvmlDeviceGetVbiosVersion": lambda _g, _n, buf, size: _put_string(
-                buf, size, hardware.VBIOS_VERSION.encode()
+                buf, size, self._state.spec.vbios_version.encode()
             ),
             "nvmlDeviceGetPciInfo_v3": _pci_info,
             "nvmlDeviceGetMinorNumber": _reply(lambda g, _n: g.index),
@@ -306,8 +306,15 @@ class SimulatedLibrary:
             "nvmlDeviceGetComputeRunningProcesses_v3": _compute_processes,
             "nvmlDeviceGetGraphicsRunningProcesses_v3": _no_processes,
             "nvmlDeviceGetPersistenceMode": _reply(lambda g, _n: int(g.persistence)),
-            "nvmlDeviceGetMigMode": _pair(lambda g: (int(g.mig_mode), int(g.mig_mode))),
-            "nvmlDeviceGetEccMode": _pair(lambda g: (int(g.ecc_enabled), int(g.ecc_enabled))),
+            "nvmlDeviceGetMigMode": _pair(lambda g: (int(g.mig_mode), int(g.mig_pending))),
+            "nvmlDeviceGetEccMode": _pair(lambda g: (int(g.ecc_enabled), int(g.ecc_pending))),
+            "nvmlDeviceGetInforomImageVersion": lambda _g, _n, buf, size: _put_string(
+                buf, size, hardware.INFOROM_VERSION.encode()
+            ),
+            "nvmlDeviceGetGspFirmwareVersion": self._gsp_firmware_version,
+            "nvmlDeviceGetApplicationsClock": _applications_clock,
+            "nvmlDeviceGetDefaultApplicationsClock": _default_applications_clock,
+            "nvmlDeviceGetGpuFabricInfo": _fabric_info,
             "nvmlDeviceGetRemappedRows": _remapped_rows,
             "nvmlDeviceGetRetiredPagesPendingStatus": _retired_pending,
             "nvmlDeviceGetNvLinkState": _nvlink_state,
@@ -316,6 +323,13 @@ class SimulatedLibrary:
             "nvmlDeviceGetSupportedEventTypes": _reply(lambda _g, _n: SUPPORTED_EVENT_TYPES),
             "nvmlDeviceRegisterEvents": self._register_events,
         }
+
+    def _gsp_firmware_version(self, _gpu: SimGpu, _now: float, buffer: Any) -> int:
+        version = self._state.spec.resolved_gsp_firmware_version
+        if version is None:
+            return codes.ERROR_NOT_SUPPORTED  # GSP firmware off (or a pre-Turing GPU)
+        # The C function takes no length: the caller's buffer is NVML_GSP_FIRMWARE_VERSION_BUF_SIZE.
+        return _put_string(buffer, len(buffer), version.encode())
 
     def _register_events(self, gpu: SimGpu, _now: float, event_types: Any, pointer: Any) -> int:
         event_set = self._state.event_set_for(pointer)
@@ -464,6 +478,37 @@ def _max_clock(_gpu: SimGpu, _now: float, clock_type: Any, out: Any) -> int:
     if value is None:
         return codes.ERROR_INVALID_ARGUMENT
     _out(out).value = value
+    return codes.SUCCESS
+
+
+def _applications_clock(gpu: SimGpu, _now: float, clock_type: Any, out: Any) -> int:
+    which = _int(clock_type)
+    if which in (codes.CLOCK_GRAPHICS, codes.CLOCK_SM):
+        _out(out).value = gpu.applications_clock_mhz
+    elif which == codes.CLOCK_MEM:
+        _out(out).value = hardware.MEMORY_CLOCK_MHZ
+    else:
+        return codes.ERROR_INVALID_ARGUMENT
+    return codes.SUCCESS
+
+
+def _default_applications_clock(_gpu: SimGpu, _now: float, clock_type: Any, out: Any) -> int:
+    which = _int(clock_type)
+    if which in (codes.CLOCK_GRAPHICS, codes.CLOCK_SM):
+        _out(out).value = hardware.APPLICATIONS_CLOCK_DEFAULT_MHZ
+    elif which == codes.CLOCK_MEM:
+        _out(out).value = hardware.MEMORY_CLOCK_MHZ
+    else:
+        return codes.ERROR_INVALID_ARGUMENT
+    return codes.SUCCESS
+
+
+def _fabric_info(gpu: SimGpu, _now: float, out: Any) -> int:
+    if gpu.fabric_state == codes.FABRIC_STATE_NOT_SUPPORTED:
+        return codes.ERROR_NOT_SUPPORTED  # no NVSwitch fabric on this system
+    info = _out(out)
+    info.state = gpu.fabric_state
+    info.status = gpu.fabric_status
     return codes.SUCCESS
 
 

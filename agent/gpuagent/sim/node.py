@@ -10,7 +10,9 @@ from typing import Self
 
 import pynvml
 
+from gpuagent.inventory.model import HostFacts
 from gpuagent.sim.faults import FaultError, check_params
+from gpuagent.sim.host import host_facts
 from gpuagent.sim.library import SimulatedLibrary
 from gpuagent.sim.scenario import INIT_ERRORS, Fault, NodeSpec, Scenario, check_node
 from gpuagent.sim.state import INIT_ERROR_CODES, NodeState
@@ -123,6 +125,10 @@ class SimulatedNode:
             gpu.settle_energy(now)
             gpu.reset()
             state.cond.notify_all()  # callers waiting out a hang may go on
+
+    def host_facts(self) -> HostFacts:
+        """What sysfs, procfs and systemd would say about this node (for the inventory)."""
+        return host_facts(self.scenario.node)
 
     # --- introspection -------------------------------------------------------------------
 

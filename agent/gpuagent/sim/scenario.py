@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gpuagent.config import ConfigError, build_dataclass, find_line, parse_toml, read_text
+from gpuagent.inventory.model import ServiceState
 from gpuagent.sim import hardware
 from gpuagent.sim.faults import FaultError, ParamValue, check_params
 
@@ -41,10 +42,35 @@ class NodeSpec:
     mig_mode: bool = False
     ecc: bool = True
     persistence: bool = True
+    vbios_version: str = hardware.VBIOS_VERSION
+    # Empty: the driver version (GSP firmware ships with the driver); "none": no GSP.
+    gsp_firmware_version: str = ""
+    # The host side (sysfs, procfs, systemd), for the inventory.
+    module_version: str = ""  # /sys/module/nvidia/version; empty: driver_version
+    modules: list[str] = field(default_factory=lambda: ["nvidia", "nvidia_uvm", "nvidia_modeset"])
+    pci_only_gpus: int = 0  # GPUs on the PCI bus that NVML does not list (probe failed)
+    nvswitches: int = 0  # NVSwitch functions on the PCI bus
+    fabric_state: Literal["not_supported", "not_started", "in_progress", "completed"] = (
+        "not_supported"
+    )
+    persistenced: ServiceState = "active"
+    fabricmanager: ServiceState = "not_installed"
+    kernel_release: str = "6.1.0-18-amd64"
+    os_release: str = "Debian GNU/Linux 12 (bookworm)"
 
     @property
     def resolved_nvml_version(self) -> str:
         return self.nvml_version or f"{self.cuda_driver_version // 1000}.{self.driver_version}"
+
+    @property
+    def resolved_module_version(self) -> str:
+        return self.module_version or self.driver_version
+
+    @property
+    def resolved_gsp_firmware_version(self) -> str | None:
+        if self.gsp_firmware_version == "none":
+            return None
+        return self.gsp_firmware_version or self.driver_version
 
 
 @dataclass(frozen=True)
@@ -108,6 +134,12 @@ def _check_node(node: NodeSpec, text: str) -> None:
         ("nvml_version", len(node.nvml_version.encode()) >= _VERSION_BUFFER,
          f"must be under {_VERSION_BUFFER} bytes"),
         ("seed", node.seed < 0, "must not be negative"),
+        ("module_version", bool(node.module_version)
+         and not _DRIVER_VERSION_RE.match(node.module_version), 'must look like "550.54.15"'),
+        ("pci_only_gpus", not 0 <= node.pci_only_gpus <= hardware.MAX_GPUS - node.gpus,
+         f"must be 0..{hardware.MAX_GPUS} minus node.gpus"),
+        ("nvswitches", not 0 <= node.nvswitches <= len(hardware.NVSWITCH_BUSES),
+         f"must be 0..{len(hardware.NVSWITCH_BUSES)}"),
     )  # fmt: skip
     for key, bad, message in problems:
         if bad:

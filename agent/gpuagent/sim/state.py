@@ -48,6 +48,8 @@ class NodeState:
             )
             for index, bus in enumerate(hardware.bus_numbers(spec.gpus))
         ]
+        for gpu in self.gpus:
+            gpu.fabric_state = codes.FABRIC_STATES[spec.fabric_state]
         self.by_address = {ctypes.addressof(g.device): g for g in self.gpus}
         self.schedule = sorted(scenario.faults, key=lambda f: f.at)
         self.schedule_position = 0

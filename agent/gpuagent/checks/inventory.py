@@ -1,0 +1,336 @@
+"""Inventory checks: is the node what it should be, rather than is it healthy.
+
+Node level: `gpu_count` (GPUs missing, and whether from NVML only or from the bus),
+`driver` (kernel modules and their version against the NVML library), `firmware` (GSP
+firmware against the driver), `services` (nvidia-persistenced), `fabric` (NVSwitch
+systems: Fabric Manager and each GPU's fabric registration) and `drift` (versions
+against the expected ones and the learned baseline). Per GPU: `ecc_mode` (a change
+pending a reset) and `settings` (a power cap or clocks left behind). Pure functions of
+the inventory, the expectations and the baseline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuagent.checks.common import Evidence, Outcome, Problem, fmt, plural
+from gpuagent.checks.vocabulary import Action, Runbook
+from gpuagent.config import InventoryExpected
+from gpuagent.inventory.model import (
+    FABRIC_MANAGER,
+    PERSISTENCED,
+    GpuInventory,
+    NodeInventory,
+    fingerprint,
+)
+from gpuagent.model import Severity
+
+# Watts a power limit may differ from the reference before it counts as changed: NVML
+# reports milliwatts, and some boards settle a few watts off what was asked.
+POWER_TOLERANCE_W = 1.0
+# What drift compares; the agent's own version is in the fingerprint but not drift.
+DRIFT_KEYS = ("driver", "cuda", "kernel", "vbios")
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryView:
+    inventory: NodeInventory
+    expected: InventoryExpected
+    baseline: dict[str, str] | None = None  # learn mode's fingerprint, once learned
+
+
+def version_matches(actual: str, expected: str) -> bool:
+    """Exact, or a prefix at a component boundary: "550" and "550." match "550.54.15"."""
+    if not expected:
+        return True
+    prefix = expected.rstrip(".")
+    return actual == prefix or actual.startswith(prefix + ".")
+
+
+# --- gpu_count ----------------------------------------------------------------------------
+
+
+def check_gpu_count(view: InventoryView) -> Outcome:
+    inventory, expected = view.inventory, view.expected.gpus
+    pci_gpus = inventory.pci("gpu")
+    nvml_ids = {g.pci_bus_id for g in inventory.gpus}
+    nvml_count = len(inventory.gpus) if inventory.nvml_ok else None
+    # Present on the bus, absent from NVML: the driver did not take the GPU.
+    unlisted = (
+        ()
+        if pci_gpus is None or not inventory.nvml_ok
+        else tuple(f.address for f in pci_gpus if f.address not in nvml_ids)
+    )
+    # GPUs NVML counts but could not identify yet (wedged or lost before their bus id was
+    # read) may be exactly those: only more PCI-only GPUs than that are proof.
+    unidentified = sum(1 for g in inventory.gpus if g.pci_bus_id.startswith("unknown"))
+    if len(unlisted) <= unidentified:
+        unlisted = ()
+    evidence: Evidence = (
+        ("gpus_expected", expected or None),
+        ("gpus_nvml", nvml_count),
+        ("gpus_pci", None if pci_gpus is None else len(pci_gpus)),
+        ("pci_not_in_nvml", ",".join(unlisted) or None),
+    )
+    problems: list[Problem] = []
+    if unlisted:
+        problems.append(
+            Problem(
+                Severity.CRITICAL,
+                f"{plural(len(unlisted), 'GPU')} on the PCI bus but not in NVML "
+                f"({', '.join(unlisted)}): driver did not take it",
+                Action.LOAD_DRIVER,
+                Runbook.NODE_GPU_MISSING_DRIVER,
+            )
+        )
+    # Fewer GPUs on the bus than expected: gone from PCI, which no driver fixes. Without
+    # sysfs, fall back on NVML's count (NVML unusable is the nvml check's finding).
+    seen = len(pci_gpus) if pci_gpus is not None else nvml_count
+    if expected and seen is not None and seen < expected:
+        where = "on the PCI bus" if pci_gpus is not None else "in NVML"
+        problems.append(
+            Problem(
+                Severity.CRITICAL,
+                f"{expected - seen} of {expected} expected GPUs missing: {seen} {where}",
+                Action.DRAIN_AND_REBOOT,
+                Runbook.NODE_GPU_MISSING_PCI,
+            )
+        )
+    shown = nvml_count if nvml_count is not None else seen
+    ok = f"{shown} GPUs" + (f", {expected} expected" if expected else "")
+    return Outcome(ok, evidence, tuple(problems))
+
+
+# --- driver ------------------------------------------------------------------------------
+
+
+def check_driver(view: InventoryView) -> Outcome:
+    inventory = view.inventory
+    host = inventory.host
+    library = inventory.nvml_library_version
+    required = tuple(view.expected.modules)
+    evidence: Evidence = (
+        ("module_version", host.module_version),
+        ("nvml_library_version", library),
+        ("driver_version", inventory.driver_version),
+        *((f"module_{name}", loaded) for name, loaded in host.modules),
+    )
+    missing = [name for name in required if host.module_loaded(name) is False]
+    problems: list[Problem] = []
+    if missing:
+        problems.append(
+            Problem(
+                Severity.CRITICAL,
+                f"kernel module{'s' if len(missing) > 1 else ''} not loaded: {', '.join(missing)}",
+                Action.LOAD_DRIVER,
+                Runbook.NODE_DRIVER_MODULE,
+            )
+        )
+    module = host.module_version
+    if module and library and module != library:
+        problems.append(
+            Problem(
+                Severity.CRITICAL,
+                f"driver/library mismatch: kernel module {module}, NVML library {library}",
+                Action.REBOOT,
+                Runbook.NODE_DRIVER_MODULE,
+            )
+        )
+    return Outcome(f"kernel module {module or 'version not reported'}", evidence, tuple(problems))
+
+
+# --- firmware ----------------------------------------------------------------------------
+
+
+def check_firmware(view: InventoryView) -> Outcome:
+    driver = view.inventory.driver_version
+    reported = [g for g in view.inventory.gpus if g.gsp_firmware_version]
+    versions = sorted({g.gsp_firmware_version for g in reported if g.gsp_firmware_version})
+    evidence: Evidence = (("driver_version", driver), ("gsp_firmware", ",".join(versions) or None))
+    if not driver or not reported:
+        return Outcome("GSP firmware not reported", evidence)
+    odd = [g for g in reported if g.gsp_firmware_version != driver]
+    if not odd:
+        return Outcome(f"GSP firmware {driver} on {plural(len(reported), 'GPU')}", evidence)
+    gpus = ", ".join(f"GPU {g.index} {g.gsp_firmware_version}" for g in odd)
+    problem = Problem(
+        Severity.WARN,
+        f"GSP firmware differs from driver {driver}: {gpus}",
+        Action.INSTALL_DRIVER,
+        Runbook.NODE_GSP_FIRMWARE_MISMATCH,
+    )
+    return Outcome("", evidence, (problem,))
+
+
+# --- services ----------------------------------------------------------------------------
+
+
+def check_services(view: InventoryView) -> Outcome:
+    state = view.inventory.host.service(PERSISTENCED)
+    evidence: Evidence = (("nvidia_persistenced", state),)
+    # Not installed, or no systemd to ask: persistence itself is the persistence check's.
+    if state in ("active", "activating", "not_installed", "unknown"):
+        return Outcome(f"{PERSISTENCED} {state.replace('_', ' ')}", evidence)
+    problem = Problem(
+        Severity.WARN,
+        f"{PERSISTENCED} is installed but {state}",
+        Action.START_SERVICE,
+        Runbook.NODE_PERSISTENCED_DOWN,
+    )
+    return Outcome("", evidence, (problem,))
+
+
+# --- fabric ------------------------------------------------------------------------------
+
+
+def _fabric_word(gpu: GpuInventory) -> str:
+    if gpu.fabric_state == "completed":
+        return "failed" if gpu.fabric_ok is False else "completed"
+    return (gpu.fabric_state or "not supported").replace("_", " ")
+
+
+def check_fabric(view: InventoryView) -> Outcome:
+    inventory = view.inventory
+    switches = inventory.pci("nvswitch") or ()
+    fabric_gpus = [g for g in inventory.gpus if g.fabric_state is not None]
+    manager = inventory.host.service(FABRIC_MANAGER)
+    evidence: Evidence = (
+        ("nvswitches", len(switches)),
+        ("fabric_manager", manager),
+        *((f"gpu{g.index}_fabric", _fabric_word(g)) for g in fabric_gpus),
+    )
+    if not switches and not fabric_gpus:
+        return Outcome("no NVSwitch fabric", evidence)
+    problems: list[Problem] = []
+    # Only a known state counts: without systemd the GPUs' registration still tells.
+    if manager not in ("active", "activating", "unknown"):
+        problems.append(
+            Problem(
+                Severity.CRITICAL,
+                f"{FABRIC_MANAGER} is {manager.replace('_', ' ')} on an NVSwitch system",
+                Action.START_SERVICE,
+                Runbook.NODE_FABRIC_MANAGER,
+            )
+        )
+    unregistered = [g for g in fabric_gpus if _fabric_word(g) != "completed"]
+    if unregistered:
+        listed = ", ".join(f"GPU {g.index} {_fabric_word(g)}" for g in unregistered)
+        problems.append(
+            Problem(
+                Severity.CRITICAL,
+                f"GPU fabric registration not completed: {listed}",
+                Action.START_SERVICE,
+                Runbook.NODE_FABRIC_MANAGER,
+            )
+        )
+    count = f"{len(switches)} NVSwitch{'' if len(switches) == 1 else 'es'}"
+    ok = f"NVSwitch fabric up ({count}, {FABRIC_MANAGER} {manager.replace('_', ' ')})"
+    return Outcome(ok, evidence, tuple(problems))
+
+
+# --- drift -------------------------------------------------------------------------------
+
+
+def check_drift(view: InventoryView) -> Outcome:
+    inventory, expected = view.inventory, view.expected
+    current = fingerprint(inventory)
+    evidence: Evidence = (
+        *((key, current[key] or None) for key in DRIFT_KEYS),
+        ("baseline", None if view.baseline is None else ",".join(
+            f"{k}={view.baseline.get(k, '')}" for k in DRIFT_KEYS
+        )),
+    )  # fmt: skip
+    differences: list[str] = []
+    wanted = {
+        "driver": expected.driver_version,
+        "cuda": expected.cuda_driver_version,
+        "kernel": expected.kernel_release,
+    }
+    for key, want in wanted.items():
+        if want and current[key] and not version_matches(current[key], want):
+            differences.append(f"{key} {current[key]}, expected {want}")
+    vbios = {g.vbios_version for g in inventory.gpus if g.vbios_version}
+    if expected.vbios_version and any(v != expected.vbios_version for v in vbios):
+        differences.append(f"VBIOS {current['vbios']}, expected {expected.vbios_version}")
+    models = {g.model for g in inventory.gpus if g.model}
+    if expected.model and any(expected.model not in m for m in models):
+        differences.append(f"GPU model {', '.join(sorted(models))}, expected {expected.model}")
+    if view.baseline is not None:
+        for key in DRIFT_KEYS:
+            before = view.baseline.get(key, "")
+            if before and current[key] and current[key] != before:
+                differences.append(f"{key} {current[key]}, baseline {before}")
+    if not differences:
+        against = " and baseline" if view.baseline is not None else ""
+        return Outcome(f"versions as expected{against}", evidence)
+    problem = Problem(
+        Severity.WARN,
+        "versions drifted: " + "; ".join(differences),
+        Action.INVESTIGATE,
+        Runbook.NODE_INVENTORY_DRIFT,
+    )
+    return Outcome("", evidence, (problem,))
+
+
+# --- per GPU -----------------------------------------------------------------------------
+
+
+def _on_off(enabled: bool | None) -> str:
+    return "not supported" if enabled is None else ("enabled" if enabled else "disabled")
+
+
+def check_ecc_mode(gpu: GpuInventory, _expected: InventoryExpected) -> Outcome:
+    evidence: Evidence = (("ecc_current", gpu.ecc_current), ("ecc_pending", gpu.ecc_pending))
+    if gpu.ecc_current is None or gpu.ecc_pending is None or gpu.ecc_current == gpu.ecc_pending:
+        return Outcome(f"ECC mode {_on_off(gpu.ecc_current)}, nothing pending", evidence)
+    problem = Problem(
+        Severity.WARN,
+        f"ECC mode {_on_off(gpu.ecc_pending)} is pending; reset required to apply ECC mode",
+        Action.RESET_GPU,
+        Runbook.GPU_ECC_PENDING,
+    )
+    return Outcome("", evidence, (problem,))
+
+
+def check_settings(gpu: GpuInventory, expected: InventoryExpected) -> Outcome:
+    reference = expected.power_limit_watts or gpu.power_default_limit_w
+    evidence: Evidence = (
+        ("power_limit_w", gpu.power_limit_w),
+        ("power_reference_w", reference),
+        ("applications_clock_mhz", gpu.applications_clock_mhz),
+        ("applications_clock_default_mhz", gpu.applications_clock_default_mhz),
+        ("clocks_set_by_user", gpu.clocks_set_by_user),
+    )
+    problems: list[Problem] = []
+    limit = gpu.power_limit_w
+    if limit is not None and reference and abs(limit - reference) > POWER_TOLERANCE_W:
+        which = "expected" if expected.power_limit_watts else "default"
+        problems.append(
+            Problem(
+                Severity.WARN,
+                f"power limit {fmt(limit)} W, {which} {fmt(reference)} W",
+                Action.RESTORE_SETTINGS,
+                Runbook.GPU_POWER_LIMIT_CHANGED,
+            )
+        )
+    app, default = gpu.applications_clock_mhz, gpu.applications_clock_default_mhz
+    if app is not None and default is not None and app != default:
+        problems.append(
+            Problem(
+                Severity.WARN,
+                f"applications clock {app} MHz, default {default} MHz",
+                Action.RESTORE_SETTINGS,
+                Runbook.GPU_CLOCKS_SET,
+            )
+        )
+    elif gpu.clocks_set_by_user:
+        # Applications clocks at their default yet held by a user setting: locked clocks.
+        problems.append(
+            Problem(
+                Severity.WARN,
+                "GPU clocks locked by a user setting",
+                Action.RESTORE_SETTINGS,
+                Runbook.GPU_CLOCKS_SET,
+            )
+        )
+    return Outcome("power limit and clocks at their defaults", evidence, tuple(problems))

@@ -1,0 +1,447 @@
+"""The node's MQTT reporter: state, events, action records, cordon requests and replies up
+to the aggregator; allowlisted commands down from it.
+
+- ``state`` (retained, QoS 1): published on connect (the birth message), whenever the
+  node's health changes, and every ``state_interval_seconds``. The Last Will, and an
+  explicit message on clean shutdown, replace it with ``online: false``.
+- Everything else goes through the on-disk spool first and leaves it only once the broker
+  acknowledged it (QoS 1), in order, so an outage or a crash loses nothing.
+- MQTT 5: a publish the broker refuses (its ACL: a node may publish only as itself) comes
+  back with a failure reason code; it is counted, logged once, and not retried.
+- Commands arrive on ``.../cmd``: anything oversized, malformed, addressed to another
+  node, or outside the allowlist is rejected, counted and logged once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import typing
+from collections import Counter, OrderedDict, deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiomqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from gpuagent.config import MqttOutput
+from gpuagent.fleet import schema
+from gpuagent.fleet.connection import Backoff, client_options
+from gpuagent.fleet.spool import Spool, SpoolError
+from gpuagent.fleet.topics import Channel, NodeTopics
+from gpuagent.model import GpuEvent, MqttStatus, NodeSnapshot
+from gpuagent.remediation.audit import AuditStore
+from gpuagent.remediation.types import CordonRequest
+from gpuagent.statusview import finding_json
+
+log = logging.getLogger(__name__)
+
+_SHUTDOWN_PUBLISH_SECONDS = 2.0
+_STATE_DEBOUNCE_SECONDS = 0.2
+_MEMORY_BACKLOG = 10_000  # messages held in memory while the spool cannot be written
+_SEEN_COMMANDS = 1024
+_AUDIT_CURSOR = "audit"
+
+
+class CommandTarget(Protocol):
+    """What remote commands may touch on the node (the daemon implements it)."""
+
+    def refresh(self) -> None: ...
+
+    async def run_checks(self) -> str: ...
+
+    def set_remediation_mode(self, mode: str) -> str: ...
+
+    async def reset_gpu(self, bus_id: str) -> str: ...
+
+
+class CommandRefusedError(Exception):
+    """A well-formed command the node will not carry out; the text says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Refusal:
+    reason: str
+
+
+def _health_key(snapshot: NodeSnapshot) -> tuple[object, ...]:
+    """What makes a state report worth sending before its interval: health and actions."""
+    findings = tuple(
+        (f.gpu, f.check, f.severity.name, f.reason) for f in snapshot.health.problems()
+    )
+    status = snapshot.remediation
+    remediation = (status.mode, status.paused, status.cordoned_by_us) if status else None
+    return (findings, remediation, tuple(g.status for g in snapshot.gpus))
+
+
+class Reporter:
+    def __init__(
+        self,
+        config: MqttOutput,
+        *,
+        node: str,
+        cluster: str,
+        agent_version: str,
+        state_dir: Path,
+        audit: AuditStore | None = None,
+    ) -> None:
+        self.config = config
+        self.node = node
+        self.cluster = cluster
+        self.topics = NodeTopics(config.broker.topic_prefix, cluster, node)
+        self._version = agent_version
+        self._audit = audit
+        self.spool = Spool(
+            state_dir / "mqtt-spool.sqlite",
+            max_bytes=config.spool.max_bytes,
+            max_age_seconds=config.spool.max_age_seconds,
+        )
+        self._backlog: deque[tuple[str, str, bytes]] = deque()
+        self._backlog_dropped = 0
+        self._work = asyncio.Event()
+        self._state_changed = asyncio.Event()
+        self._snapshot: NodeSnapshot | None = None
+        self._health_key: tuple[object, ...] | None = None
+        self._severities: dict[tuple[str | None, str], str] = {}
+        self._client: aiomqtt.Client | None = None
+        self._publish_lock = asyncio.Lock()
+        self._refused: _Refusal | None = None
+        self._decisions: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._seen_commands: OrderedDict[str, None] = OrderedDict()
+        self.target: CommandTarget | None = None
+        self.connected = False
+        self.connections = 0
+        self.published: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()
+        self.rejected_commands: Counter[str] = Counter()
+        self.commands: Counter[str] = Counter()
+
+    # --- fed by the daemon, on the event loop ------------------------------------------
+
+    def offer_snapshot(self, snapshot: NodeSnapshot) -> None:
+        """Every finding that changed severity becomes an event; a health change wakes the
+        state report."""
+        current = {(f.gpu, f.check): f for f in snapshot.health.findings}
+        for key, finding in current.items():
+            before = self._severities.get(key, "OK")
+            if before != finding.severity.name:
+                message = schema.finding_event_message(
+                    snapshot, finding.gpu, finding.check, before, finding_json(finding)
+                )
+                self._enqueue(message["id"], "events", message)
+        for (gpu, check), before in self._severities.items():
+            if (gpu, check) not in current and before != "OK":
+                cleared = {"check": check, "severity": "OK", "reason": "no longer reported"}
+                message = schema.finding_event_message(snapshot, gpu, check, before, cleared)
+                self._enqueue(message["id"], "events", message)
+        self._severities = {k: f.severity.name for k, f in current.items()}
+        self._snapshot = snapshot
+        health = _health_key(snapshot)
+        if health != self._health_key:
+            self._health_key = health
+            self._state_changed.set()
+
+    def offer_event(self, event: GpuEvent) -> None:
+        message = schema.kernel_event_message(self.node, self.cluster, event)
+        self._enqueue(message["id"], "events", message)
+
+    def audit_written(self) -> None:
+        """New audit records: copy them to the spool (from the audit trail's own cursor)."""
+        self._work.set()
+
+    async def ask_aggregator(self, request: CordonRequest, action: str) -> dict[str, Any]:
+        """Send a cordon request and wait for the aggregator's decision (the caller
+        bounds the wait)."""
+        message = schema.cordon_request_message(request, action)
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._decisions[request.request_id] = future
+        try:
+            self._enqueue(message["id"], "actions", message)
+            return await future
+        finally:
+            self._decisions.pop(request.request_id, None)
+
+    def status(self) -> MqttStatus:
+        return MqttStatus(
+            connected=self.connected,
+            connections=self.connections,
+            spool_depth=self.spool.depth + len(self._backlog),
+            spool_bytes=self.spool.bytes,
+            spool_dropped=self.spool.dropped + self._backlog_dropped,
+            published=tuple(sorted(self.published.items())),
+            refused=tuple(sorted(self.refused.items())),
+            commands=tuple(sorted(self.commands.items())),
+            rejected_commands=tuple(sorted(self.rejected_commands.items())),
+        )
+
+    # --- the spool ------------------------------------------------------------------------
+
+    def _enqueue(self, message_id: str, channel: Channel, message: dict[str, Any]) -> None:
+        self._backlog.append((message_id, channel, schema.encode(message)))
+        self._flush_backlog()
+        self._work.set()
+
+    def _flush_backlog(self) -> None:
+        """Move messages held in memory into the spool; while it can't be written (disk
+        full), they wait in memory, bounded, and the oldest are dropped and counted."""
+        while self._backlog:
+            message_id, channel, payload = self._backlog[0]
+            try:
+                self.spool.put(message_id, channel, payload)
+            except SpoolError as exc:
+                if len(self._backlog) > _MEMORY_BACKLOG:
+                    self._backlog.popleft()
+                    self._backlog_dropped += 1
+                log.warning("MQTT spool not writable (%s): holding messages in memory", exc)
+                return
+            self._backlog.popleft()
+
+    def _copy_audit(self) -> None:
+        if self._audit is None:
+            return
+        after = self.spool.cursor(_AUDIT_CURSOR)
+        for record in self._audit.since(after, limit=500):
+            message = schema.action_message(self.node, self.cluster, record)
+            self._backlog.append((message["id"], "actions", schema.encode(message)))
+            self._flush_backlog()
+            if self._backlog:
+                return  # the spool is not writable: try again later, from the same cursor
+            self.spool.set_cursor(_AUDIT_CURSOR, record.id)
+
+    # --- the connection -------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Connect, report, reconnect with jittered backoff, until cancelled."""
+        backoff = Backoff(self.config.broker)
+        self._copy_audit()
+        will = aiomqtt.Will(
+            self.topics.topic("state"),
+            schema.encode(schema.offline_message(self.node, self.cluster, "connection lost")),
+            qos=1,
+            retain=True,
+        )
+        options = client_options(self.config.broker, client_id=f"gpuagent-{self.node}", will=will)
+        while True:
+            try:
+                await self._connection(options, backoff)
+            except Exception:  # a reporter bug must not take monitoring down: reconnect
+                log.exception("MQTT reporter failed")
+            finally:
+                self.connected = False
+                self._client = None
+            await asyncio.sleep(backoff.next_delay())
+
+    async def _connection(self, options: dict[str, Any], backoff: Backoff) -> None:
+        try:
+            async with aiomqtt.Client(**options) as client:
+                self._attach(client)
+                backoff.reset()
+                log.info("MQTT connected to %s:%d", options["hostname"], options["port"])
+                await self._session(client)
+        except* aiomqtt.MqttError as errors:
+            # The session's tasks all end with the connection: one line, not a traceback.
+            if self.connected:
+                log.warning("MQTT connection lost: %s", errors.exceptions[0])
+            else:
+                log.debug("MQTT connect failed: %s", errors.exceptions[0])
+
+    def _attach(self, client: aiomqtt.Client) -> None:
+        # aiomqtt drops PUBACK reason codes; read them from the paho client beneath it so
+        # a publish the broker refuses (MQTT 5, e.g. "Not authorized") is seen as such.
+        paho = client._client  # noqa: SLF001
+        acknowledge = paho.on_publish
+
+        def on_publish(*args: Any) -> None:
+            reason_code = args[3]
+            if getattr(reason_code, "is_failure", False):
+                self._refused = _Refusal(str(reason_code))
+            if acknowledge is not None:
+                acknowledge(*args)
+
+        paho.on_publish = on_publish
+        self._client = client
+        self.connected = True
+        self.connections += 1
+
+    async def _session(self, client: aiomqtt.Client) -> None:
+        await client.subscribe(self.topics.topic("cmd"), qos=1)
+        await self._publish_state(client)
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._drain(client), name="mqtt-drain")
+            tasks.create_task(self._state_loop(client), name="mqtt-state")
+            tasks.create_task(self._command_loop(client), name="mqtt-commands")
+
+    async def _publish(
+        self,
+        client: aiomqtt.Client,
+        channel: Channel,
+        payload: bytes,
+        *,
+        retain: bool = False,
+        expiry: int | None = None,
+    ) -> str | None:
+        """One QoS 1 publish, acknowledged; the broker's refusal reason, or None."""
+        properties = None
+        if expiry is not None:
+            properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+            properties.MessageExpiryInterval = expiry
+        # One publish in flight at a time: the acknowledgement we read is ours, and the
+        # spool drains in order.
+        async with self._publish_lock:
+            self._refused = None
+            await client.publish(
+                self.topics.topic(channel),
+                payload,
+                qos=1,
+                retain=retain,
+                properties=properties,
+            )
+            refused, self._refused = self._refused, None
+        if refused is not None:
+            if not self.refused[channel]:
+                log.error(
+                    "the MQTT broker refused a publish on %s: %s (check the broker's ACL and "
+                    "this node's identity)",
+                    self.topics.topic(channel),
+                    refused.reason,
+                )
+            self.refused[channel] += 1
+            return refused.reason
+        self.published[channel] += 1
+        return None
+
+    async def _drain(self, client: aiomqtt.Client) -> None:
+        expiry = self.config.event_expiry_seconds
+        while True:
+            self._work.clear()
+            self._flush_backlog()
+            self._copy_audit()
+            batch = self.spool.head()
+            for item in batch:
+                channel = typing.cast("Channel", item.channel)
+                await self._publish(client, channel, item.payload, expiry=expiry)
+                self.spool.remove(item.seq)  # acknowledged, or refused for good
+            if not batch:
+                await self._work.wait()
+
+    async def _state_loop(self, client: aiomqtt.Client) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.state_interval_seconds):
+                    await self._state_changed.wait()
+                    # A burst of events is one report, not one per snapshot.
+                    await asyncio.sleep(_STATE_DEBOUNCE_SECONDS)
+            await self._publish_state(client)
+
+    async def _publish_state(self, client: aiomqtt.Client) -> None:
+        self._state_changed.clear()
+        if self._snapshot is None:
+            return
+        message = schema.state_message(self._snapshot, self._version)
+        await self._publish(client, "state", schema.encode(message), retain=True)
+
+    async def shutdown(self) -> None:
+        """Say goodbye: the retained state becomes offline ("shutdown")."""
+        client = self._client
+        if client is None:
+            return
+        message = schema.offline_message(self.node, self.cluster, "shutdown")
+        with contextlib.suppress(aiomqtt.MqttError, TimeoutError):
+            async with asyncio.timeout(_SHUTDOWN_PUBLISH_SECONDS):
+                await self._publish(client, "state", schema.encode(message), retain=True)
+
+    def close(self) -> None:
+        self.spool.close()
+
+    # --- commands -------------------------------------------------------------------------
+
+    async def _command_loop(self, client: aiomqtt.Client) -> None:
+        async for message in client.messages:
+            payload = message.payload
+            if not isinstance(payload, bytes | bytearray):
+                payload = str(payload).encode()
+            await self.handle_command(payload)
+
+    def _reject(self, reason: str, detail: str) -> None:
+        if not self.rejected_commands[reason]:
+            log.warning("rejected a command from the broker (%s): %s", reason, detail)
+        self.rejected_commands[reason] += 1
+
+    async def handle_command(self, payload: bytes | bytearray) -> None:
+        try:
+            message = schema.decode(payload, max_bytes=self.config.max_command_bytes)
+        except schema.PayloadError as exc:
+            self._reject(exc.reason, exc.detail)
+            return
+        if message["node"] != self.node or message["cluster"] != self.cluster:
+            self._reject("foreign", f"addressed to {message['cluster']}/{message['node']}")
+            return
+        if message["id"] in self._seen_commands:
+            return  # QoS 1 may deliver twice: act once
+        self._seen_commands[message["id"]] = None
+        while len(self._seen_commands) > _SEEN_COMMANDS:
+            self._seen_commands.popitem(last=False)
+        if message["type"] == "cordon_decision":
+            self.commands["cordon_decision"] += 1
+            future = self._decisions.get(message["request_id"])
+            if future is not None and not future.done():
+                future.set_result(message)
+            return
+        if message["type"] != "command" or message["command"] not in schema.COMMANDS:
+            self._reject("not_allowed", f"{message['type']} {message.get('command')!r}")
+            return
+        await self._run_command(message)
+
+    async def _run_command(self, message: dict[str, Any]) -> None:
+        command, args = str(message["command"]), message["args"]
+        self.commands[command] += 1
+        try:
+            detail = await self._dispatch(command, args)
+            ok = True
+        except CommandRefusedError as exc:
+            detail, ok = str(exc), False
+            log.warning("refused remote command %s: %s", command, detail)
+        reply = schema.reply_message(self.node, self.cluster, message["id"], ok=ok, detail=detail)
+        self._enqueue(reply["id"], "replies", reply)
+
+    async def _dispatch(self, command: str, args: dict[str, Any]) -> str:
+        target = self.target
+        if target is None:
+            raise CommandRefusedError("the node is not ready for commands")
+        handlers: dict[str, Callable[[], Awaitable[str]]] = {
+            "refresh": lambda: _done(target.refresh, "refresh requested"),
+            "run_checks": target.run_checks,
+            "set_remediation_mode": lambda: _sync(target.set_remediation_mode, args.get("mode")),
+            "reset_gpu": lambda: self._reset(target, args.get("gpu")),
+        }
+        handler = handlers.get(command)
+        if handler is None:  # "cordon_decision" as a plain command: not how decisions come
+            raise CommandRefusedError(f"{command} is not a command this node runs")
+        return await handler()
+
+    async def _reset(self, target: CommandTarget, gpu: object) -> str:
+        if not self.config.allow_remote_reset:
+            raise CommandRefusedError(
+                "remote GPU resets are disabled on this node (outputs.mqtt.allow_remote_reset)"
+            )
+        if not isinstance(gpu, str):
+            raise CommandRefusedError("reset_gpu needs args.gpu, a PCI bus id")
+        return await target.reset_gpu(gpu)
+
+
+async def _done(call: Callable[[], None], detail: str) -> str:
+    call()
+    return detail
+
+
+async def _sync(call: Callable[[str], str], value: object) -> str:
+    if not isinstance(value, str):
+        raise CommandRefusedError("missing or invalid argument")
+    try:
+        return call(value)
+    except ValueError as exc:
+        raise CommandRefusedError(str(exc)) from None

@@ -1,0 +1,106 @@
+"""Reading the host's side of the inventory: sysfs, procfs and os-release.
+
+Plain blocking file reads; the daemon runs `collect_host` in a thread under a timeout.
+Every root comes from the configuration, so tests point them at fixture trees. A file
+that is missing or unreadable gives None: the checks then say "not reported" rather
+than guess.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from gpuagent.inventory.model import KNOWN_MODULES, HostFacts, PciFunction, Service
+from gpuagent.sources.pcie import canonical_bus_id, role_of
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+
+
+def _hex(path: Path) -> int | None:
+    text = _read(path)
+    try:
+        return None if text is None else int(text, 16)
+    except ValueError:
+        return None
+
+
+def _entries(directory: Path) -> Iterator[Path]:
+    try:
+        yield from sorted(directory.iterdir())
+    except OSError:
+        return
+
+
+def read_pci_functions(sys_root: Path) -> tuple[PciFunction, ...] | None:
+    """NVIDIA GPUs and NVSwitches under ``sys_root``, driver bound or not.
+
+    None when there is no PCI devices directory at all (a wrong root or no sysfs), so
+    "could not look" is never mistaken for "no GPUs".
+    """
+    devices = sys_root / "bus" / "pci" / "devices"
+    if not devices.is_dir():
+        return None
+    functions = []
+    for entry in _entries(devices):
+        address = canonical_bus_id(entry.name)
+        role = role_of(_hex(entry / "vendor"), _hex(entry / "class"))
+        if address is None or role is None or role == "bridge":
+            continue
+        driver_link = entry / "driver"
+        driver = driver_link.resolve().name if driver_link.is_symlink() else None
+        functions.append(PciFunction(address, role, _hex(entry / "device"), driver))
+    return tuple(sorted(functions, key=lambda f: f.address))
+
+
+def read_modules(sys_root: Path, required: tuple[str, ...]) -> tuple[tuple[str, bool], ...]:
+    """(module, loaded) for the NVIDIA modules: /sys/module/NAME exists while it is loaded."""
+    names = (*KNOWN_MODULES, *(m for m in required if m not in KNOWN_MODULES))
+    return tuple((name, (sys_root / "module" / name).is_dir()) for name in names)
+
+
+def read_os_release(path: Path) -> str | None:
+    """PRETTY_NAME (or NAME and VERSION) from an os-release file."""
+    text = _read(path)
+    if text is None:
+        return None
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, raw = line.partition("=")
+        if not sep or key.strip().startswith("#"):
+            continue
+        try:
+            words = shlex.split(raw)
+        except ValueError:
+            continue
+        values[key.strip()] = " ".join(words)
+    pretty = values.get("PRETTY_NAME")
+    if pretty:
+        return pretty
+    name = " ".join(v for v in (values.get("NAME"), values.get("VERSION")) if v)
+    return name or None
+
+
+def collect_host(
+    sys_root: Path,
+    proc_root: Path,
+    os_release: Path,
+    required_modules: tuple[str, ...],
+    services: tuple[Service, ...] = (),
+) -> HostFacts:
+    return HostFacts(
+        pci=read_pci_functions(sys_root),
+        modules=read_modules(sys_root, required_modules),
+        module_version=_read(sys_root / "module" / "nvidia" / "version") or None,
+        kernel_release=_read(proc_root / "sys" / "kernel" / "osrelease") or None,
+        os_release=read_os_release(os_release),
+        services=services,
+        collected_at=time.time(),
+    )

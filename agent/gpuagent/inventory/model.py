@@ -1,0 +1,195 @@
+"""The node inventory: what the node is, as opposed to how healthy it is.
+
+Host facts (sysfs, procfs, os-release, systemd) are collected off the event loop every
+few minutes; the NVML side comes from the latest poll. `build_inventory` joins the two
+into one immutable `NodeInventory`, whose JSON form carries a fleet fingerprint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gpuagent.model import FabricState
+
+PciRole = Literal["gpu", "nvswitch"]
+# systemd's ActiveState, plus "not_installed" (no such unit) and "unknown" (no systemd, or
+# the question could not be answered): unknown is never taken for failed.
+ServiceState = Literal[
+    "active", "activating", "deactivating", "inactive", "failed", "not_installed", "unknown"
+]
+PERSISTENCED = "nvidia-persistenced"
+FABRIC_MANAGER = "nvidia-fabricmanager"
+SERVICES = (PERSISTENCED, FABRIC_MANAGER)
+# Kernel modules reported whether or not they are required.
+KNOWN_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem")
+
+
+@dataclass(frozen=True, slots=True)
+class PciFunction:
+    """An NVIDIA GPU or NVSwitch function in sysfs."""
+
+    address: str  # canonical bus id
+    role: PciRole
+    device_id: int | None = None
+    driver: str | None = None  # the bound driver ("nvidia", "vfio-pci"); None: unbound
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    name: str
+    state: ServiceState
+
+
+@dataclass(frozen=True, slots=True)
+class HostFacts:
+    """What the host says about the node, without NVML."""
+
+    pci: tuple[PciFunction, ...] | None = None  # None: sysfs could not be read
+    modules: tuple[tuple[str, bool], ...] = ()  # (module, loaded)
+    module_version: str | None = None  # /sys/module/nvidia/version
+    kernel_release: str | None = None
+    os_release: str | None = None  # PRETTY_NAME
+    services: tuple[Service, ...] = ()
+    collected_at: float = 0.0  # wall clock
+
+    def module_loaded(self, name: str) -> bool | None:
+        return dict(self.modules).get(name)
+
+    def service(self, name: str) -> ServiceState:
+        return next((s.state for s in self.services if s.name == name), "unknown")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInventory:
+    """One GPU as NVML describes it: versions, modes and settings (None: not reported)."""
+
+    index: int
+    pci_bus_id: str
+    uuid: str
+    model: str
+    serial: str | None = None
+    vbios_version: str | None = None
+    inforom_version: str | None = None
+    gsp_firmware_version: str | None = None
+    ecc_current: bool | None = None
+    ecc_pending: bool | None = None
+    mig_current: bool | None = None
+    mig_pending: bool | None = None
+    persistence: bool | None = None
+    power_limit_w: float | None = None
+    power_default_limit_w: float | None = None
+    applications_clock_mhz: int | None = None
+    applications_clock_default_mhz: int | None = None
+    # nvmlClocksEventReasonApplicationsClocksSetting: clocks held by a user setting
+    # (applications clocks or locked clocks).
+    clocks_set_by_user: bool | None = None
+    fabric_state: FabricState | None = None
+    fabric_ok: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInventory:
+    host: HostFacts
+    agent_version: str
+    nvml_ok: bool
+    driver_version: str | None = None
+    nvml_version: str | None = None
+    cuda_driver_version: str | None = None
+    gpus: tuple[GpuInventory, ...] = ()
+    expected_gpus: int = 0  # inventory.expected.gpus, carried for outputs; 0: not set
+
+    @property
+    def nvml_library_version(self) -> str | None:
+        """The driver version of the NVML library: "12.550.54.15" → "550.54.15"."""
+        if self.nvml_version is None:
+            return None
+        major, dot, rest = self.nvml_version.partition(".")
+        return rest if dot and major.isdigit() and rest.count(".") >= 1 else self.nvml_version
+
+    def pci(self, role: PciRole) -> tuple[PciFunction, ...] | None:
+        if self.host.pci is None:
+            return None
+        return tuple(f for f in self.host.pci if f.role == role)
+
+    def to_json(self) -> dict[str, Any]:
+        host = self.host
+        print_ = fingerprint(self)
+        return {
+            "collected_at": host.collected_at,
+            "agent_version": self.agent_version,
+            "driver_version": self.driver_version,
+            "nvml_version": self.nvml_version,
+            "cuda_driver_version": self.cuda_driver_version,
+            "module_version": host.module_version,
+            "modules": dict(host.modules),
+            "kernel_release": host.kernel_release,
+            "os_release": host.os_release,
+            "services": {s.name: s.state for s in host.services},
+            "gpus_expected": self.expected_gpus or None,
+            "gpus_nvml": len(self.gpus) if self.nvml_ok else None,
+            "pci": None
+            if host.pci is None
+            else [
+                {
+                    "address": f.address,
+                    "role": f.role,
+                    "device_id": None if f.device_id is None else f"0x{f.device_id:04x}",
+                    "driver": f.driver,
+                }
+                for f in host.pci
+            ],
+            "gpus": [_gpu_json(g) for g in self.gpus],
+            "fingerprint": print_,
+            "fingerprint_id": fingerprint_hash(print_),
+        }
+
+
+def _gpu_json(gpu: GpuInventory) -> dict[str, Any]:
+    return {
+        "index": gpu.index,
+        "pci_bus_id": gpu.pci_bus_id,
+        "uuid": gpu.uuid,
+        "model": gpu.model,
+        "serial": gpu.serial,
+        "vbios_version": gpu.vbios_version,
+        "inforom_version": gpu.inforom_version,
+        "gsp_firmware_version": gpu.gsp_firmware_version,
+        "ecc": {"current": gpu.ecc_current, "pending": gpu.ecc_pending},
+        "mig": {"current": gpu.mig_current, "pending": gpu.mig_pending},
+        "persistence": gpu.persistence,
+        "power_limit_w": gpu.power_limit_w,
+        "power_default_limit_w": gpu.power_default_limit_w,
+        "applications_clock_mhz": gpu.applications_clock_mhz,
+        "applications_clock_default_mhz": gpu.applications_clock_default_mhz,
+        "clocks_set_by_user": gpu.clocks_set_by_user,
+        "fabric": {"state": gpu.fabric_state, "ok": gpu.fabric_ok},
+    }
+
+
+def _joined(values: list[str | None]) -> str:
+    """A set of per-GPU versions as one stable string ("" when none is known)."""
+    return ",".join(sorted({v for v in values if v}))
+
+
+def fingerprint(inventory: NodeInventory) -> dict[str, str]:
+    """What nodes of one fleet image share; nodes that differ here have drifted apart.
+
+    Per-GPU versions are sets, so the GPUs' order (and their count) does not matter.
+    """
+    return {
+        "driver": inventory.driver_version or inventory.host.module_version or "",
+        "cuda": inventory.cuda_driver_version or "",
+        "kernel": inventory.host.kernel_release or "",
+        "vbios": _joined([g.vbios_version for g in inventory.gpus]),
+        "gsp_firmware": _joined([g.gsp_firmware_version for g in inventory.gpus]),
+        "agent": inventory.agent_version,
+    }
+
+
+def fingerprint_hash(print_: dict[str, str]) -> str:
+    """A short, stable hash of a fingerprint (key order does not matter)."""
+    canonical = json.dumps(print_, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]

@@ -1,0 +1,93 @@
+"""Service state from systemd: `systemctl show` for the NVIDIA services, off the loop.
+
+Where systemd is not the init system (a container, a chroot), or systemctl cannot answer
+in time, every service is "unknown": the checks never call an unknown service failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+
+from gpuagent.inventory.model import SERVICES, Service, ServiceState
+
+log = logging.getLogger(__name__)
+
+# sd_booted(3): this directory exists only when systemd is PID 1.
+SYSTEMD_RUNTIME = Path("/run/systemd/system")
+_TIMEOUT_SECONDS = 5.0
+_STATES: dict[str, ServiceState] = {
+    "active": "active",
+    "reloading": "active",
+    "activating": "activating",
+    "deactivating": "deactivating",
+    "inactive": "inactive",
+    "failed": "failed",
+}
+
+
+def parse_show(output: str, names: tuple[str, ...]) -> tuple[Service, ...]:
+    """`systemctl show -p Id,LoadState,ActiveState UNIT...` → one Service per name.
+
+    systemctl prints one block of KEY=VALUE lines per unit, in the order asked, separated
+    by blank lines. A unit whose LoadState is not-found is not installed.
+    """
+    blocks = [block for block in output.strip().split("\n\n") if block.strip()]
+    states: list[Service] = []
+    for index, name in enumerate(names):
+        fields: dict[str, str] = {}
+        if index < len(blocks):
+            for line in blocks[index].splitlines():
+                key, _, value = line.partition("=")
+                fields[key.strip()] = value.strip()
+        state: ServiceState
+        if fields.get("LoadState") == "not-found":
+            state = "not_installed"
+        else:
+            state = _STATES.get(fields.get("ActiveState", ""), "unknown")
+        states.append(Service(name, state))
+    return tuple(states)
+
+
+def _unknown(names: tuple[str, ...]) -> tuple[Service, ...]:
+    return tuple(Service(name, "unknown") for name in names)
+
+
+async def read_services(
+    systemctl: str,
+    names: tuple[str, ...] = SERVICES,
+    *,
+    runtime_dir: Path = SYSTEMD_RUNTIME,
+    limit_seconds: float = _TIMEOUT_SECONDS,
+) -> tuple[Service, ...]:
+    if not await asyncio.to_thread(runtime_dir.is_dir):
+        return _unknown(names)
+    units = [f"{name}.service" for name in names]
+    try:
+        process = await asyncio.create_subprocess_exec(
+            systemctl,
+            "show",
+            "--property=Id,LoadState,ActiveState",
+            "--",
+            *units,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+    except OSError as exc:
+        log.warning("cannot run %s: %s", systemctl, exc)
+        return _unknown(names)
+    try:
+        async with asyncio.timeout(limit_seconds):
+            stdout, _ = await process.communicate()
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+        log.warning("%s show took longer than %.0f s", systemctl, limit_seconds)
+        return _unknown(names)
+    if process.returncode != 0:
+        return _unknown(names)
+    return parse_show(stdout.decode(errors="replace"), names)

@@ -1,0 +1,71 @@
+"""Prometheus families for the node inventory: info-style gauges and GPU counts.
+
+Info gauges are always 1 and carry their values as labels, so dashboards join them
+onto other series and alerts compare labels across the fleet (count by fingerprint).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from gpuagent.inventory.model import NodeInventory, fingerprint, fingerprint_hash
+from gpuagent.metrics import names
+
+GpuLabels = Callable[[str], tuple[str, ...]]
+
+
+def _gauge(spec: names.MetricSpec) -> GaugeMetricFamily:
+    return GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
+
+
+def inventory_families(inventory: NodeInventory | None, gpu_labels: GpuLabels) -> list[Metric]:
+    """The inventory's families; ``gpu_labels`` gives a GPU's standard labels by bus id."""
+    if inventory is None:
+        return []
+    host = inventory.host
+    node = _gauge(names.NODE_INFO)
+    node.add_metric(
+        [
+            inventory.driver_version or "",
+            host.module_version or "",
+            inventory.nvml_version or "",
+            inventory.cuda_driver_version or "",
+            host.kernel_release or "",
+            host.os_release or "",
+            inventory.agent_version,
+            fingerprint_hash(fingerprint(inventory)),
+        ],
+        1.0,
+    )
+    gpus = _gauge(names.GPU_INVENTORY_INFO)
+    for gpu in inventory.gpus:
+        gpus.add_metric(
+            [
+                *gpu_labels(gpu.pci_bus_id),
+                gpu.serial or "",
+                gpu.vbios_version or "",
+                gpu.inforom_version or "",
+                gpu.gsp_firmware_version or "",
+            ],
+            1.0,
+        )
+    wanted = _gauge(names.GPUS_EXPECTED)
+    if inventory.expected_gpus:
+        wanted.add_metric([], float(inventory.expected_gpus))
+    seen = _gauge(names.GPUS_SEEN)
+    if inventory.nvml_ok:
+        seen.add_metric(["nvml"], float(len(inventory.gpus)))
+    pci_gpus, switches = inventory.pci("gpu"), inventory.pci("nvswitch")
+    nvswitches = _gauge(names.NVSWITCHES_SEEN)
+    if pci_gpus is not None and switches is not None:
+        seen.add_metric(["pci"], float(len(pci_gpus)))
+        nvswitches.add_metric([], float(len(switches)))
+    modules = _gauge(names.KERNEL_MODULE_LOADED)
+    for module, loaded in host.modules:
+        modules.add_metric([module], float(loaded))
+    services = _gauge(names.SERVICE_STATE)
+    for service in host.services:
+        services.add_metric([service.name, service.state], 1.0)
+    return [node, gpus, wanted, seen, nvswitches, modules, services]

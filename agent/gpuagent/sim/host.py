@@ -1,0 +1,58 @@
+"""The simulated node's host side: what sysfs, procfs and systemd would say about it.
+
+A simulated node has no devices on the host's PCI bus, so the inventory reads these
+facts from the scenario instead of the host's files.
+"""
+
+from __future__ import annotations
+
+import time
+
+from gpuagent.inventory.model import (
+    FABRIC_MANAGER,
+    KNOWN_MODULES,
+    PERSISTENCED,
+    HostFacts,
+    PciFunction,
+    Service,
+)
+from gpuagent.sim import hardware
+from gpuagent.sim.scenario import NodeSpec
+
+_GPU_DEVICE_ID = hardware.PCI_DEVICE_ID >> 16
+
+
+def pci_functions(spec: NodeSpec) -> tuple[PciFunction, ...]:
+    """The GPUs NVML lists, the GPUs only PCI sees (no driver bound), the NVSwitches."""
+    listed = hardware.bus_numbers(spec.gpus)
+    wider = hardware.bus_numbers(spec.gpus + spec.pci_only_gpus)
+    unlisted = [bus for bus in wider if bus not in listed][: spec.pci_only_gpus]
+    if len(unlisted) < spec.pci_only_gpus:  # the 16-slot layout reuses the 8-slot buses
+        spare = [bus for bus in hardware.WIDE_BUSES if bus not in listed and bus not in unlisted]
+        unlisted += spare[: spec.pci_only_gpus - len(unlisted)]
+    functions = [
+        *(PciFunction(f"0000:{bus:02x}:00.0", "gpu", _GPU_DEVICE_ID, "nvidia") for bus in listed),
+        *(PciFunction(f"0000:{bus:02x}:00.0", "gpu", _GPU_DEVICE_ID, None) for bus in unlisted),
+        *(
+            PciFunction(f"0000:{bus:02x}:00.0", "nvswitch", hardware.NVSWITCH_DEVICE_ID, "nvidia")
+            for bus in hardware.NVSWITCH_BUSES[: spec.nvswitches]
+        ),
+    ]
+    return tuple(sorted(functions, key=lambda f: f.address))
+
+
+def host_facts(spec: NodeSpec) -> HostFacts:
+    loaded = set(spec.modules)
+    names = (*KNOWN_MODULES, *sorted(loaded - set(KNOWN_MODULES)))
+    return HostFacts(
+        pci=pci_functions(spec),
+        modules=tuple((name, name in loaded) for name in names),
+        module_version=spec.resolved_module_version if "nvidia" in loaded else None,
+        kernel_release=spec.kernel_release,
+        os_release=spec.os_release,
+        services=(
+            Service(PERSISTENCED, spec.persistenced),
+            Service(FABRIC_MANAGER, spec.fabricmanager),
+        ),
+        collected_at=time.time(),
+    )

@@ -1,0 +1,628 @@
+"""Inventory checks: tables of node inventories and what each check makes of them."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from gpuagent.checks import (
+    INVENTORY_CHECK_NAMES,
+    INVENTORY_NODE_CHECK_NAMES,
+    NODE_CHECK_NAMES,
+    HealthMemory,
+    InventoryView,
+    evaluate,
+)
+from gpuagent.checks.common import Outcome, to_finding
+from gpuagent.checks.inventory import (
+    check_drift,
+    check_driver,
+    check_ecc_mode,
+    check_fabric,
+    check_firmware,
+    check_gpu_count,
+    check_services,
+    check_settings,
+    version_matches,
+)
+from gpuagent.config import ChecksSection, InventoryExpected
+from gpuagent.inventory.model import (
+    GpuInventory,
+    HostFacts,
+    NodeInventory,
+    PciFunction,
+    Service,
+    ServiceState,
+    fingerprint,
+)
+from gpuagent.model import (
+    Finding,
+    GpuIdentity,
+    GpuReadings,
+    GpuState,
+    NvmlStatus,
+    Severity,
+)
+
+BUSES = ("0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0")
+DRIVER = "550.54.15"
+
+
+def gpu(index: int, **changes: Any) -> GpuInventory:
+    base = GpuInventory(
+        index=index,
+        pci_bus_id=BUSES[index],
+        uuid=f"GPU-{index}",
+        model="NVIDIA H100 80GB HBM3",
+        vbios_version="96.00.99.00.01",
+        gsp_firmware_version=DRIVER,
+        ecc_current=True,
+        ecc_pending=True,
+        power_limit_w=700.0,
+        power_default_limit_w=700.0,
+        applications_clock_mhz=1980,
+        applications_clock_default_mhz=1980,
+        clocks_set_by_user=False,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def pci_gpu(bus: str, driver: str | None = "nvidia") -> PciFunction:
+    return PciFunction(bus, "gpu", 0x2330, driver)
+
+
+def switch(n: int) -> PciFunction:
+    return PciFunction(f"0000:0{5 + n}:00.0", "nvswitch", 0x22A3, "nvidia")
+
+
+def host(**changes: Any) -> HostFacts:
+    base = HostFacts(
+        pci=tuple(pci_gpu(b) for b in BUSES),
+        modules=(("nvidia", True), ("nvidia_uvm", True), ("nvidia_peermem", False)),
+        module_version=DRIVER,
+        kernel_release="6.1.0-18-amd64",
+        os_release="Debian GNU/Linux 12 (bookworm)",
+        services=(
+            Service("nvidia-persistenced", "active"),
+            Service("nvidia-fabricmanager", "not_installed"),
+        ),
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def node(
+    gpus: tuple[GpuInventory, ...] | None = None, *, nvml_ok: bool = True, **host_changes: Any
+) -> NodeInventory:
+    return NodeInventory(
+        host=host(**host_changes),
+        agent_version="0.1.0",
+        nvml_ok=nvml_ok,
+        driver_version=DRIVER if nvml_ok else None,
+        nvml_version=f"12.{DRIVER}" if nvml_ok else None,
+        cuda_driver_version="12.4" if nvml_ok else None,
+        gpus=(tuple(gpu(i) for i in range(4)) if gpus is None else gpus) if nvml_ok else (),
+    )
+
+
+def expect(**values: Any) -> InventoryExpected:
+    return InventoryExpected(**values)
+
+
+def verdict(outcome: Outcome) -> tuple[Severity, str, str]:
+    finding = to_finding("x", None, outcome)
+    return finding.severity, finding.runbook, finding.reason
+
+
+# --- gpu_count -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("inventory", "expected", "severity", "runbooks", "reason_has"),
+    [
+        pytest.param(node(), 0, Severity.OK, "", "4 GPUs", id="all-there-no-expectation"),
+        pytest.param(node(), 4, Severity.OK, "", "4 GPUs, 4 expected", id="all-there"),
+        pytest.param(
+            node(pci=(*(pci_gpu(b) for b in BUSES), pci_gpu("0000:9a:00.0", None))),
+            0,
+            Severity.CRITICAL,
+            "node-gpu-missing-driver",
+            "on the PCI bus but not in NVML (0000:9a:00.0)",
+            id="pci-only",
+        ),
+        pytest.param(
+            node(gpus=(gpu(0), gpu(1), gpu(2))),
+            4,
+            Severity.CRITICAL,
+            "node-gpu-missing-driver",
+            "0000:5d:00.0",
+            id="nvml-lost-one-pci-still-has-it",
+        ),
+        pytest.param(
+            node(gpus=(gpu(0), gpu(1), gpu(2)), pci=tuple(pci_gpu(b) for b in BUSES[:3])),
+            4,
+            Severity.CRITICAL,
+            "node-gpu-missing-pci",
+            "1 of 4 expected GPUs missing: 3 on the PCI bus",
+            id="gone-from-pci",
+        ),
+        pytest.param(
+            node(gpus=(gpu(0), gpu(1)), pci=None),
+            4,
+            Severity.CRITICAL,
+            "node-gpu-missing-pci",
+            "2 of 4 expected GPUs missing: 2 in NVML",
+            id="no-sysfs-falls-back-on-nvml",
+        ),
+        pytest.param(
+            node(gpus=(gpu(0), gpu(1), gpu(2), gpu(3, pci_bus_id="unknown-3"))),
+            4,
+            Severity.OK,
+            "",
+            "4 GPUs, 4 expected",
+            id="unidentified-nvml-gpu-may-be-the-pci-one",
+        ),
+        pytest.param(
+            node(nvml_ok=False),
+            4,
+            Severity.OK,
+            "",
+            "4 GPUs, 4 expected",
+            id="nvml-down-pci-complete",
+        ),
+        pytest.param(
+            node(nvml_ok=False, pci=tuple(pci_gpu(b) for b in BUSES[:2])),
+            4,
+            Severity.CRITICAL,
+            "node-gpu-missing-pci",
+            "2 on the PCI bus",
+            id="nvml-down-pci-short",
+        ),
+        pytest.param(node(nvml_ok=False, pci=None), 4, Severity.OK, "", "", id="nothing-to-count"),
+    ],
+)
+def test_gpu_count(
+    inventory: NodeInventory, expected: int, severity: Severity, runbooks: str, reason_has: str
+) -> None:
+    found, runbook, reason = verdict(
+        check_gpu_count(InventoryView(inventory, expect(gpus=expected)))
+    )
+    assert (found, runbook) == (severity, runbooks)
+    assert reason_has in reason
+
+
+def test_gpu_count_names_both_cases_worst_first() -> None:
+    inventory = node(
+        gpus=(gpu(0), gpu(1)), pci=(pci_gpu(BUSES[0]), pci_gpu(BUSES[1]), pci_gpu(BUSES[2]))
+    )
+    finding = to_finding(
+        "gpu_count", None, check_gpu_count(InventoryView(inventory, expect(gpus=4)))
+    )
+    assert finding.reason.count("; ") == 1
+    assert "0000:3a:00.0" in finding.reason
+    assert "1 of 4 expected GPUs missing" in finding.reason
+    assert finding.evidence_dict()["gpus_pci"] == 3
+
+
+# --- driver --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "modules", "severity", "action", "reason_has"),
+    [
+        pytest.param({}, ["nvidia"], Severity.OK, "none", f"kernel module {DRIVER}", id="ok"),
+        pytest.param(
+            {"module_version": "535.104.05"},
+            ["nvidia"],
+            Severity.CRITICAL,
+            "reboot",
+            "driver/library mismatch: kernel module 535.104.05, NVML library 550.54.15",
+            id="mismatch",
+        ),
+        pytest.param(
+            {"modules": (("nvidia", False),), "module_version": None},
+            ["nvidia"],
+            Severity.CRITICAL,
+            "load_driver",
+            "kernel module not loaded: nvidia",
+            id="not-loaded",
+        ),
+        pytest.param(
+            {},
+            ["nvidia", "nvidia_uvm", "nvidia_peermem"],
+            Severity.CRITICAL,
+            "load_driver",
+            "kernel module not loaded: nvidia_peermem",
+            id="peermem-expected",
+        ),
+        pytest.param(
+            {"module_version": None},
+            ["nvidia"],
+            Severity.OK,
+            "none",
+            "version not reported",
+            id="version-unknown",
+        ),
+    ],
+)
+def test_driver(
+    changes: dict[str, Any], modules: list[str], severity: Severity, action: str, reason_has: str
+) -> None:
+    outcome = check_driver(InventoryView(node(**changes), expect(modules=modules)))
+    finding = to_finding("driver", None, outcome)
+    assert (finding.severity, finding.action) == (severity, action)
+    assert finding.runbook == ("node-driver-module" if severity is Severity.CRITICAL else "")
+    assert reason_has in finding.reason
+
+
+def test_driver_mismatch_when_nvml_is_down_is_left_to_the_nvml_check() -> None:
+    outcome = check_driver(InventoryView(node(nvml_ok=False, module_version="535.1.1"), expect()))
+    assert verdict(outcome)[0] is Severity.OK
+
+
+# --- firmware ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("gsp", "severity", "reason_has"),
+    [
+        pytest.param((DRIVER,) * 4, Severity.OK, "GSP firmware 550.54.15 on 4 GPUs", id="ok"),
+        pytest.param((None,) * 4, Severity.OK, "not reported", id="no-gsp"),
+        pytest.param(
+            (DRIVER, "535.104.05", DRIVER, None),
+            Severity.WARN,
+            "GPU 1 535.104.05",
+            id="one-differs",
+        ),
+    ],
+)
+def test_firmware(gsp: tuple[str | None, ...], severity: Severity, reason_has: str) -> None:
+    gpus = tuple(gpu(i, gsp_firmware_version=v) for i, v in enumerate(gsp))
+    found, runbook, reason = verdict(check_firmware(InventoryView(node(gpus), expect())))
+    assert found is severity
+    assert runbook == ("node-gsp-firmware-mismatch" if severity is Severity.WARN else "")
+    assert reason_has in reason
+
+
+# --- services ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("state", "severity"),
+    [
+        ("active", Severity.OK),
+        ("activating", Severity.OK),
+        ("not_installed", Severity.OK),
+        ("unknown", Severity.OK),
+        ("inactive", Severity.WARN),
+        ("failed", Severity.WARN),
+        ("deactivating", Severity.WARN),
+    ],
+)
+def test_services_persistenced(state: ServiceState, severity: Severity) -> None:
+    services = (Service("nvidia-persistenced", state),)
+    found, runbook, _ = verdict(check_services(InventoryView(node(services=services), expect())))
+    assert found is severity
+    assert runbook == ("node-persistenced-down" if severity is Severity.WARN else "")
+
+
+# --- fabric --------------------------------------------------------------------------------
+
+SWITCHES = tuple(switch(n) for n in range(4))
+
+
+def fabric_node(manager: ServiceState, *states: tuple[str | None, bool | None]) -> NodeInventory:
+    gpus = tuple(gpu(i, fabric_state=state, fabric_ok=ok) for i, (state, ok) in enumerate(states))
+    services = (Service("nvidia-fabricmanager", manager),)
+    pci = (*SWITCHES, *(pci_gpu(b) for b in BUSES[: len(gpus)]))
+    return node(gpus, services=services, pci=pci)
+
+
+@pytest.mark.parametrize(
+    ("inventory", "severity", "reason_has"),
+    [
+        pytest.param(node(), Severity.OK, "no NVSwitch fabric", id="no-switches"),
+        pytest.param(
+            fabric_node("active", ("completed", True), ("completed", True)),
+            Severity.OK,
+            "NVSwitch fabric up (4 NVSwitches, nvidia-fabricmanager active)",
+            id="healthy",
+        ),
+        pytest.param(
+            fabric_node("failed", ("completed", True)),
+            Severity.CRITICAL,
+            "nvidia-fabricmanager is failed on an NVSwitch system",
+            id="manager-failed",
+        ),
+        pytest.param(
+            fabric_node("not_installed", ("not_started", None)),
+            Severity.CRITICAL,
+            "nvidia-fabricmanager is not installed",
+            id="manager-missing",
+        ),
+        pytest.param(
+            fabric_node("unknown", ("completed", True)),
+            Severity.OK,
+            "nvidia-fabricmanager unknown",
+            id="no-systemd-gpus-registered",
+        ),
+        pytest.param(
+            fabric_node("unknown", ("completed", True), ("in_progress", None)),
+            Severity.CRITICAL,
+            "GPU 1 in progress",
+            id="no-systemd-gpu-not-registered",
+        ),
+        pytest.param(
+            fabric_node("active", ("completed", False)),
+            Severity.CRITICAL,
+            "GPU 0 failed",
+            id="registration-failed",
+        ),
+        pytest.param(
+            node((gpu(0, fabric_state="not_started"),), pci=(pci_gpu(BUSES[0]),)),
+            Severity.CRITICAL,
+            "GPU 0 not started",
+            id="fabric-gpu-without-visible-switches",
+        ),
+    ],
+)
+def test_fabric(inventory: NodeInventory, severity: Severity, reason_has: str) -> None:
+    found, runbook, reason = verdict(check_fabric(InventoryView(inventory, expect())))
+    assert found is severity
+    assert runbook == ("node-fabric-manager" if severity is Severity.CRITICAL else "")
+    assert reason_has in reason
+
+
+# --- drift ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("actual", "expected", "matches"),
+    [
+        ("550.54.15", "", True),
+        ("550.54.15", "550.54.15", True),
+        ("550.54.15", "550", True),
+        ("550.54.15", "550.", True),
+        ("550.54.15", "550.54", True),
+        ("550.54.15", "55", False),
+        ("550.54.15", "550.54.1", False),
+        ("550.54.15", "535", False),
+    ],
+)
+def test_version_matches(actual: str, expected: str, matches: bool) -> None:
+    assert version_matches(actual, expected) is matches
+
+
+BASELINE = fingerprint(node())
+
+
+@pytest.mark.parametrize(
+    ("inventory", "expected", "baseline", "severity", "reason_has"),
+    [
+        pytest.param(node(), expect(), None, Severity.OK, "versions as expected", id="nothing"),
+        pytest.param(
+            node(),
+            expect(
+                driver_version="550",
+                cuda_driver_version="12.4",
+                kernel_release="6.1.0-18-amd64",
+                vbios_version="96.00.99.00.01",
+                model="H100",
+            ),
+            BASELINE,
+            Severity.OK,
+            "versions as expected and baseline",
+            id="all-match",
+        ),
+        pytest.param(
+            node(),
+            expect(driver_version="535"),
+            None,
+            Severity.WARN,
+            "driver 550.54.15, expected 535",
+            id="driver",
+        ),
+        pytest.param(
+            node(), expect(cuda_driver_version="12.2"), None, Severity.WARN, "cuda 12.4", id="cuda"
+        ),
+        pytest.param(
+            node(kernel_release="6.1.0-21-amd64"),
+            expect(kernel_release="6.1.0-18-amd64"),
+            None,
+            Severity.WARN,
+            "kernel 6.1.0-21-amd64, expected 6.1.0-18-amd64",
+            id="kernel",
+        ),
+        pytest.param(
+            node((gpu(0), gpu(1, vbios_version="96.00.74.00.01"))),
+            expect(vbios_version="96.00.99.00.01"),
+            None,
+            Severity.WARN,
+            "VBIOS 96.00.74.00.01,96.00.99.00.01",
+            id="vbios",
+        ),
+        pytest.param(
+            node((gpu(0, model="NVIDIA A100-SXM4-80GB"),)),
+            expect(model="H100"),
+            None,
+            Severity.WARN,
+            "GPU model NVIDIA A100-SXM4-80GB, expected H100",
+            id="model",
+        ),
+        pytest.param(
+            node(kernel_release="6.1.0-21-amd64"),
+            expect(),
+            BASELINE,
+            Severity.WARN,
+            "kernel 6.1.0-21-amd64, baseline 6.1.0-18-amd64",
+            id="baseline-kernel",
+        ),
+        pytest.param(
+            node(kernel_release=None),
+            expect(kernel_release="6.1"),
+            BASELINE,
+            Severity.OK,
+            "versions as expected",
+            id="unreported-is-not-compared",
+        ),
+    ],
+)
+def test_drift(
+    inventory: NodeInventory,
+    expected: InventoryExpected,
+    baseline: dict[str, str] | None,
+    severity: Severity,
+    reason_has: str,
+) -> None:
+    found, runbook, reason = verdict(check_drift(InventoryView(inventory, expected, baseline)))
+    assert found is severity
+    assert runbook == ("node-inventory-drift" if severity is Severity.WARN else "")
+    assert reason_has in reason
+
+
+def test_drift_lists_every_difference() -> None:
+    inventory = node(kernel_release="6.1.0-21-amd64")
+    view = InventoryView(inventory, expect(driver_version="535"), BASELINE)
+    reason = verdict(check_drift(view))[2]
+    assert reason.startswith("versions drifted: ")
+    assert reason.count("; ") == 1
+
+
+# --- per GPU -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("current", "pending", "severity", "reason"),
+    [
+        (True, True, Severity.OK, "ECC mode enabled, nothing pending"),
+        (None, None, Severity.OK, "ECC mode not supported, nothing pending"),
+        (
+            True,
+            False,
+            Severity.WARN,
+            "ECC mode disabled is pending; reset required to apply ECC mode",
+        ),
+        (
+            False,
+            True,
+            Severity.WARN,
+            "ECC mode enabled is pending; reset required to apply ECC mode",
+        ),
+    ],
+)
+def test_ecc_mode(
+    current: bool | None, pending: bool | None, severity: Severity, reason: str
+) -> None:
+    outcome = check_ecc_mode(gpu(0, ecc_current=current, ecc_pending=pending), expect())
+    assert verdict(outcome) == (
+        severity,
+        "gpu-ecc-pending" if severity is Severity.WARN else "",
+        reason,
+    )
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected_watts", "runbooks", "reason"),
+    [
+        pytest.param({}, 0.0, "", "power limit and clocks at their defaults", id="defaults"),
+        pytest.param(
+            {"power_limit_w": 700.4}, 0.0, "", "power limit and clocks", id="within-a-watt"
+        ),
+        pytest.param(
+            {"power_limit_w": 450.0},
+            0.0,
+            "gpu-power-limit-changed",
+            "power limit 450 W, default 700 W",
+            id="capped",
+        ),
+        pytest.param({"power_limit_w": 600.0}, 600.0, "", "power limit", id="as-expected"),
+        pytest.param(
+            {},
+            600.0,
+            "gpu-power-limit-changed",
+            "power limit 700 W, expected 600 W",
+            id="default-but-expected-less",
+        ),
+        pytest.param(
+            {"applications_clock_mhz": 1410, "clocks_set_by_user": True},
+            0.0,
+            "gpu-clocks-set",
+            "applications clock 1410 MHz, default 1980 MHz",
+            id="app-clocks",
+        ),
+        pytest.param(
+            {"clocks_set_by_user": True},
+            0.0,
+            "gpu-clocks-set",
+            "GPU clocks locked by a user setting",
+            id="locked-clocks",
+        ),
+        pytest.param(
+            {"power_limit_w": None, "applications_clock_mhz": None, "clocks_set_by_user": None},
+            0.0,
+            "",
+            "power limit and clocks",
+            id="not-reported",
+        ),
+    ],
+)
+def test_settings(
+    changes: dict[str, Any], expected_watts: float, runbooks: str, reason: str
+) -> None:
+    outcome = check_settings(gpu(0, **changes), expect(power_limit_watts=expected_watts))
+    found, runbook, text = verdict(outcome)
+    assert found is (Severity.WARN if runbooks else Severity.OK)
+    assert runbook == runbooks
+    assert reason in text
+
+
+def test_settings_names_cap_and_clocks_together() -> None:
+    outcome = check_settings(gpu(0, power_limit_w=450.0, applications_clock_mhz=1410), expect())
+    assert len(outcome.problems) == 2
+
+
+# --- the engine ----------------------------------------------------------------------------
+
+
+def _states(count: int, *, answering: bool = True) -> tuple[GpuState, ...]:
+    return tuple(
+        GpuState(
+            GpuIdentity(index=i, pci_bus_id=BUSES[i], uuid=f"GPU-{i}", name="H100"),
+            "ok" if answering else "lost",
+            GpuReadings() if answering else None,
+        )
+        for i in range(count)
+    )
+
+
+def _evaluate(states: tuple[GpuState, ...], view: InventoryView | None) -> tuple[Finding, ...]:
+    health, _ = evaluate(
+        states, NvmlStatus(ok=True), ChecksSection(), HealthMemory(), 0.0, inventory=view
+    )
+    return health.findings
+
+
+def test_engine_runs_inventory_checks_in_order_only_with_an_inventory() -> None:
+    states = _states(2)
+    without = _evaluate(states, None)
+    assert not {f.check for f in without} & {*INVENTORY_NODE_CHECK_NAMES, *INVENTORY_CHECK_NAMES}
+    inventory = node(
+        (gpu(0), gpu(1, ecc_pending=False)), pci=(pci_gpu(BUSES[0]), pci_gpu(BUSES[1]))
+    )
+    found = _evaluate(states, InventoryView(inventory, expect()))
+    node_checks = [f.check for f in found if f.gpu is None]
+    assert node_checks == [*NODE_CHECK_NAMES, *INVENTORY_NODE_CHECK_NAMES]
+    for bus in BUSES[:2]:
+        checks = [f.check for f in found if f.gpu == bus]
+        assert checks[-2:] == list(INVENTORY_CHECK_NAMES)
+    ecc = next(f for f in found if f.gpu == BUSES[1] and f.check == "ecc_mode")
+    assert (ecc.severity, ecc.runbook) == (Severity.WARN, "gpu-ecc-pending")
+
+
+def test_engine_gives_no_data_for_gpus_that_did_not_answer() -> None:
+    states = _states(1, answering=False)
+    view = InventoryView(node((gpu(0),), pci=(pci_gpu(BUSES[0]),)), expect())
+    found = [f for f in _evaluate(states, view) if f.check in INVENTORY_CHECK_NAMES]
+    assert [f.severity for f in found] == [Severity.UNKNOWN, Severity.UNKNOWN]
+    assert all(f.runbook == "gpu-lost" for f in found)

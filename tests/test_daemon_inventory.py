@@ -1,0 +1,279 @@
+"""Integration: the inventory checks end to end, through `gpuagent check --simulate` and
+the real daemon (status, metrics, learn mode, PCI changes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import DaemonProcess, run_cli, start_daemon
+
+pytestmark = pytest.mark.integration
+
+H100 = '[node]\ngpus = {gpus}\nmodel = "NVIDIA H100 80GB HBM3"\n'
+HGX = H100.format(gpus=8) + (
+    'nvswitches = 4\nfabric_state = "completed"\nfabricmanager = "active"\n'
+)
+
+
+def _check(tmp_path: Path, scenario: str, config: str = "") -> tuple[int, dict[str, Any]]:
+    path = tmp_path / "scenario.toml"
+    path.write_text(scenario)
+    config_path = tmp_path / "config.toml"
+    config_path.write_text(f"[sources.nvml]\ncall_timeout_seconds = 0.5\n{config}")
+    result = run_cli("check", "--json", "--config", str(config_path), "--simulate", str(path))
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.returncode, json.loads(result.stdout)
+
+
+def _findings(doc: dict[str, Any]) -> list[tuple[str | None, str, str, str]]:
+    """(GPU index or None, check, severity, runbook) of every problem in a status document."""
+    found = [(None, f["check"], f["severity"], f["runbook"]) for f in doc["node"]["findings"]]
+    for gpu in doc["gpus"]:
+        found += [(gpu["index"], f["check"], f["severity"], f["runbook"]) for f in gpu["findings"]]
+    return found
+
+
+def _fault(kind: str, gpu: int, **values: object) -> str:
+    lines = "".join(
+        f"{k} = {json.dumps(v) if not isinstance(v, bool) else str(v).lower()}\n"
+        for k, v in values.items()
+    )
+    return f'[[fault]]\ngpu = {gpu}\nkind = "{kind}"\n{lines}'
+
+
+# (id, scenario, config, expected problems, exit code)
+CASES: list[tuple[str, str, str, set[tuple[int | None, str, str, str]], int]] = [
+    ("healthy-hgx", HGX, "[inventory.expected]\ngpus = 8\n", set(), 0),
+    (
+        "gpu-on-pci-not-in-nvml",
+        H100.format(gpus=7) + "pci_only_gpus = 1\n",
+        "[inventory.expected]\ngpus = 8\n",
+        {(None, "gpu_count", "CRITICAL", "node-gpu-missing-driver")},
+        2,
+    ),
+    (
+        "gpu-gone-from-pci",
+        H100.format(gpus=7),
+        "[inventory.expected]\ngpus = 8\n",
+        {(None, "gpu_count", "CRITICAL", "node-gpu-missing-pci")},
+        2,
+    ),
+    (
+        "module-library-mismatch",
+        H100.format(gpus=2) + 'module_version = "535.104.05"\n',
+        "",
+        {(None, "driver", "CRITICAL", "node-driver-module")},
+        2,
+    ),
+    (
+        "module-not-loaded",
+        H100.format(gpus=2) + 'modules = []\ninit_error = "driver_not_loaded"\n',
+        "",
+        {
+            (None, "nvml", "CRITICAL", "nvml-driver-not-loaded"),
+            (None, "driver", "CRITICAL", "node-driver-module"),
+        },
+        2,
+    ),
+    (
+        "nvml-version-mismatch",
+        H100.format(gpus=2) + 'init_error = "version_mismatch"\n',
+        "",
+        {(None, "nvml", "CRITICAL", "nvml-version-mismatch")},
+        2,
+    ),
+    (
+        "nvml-library-not-found",
+        H100.format(gpus=2) + 'init_error = "library_not_found"\n',
+        "",
+        {(None, "nvml", "CRITICAL", "nvml-library-not-found")},
+        2,
+    ),
+    (
+        "nvml-no-permission",
+        H100.format(gpus=2) + 'init_error = "no_permission"\n',
+        "",
+        {(None, "nvml", "CRITICAL", "nvml-no-permission")},
+        2,
+    ),
+    (
+        "gsp-firmware-differs",
+        H100.format(gpus=2) + 'gsp_firmware_version = "550.40.07"\n',
+        "",
+        {(None, "firmware", "WARN", "node-gsp-firmware-mismatch")},
+        1,
+    ),
+    (
+        "persistenced-failed",
+        H100.format(gpus=2) + 'persistenced = "failed"\n',
+        "",
+        {(None, "services", "WARN", "node-persistenced-down")},
+        1,
+    ),
+    (
+        "fabric-manager-down",
+        HGX.replace('fabricmanager = "active"', 'fabricmanager = "inactive"'),
+        "",
+        {(None, "fabric", "CRITICAL", "node-fabric-manager")},
+        2,
+    ),
+    (
+        "fabric-registration-stuck",
+        HGX + _fault("fabric", 3, state="in_progress"),
+        "",
+        {(None, "fabric", "CRITICAL", "node-fabric-manager")},
+        2,
+    ),
+    (
+        "ecc-pending",
+        H100.format(gpus=2) + _fault("ecc_mode", 1, enabled=False),
+        "",
+        {(1, "ecc_mode", "WARN", "gpu-ecc-pending")},
+        1,
+    ),
+    (
+        "mig-pending",
+        H100.format(gpus=2) + _fault("mig_mode", 0, enabled=True),
+        "",
+        {(0, "mig", "WARN", "gpu-mig-pending")},
+        1,
+    ),
+    (
+        "power-cap-left",
+        H100.format(gpus=2) + _fault("power_limit", 1, watts=500),
+        "",
+        {(1, "settings", "WARN", "gpu-power-limit-changed")},
+        1,
+    ),
+    (
+        "clocks-left",
+        H100.format(gpus=2) + _fault("app_clocks", 0, mhz=1410),
+        "",
+        {(0, "settings", "WARN", "gpu-clocks-set")},
+        1,
+    ),
+    (
+        "drift-from-expected",
+        H100.format(gpus=2) + 'kernel_release = "6.1.0-21-amd64"\n',
+        '[inventory.expected]\ndriver_version = "550"\nkernel_release = "6.1.0-18-amd64"\n',
+        {(None, "drift", "WARN", "node-inventory-drift")},
+        1,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("scenario", "config", "problems", "code"),
+    [case[1:] for case in CASES],
+    ids=[case[0] for case in CASES],
+)
+def test_check_finds_each_inventory_problem(
+    tmp_path: Path,
+    scenario: str,
+    config: str,
+    problems: set[tuple[int | None, str, str, str]],
+    code: int,
+) -> None:
+    returncode, doc = _check(tmp_path, scenario, config)
+    assert set(_findings(doc)) == problems
+    assert returncode == code
+    assert doc["node"]["inventory"]["fingerprint_id"]
+
+
+def test_check_without_inventory_runs_no_inventory_checks(tmp_path: Path) -> None:
+    scenario = H100.format(gpus=2) + 'module_version = "535.104.05"\n'
+    returncode, doc = _check(tmp_path, scenario, "[inventory]\nenabled = false\n")
+    assert (returncode, doc["node"]["inventory"], _findings(doc)) == (0, None, [])
+
+
+def _samples(text: str, name: str) -> list[Any]:
+    return [s for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
+
+
+def test_daemon_shows_inventory_in_status_and_metrics(tmp_path: Path) -> None:
+    daemon = start_daemon(
+        tmp_path / "d",
+        HGX.replace("gpus = 8", "gpus = 3") + "pci_only_gpus = 1\n",
+        config_extra="[inventory.expected]\ngpus = 4\n",
+    )
+    try:
+        doc = daemon.status()
+        inventory = doc["node"]["inventory"]
+        assert (inventory["gpus_expected"], inventory["gpus_nvml"]) == (4, 3)
+        assert inventory["module_version"] == "550.54.15"
+        assert inventory["services"]["nvidia-fabricmanager"] == "active"
+        assert inventory["gpus"][0]["inforom_version"] == "G520.0200.00.05"
+        assert (None, "gpu_count", "CRITICAL", "node-gpu-missing-driver") in _findings(doc)
+
+        table = daemon.cli("status", "--socket", str(daemon.socket))
+        assert "GPUs: NVML 3, PCI 4  NVSwitches 4  module 550.54.15" in table.stdout
+        assert f"fingerprint {inventory['fingerprint_id']}" in table.stdout
+        assert "nvidia-fabricmanager active" in table.stdout
+
+        metrics = daemon.metrics()
+        (info,) = _samples(metrics, "gpuagent_node_info")
+        assert info.value == 1.0
+        assert info.labels["driver_version"] == "550.54.15"
+        assert info.labels["kernel_release"] == "6.1.0-18-amd64"
+        assert info.labels["fingerprint"] == inventory["fingerprint_id"]
+        gpus = _samples(metrics, "gpuagent_gpu_inventory_info")
+        assert len(gpus) == 3
+        assert gpus[0].labels["vbios_version"] == "96.00.99.00.01"
+        assert gpus[0].labels["pci_bus_id"] == "00000000:18:00.0"
+        assert [s.value for s in _samples(metrics, "gpuagent_gpus_expected")] == [4.0]
+        seen = {s.labels["source"]: s.value for s in _samples(metrics, "gpuagent_gpus_seen")}
+        assert seen == {"nvml": 3.0, "pci": 4.0}
+        assert [s.value for s in _samples(metrics, "gpuagent_nvswitches_seen")] == [4.0]
+        checks = {
+            s.labels["check"]: s.value for s in _samples(metrics, "gpuagent_node_check_health")
+        }
+        assert checks["gpu_count"] == 2.0
+    finally:
+        daemon.stop()
+
+
+def _drifted(daemon: DaemonProcess) -> list[str]:
+    return [f["reason"] for f in daemon.status()["node"]["findings"] if f["check"] == "drift"]
+
+
+def test_learn_mode_records_the_first_healthy_inventory_and_reports_drift(
+    tmp_path: Path,
+) -> None:
+    workdir = tmp_path / "d"
+    learn = "[inventory]\nlearn = true\n"
+    daemon = start_daemon(workdir, H100.format(gpus=2), config_extra=learn)
+    try:
+        baseline = workdir / "state" / "inventory-baseline.json"
+        assert json.loads(baseline.read_text())["fingerprint"]["kernel"] == "6.1.0-18-amd64"
+        assert _drifted(daemon) == []
+    finally:
+        daemon.stop()
+    # The node comes back with a new kernel and driver: drift against the baseline.
+    upgraded = H100.format(gpus=2) + (
+        'kernel_release = "6.1.0-21-amd64"\ndriver_version = "550.90.07"\n'
+    )
+    daemon = start_daemon(workdir, upgraded, config_extra=learn)
+    try:
+        (reason,) = _drifted(daemon)
+        assert "kernel 6.1.0-21-amd64, baseline 6.1.0-18-amd64" in reason
+        assert "driver 550.90.07, baseline 550.54.15" in reason
+        # The baseline is kept, not relearned from the drifted node.
+        assert json.loads(baseline.read_text())["fingerprint"]["driver"] == "550.54.15"
+    finally:
+        daemon.stop()
+
+
+def test_pci_changes_refresh_the_inventory(tmp_path: Path) -> None:
+    daemon = start_daemon(tmp_path / "d", H100.format(gpus=2))
+    try:
+        before = daemon.status()["node"]["inventory"]["collected_at"]
+        daemon.inject("pci_remove", 1)
+        doc = daemon.wait_for(lambda d: d["node"]["inventory"]["collected_at"] > before)
+        assert doc["node"]["inventory"]["collected_at"] > before
+    finally:
+        daemon.stop()

@@ -1,0 +1,351 @@
+"""The node inventory: host facts from fixture sysfs/procfs trees, systemd service state,
+the learned baseline, the fingerprint and the inventory's JSON form."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from gpuagent.config import ConfigError, parse_config
+from gpuagent.inventory import (
+    HostFacts,
+    NodeInventory,
+    PciFunction,
+    Service,
+    build_inventory,
+    fingerprint,
+    fingerprint_hash,
+)
+from gpuagent.inventory.baseline import load_baseline, save_baseline
+from gpuagent.inventory.collect import collect_host, read_os_release, read_pci_functions
+from gpuagent.inventory.services import parse_show, read_services
+from gpuagent.metrics.inventory import inventory_families
+from gpuagent.model import GpuIdentity, GpuReadings, GpuState, NvmlStatus
+
+NVIDIA, INTEL = 0x10DE, 0x8086
+
+
+def add_function(
+    sys_root: Path,
+    address: str,
+    *,
+    vendor: int,
+    device_class: int,
+    device: int = 0x2330,
+    driver: str | None = None,
+) -> None:
+    """A PCI function laid out as sysfs does: the device tree, and a bus/pci symlink."""
+    directory = sys_root / "devices" / "pci0000:00" / "0000:00:01.0" / address
+    directory.mkdir(parents=True)
+    (directory / "vendor").write_text(f"0x{vendor:04x}\n")
+    (directory / "device").write_text(f"0x{device:04x}\n")
+    (directory / "class").write_text(f"0x{device_class:06x}\n")
+    if driver is not None:
+        drivers = sys_root / "bus" / "pci" / "drivers" / driver
+        drivers.mkdir(parents=True, exist_ok=True)
+        (directory / "driver").symlink_to(drivers)
+    devices = sys_root / "bus" / "pci" / "devices"
+    devices.mkdir(parents=True, exist_ok=True)
+    (devices / address).symlink_to(directory)
+
+
+def hgx_tree(root: Path, *, module_version: str | None = "550.54.15") -> Path:
+    """Two H100s (one without a driver), an NVSwitch, an Intel bridge, modules, procfs."""
+    sys_root = root / "sys"
+    add_function(sys_root, "0000:18:00.0", vendor=NVIDIA, device_class=0x030200, driver="nvidia")
+    add_function(sys_root, "0000:2a:00.0", vendor=NVIDIA, device_class=0x030200)
+    add_function(
+        sys_root,
+        "0000:05:00.0",
+        vendor=NVIDIA,
+        device_class=0x068000,
+        device=0x22A3,
+        driver="nvidia",
+    )
+    add_function(sys_root, "0000:00:01.1", vendor=INTEL, device_class=0x060400)
+    add_function(sys_root, "0000:18:00.1", vendor=NVIDIA, device_class=0x040300)  # audio
+    for module in ("nvidia", "nvidia_uvm"):
+        (sys_root / "module" / module).mkdir(parents=True)
+    if module_version is not None:
+        (sys_root / "module" / "nvidia" / "version").write_text(f"{module_version}\n")
+    proc = root / "proc" / "sys" / "kernel"
+    proc.mkdir(parents=True)
+    (proc / "osrelease").write_text("6.1.0-18-amd64\n")
+    (root / "os-release").write_text(
+        'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nNAME="Debian GNU/Linux"\nID=debian\n'
+    )
+    return root
+
+
+def test_collect_host_from_a_fixture_tree(tmp_path: Path) -> None:
+    root = hgx_tree(tmp_path)
+    services = (Service("nvidia-persistenced", "active"),)
+    facts = collect_host(
+        root / "sys", root / "proc", root / "os-release", ("nvidia", "ib_core"), services
+    )
+    assert facts.pci == (
+        PciFunction("0000:05:00.0", "nvswitch", 0x22A3, "nvidia"),
+        PciFunction("0000:18:00.0", "gpu", 0x2330, "nvidia"),
+        PciFunction("0000:2a:00.0", "gpu", 0x2330, None),
+    )
+    assert dict(facts.modules) == {
+        "nvidia": True,
+        "nvidia_uvm": True,
+        "nvidia_modeset": False,
+        "nvidia_drm": False,
+        "nvidia_peermem": False,
+        "ib_core": False,
+    }
+    assert facts.module_version == "550.54.15"
+    assert facts.kernel_release == "6.1.0-18-amd64"
+    assert facts.os_release == "Debian GNU/Linux 12 (bookworm)"
+    assert facts.services == services
+    assert facts.collected_at > 0
+
+
+def test_collect_host_without_sysfs_or_procfs_says_not_reported(tmp_path: Path) -> None:
+    facts = collect_host(tmp_path / "nosys", tmp_path / "noproc", tmp_path / "none", ("nvidia",))
+    assert facts.pci is None  # could not look: not "no GPUs"
+    assert facts.module_loaded("nvidia") is False
+    assert (facts.module_version, facts.kernel_release, facts.os_release) == (None, None, None)
+
+
+def test_no_gpus_on_a_readable_bus_is_an_empty_tuple(tmp_path: Path) -> None:
+    (tmp_path / "bus" / "pci" / "devices").mkdir(parents=True)
+    assert read_pci_functions(tmp_path) == ()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('PRETTY_NAME="Ubuntu 22.04.4 LTS"\n', "Ubuntu 22.04.4 LTS"),
+        ('NAME="Rocky Linux"\nVERSION="9.3 (Blue Onyx)"\n', "Rocky Linux 9.3 (Blue Onyx)"),
+        ("# comment\nPRETTY_NAME='single quoted'\n", "single quoted"),
+        ('PRETTY_NAME="unbalanced\nNAME=x\n', "x"),
+        ("ID=debian\n", None),
+    ],
+)
+def test_os_release(tmp_path: Path, text: str, expected: str | None) -> None:
+    path = tmp_path / "os-release"
+    path.write_text(text)
+    assert read_os_release(path) == expected
+
+
+# --- services ------------------------------------------------------------------------------
+
+SHOW = (
+    "Id=nvidia-persistenced.service\nLoadState=loaded\nActiveState=failed\n\n"
+    "Id=nvidia-fabricmanager.service\nLoadState=not-found\nActiveState=inactive\n"
+)
+
+
+def test_parse_show() -> None:
+    names = ("nvidia-persistenced", "nvidia-fabricmanager", "extra")
+    assert parse_show(SHOW, names) == (
+        Service("nvidia-persistenced", "failed"),
+        Service("nvidia-fabricmanager", "not_installed"),
+        Service("extra", "unknown"),
+    )
+
+
+def _fake_systemctl(tmp_path: Path, body: str) -> str:
+    script = tmp_path / "systemctl"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return str(script)
+
+
+def test_read_services_runs_systemctl_show(tmp_path: Path) -> None:
+    output = tmp_path / "out.txt"
+    output.write_text(SHOW)
+    args = tmp_path / "args.txt"
+    systemctl = _fake_systemctl(tmp_path, f'echo "$@" > {args}\ncat {output}')
+    services = asyncio.run(read_services(systemctl, runtime_dir=tmp_path))
+    assert [s.state for s in services] == ["failed", "not_installed"]
+    assert args.read_text().split() == [
+        "show",
+        "--property=Id,LoadState,ActiveState",
+        "--",
+        "nvidia-persistenced.service",
+        "nvidia-fabricmanager.service",
+    ]
+
+
+@pytest.mark.parametrize(
+    "case", ["no-systemd", "missing-command", "fails", "hangs"], ids=lambda c: c
+)
+def test_services_are_unknown_when_systemd_cannot_tell(tmp_path: Path, case: str) -> None:
+    runtime = tmp_path if case != "no-systemd" else tmp_path / "not-there"
+    systemctl = {
+        "no-systemd": "systemctl",
+        "missing-command": str(tmp_path / "nope"),
+        "fails": _fake_systemctl(tmp_path, "exit 1"),
+        "hangs": _fake_systemctl(tmp_path, "exec sleep 5"),
+    }[case]
+    services = asyncio.run(read_services(systemctl, runtime_dir=runtime, limit_seconds=0.2))
+    assert {s.state for s in services} == {"unknown"}
+
+
+# --- baseline ------------------------------------------------------------------------------
+
+
+def test_baseline_round_trip_and_atomic_write(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "inventory-baseline.json"
+    assert load_baseline(path) is None
+    save_baseline(path, {"driver": "550.54.15", "kernel": "6.1"}, 1000.0)
+    assert load_baseline(path) == {"driver": "550.54.15", "kernel": "6.1"}
+    assert json.loads(path.read_text())["learned_at"] == 1000.0
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary left
+
+
+@pytest.mark.parametrize("text", ["{", "[]", '{"fingerprint": {"driver": 1}}', "{}"])
+def test_damaged_baseline_is_ignored(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "inventory-baseline.json"
+    path.write_text(text)
+    assert load_baseline(path) is None
+
+
+# --- building, fingerprint, JSON -------------------------------------------------------------
+
+HOST = HostFacts(
+    pci=(PciFunction("0000:18:00.0", "gpu", 0x2330, "nvidia"),),
+    modules=(("nvidia", True),),
+    module_version="550.54.15",
+    kernel_release="6.1.0-18-amd64",
+    os_release="Debian GNU/Linux 12 (bookworm)",
+    services=(Service("nvidia-persistenced", "active"),),
+)
+STATUS = NvmlStatus(
+    ok=True, driver_version="550.54.15", nvml_version="12.550.54.15", cuda_driver_version="12.4"
+)
+
+
+def _state(index: int, vbios: str, *, status: str = "ok") -> GpuState:
+    identity = GpuIdentity(
+        index=index,
+        pci_bus_id=f"0000:{0x18 + index:02x}:00.0",
+        uuid=f"GPU-{index}",
+        name="NVIDIA H100 80GB HBM3",
+        vbios_version=vbios,
+        gsp_firmware_version="550.54.15",
+        applications_clock_default_mhz=1980,
+    )
+    readings = GpuReadings(
+        ecc_enabled=True,
+        ecc_enabled_pending=False,
+        clock_event_reasons=0x2,
+        fabric_state="completed",
+        fabric_ok=True,
+    )
+    if status != "ok":
+        return GpuState(identity, "lost")
+    return GpuState(identity, "ok", readings)
+
+
+def test_build_inventory_takes_modes_only_from_answering_gpus() -> None:
+    states = (_state(0, "96.00.99.00.01"), _state(1, "96.00.99.00.01", status="lost"))
+    inventory = build_inventory(HOST, STATUS, states, "1.2.3", expected_gpus=8)
+    first, lost = inventory.gpus
+    assert (first.ecc_current, first.ecc_pending, first.clocks_set_by_user) == (True, False, True)
+    assert (first.fabric_state, first.fabric_ok) == ("completed", True)
+    assert (lost.ecc_current, lost.fabric_state) == (None, None)
+    assert lost.vbios_version == "96.00.99.00.01"  # identity outlives the readings
+    assert inventory.nvml_library_version == "550.54.15"
+    assert inventory.expected_gpus == 8
+
+
+def test_fingerprint_is_order_free_and_its_hash_stable() -> None:
+    a = build_inventory(
+        HOST, STATUS, (_state(0, "96.00.99.00.01"), _state(1, "96.00.74.00.01")), "1.2.3"
+    )
+    b = build_inventory(
+        HOST, STATUS, (_state(0, "96.00.74.00.01"), _state(1, "96.00.99.00.01")), "1.2.3"
+    )
+    print_ = fingerprint(a)
+    assert print_ == {
+        "driver": "550.54.15",
+        "cuda": "12.4",
+        "kernel": "6.1.0-18-amd64",
+        "vbios": "96.00.74.00.01,96.00.99.00.01",
+        "gsp_firmware": "550.54.15",
+        "agent": "1.2.3",
+    }
+    assert fingerprint(b) == print_
+    digest = fingerprint_hash(print_)
+    assert len(digest) == 12
+    assert fingerprint_hash(dict(reversed(print_.items()))) == digest
+    assert fingerprint_hash({**print_, "kernel": "6.1.0-21-amd64"}) != digest
+
+
+def test_inventory_json_carries_fingerprint_and_hash() -> None:
+    inventory = build_inventory(HOST, STATUS, (_state(0, "96.00.99.00.01"),), "1.2.3")
+    doc = inventory.to_json()
+    assert doc["fingerprint"] == fingerprint(inventory)
+    assert doc["fingerprint_id"] == fingerprint_hash(fingerprint(inventory))
+    assert doc["pci"] == [
+        {"address": "0000:18:00.0", "role": "gpu", "device_id": "0x2330", "driver": "nvidia"}
+    ]
+    assert doc["modules"] == {"nvidia": True}
+    assert doc["services"] == {"nvidia-persistenced": "active"}
+    assert doc["gpus"][0]["ecc"] == {"current": True, "pending": False}
+    assert json.loads(json.dumps(doc)) == doc
+
+
+# --- metrics -------------------------------------------------------------------------------
+
+
+def _families(inventory: NodeInventory | None) -> dict[str, list[tuple[dict[str, str], float]]]:
+    def labels(bus_id: str) -> tuple[str, ...]:
+        return ("0", "GPU-0", bus_id, "nvidia0", "H100", "host")
+
+    return {
+        family.name: [(s.labels, s.value) for s in family.samples]
+        for family in inventory_families(inventory, labels)
+    }
+
+
+def test_inventory_metrics() -> None:
+    inventory = build_inventory(HOST, STATUS, (_state(0, "96.00.99.00.01"),), "1.2.3", 8)
+    found = _families(inventory)
+    ((node_labels, node_value),) = found["gpuagent_node_info"]
+    assert node_value == 1.0
+    assert node_labels["fingerprint"] == fingerprint_hash(fingerprint(inventory))
+    assert node_labels["module_version"] == "550.54.15"
+    ((gpu_labels, _),) = found["gpuagent_gpu_inventory_info"]
+    assert gpu_labels["vbios_version"] == "96.00.99.00.01"
+    assert gpu_labels["gsp_firmware_version"] == "550.54.15"
+    assert found["gpuagent_gpus_expected"] == [({}, 8.0)]
+    assert found["gpuagent_gpus_seen"] == [({"source": "nvml"}, 1.0), ({"source": "pci"}, 1.0)]
+    assert found["gpuagent_kernel_module_loaded"] == [({"module": "nvidia"}, 1.0)]
+    assert found["gpuagent_service_state"] == [
+        ({"service": "nvidia-persistenced", "state": "active"}, 1.0)
+    ]
+
+
+def test_inventory_metrics_leave_out_what_is_not_known() -> None:
+    host = HostFacts(pci=None)
+    inventory = build_inventory(host, NvmlStatus(ok=False), (), "1.2.3")
+    found = _families(inventory)
+    assert found["gpuagent_gpus_expected"] == []
+    assert found["gpuagent_gpus_seen"] == []
+    assert found["gpuagent_nvswitches_seen"] == []
+    assert _families(None) == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "line"),
+    [
+        ("[inventory]\nrefresh_seconds = 0\n", "inventory.refresh_seconds", 2),
+        ("[inventory.expected]\n\ngpus = -1\n", "inventory.expected.gpus", 3),
+        ("[inventory.expected]\nmodules = 'nvidia'\n", "inventory.expected.modules", 2),
+        ("[inventory]\nlern = true\n", "inventory.lern", 2),
+    ],
+)
+def test_inventory_config_errors_name_key_and_line(text: str, key: str, line: int) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text)
+    assert (info.value.key, info.value.line) == (key, line)
