@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -23,22 +23,9 @@ from gpuagent.aggregator.service import Aggregator
 from gpuagent.config import AggregatorSection
 from gpuagent.fleet import schema
 from gpuagent.fleet.connection import client_options
-from mqtt_broker import Broker, mqtt_broker, pki  # noqa: F401 - fixtures
+from mqtt_broker import Broker
 
 pytestmark = pytest.mark.integration
-
-
-def close_stderr(broker: Broker) -> None:
-    # mosquitto logs to a file; Broker leaves its stderr pipe for the garbage collector to
-    # close, which warns (an error under this suite's filterwarnings).
-    if broker.process is not None and broker.process.stderr is not None:
-        broker.process.stderr.close()
-
-
-@pytest.fixture
-def broker(mqtt_broker: Broker) -> Iterator[Broker]:  # noqa: F811 - the fixture by name
-    yield mqtt_broker
-    close_stderr(mqtt_broker)
 
 
 @asynccontextmanager
@@ -97,9 +84,9 @@ async def api_nodes(agg: Aggregator) -> list[dict[str, Any]]:
 
 
 async def test_a_state_report_is_in_the_api_within_two_seconds(
-    tmp_path: Path, broker: Broker
+    tmp_path: Path, mqtt_broker: Broker
 ) -> None:
-    async with aggregator(tmp_path, broker) as agg, node_client(broker, "n1") as n1:
+    async with aggregator(tmp_path, mqtt_broker) as agg, node_client(mqtt_broker, "n1") as n1:
         await publish(n1, "state", msg.state("n1", health="WARN"))
 
         async def visible() -> bool:
@@ -128,9 +115,9 @@ asyncio.run(main())
 """
 
 
-async def test_the_last_will_marks_a_node_offline(tmp_path: Path, broker: Broker) -> None:
-    conn = broker.connection("n1").__dict__
-    async with aggregator(tmp_path, broker) as agg:
+async def test_the_last_will_marks_a_node_offline(tmp_path: Path, mqtt_broker: Broker) -> None:
+    conn = mqtt_broker.connection("n1").__dict__
+    async with aggregator(tmp_path, mqtt_broker) as agg:
         node = subprocess.Popen(
             [sys.executable, "-c", _WILL_SCRIPT, json.dumps(conn)],
             stdout=subprocess.PIPE,
@@ -141,7 +128,7 @@ async def test_the_last_will_marks_a_node_offline(tmp_path: Path, broker: Broker
             assert (await asyncio.to_thread(node.stdout.readline)).strip() == "up"
             await until(lambda: ("c1", "n1") in agg.state.nodes)
             assert agg.state.nodes[("c1", "n1")].online
-            node.kill()  # no DISCONNECT: the broker publishes the will
+            node.kill()  # no DISCONNECT: the mqtt_broker publishes the will
         finally:
             node.kill()
             node.wait()
@@ -152,8 +139,8 @@ async def test_the_last_will_marks_a_node_offline(tmp_path: Path, broker: Broker
         assert (shown["online"], shown["reason"]) == (False, "connection lost")
 
 
-async def test_duplicates_and_garbage_over_mqtt(tmp_path: Path, broker: Broker) -> None:
-    async with aggregator(tmp_path, broker) as agg, node_client(broker, "n1") as n1:
+async def test_duplicates_and_garbage_over_mqtt(tmp_path: Path, mqtt_broker: Broker) -> None:
+    async with aggregator(tmp_path, mqtt_broker) as agg, node_client(mqtt_broker, "n1") as n1:
         event = msg.event("n1", "n1:boot:7")
         await publish(n1, "events", event)
         await publish(n1, "events", event)
@@ -179,9 +166,9 @@ async def test_duplicates_and_garbage_over_mqtt(tmp_path: Path, broker: Broker) 
         assert await agg.store.count("events") == 2
 
 
-async def test_the_acl_keeps_a_node_to_its_own_topics(tmp_path: Path, broker: Broker) -> None:
-    async with aggregator(tmp_path, broker) as agg, node_client(broker, "n1") as n1:
-        # The broker drops what n1 publishes as n2; the aggregator never sees it.
+async def test_the_acl_keeps_a_node_to_its_own_topics(tmp_path: Path, mqtt_broker: Broker) -> None:
+    async with aggregator(tmp_path, mqtt_broker) as agg, node_client(mqtt_broker, "n1") as n1:
+        # The mqtt_broker drops what n1 publishes as n2; the aggregator never sees it.
         await publish(n1, "state", msg.state("n2"))
         await publish(n1, "state", msg.state("n1"))
         await until(lambda: ("c1", "n1") in agg.state.nodes)
@@ -189,12 +176,12 @@ async def test_the_acl_keeps_a_node_to_its_own_topics(tmp_path: Path, broker: Br
 
 
 async def test_a_share_group_gives_each_message_to_exactly_one_aggregator(
-    tmp_path: Path, broker: Broker
+    tmp_path: Path, mqtt_broker: Broker
 ) -> None:
     async with (
-        aggregator(tmp_path, broker, "a", share_group="fleet") as a,
-        aggregator(tmp_path, broker, "b", share_group="fleet") as b,
-        node_client(broker, "n1") as n1,
+        aggregator(tmp_path, mqtt_broker, "a", share_group="fleet") as a,
+        aggregator(tmp_path, mqtt_broker, "b", share_group="fleet") as b,
+        node_client(mqtt_broker, "n1") as n1,
     ):
         ids = [f"n1:ev:{i}" for i in range(40)]
         for event_id in ids:
@@ -213,14 +200,16 @@ async def test_a_share_group_gives_each_message_to_exactly_one_aggregator(
         assert got_b
 
 
-async def test_the_fleet_cordon_budget_end_to_end(tmp_path: Path, broker: Broker) -> None:
+async def test_the_fleet_cordon_budget_end_to_end(tmp_path: Path, mqtt_broker: Broker) -> None:
     nodes = [f"gpu{i}" for i in range(5)]
-    async with aggregator(tmp_path, broker, max_nodes=2) as agg:
+    async with aggregator(tmp_path, mqtt_broker, max_nodes=2) as agg:
         decisions: dict[str, dict[str, Any]] = {}
         clients = []
         try:
             for node in nodes:
-                client = aiomqtt.Client(**client_options(broker.connection(node), client_id=node))
+                client = aiomqtt.Client(
+                    **client_options(mqtt_broker.connection(node), client_id=node)
+                )
                 await client.__aenter__()
                 clients.append(client)
                 await client.subscribe(msg.topic(node, "cmd"), qos=1)
@@ -254,12 +243,52 @@ async def test_the_fleet_cordon_budget_end_to_end(tmp_path: Path, broker: Broker
 
 
 async def test_the_aggregator_reconnects_after_a_broker_outage(
-    tmp_path: Path, broker: Broker
+    tmp_path: Path, mqtt_broker: Broker
 ) -> None:
-    async with aggregator(tmp_path, broker) as agg:
-        close_stderr(broker)
-        await asyncio.to_thread(broker.restart)
+    async with aggregator(tmp_path, mqtt_broker) as agg:
+        await asyncio.to_thread(mqtt_broker.restart)
         await until(lambda: agg.state.connected, timeout=10)
-        async with node_client(broker, "n1") as n1:
+        async with node_client(mqtt_broker, "n1") as n1:
             await publish(n1, "state", msg.state("n1"))
             await until(lambda: ("c1", "n1") in agg.state.nodes)
+
+
+async def test_the_real_agent_reports_to_the_aggregator(
+    tmp_path: Path, mqtt_broker: Broker, run_daemon: Callable[..., Any]
+) -> None:
+    """The agent's own reporter (simulated 8-GPU node, TLS, its own certificate) and the
+    aggregator agree on the schema: the node, its GPUs and fingerprint, a fault, a
+    command and its reply, and the Last Will."""
+    cert, key = mqtt_broker.pki.client("e2e-node")
+    reporter = (
+        "[outputs.mqtt]\nenabled = true\n"
+        f'[outputs.mqtt.broker]\nhost = "127.0.0.1"\nport = {mqtt_broker.tls_port}\n'
+        f'ca_file = "{mqtt_broker.pki.ca_file}"\ncert_file = "{cert}"\nkey_file = "{key}"\n'
+        "reconnect_min_seconds = 0.2\nreconnect_max_seconds = 1.0\n"
+    )
+    scenario = '[node]\ngpus = 8\nmodel = "NVIDIA H100 80GB HBM3"\n'
+    async with aggregator(tmp_path, mqtt_broker) as agg:
+        daemon = await asyncio.to_thread(
+            run_daemon, scenario, config_extra=reporter, node_name="e2e-node"
+        )
+        key_ = ("default", "e2e-node")
+        await until(lambda: key_ in agg.state.nodes, timeout=10)
+        (node,) = await api_nodes(agg)
+        assert (node["name"], node["online"], len(node["gpus"])) == ("e2e-node", True, 8)
+        assert node["fingerprint_id"] != "unknown"
+        await asyncio.to_thread(daemon.inject, "ecc_dbe", 3, count=1)
+        await until(lambda: agg.state.nodes[key_].health == "CRITICAL", timeout=10)
+        await until(lambda: agg.state.counters.events["finding"] >= 1, timeout=10)
+        async with aiohttp.ClientSession() as session:
+            url = f"http://{agg.config.listen}/api/v1/nodes/e2e-node/commands"
+            async with session.post(url, json={"command": "refresh"}) as response:
+                assert response.status == 202
+                command_id = (await response.json())["id"]
+        await until(
+            lambda: any(r["command_id"] == command_id for r in agg.state.replies.get(key_, ())),
+            timeout=10,
+        )
+        daemon.kill()
+        await until(lambda: not agg.state.nodes[key_].online, timeout=10)
+        assert agg.state.nodes[key_].reason == "connection lost"
+        assert agg.state.counters.rejected == {}
