@@ -1,0 +1,98 @@
+"""`gpuagent-aggregator`: run the fleet aggregator, or check its configuration."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from gpuagent import __version__
+from gpuagent.config import AggregatorSection, ConfigError, load_config
+
+DEFAULT_CONFIG = Path("/etc/gpuagent/aggregator.toml")
+EXIT_CONFIG_ERROR = 2
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    print(f"gpuagent-aggregator: {message}", file=sys.stderr)  # noqa: T201 - a CLI
+    sys.exit(code)
+
+
+def _load(path: Path) -> AggregatorSection:
+    # The same loader and file format as the agent's; only [aggregator] is read.
+    try:
+        return load_config(path).aggregator
+    except ConfigError as exc:
+        _fail(f"invalid configuration {path}: {exc}", EXIT_CONFIG_ERROR)
+
+
+async def _serve(config: AggregatorSection) -> None:
+    from gpuagent.aggregator.service import run  # noqa: PLC0415 - aiohttp only when running
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await run(config, stop)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    from gpuagent import logs  # noqa: PLC0415
+
+    logs.setup(args.log_level, args.log_format)
+    # The store writes on a thread; hand the GIL back to the event loop quickly, so
+    # message handling does not queue behind a batch of inserts (default: 5 ms).
+    sys.setswitchinterval(0.0005)
+    try:
+        asyncio.run(_serve(config))
+    except OSError as exc:  # e.g. the listen address is taken, the database unwritable
+        _fail(str(exc))
+    return 0
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    config = _load(args.file)
+    broker = config.broker
+    print(  # noqa: T201 - a CLI
+        f"{args.file}: valid (listen {config.listen}, broker {broker.host}:{broker.port}, "
+        f"database {config.database})"
+    )
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuagent-aggregator", description="gpuagent fleet aggregator"
+    )
+    parser.add_argument("--version", action="version", version=f"gpuagent {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = commands.add_parser("run", help="run the aggregator", description="run the aggregator")
+    run.add_argument(
+        "--config",
+        type=Path,
+        default=DEFAULT_CONFIG,
+        help=f"configuration (default {DEFAULT_CONFIG})",
+    )
+    run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    run.add_argument("--log-format", default="text", choices=["text", "json"])
+    run.set_defaults(func=cmd_run)
+    config = commands.add_parser("config", help="configuration tools")
+    config_commands = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    check = config_commands.add_parser("check", help="validate a configuration file")
+    check.add_argument("file", type=Path)
+    check.set_defaults(func=cmd_config_check)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

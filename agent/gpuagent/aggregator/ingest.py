@@ -1,0 +1,208 @@
+"""One MQTT message in: checked, de-duplicated, applied to the fleet state and queued for
+the store; what must go back to the node (a cordon decision) is returned, not sent, so
+this stays free of MQTT and easy to test.
+
+Anything a node could get wrong is rejected and counted by reason, never raised: a
+broken or hostile node must not be able to stop the aggregator.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from gpuagent.aggregator.budget import CordonBudget
+from gpuagent.aggregator.records import from_online_state, with_offline
+from gpuagent.aggregator.state import FleetState
+from gpuagent.aggregator.store import CordonRow, FleetStore
+from gpuagent.fleet import schema
+from gpuagent.fleet.topics import NodeTopics, ParsedTopic, TopicError, parse_topic
+
+log = logging.getLogger(__name__)
+audit = logging.getLogger("gpuagent.aggregator.audit")
+
+# Which message types each node channel may carry.
+CHANNEL_TYPES: Final[dict[str, frozenset[str]]] = {
+    "state": frozenset({"state"}),
+    "events": frozenset({"event"}),
+    "actions": frozenset({"action", "cordon_request"}),
+    "replies": frozenset({"reply"}),
+}
+# Decisions remembered to answer a re-sent cordon request the same way.
+_DECISIONS_KEPT = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    topic: str
+    payload: bytes
+
+
+class Ingest:
+    def __init__(
+        self,
+        state: FleetState,
+        store: FleetStore,
+        budget: CordonBudget,
+        prefix: str,
+        *,
+        stale_after: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.state = state
+        self.store = store
+        self.budget = budget
+        self.prefix = prefix
+        self.stale_after = stale_after
+        self.clock = clock
+        self._logged_reasons: set[str] = set()
+        self._decisions: OrderedDict[str, bytes] = OrderedDict()
+
+    def reject(self, reason: schema.RejectReason, topic: str, detail: str) -> None:
+        self.state.counters.rejected[reason] += 1
+        # Once per reason: a misbehaving node repeats itself thousands of times.
+        if reason not in self._logged_reasons:
+            self._logged_reasons.add(reason)
+            log.warning(
+                "rejected a message on %s (%s): %s; further %r rejections are only counted "
+                "(gpuagent_fleet_messages_rejected_total)",
+                topic,
+                reason,
+                detail,
+                reason,
+            )
+
+    def _check(self, topic: str, payload: bytes) -> tuple[ParsedTopic, dict[str, Any]] | None:
+        try:
+            where = parse_topic(self.prefix, topic)
+        except TopicError as exc:
+            self.reject("invalid", topic, str(exc))
+            return None
+        try:
+            message = schema.decode(payload)
+        except schema.PayloadError as exc:
+            self.reject(exc.reason, topic, exc.detail)
+            return None
+        if message["node"] != where.node or message["cluster"] != where.cluster:
+            self.reject(
+                "foreign",
+                topic,
+                f"envelope names {message['cluster']}/{message['node']}, "
+                f"topic {where.cluster}/{where.node}",
+            )
+            return None
+        if message["type"] not in CHANNEL_TYPES.get(where.channel, frozenset()):
+            self.reject("invalid", topic, f"type {message['type']!r} on {where.channel!r}")
+            return None
+        return where, message
+
+    def handle(self, topic: str, payload: bytes) -> list[Outgoing]:
+        checked = self._check(topic, payload)
+        if checked is None:
+            return []
+        _, message = checked
+        kind: str = message["type"]
+        counters = self.state.counters
+        counters.received[kind] += 1
+        # State reports are not de-duplicated by id: they are idempotent, ordered by time
+        # instead, and their ids repeat by design ("<node>:offline" each time the node goes
+        # away; sequence numbers start over when an agent restarts).
+        if kind != "state" and self.state.seen.seen(message["id"]):
+            counters.duplicates[kind] += 1
+            # The node did not get our answer (or re-sent before it came): same answer.
+            previous = self._decisions.get(message["id"])
+            if previous is not None:
+                return [Outgoing(self._cmd_topic(message), previous)]
+            return []
+        raw = _text(payload, message)
+        if kind == "state":
+            self._state(message, raw)
+        elif kind == "event":
+            counters.events[message["category"]] += 1
+            self.store.queue_event(message, raw)
+        elif kind == "action":
+            self.store.queue_action(message, raw)
+        elif kind == "reply":
+            self.state.add_reply(message["cluster"], message["node"], message)
+            self.store.queue_reply(message, raw)
+        elif kind == "cordon_request":
+            return [self._cordon(message)]
+        return []
+
+    def _state(self, message: dict[str, Any], raw: str) -> None:
+        now = self.clock()
+        key = (message["cluster"], message["node"])
+        previous = self.state.nodes.get(key)
+        if message["online"]:
+            record = from_online_state(message, raw, now)
+            # A late copy of an older report (a retained message re-read, a redelivery)
+            # must not roll the node back, nor bring an offline node back online.
+            if previous is not None and (
+                record.last_seen < previous.last_seen
+                or (not previous.online and record.last_seen <= previous.last_seen)
+            ):
+                return
+        else:
+            record = with_offline(message, previous, now)
+        self.state.put(record)
+        self.store.queue_node(record, stale=record.is_stale(now, self.stale_after))
+
+    def _cmd_topic(self, message: dict[str, Any]) -> str:
+        return NodeTopics(self.prefix, message["cluster"], message["node"]).topic("cmd")
+
+    def _cordon(self, message: dict[str, Any]) -> Outgoing:
+        now = self.clock()
+        cluster, node, action = message["cluster"], message["node"], message["action"]
+        known = self.state.cluster_size(cluster) + (0 if (cluster, node) in self.state.nodes else 1)
+        result = self.budget.decide(cluster, node, action, known, now)
+        row = CordonRow(
+            request_id=message["id"],
+            cluster=cluster,
+            node=node,
+            action=action,
+            decision=result.decision,
+            time=now,
+            reason=result.reason,
+            retry_after_seconds=result.retry_after_seconds,
+        )
+        self.store.queue_cordon(row)
+        self.state.counters.decisions[(cluster, result.decision)] += 1
+        audit.info(
+            "cordon decision: cluster=%s node=%s action=%s request=%s decision=%s reason=%s%s",
+            cluster,
+            node,
+            action,
+            message["id"],
+            result.decision,
+            result.reason,
+            ""
+            if result.retry_after_seconds is None
+            else f" retry_after={result.retry_after_seconds:.0f}s",
+        )
+        payload = schema.encode(
+            schema.cordon_decision_message(
+                node,
+                cluster,
+                message["id"],
+                decision=result.decision,
+                reason=result.reason,
+                retry_after_seconds=result.retry_after_seconds,
+            )
+        )
+        self._decisions[message["id"]] = payload
+        if len(self._decisions) > _DECISIONS_KEPT:
+            self._decisions.popitem(last=False)
+        return Outgoing(self._cmd_topic(message), payload)
+
+
+def _text(payload: bytes, message: dict[str, Any]) -> str:
+    """The payload as text to store; JSON in another encoding than UTF-8 is re-encoded."""
+    try:
+        return payload.decode()
+    except UnicodeDecodeError:
+        return json.dumps(message)

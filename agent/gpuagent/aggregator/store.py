@@ -1,0 +1,332 @@
+"""Fleet state in SQLite (WAL), written behind the in-memory state in batches.
+
+Handling a message only queues rows; a writer task commits everything queued in one
+transaction every `FLUSH_INTERVAL_SECONDS`, so thousands of messages a second cost a few
+transactions, not thousands. The node table is coalesced (only a node's latest record is
+written). All SQLite work runs on one worker thread, off the event loop. Message ids are
+primary keys, so a duplicate that slipped past the in-memory window is still stored once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import sqlite3
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gpuagent.aggregator.records import NodeRecord, from_online_state
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+FLUSH_INTERVAL_SECONDS = 0.05
+PRUNE_INTERVAL_SECONDS = 10.0
+
+_UPSERT_NODE = """
+INSERT INTO nodes (cluster, node, online, health, reason, last_seen, agent_version,
+                   fingerprint_id, stale, document)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (cluster, node) DO UPDATE SET
+    online = excluded.online, health = excluded.health, reason = excluded.reason,
+    last_seen = excluded.last_seen, agent_version = excluded.agent_version,
+    fingerprint_id = excluded.fingerprint_id, stale = excluded.stale,
+    document = excluded.document
+"""
+_INSERT = {
+    "events": "INSERT INTO events (id, cluster, node, time, category, body) "
+    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+    "actions": "INSERT INTO actions (id, cluster, node, time, body) "
+    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+    "cordons": "INSERT INTO cordons (request_id, cluster, node, action, decision, time, reason, "
+    "retry_after_seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (request_id) DO NOTHING",
+    "replies": "INSERT INTO replies (id, cluster, node, time, body) "
+    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+    "commands": "INSERT INTO commands (id, cluster, node, time, command, body) "
+    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class CordonRow:
+    request_id: str
+    cluster: str
+    node: str
+    action: str
+    decision: str
+    time: float
+    reason: str
+    retry_after_seconds: float | None
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "cluster": self.cluster,
+            "node": self.node,
+            "action": self.action,
+            "decision": self.decision,
+            "time": self.time,
+            "reason": self.reason,
+            "retry_after_seconds": self.retry_after_seconds,
+        }
+
+
+@dataclass
+class _Pending:
+    nodes: dict[tuple[str, str], tuple[NodeRecord, bool]] = field(default_factory=dict)
+    rows: dict[str, list[tuple[Any, ...]]] = field(
+        default_factory=lambda: {table: [] for table in _INSERT}
+    )
+
+    def __len__(self) -> int:
+        return len(self.nodes) + sum(len(r) for r in self.rows.values())
+
+
+class FleetStore:
+    def __init__(self, path: Path, *, retention_seconds: float, max_events: int) -> None:
+        self.path = path
+        self.retention_seconds = retention_seconds
+        self.max_events = max_events
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleet-store")
+        self._db: sqlite3.Connection | None = None
+        self._pending = _Pending()
+        self.write_errors = 0
+
+    # --- life cycle (all SQLite calls run on the store's one thread) ------------------
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise RuntimeError("store is not open")
+        return self._db
+
+    def _open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        # WAL with synchronous=NORMAL: a power cut can lose the last batches, never
+        # corrupt the file; node reports are re-sent every state interval anyway.
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(resources.files("gpuagent.aggregator").joinpath("schema.sql").read_text())
+        self._db = db
+
+    async def open(self) -> None:
+        await self._call(self._open)
+
+    async def close(self) -> None:
+        await self.flush()
+        await self._call(self._close)
+        self._executor.shutdown(wait=True)
+
+    def _close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    # --- queueing (event loop, no I/O) ---------------------------------------------------
+
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def queue_node(self, record: NodeRecord, *, stale: bool) -> None:
+        self._pending.nodes[record.key] = (record, stale)
+
+    def queue_event(self, message: dict[str, Any], raw: str) -> None:
+        self._pending.rows["events"].append(
+            (
+                message["id"],
+                message["cluster"],
+                message["node"],
+                float(message["time"]),
+                message["category"],
+                raw,
+            )
+        )
+
+    def queue_action(self, message: dict[str, Any], raw: str) -> None:
+        row = (message["id"], message["cluster"], message["node"], float(message["time"]), raw)
+        self._pending.rows["actions"].append(row)
+
+    def queue_reply(self, message: dict[str, Any], raw: str) -> None:
+        row = (message["id"], message["cluster"], message["node"], float(message["time"]), raw)
+        self._pending.rows["replies"].append(row)
+
+    def queue_command(self, message: dict[str, Any]) -> None:
+        row = (
+            message["id"],
+            message["cluster"],
+            message["node"],
+            float(message["time"]),
+            message["command"],
+            json.dumps(message),
+        )
+        self._pending.rows["commands"].append(row)
+
+    def queue_cordon(self, row: CordonRow) -> None:
+        self._pending.rows["cordons"].append(
+            (
+                row.request_id,
+                row.cluster,
+                row.node,
+                row.action,
+                row.decision,
+                row.time,
+                row.reason,
+                row.retry_after_seconds,
+            )
+        )
+
+    # --- writing --------------------------------------------------------------------------
+
+    async def flush(self) -> None:
+        if not self._pending:
+            return
+        batch, self._pending = self._pending, _Pending()
+        try:
+            await self._call(self._write, batch)
+        except sqlite3.Error as exc:
+            # Memory stays right; the next report of each node rewrites it. Counted.
+            self.write_errors += 1
+            log.error(  # noqa: TRY400 - no traceback needed
+                "fleet store: writing %d rows failed: %s", len(batch), exc
+            )
+
+    def _write(self, batch: _Pending) -> None:
+        db = self._conn()
+        db.execute("BEGIN")
+        try:
+            if batch.nodes:
+                db.executemany(
+                    _UPSERT_NODE,
+                    [
+                        (
+                            r.cluster,
+                            r.node,
+                            r.online,
+                            r.health,
+                            r.reason,
+                            r.last_seen,
+                            r.agent_version,
+                            r.fingerprint_id,
+                            stale,
+                            r.document,
+                        )
+                        for r, stale in batch.nodes.values()
+                    ],
+                )
+            for table, rows in batch.rows.items():
+                if rows:
+                    db.executemany(_INSERT[table], rows)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    async def run_writer(self, stop: asyncio.Event) -> None:
+        """Flush every FLUSH_INTERVAL_SECONDS, prune every PRUNE_INTERVAL_SECONDS."""
+        loop = asyncio.get_running_loop()
+        next_prune = loop.time() + PRUNE_INTERVAL_SECONDS
+        while not stop.is_set():
+            await self.flush()
+            if loop.time() >= next_prune:
+                next_prune = loop.time() + PRUNE_INTERVAL_SECONDS
+                await self.prune(time.time())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), FLUSH_INTERVAL_SECONDS)
+
+    async def prune(self, now: float) -> int:
+        return await self._call(self._prune, now)
+
+    def _prune(self, now: float) -> int:
+        db = self._conn()
+        removed = db.execute(
+            "DELETE FROM events WHERE time < ?", (now - self.retention_seconds,)
+        ).rowcount
+        removed += db.execute(
+            "DELETE FROM events WHERE time < "
+            "(SELECT time FROM events ORDER BY time DESC LIMIT 1 OFFSET ?)",
+            (self.max_events - 1,),
+        ).rowcount
+        return int(removed)
+
+    # --- reading ------------------------------------------------------------------------
+
+    async def events(
+        self, *, node: str | None, since: float | None, limit: int
+    ) -> list[dict[str, Any]]:
+        where, args = _filters(node=node, since=since)
+        sql = f"SELECT body FROM events{where} ORDER BY time DESC LIMIT ?"  # noqa: S608 - fixed text
+        return await self._call(self._bodies, sql, (*args, limit))
+
+    async def actions(self, *, node: str | None, limit: int) -> list[dict[str, Any]]:
+        where, args = _filters(node=node, since=None)
+        sql = f"SELECT body FROM actions{where} ORDER BY time DESC LIMIT ?"  # noqa: S608 - fixed text
+        return await self._call(self._bodies, sql, (*args, limit))
+
+    def _bodies(self, sql: str, args: tuple[Any, ...]) -> list[dict[str, Any]]:
+        return [json.loads(body) for (body,) in self._conn().execute(sql, args)]
+
+    async def cordons(self, *, since: float | None = None, limit: int = 1000) -> list[CordonRow]:
+        return await self._call(self._cordons, since, limit)
+
+    def _cordons(self, since: float | None, limit: int) -> list[CordonRow]:
+        rows = self._conn().execute(
+            "SELECT request_id, cluster, node, action, decision, time, reason, "
+            "retry_after_seconds FROM cordons WHERE time >= ? ORDER BY time DESC LIMIT ?",
+            (since if since is not None else float("-inf"), limit),
+        )
+        return [CordonRow(*row) for row in rows]
+
+    async def count(self, table: str) -> int:
+        if table not in _INSERT and table != "nodes":
+            raise ValueError(table)
+        return await self._call(self._count, table)
+
+    def _count(self, table: str) -> int:
+        (count,) = self._conn().execute(f"SELECT COUNT(*) FROM {table}").fetchone()  # noqa: S608
+        return int(count)
+
+    async def load_nodes(self) -> list[NodeRecord]:
+        """The node table as last written, for a restart."""
+        return await self._call(self._load_nodes)
+
+    def _load_nodes(self) -> list[NodeRecord]:
+        records = []
+        rows = self._conn().execute(
+            "SELECT cluster, node, online, health, reason, last_seen, agent_version, document "
+            "FROM nodes"
+        )
+        for cluster, node, online, health, reason, last_seen, version, document in rows:
+            base = NodeRecord(cluster, node, bool(online), health, reason, last_seen, version)
+            if document:
+                try:
+                    parsed = from_online_state(json.loads(document), document, last_seen)
+                except (ValueError, KeyError, TypeError):
+                    parsed = base
+                base = dataclasses.replace(
+                    parsed, online=bool(online), health=health, reason=reason, last_seen=last_seen
+                )
+            records.append(base)
+        return records
+
+
+def _filters(*, node: str | None, since: float | None) -> tuple[str, tuple[Any, ...]]:
+    clauses: list[str] = []
+    args: list[Any] = []
+    if node is not None:
+        clauses.append("node = ?")
+        args.append(node)
+    if since is not None:
+        clauses.append("time >= ?")
+        args.append(since)
+    return (" WHERE " + " AND ".join(clauses) if clauses else ""), tuple(args)

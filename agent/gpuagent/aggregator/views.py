@@ -1,0 +1,53 @@
+"""JSON views of the fleet state for the API and the page."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuagent.aggregator.records import NodeRecord, status_of
+from gpuagent.aggregator.state import FleetState
+
+# Worst first, for sorting the page: unhealthy, then unknown, then healthy.
+_HEALTH_RANK = {"CRITICAL": 0, "WARN": 1, "UNKNOWN": 2, "OK": 3}
+
+
+def node_json(record: NodeRecord, now: float, stale_after: float) -> dict[str, Any]:
+    return {
+        "name": record.node,
+        "cluster": record.cluster,
+        "health": record.health,
+        "online": record.online,
+        "stale": record.is_stale(now, stale_after),
+        "reason": record.reason,
+        "last_seen": record.last_seen,
+        "agent_version": record.agent_version,
+        "fingerprint_id": record.fingerprint_id,
+        "findings": list(record.findings),
+        "gpus": [g.json() for g in record.gpus],
+    }
+
+
+def node_detail(
+    state: FleetState, record: NodeRecord, now: float, stale_after: float
+) -> dict[str, Any]:
+    doc = node_json(record, now, stale_after)
+    doc["fingerprint"] = dict(record.fingerprint)
+    doc["replies"] = list(reversed(state.replies.get(record.key, ())))
+    doc["status"] = status_of(record)
+    return doc
+
+
+def sort_key(record: NodeRecord, now: float, stale_after: float) -> tuple[int, int, str, str]:
+    """Unhealthy online nodes first, then offline or stale ones, then the rest."""
+    if not record.online or record.is_stale(now, stale_after):
+        group = 1
+    elif record.health in ("CRITICAL", "WARN"):
+        group = 0
+    else:
+        group = 2
+    return (group, _HEALTH_RANK.get(record.health, 2), record.cluster, record.node)
+
+
+def nodes_json(state: FleetState, now: float, stale_after: float) -> list[dict[str, Any]]:
+    records = sorted(state.nodes.values(), key=lambda r: sort_key(r, now, stale_after))
+    return [node_json(r, now, stale_after) for r in records]

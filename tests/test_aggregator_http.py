@@ -1,0 +1,294 @@
+"""The aggregator's HTTP side on a real port: API, errors, commands, drift, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import aggregator_support as msg
+from conftest import REPO, free_port
+from gpuagent.aggregator.service import Aggregator
+from gpuagent.fleet import schema
+
+
+class Published:
+    def __init__(self) -> None:
+        self.messages: list[tuple[str, bytes, int]] = []
+
+    async def publish(self, topic: str, payload: bytes, qos: int) -> None:
+        self.messages.append((topic, payload, qos))
+
+
+class Rig:
+    def __init__(self, agg: Aggregator, session: aiohttp.ClientSession, base: str) -> None:
+        self.agg = agg
+        self.session = session
+        self.base = base
+
+    def send(self, channel: str, message: dict[str, Any]) -> None:
+        self.agg.ingest.handle(
+            msg.topic(message["node"], channel, message["cluster"]), schema.encode(message)
+        )
+
+    async def get(self, path: str) -> tuple[int, Any]:
+        async with self.session.get(self.base + path) as response:
+            if response.content_type == "application/json":
+                return response.status, await response.json()
+            return response.status, await response.text()
+
+    async def post(self, path: str, body: object) -> tuple[int, Any]:
+        async with self.session.post(self.base + path, json=body) as response:
+            return response.status, await response.json()
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    port = free_port()
+    agg = Aggregator(msg.config(tmp_path, port=port, stale_after_seconds=60.0))
+    await agg.start()
+    async with aiohttp.ClientSession() as session:
+        yield Rig(agg, session, f"http://127.0.0.1:{port}")
+    await agg.close()
+
+
+async def test_nodes_lists_unhealthy_first_with_gpus(rig: Rig) -> None:
+    rig.send("state", msg.state("healthy"))
+    bad_gpu = msg.gpu_doc(3, "CRITICAL", [msg.finding("ecc", "CRITICAL", "DBE")])
+    rig.send("state", msg.state("sick", health="CRITICAL", gpus=[msg.gpu_doc(0), bad_gpu]))
+    rig.send("state", msg.state("gone"))
+    rig.send("state", msg.offline("gone"))
+    status, body = await rig.get("/api/v1/nodes")
+    assert status == 200
+    assert [n["name"] for n in body["nodes"]] == ["sick", "gone", "healthy"]
+    sick = body["nodes"][0]
+    assert sick["cluster"] == "c1"
+    assert (sick["online"], sick["stale"], sick["agent_version"]) == (True, False, "0.1.0")
+    assert sick["gpus"][1] == {
+        "index": 3,
+        "pci_bus_id": "0000:1b:00.0",
+        "model": "NVIDIA H100 80GB HBM3",
+        "health": "CRITICAL",
+        "findings": [msg.finding("ecc", "CRITICAL", "DBE")],
+    }
+    assert body["nodes"][1]["reason"] == "connection lost"
+
+
+async def test_a_silent_node_turns_stale(rig: Rig) -> None:
+    rig.send("state", msg.state("n1", when=rig.agg.clock() - 61))
+    _, body = await rig.get("/api/v1/nodes")
+    assert body["nodes"][0]["stale"] is True
+
+
+async def test_one_node_with_status_replies_and_404(rig: Rig) -> None:
+    rig.send("state", msg.state("n1"))
+    rig.send("replies", msg.reply("n1", "cmd-1"))
+    status, body = await rig.get("/api/v1/nodes/n1")
+    assert status == 200
+    assert body["status"]["node"]["name"] == "n1"
+    assert [r["command_id"] for r in body["replies"]] == ["cmd-1"]
+    status, body = await rig.get("/api/v1/nodes/nope")
+    assert (status, body) == (404, {"error": "unknown node 'nope'"})
+
+
+async def test_a_name_in_two_clusters_needs_cluster(rig: Rig) -> None:
+    rig.send("state", msg.state("n1", cluster="a", health="WARN"))
+    rig.send("state", msg.state("n1", cluster="b"))
+    status, body = await rig.get("/api/v1/nodes/n1")
+    assert status == 400
+    assert "?cluster=" in body["error"]
+    status, body = await rig.get("/api/v1/nodes/n1?cluster=a")
+    assert (status, body["health"]) == (200, "WARN")
+
+
+async def test_events_actions_and_cordons(rig: Rig) -> None:
+    now = rig.agg.clock()
+    rig.send("events", msg.event("n1", when=now - 100))
+    rig.send("events", msg.event("n1", when=now))
+    rig.send("events", msg.event("n2", when=now))
+    action = schema.envelope("action", "n1:audit:1", "n1", "c1")
+    action["record"] = {"action": "cordon", "result": "started"}
+    rig.send("actions", action)
+    rig.send("actions", msg.cordon_request("n1"))
+    await rig.agg.store.flush()
+    _, body = await rig.get(f"/api/v1/events?node=n1&since={now - 10}&limit=5")
+    assert [(e["node"], e["time"]) for e in body["events"]] == [("n1", now)]
+    _, body = await rig.get("/api/v1/events?limit=2")
+    assert len(body["events"]) == 2
+    _, body = await rig.get("/api/v1/actions?node=n1")
+    assert [a["record"]["action"] for a in body["actions"]] == ["cordon"]
+    _, body = await rig.get("/api/v1/cordons")
+    assert [(c["node"], c["decision"]) for c in body["cordons"]] == [("n1", "approved")]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/v1/events?limit=abc",
+        "/api/v1/events?limit=0",
+        "/api/v1/events?since=yesterday",
+        "/api/v1/events?since=nan",
+        "/api/v1/events?node=a/b",
+        "/api/v1/actions?limit=99999999",
+        "/api/v1/cordons?since=x",
+        "/api/v1/nodes/n1?cluster=%23",
+    ],
+)
+async def test_bad_query_parameters_are_400_and_counted(rig: Rig, path: str) -> None:
+    status, body = await rig.get(path)
+    assert status == 400
+    assert body["error"]
+    assert sum(rig.agg.state.counters.bad_requests.values()) == 1
+
+
+async def test_commands_go_out_only_if_allowlisted(rig: Rig) -> None:
+    rig.send("state", msg.state("n1"))
+    status, body = await rig.post("/api/v1/nodes/n1/commands", {"command": "refresh"})
+    assert status == 503  # no broker connection
+    fake = Published()
+    rig.agg.consumer._client = fake  # type: ignore[assignment]
+    status, body = await rig.post(
+        "/api/v1/nodes/n1/commands", {"command": "run_checks", "args": {"checks": ["xid"]}}
+    )
+    assert status == 202
+    ((topic, payload, qos),) = fake.messages
+    sent = schema.decode(payload)
+    assert (topic, qos) == (msg.topic("n1", "cmd"), 1)
+    assert (sent["type"], sent["command"], sent["args"]) == (
+        "command",
+        "run_checks",
+        {"checks": ["xid"]},
+    )
+    assert body["id"] == sent["id"]
+    for bad in ({"command": "rm -rf /"}, {"command": "refresh", "args": [1]}, [1]):
+        status, body = await rig.post("/api/v1/nodes/n1/commands", bad)
+        assert status == 400, bad
+    assert len(fake.messages) == 1
+    assert rig.agg.state.counters.bad_requests["commands"] == 3
+    status, _ = await rig.post("/api/v1/nodes/n9/commands", {"command": "refresh"})
+    assert status == 404
+    await rig.agg.store.flush()
+    assert await rig.agg.store.count("commands") == 1
+
+
+async def test_drift_flags_nodes_off_the_majority_fingerprint(rig: Rig) -> None:
+    good = {"driver": "550.54", "kernel": "6.1", "vbios": "96.00"}
+    odd = {**good, "driver": "535.104"}
+    for i in range(3):
+        rig.send("state", msg.state(f"n{i}", fingerprint=good))
+    rig.send("state", msg.state("n3", fingerprint=odd))
+    rig.send("state", msg.state("n4"))  # an agent that reports no fingerprint
+    rig.send("state", msg.state("x1", cluster="other", fingerprint=odd))
+    _, body = await rig.get("/api/v1/drift")
+    c1, other = body["clusters"]
+    assert c1["majority"] == "fp-550.54-6.1-96.00"
+    assert [(f["fingerprint_id"], f["nodes"], f["majority"]) for f in c1["fingerprints"]] == [
+        ("fp-550.54-6.1-96.00", 3, True),
+        ("fp-535.104-6.1-96.00", 1, False),
+    ]
+    assert c1["fingerprints"][0]["fields"] == good
+    assert c1["drifted_nodes"] == [
+        {
+            "node": "n3",
+            "fingerprint_id": "fp-535.104-6.1-96.00",
+            "differs": {"driver": {"majority": "550.54", "node": "535.104"}},
+        }
+    ]
+    assert c1["unknown_nodes"] == ["n4"]
+    assert (other["cluster"], other["drifted_nodes"]) == ("other", [])
+
+
+async def test_metrics(rig: Rig) -> None:
+    rig.send("state", msg.state("n1", fingerprint={"driver": "1"}))
+    rig.send("state", msg.state("n2", health="CRITICAL"))
+    rig.send("state", msg.state("n3"))
+    rig.send("state", msg.offline("n3"))
+    rig.send("events", msg.event("n1"))
+    rig.agg.ingest.handle(msg.topic("n1", "events"), b"{")
+    rig.send("actions", msg.cordon_request("n1"))
+    rig.send("actions", msg.cordon_request("n2"))
+    await rig.get("/api/v1/events?limit=x")
+    _, text = await rig.get("/metrics")
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+    def value(name: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    assert value("gpuagent_fleet_nodes", cluster="c1", health="OK") == 2
+    assert value("gpuagent_fleet_nodes", cluster="c1", health="CRITICAL") == 1
+    assert value("gpuagent_fleet_nodes_by_state", cluster="c1", state="online") == 2
+    assert value("gpuagent_fleet_nodes_by_state", cluster="c1", state="offline") == 1
+    assert value("gpuagent_fleet_events_received_total", category="kernel") == 1
+    assert value("gpuagent_fleet_messages_received_total", type="state") == 4
+    assert value("gpuagent_fleet_messages_rejected_total", reason="malformed") == 1
+    assert value("gpuagent_fleet_cordon_decisions_total", cluster="c1", decision="approved") == 2
+    assert value("gpuagent_fleet_cordon_budget_remaining", cluster="c1") == 0
+    assert value("gpuagent_fleet_fingerprint_nodes", cluster="c1", fingerprint="fp-1") == 1
+    assert value("gpuagent_fleet_fingerprint_nodes", cluster="c1", fingerprint="unknown") == 2
+    assert value("gpuagent_fleet_api_bad_requests_total", endpoint="events") == 1
+    assert value("gpuagent_fleet_mqtt_connected") == 0
+    documented = (REPO / "docs" / "metrics.md").read_text()
+    families = {f.name for f in text_string_to_metric_families(text)}
+    assert {
+        f for f in families if f"`{f}`" not in documented and f"`{f}_total`" not in documented
+    } == set()
+
+
+async def test_the_page_is_self_contained(rig: Rig) -> None:
+    status, text = await rig.get("/")
+    assert status == 200
+    assert "<h2>Drift</h2>" in text
+    assert "http://" not in text
+    assert "https://" not in text
+    assert "<link" not in text
+    assert "src=" not in text
+
+
+async def test_close_is_bounded(tmp_path: Path) -> None:
+    agg = Aggregator(msg.config(tmp_path, port=free_port()))
+    await agg.start()
+    agg.ingest.handle(msg.topic("n1", "state"), schema.encode(msg.state("n1")))
+    started = asyncio.get_running_loop().time()
+    await agg.close()
+    assert asyncio.get_running_loop().time() - started < 3
+    again = Aggregator(msg.config(tmp_path, port=free_port()))
+    await again.start()
+    assert list(again.state.nodes) == [("c1", "n1")]  # written on the way out
+    await again.close()
+
+
+async def test_a_restart_does_not_reopen_a_spent_budget(tmp_path: Path) -> None:
+    config = msg.config(tmp_path, port=free_port(), max_nodes=1)
+    agg = Aggregator(config)
+    await agg.start()
+    for node in ("n1", "n2"):
+        agg.ingest.handle(msg.topic(node, "state"), schema.encode(msg.state(node)))
+    agg.ingest.handle(msg.topic("n1", "actions"), schema.encode(msg.cordon_request("n1")))
+    await agg.close()
+    again = Aggregator(config)
+    await again.start()
+    try:
+        assert again.budget.remaining("c1", 2, again.clock()) == 0
+        (answer,) = again.ingest.handle(
+            msg.topic("n2", "actions"), schema.encode(msg.cordon_request("n2"))
+        )
+        assert schema.decode(answer.payload)["decision"] == "denied"
+        uncordon = msg.cordon_request("n1", action="uncordon")
+        again.ingest.handle(msg.topic("n1", "actions"), schema.encode(uncordon))
+    finally:
+        await again.close()
+    third = Aggregator(config)
+    await third.start()
+    try:
+        assert third.budget.remaining("c1", 2, third.clock()) == 1  # the uncordon released it
+    finally:
+        await third.close()

@@ -1,0 +1,294 @@
+"""The aggregator against a real mosquitto: TLS with client certificates and the shipped
+ACL, Last Will, duplicates, garbage, shared subscriptions, the fleet cordon budget."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import aiomqtt
+import pytest
+
+import aggregator_support as msg
+from conftest import free_port
+from gpuagent.aggregator.service import Aggregator
+from gpuagent.config import AggregatorSection
+from gpuagent.fleet import schema
+from gpuagent.fleet.connection import client_options
+from mqtt_broker import Broker
+
+pytestmark = pytest.mark.integration
+
+
+@asynccontextmanager
+async def node_client(broker: Broker, node: str, **kwargs: Any) -> AsyncIterator[aiomqtt.Client]:
+    """A client with ``node``'s certificate, as the node's agent connects."""
+    options = client_options(broker.connection(node), client_id=f"test-{node}")
+    options.update(clean_start=True, **kwargs)
+    async with aiomqtt.Client(**options) as client:
+        yield client
+
+
+async def publish(client: aiomqtt.Client, channel: str, message: dict[str, Any]) -> None:
+    topic = msg.topic(message["node"], channel, message["cluster"])
+    await client.publish(topic, schema.encode(message), qos=1, retain=channel == "state")
+
+
+async def until(check: Callable[[], bool | Awaitable[bool]], timeout: float = 5.0) -> float:
+    """Seconds until ``check`` holds; fails the test past ``timeout``."""
+    start = time.monotonic()
+    while True:
+        result = check()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            pytest.fail(f"condition not met within {timeout} s")
+        await asyncio.sleep(0.02)
+
+
+@asynccontextmanager
+async def aggregator(
+    tmp_path: Path, broker: Broker, name: str = "agg", **overrides: Any
+) -> AsyncIterator[Aggregator]:
+    connection = broker.connection("aggregator", client_id=f"gpuagent-aggregator-{name}")
+    config: AggregatorSection = msg.config(
+        tmp_path / name, port=free_port(), broker=connection, **overrides
+    )
+    agg = Aggregator(config)
+    await agg.start()
+    try:
+        await until(lambda: agg.state.connected)
+        await asyncio.sleep(0.1)  # subscriptions are made before `connected` is set
+        yield agg
+    finally:
+        await agg.close()
+
+
+async def api_nodes(agg: Aggregator) -> list[dict[str, Any]]:
+    async with aiohttp.ClientSession() as session:
+        url = f"http://{agg.config.listen}/api/v1/nodes"
+        async with session.get(url) as response:
+            body = await response.json()
+    nodes: list[dict[str, Any]] = body["nodes"]
+    return nodes
+
+
+async def test_a_state_report_is_in_the_api_within_two_seconds(
+    tmp_path: Path, mqtt_broker: Broker
+) -> None:
+    async with aggregator(tmp_path, mqtt_broker) as agg, node_client(mqtt_broker, "n1") as n1:
+        await publish(n1, "state", msg.state("n1", health="WARN"))
+
+        async def visible() -> bool:
+            return [(n["name"], n["health"]) for n in await api_nodes(agg)] == [("n1", "WARN")]
+
+        assert await until(visible, timeout=2.0) < 2.0
+
+
+_WILL_SCRIPT = """
+import asyncio, sys, aiomqtt
+from gpuagent.fleet import schema
+from gpuagent.fleet.connection import client_options
+from gpuagent.config import MqttConnection
+import json
+conn = MqttConnection(**json.loads(sys.argv[1]))
+will = aiomqtt.Will("gpuagent/v1/c1/n1/state",
+                    schema.encode(schema.offline_message("n1", "c1", "connection lost")), 1, True)
+async def main():
+    async with aiomqtt.Client(**client_options(conn, client_id="n1", will=will)) as c:
+        await c.publish("gpuagent/v1/c1/n1/state", schema.encode(schema.envelope("state",
+            "n1:state:1", "n1", "c1") | {"online": True, "status": {"node": {"health": "OK"}}}),
+            qos=1, retain=True)
+        print("up", flush=True)
+        await asyncio.sleep(60)
+asyncio.run(main())
+"""
+
+
+async def test_the_last_will_marks_a_node_offline(tmp_path: Path, mqtt_broker: Broker) -> None:
+    conn = mqtt_broker.connection("n1").__dict__
+    async with aggregator(tmp_path, mqtt_broker) as agg:
+        node = subprocess.Popen(
+            [sys.executable, "-c", _WILL_SCRIPT, json.dumps(conn)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert node.stdout is not None
+            assert (await asyncio.to_thread(node.stdout.readline)).strip() == "up"
+            await until(lambda: ("c1", "n1") in agg.state.nodes)
+            assert agg.state.nodes[("c1", "n1")].online
+            node.kill()  # no DISCONNECT: the mqtt_broker publishes the will
+        finally:
+            node.kill()
+            node.wait()
+            if node.stdout is not None:
+                node.stdout.close()
+        await until(lambda: not agg.state.nodes[("c1", "n1")].online)
+        (shown,) = await api_nodes(agg)
+        assert (shown["online"], shown["reason"]) == (False, "connection lost")
+
+
+async def test_duplicates_and_garbage_over_mqtt(tmp_path: Path, mqtt_broker: Broker) -> None:
+    async with aggregator(tmp_path, mqtt_broker) as agg, node_client(mqtt_broker, "n1") as n1:
+        event = msg.event("n1", "n1:boot:7")
+        await publish(n1, "events", event)
+        await publish(n1, "events", event)
+        garbage = [
+            b"{nope",
+            b"x" * (schema.MAX_PAYLOAD_BYTES + 10),
+            json.dumps({"schema": 1, "type": "teleport"}).encode(),
+            schema.encode(msg.event("n2")),  # n1 speaking for n2
+        ]
+        for payload in garbage:
+            await n1.publish(msg.topic("n1", "events"), payload, qos=1)
+        await publish(n1, "events", msg.event("n1", "n1:boot:8"))
+        counters = agg.state.counters
+        await until(lambda: counters.events["kernel"] == 2 and sum(counters.rejected.values()) == 4)
+        assert counters.rejected == {
+            "malformed": 1,
+            "oversized": 1,
+            "unknown_type": 1,
+            "foreign": 1,
+        }
+        assert counters.duplicates == {"event": 1}
+        await agg.store.flush()
+        assert await agg.store.count("events") == 2
+
+
+async def test_the_acl_keeps_a_node_to_its_own_topics(tmp_path: Path, mqtt_broker: Broker) -> None:
+    async with aggregator(tmp_path, mqtt_broker) as agg, node_client(mqtt_broker, "n1") as n1:
+        # The mqtt_broker drops what n1 publishes as n2; the aggregator never sees it.
+        await publish(n1, "state", msg.state("n2"))
+        await publish(n1, "state", msg.state("n1"))
+        await until(lambda: ("c1", "n1") in agg.state.nodes)
+        assert ("c1", "n2") not in agg.state.nodes
+
+
+async def test_a_share_group_gives_each_message_to_exactly_one_aggregator(
+    tmp_path: Path, mqtt_broker: Broker
+) -> None:
+    async with (
+        aggregator(tmp_path, mqtt_broker, "a", share_group="fleet") as a,
+        aggregator(tmp_path, mqtt_broker, "b", share_group="fleet") as b,
+        node_client(mqtt_broker, "n1") as n1,
+    ):
+        ids = [f"n1:ev:{i}" for i in range(40)]
+        for event_id in ids:
+            await publish(n1, "events", msg.event("n1", event_id))
+        total = lambda: a.state.counters.events["kernel"] + b.state.counters.events["kernel"]  # noqa: E731
+        await until(lambda: total() == 40)
+        await asyncio.sleep(0.2)  # anything delivered twice would arrive by now
+        assert total() == 40
+        await a.store.flush()
+        await b.store.flush()
+        got_a = {e["id"] for e in await a.store.events(node="n1", since=None, limit=100)}
+        got_b = {e["id"] for e in await b.store.events(node="n1", since=None, limit=100)}
+        assert got_a | got_b == set(ids)
+        assert got_a.isdisjoint(got_b)
+        assert got_a
+        assert got_b
+
+
+async def test_the_fleet_cordon_budget_end_to_end(tmp_path: Path, mqtt_broker: Broker) -> None:
+    nodes = [f"gpu{i}" for i in range(5)]
+    async with aggregator(tmp_path, mqtt_broker, max_nodes=2) as agg:
+        decisions: dict[str, dict[str, Any]] = {}
+        clients = []
+        try:
+            for node in nodes:
+                client = aiomqtt.Client(
+                    **client_options(mqtt_broker.connection(node), client_id=node)
+                )
+                await client.__aenter__()
+                clients.append(client)
+                await client.subscribe(msg.topic(node, "cmd"), qos=1)
+                await publish(client, "state", msg.state(node))
+            await until(lambda: len(agg.state.nodes) == 5)
+            await asyncio.gather(
+                *(
+                    publish(c, "actions", msg.cordon_request(n))
+                    for c, n in zip(clients, nodes, strict=True)
+                )
+            )
+
+            async def receive(client: aiomqtt.Client, node: str) -> None:
+                async for message in client.messages:
+                    assert isinstance(message.payload, bytes)
+                    decisions[node] = schema.decode(message.payload)
+                    return
+
+            await asyncio.wait_for(
+                asyncio.gather(*(receive(c, n) for c, n in zip(clients, nodes, strict=True))), 5
+            )
+        finally:
+            for client in clients:
+                await client.__aexit__(None, None, None)
+    results = sorted(d["decision"] for d in decisions.values())
+    assert results == ["approved", "approved", "denied", "denied", "denied"]
+    assert all(d["type"] == "cordon_decision" for d in decisions.values())
+    assert all(d["node"] == node for node, d in decisions.items())
+    denied = [d for d in decisions.values() if d["decision"] == "denied"]
+    assert all(d["retry_after_seconds"] > 3500 for d in denied)
+
+
+async def test_the_aggregator_reconnects_after_a_broker_outage(
+    tmp_path: Path, mqtt_broker: Broker
+) -> None:
+    async with aggregator(tmp_path, mqtt_broker) as agg:
+        await asyncio.to_thread(mqtt_broker.restart)
+        await until(lambda: agg.state.connected, timeout=10)
+        async with node_client(mqtt_broker, "n1") as n1:
+            await publish(n1, "state", msg.state("n1"))
+            await until(lambda: ("c1", "n1") in agg.state.nodes)
+
+
+async def test_the_real_agent_reports_to_the_aggregator(
+    tmp_path: Path, mqtt_broker: Broker, run_daemon: Callable[..., Any]
+) -> None:
+    """The agent's own reporter (simulated 8-GPU node, TLS, its own certificate) and the
+    aggregator agree on the schema: the node, its GPUs and fingerprint, a fault, a
+    command and its reply, and the Last Will."""
+    cert, key = mqtt_broker.pki.client("e2e-node")
+    reporter = (
+        "[outputs.mqtt]\nenabled = true\n"
+        f'[outputs.mqtt.broker]\nhost = "127.0.0.1"\nport = {mqtt_broker.tls_port}\n'
+        f'ca_file = "{mqtt_broker.pki.ca_file}"\ncert_file = "{cert}"\nkey_file = "{key}"\n'
+        "reconnect_min_seconds = 0.2\nreconnect_max_seconds = 1.0\n"
+    )
+    scenario = '[node]\ngpus = 8\nmodel = "NVIDIA H100 80GB HBM3"\n'
+    async with aggregator(tmp_path, mqtt_broker) as agg:
+        daemon = await asyncio.to_thread(
+            run_daemon, scenario, config_extra=reporter, node_name="e2e-node"
+        )
+        key_ = ("default", "e2e-node")
+        await until(lambda: key_ in agg.state.nodes, timeout=10)
+        (node,) = await api_nodes(agg)
+        assert (node["name"], node["online"], len(node["gpus"])) == ("e2e-node", True, 8)
+        assert node["fingerprint_id"] != "unknown"
+        await asyncio.to_thread(daemon.inject, "ecc_dbe", 3, count=1)
+        await until(lambda: agg.state.nodes[key_].health == "CRITICAL", timeout=10)
+        await until(lambda: agg.state.counters.events["finding"] >= 1, timeout=10)
+        async with aiohttp.ClientSession() as session:
+            url = f"http://{agg.config.listen}/api/v1/nodes/e2e-node/commands"
+            async with session.post(url, json={"command": "refresh"}) as response:
+                assert response.status == 202
+                command_id = (await response.json())["id"]
+        await until(
+            lambda: any(r["command_id"] == command_id for r in agg.state.replies.get(key_, ())),
+            timeout=10,
+        )
+        daemon.kill()
+        await until(lambda: not agg.state.nodes[key_].online, timeout=10)
+        assert agg.state.nodes[key_].reason == "connection lost"
+        assert agg.state.counters.rejected == {}
