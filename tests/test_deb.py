@@ -88,6 +88,7 @@ def test_build_install_upgrade_purge(tools: None) -> None:
         assert _installed_version() == BASE_VERSION
         assert f"gpuagent {BASE_VERSION}" in _run("gpuagent", "--version").stdout
         _run("/usr/bin/gpuagent", "config", "check", str(CONF))
+        _run("/usr/bin/gpuagent-aggregator", "config", "check", "/etc/gpuagent/aggregator.toml")
         _run(
             "/usr/bin/gpuagent",
             "check",
