@@ -7,8 +7,7 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -18,9 +17,8 @@ import aiomqtt
 import pytest
 
 import aggregator_support as msg
-from conftest import free_port
+from fleet_support import aggregator, until
 from gpuagent.aggregator.service import Aggregator
-from gpuagent.config import AggregatorSection
 from gpuagent.fleet import schema
 from gpuagent.fleet.connection import client_options
 from mqtt_broker import Broker
@@ -40,38 +38,6 @@ async def node_client(broker: Broker, node: str, **kwargs: Any) -> AsyncIterator
 async def publish(client: aiomqtt.Client, channel: str, message: dict[str, Any]) -> None:
     topic = msg.topic(message["node"], channel, message["cluster"])
     await client.publish(topic, schema.encode(message), qos=1, retain=channel == "state")
-
-
-async def until(check: Callable[[], bool | Awaitable[bool]], timeout: float = 5.0) -> float:
-    """Seconds until ``check`` holds; fails the test past ``timeout``."""
-    start = time.monotonic()
-    while True:
-        result = check()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return time.monotonic() - start
-        if time.monotonic() - start > timeout:
-            pytest.fail(f"condition not met within {timeout} s")
-        await asyncio.sleep(0.02)
-
-
-@asynccontextmanager
-async def aggregator(
-    tmp_path: Path, broker: Broker, name: str = "agg", **overrides: Any
-) -> AsyncIterator[Aggregator]:
-    connection = broker.connection("aggregator", client_id=f"gpuagent-aggregator-{name}")
-    config: AggregatorSection = msg.config(
-        tmp_path / name, port=free_port(), broker=connection, **overrides
-    )
-    agg = Aggregator(config)
-    await agg.start()
-    try:
-        await until(lambda: agg.state.connected)
-        await asyncio.sleep(0.1)  # subscriptions are made before `connected` is set
-        yield agg
-    finally:
-        await agg.close()
 
 
 async def api_nodes(agg: Aggregator) -> list[dict[str, Any]]:

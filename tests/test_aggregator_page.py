@@ -2,44 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
-import os
 import re
-import shutil
 from pathlib import Path
-
-import pytest
 
 import aggregator_support as msg
 from conftest import free_port
+from fleet_support import chromium, dump_dom
 from gpuagent.aggregator.service import Aggregator
 from gpuagent.fleet import schema
-
-
-def chromium() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is required in CI (scripts/test installs it)")
-        pytest.skip("chromium is not installed")
-    return path
-
-
-async def dump_dom(browser: str, url: str, home: Path) -> str:
-    process = await asyncio.create_subprocess_exec(
-        browser,
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--virtual-time-budget=3000",
-        "--dump-dom",
-        url,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-        env={**os.environ, "HOME": str(home)},
-    )
-    stdout, _ = await asyncio.wait_for(process.communicate(), 60)
-    return stdout.decode()
 
 
 async def test_the_page_shows_unhealthy_first_then_offline_and_drift(tmp_path: Path) -> None:

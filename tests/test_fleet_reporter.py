@@ -14,12 +14,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import DaemonProcess
+from fleet_support import H100, xid_records
 from mqtt_broker import Broker, Listener, Received
 
 pytestmark = pytest.mark.integration
 
 Run = Callable[..., DaemonProcess]
-H100 = '[node]\ngpus = 8\nmodel = "NVIDIA H100 80GB HBM3"\n'
 PREFIX = "gpuagent/v1/default"
 
 
@@ -70,15 +70,6 @@ def _metric(daemon: DaemonProcess, name: str, **labels: str) -> float:
     return 0.0
 
 
-def _xid_records(first_seq: int, count: int, bus: str) -> list[str]:
-    short = bus.rsplit(".", 1)[0]
-    return [
-        f"3,{seq},{1_000_000 + seq},-;NVRM: Xid (PCI:{short}): 13, pid=7, name=job, "
-        "Graphics SM Warp Exception"
-        for seq in range(first_seq, first_seq + count)
-    ]
-
-
 def test_birth_state_events_and_clean_shutdown(
     run_daemon: Run, mqtt_broker: Broker, listener: Listener
 ) -> None:
@@ -112,7 +103,7 @@ def test_birth_state_events_and_clean_shutdown(
     assert event["data"]["gpu"] == bus
     assert event["data"]["from"] == "OK"
 
-    daemon.write_kernel_log(*_xid_records(10, 1, bus))
+    daemon.write_kernel_log(*xid_records(10, 1, bus))
     listener.wait_for(lambda ms: len(_kernel_ids(ms)) == 1)
     assert _metric(daemon, "gpuagent_mqtt_connected") == 1.0
     daemon.wait_for(
@@ -143,7 +134,7 @@ def test_broker_outage_loses_no_event(
     bus = daemon.status()["gpus"][1]["pci_bus_id"]
     mqtt_broker.kill()
     outage = time.monotonic()
-    daemon.write_kernel_log(*_xid_records(100, 500, bus))
+    daemon.write_kernel_log(*xid_records(100, 500, bus))
     daemon.wait_for(lambda d: d["kmsg"]["records_read"] == 500, timeout=20)
     assert _metric(daemon, "gpuagent_mqtt_spool_messages") >= 500
     assert _metric(daemon, "gpuagent_mqtt_connected") == 0.0
@@ -169,7 +160,7 @@ def test_agent_killed_with_a_full_spool_sends_it_after_restart(
     time.sleep(1.5)
     bus = daemon.status()["gpus"][0]["pci_bus_id"]
     mqtt_broker.kill()
-    daemon.write_kernel_log(*_xid_records(1000, 200, bus))
+    daemon.write_kernel_log(*xid_records(1000, 200, bus))
     daemon.wait_for(lambda _d: _metric(daemon, "gpuagent_mqtt_spool_messages") >= 200)
     daemon.kill()
     mqtt_broker.start()

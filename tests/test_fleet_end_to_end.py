@@ -1,0 +1,147 @@
+"""The fleet end to end: real agents (simulated GPUs) report through a real mosquitto with
+TLS, client certificates and the shipped ACL to a real aggregator, whose API and page show
+it. Outages of the broker and crashes of an agent lose nothing and double nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from conftest import DaemonProcess, start_daemon
+from fleet_support import H100, aggregator, chromium, dump_dom, until, xid_records
+from mqtt_broker import Broker
+
+pytestmark = pytest.mark.integration
+Run = Callable[..., DaemonProcess]
+
+
+def _reporting(broker: Broker, node: str) -> str:
+    cert, key = broker.pki.client(node)
+    return (
+        "[outputs.mqtt]\nenabled = true\n"
+        f'[outputs.mqtt.broker]\nhost = "127.0.0.1"\nport = {broker.tls_port}\n'
+        f'ca_file = "{broker.pki.ca_file}"\ncert_file = "{cert}"\nkey_file = "{key}"\n'
+        "reconnect_min_seconds = 0.2\nreconnect_max_seconds = 1.0\n"
+    )
+
+
+async def _get(base: str, path: str) -> Any:
+    async with aiohttp.ClientSession() as session, session.get(base + path) as response:
+        assert response.status == 200, await response.text()
+        return await response.json()
+
+
+async def _node(base: str, name: str) -> dict[str, Any]:
+    body: dict[str, Any] = await _get(base, f"/api/v1/nodes/{name}")
+    return body
+
+
+async def _kernel_event_ids(base: str, node: str) -> list[str]:
+    body = await _get(base, f"/api/v1/events?node={node}&limit=10000")
+    return [e["id"] for e in body["events"] if e["category"] == "kernel"]
+
+
+async def test_two_agents_a_fault_in_seconds_and_the_last_will(
+    tmp_path: Path, mqtt_broker: Broker, run_daemon: Run
+) -> None:
+    async with aggregator(tmp_path, mqtt_broker) as agg:
+        base = f"http://{agg.config.listen}"
+        nodes = {
+            name: await asyncio.to_thread(
+                run_daemon, H100, config_extra=_reporting(mqtt_broker, name), node_name=name
+            )
+            for name in ("gpu-a", "gpu-b")
+        }
+        for name in nodes:
+            await until(lambda n=name: ("default", n) in agg.state.nodes, timeout=10)
+
+        injected = time.monotonic()
+        await asyncio.to_thread(nodes["gpu-b"].inject, "ecc_dbe", 5, count=1)
+
+        async def critical_in_api() -> bool:
+            return (await _node(base, "gpu-b"))["health"] == "CRITICAL"
+
+        await until(critical_in_api, timeout=2.0)
+        seen_after = time.monotonic() - injected
+        assert seen_after < 2.0
+        node = await _node(base, "gpu-b")
+        (gpu,) = [g for g in node["gpus"] if g["health"] == "CRITICAL"]
+        assert gpu["index"] == 5
+        assert any(f["check"] == "ecc" for f in gpu["findings"])
+        assert (await _node(base, "gpu-a"))["health"] == "OK"
+
+        page = await dump_dom(chromium(), base + "/", tmp_path)
+        assert time.monotonic() - injected < 2.0 + 5.0  # the browser's own start-up aside
+        assert page.index("gpu-b") < page.index("gpu-a")  # unhealthy nodes first
+        assert "CRITICAL" in page
+
+        await asyncio.to_thread(nodes["gpu-a"].kill)
+        await until(lambda: not agg.state.nodes[("default", "gpu-a")].online, timeout=10)
+        assert (await _node(base, "gpu-a"))["online"] is False
+        assert (await _node(base, "gpu-b"))["online"] is True
+
+
+async def test_a_15_s_broker_outage_with_500_faults_delivers_each_exactly_once(
+    tmp_path: Path, mqtt_broker: Broker, run_daemon: Run
+) -> None:
+    async with aggregator(tmp_path, mqtt_broker) as agg:
+        base = f"http://{agg.config.listen}"
+        daemon = await asyncio.to_thread(
+            run_daemon, H100, config_extra=_reporting(mqtt_broker, "gpu-c"), node_name="gpu-c"
+        )
+        await until(lambda: ("default", "gpu-c") in agg.state.nodes, timeout=10)
+        bus = daemon.status()["gpus"][2]["pci_bus_id"]
+        await asyncio.sleep(1.5)  # the broker saves the aggregator's session
+        await asyncio.to_thread(mqtt_broker.kill)
+        outage = time.monotonic()
+        daemon.write_kernel_log(*xid_records(5000, 500, bus))
+        await asyncio.to_thread(daemon.wait_for, lambda d: d["kmsg"]["records_read"] == 500, 20)
+        await asyncio.sleep(max(0.0, 15.0 - (time.monotonic() - outage)))
+        await asyncio.to_thread(mqtt_broker.start)
+
+        async def all_arrived() -> bool:
+            return len(await _kernel_event_ids(base, "gpu-c")) >= 500
+
+        await until(all_arrived, timeout=30)
+        await asyncio.sleep(1.0)  # anything sent twice would have arrived by now
+        ids = await _kernel_event_ids(base, "gpu-c")
+        assert len(ids) == 500
+        assert len(set(ids)) == 500
+
+
+async def test_an_agent_killed_with_its_spool_full_loses_nothing(
+    tmp_path: Path, mqtt_broker: Broker, run_daemon: Run
+) -> None:
+    async with aggregator(tmp_path, mqtt_broker) as agg:
+        base = f"http://{agg.config.listen}"
+        config = _reporting(mqtt_broker, "gpu-d")
+        daemon = await asyncio.to_thread(run_daemon, H100, config_extra=config, node_name="gpu-d")
+        await until(lambda: ("default", "gpu-d") in agg.state.nodes, timeout=10)
+        bus = daemon.status()["gpus"][0]["pci_bus_id"]
+        await asyncio.sleep(1.5)
+        await asyncio.to_thread(mqtt_broker.kill)
+        daemon.write_kernel_log(*xid_records(9000, 200, bus))
+        await asyncio.to_thread(daemon.wait_for, lambda d: d["kmsg"]["records_read"] == 200, 20)
+        await asyncio.sleep(0.5)  # written to the spool right after they are read
+        daemon.kill()
+        await asyncio.to_thread(mqtt_broker.start)
+        restarted = await asyncio.to_thread(
+            start_daemon, daemon.workdir, H100, config_extra=config, node_name="gpu-d"
+        )
+        try:
+
+            async def all_arrived() -> bool:
+                return len(await _kernel_event_ids(base, "gpu-d")) >= 200
+
+            await until(all_arrived, timeout=30)
+            ids = await _kernel_event_ids(base, "gpu-d")
+            assert sorted(ids) == sorted(set(ids))
+            assert len(ids) == 200
+        finally:
+            await asyncio.to_thread(restarted.stop)
