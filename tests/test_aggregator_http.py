@@ -292,3 +292,47 @@ async def test_a_restart_does_not_reopen_a_spent_budget(tmp_path: Path) -> None:
         assert third.budget.remaining("c1", 2, third.clock()) == 1  # the uncordon released it
     finally:
         await third.close()
+
+
+async def test_commands_need_the_token_when_one_is_configured(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    port = free_port()
+    agg = Aggregator(msg.config(tmp_path, port=port, command_token_file=str(token_file)))
+    await agg.start()
+    fake = Published()
+    agg.consumer._client = fake  # type: ignore[assignment]
+    url = f"http://127.0.0.1:{port}/api/v1/nodes/n1/commands"
+    try:
+        agg.ingest.handle(msg.topic("n1", "state"), schema.encode(msg.state("n1")))
+        async with aiohttp.ClientSession() as session:
+            for headers, expected in (
+                ({}, 401),
+                ({"Authorization": "Bearer wrong"}, 401),
+                ({"Authorization": "Bearer s3cret"}, 202),
+            ):
+                async with session.post(url, json={"command": "refresh"}, headers=headers) as r:
+                    assert r.status == expected, headers
+    finally:
+        await agg.close()
+    assert len(fake.messages) == 1
+    assert agg.state.counters.bad_requests["commands"] == 2
+
+
+@pytest.mark.parametrize(
+    ("remote", "allowed"),
+    [
+        ("127.0.0.1", True),
+        ("::1", True),
+        ("::ffff:127.0.0.1", True),
+        ("10.0.0.7", False),
+        ("::ffff:10.0.0.7", False),
+        (None, False),
+    ],
+)
+def test_without_a_token_only_this_host_may_send_commands(
+    remote: str | None, allowed: bool
+) -> None:
+    from gpuagent.aggregator.http import _loopback  # noqa: PLC0415
+
+    assert _loopback(remote) is allowed

@@ -467,6 +467,9 @@ class AggregatorSection:
     stale_after_seconds: float = 120.0
     events_retention_seconds: float = 7 * 86400.0
     max_events: int = 1_000_000
+    # Sending commands to nodes (POST .../commands) needs "Authorization: Bearer <token>"
+    # with the token in this file; empty: only clients on this host (loopback) may.
+    command_token_file: str = ""
     broker: MqttConnection = field(default_factory=MqttConnection)
     cordon_budget: CordonBudgetSection = field(default_factory=CordonBudgetSection)
 

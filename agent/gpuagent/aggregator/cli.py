@@ -49,6 +49,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     sys.setswitchinterval(0.0005)
     try:
         asyncio.run(_serve(config))
+    except ConfigError as exc:  # a file the configuration names cannot be read
+        _fail(str(exc), 2)
     except OSError as exc:  # e.g. the listen address is taken, the database unwritable
         _fail(str(exc))
     return 0

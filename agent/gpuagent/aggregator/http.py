@@ -4,6 +4,8 @@ cordon history comes from the store."""
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import json
 import math
 import time
@@ -48,6 +50,8 @@ class Api:
     # Sends a command; raises ConnectionError while the broker is away.
     publish: Publish
     clock: Callable[[], float] = field(default=time.time)
+    # Bearer token for sending commands; empty: loopback clients only.
+    command_token: str = ""
 
     # --- helpers --------------------------------------------------------------------------
 
@@ -145,7 +149,22 @@ class Api:
     async def drift(self, _: web.Request) -> web.Response:
         return _json({"clusters": [c.json() for c in fleet_drift(self.state.nodes.values())]})
 
+    def _command_refusal(self, request: web.Request) -> web.Response | None:
+        """Commands change nodes: a token, or (without one configured) this host only."""
+        if self.command_token:
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {self.command_token}".encode()):
+                return _error(401, "sending commands needs the aggregator's bearer token")
+            return None
+        if _loopback(request.remote):
+            return None
+        return _error(403, "commands from other hosts need aggregator.command_token_file")
+
     async def send_command(self, request: web.Request) -> web.Response:
+        refusal = self._command_refusal(request)
+        if refusal is not None:
+            self.state.counters.bad_requests["commands"] += 1
+            return refusal
         try:
             record = self._record(request)
             body = await _body(request)
@@ -180,6 +199,15 @@ async def _body(request: web.Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise BadRequestError("the body must be a JSON object")
     return body
+
+
+def _loopback(remote: str | None) -> bool:
+    try:
+        address = ipaddress.ip_address(remote or "")
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def _json(doc: object, status: int = 200) -> web.Response:

@@ -22,6 +22,7 @@ from gpuagent.aggregator.metrics import FleetCollector, fleet_registry
 from gpuagent.aggregator.state import FleetState
 from gpuagent.aggregator.store import FleetStore
 from gpuagent.config import AggregatorSection
+from gpuagent.fleet.connection import read_password
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class Aggregator:
             stale_after=config.stale_after_seconds,
             publish=self.consumer.publish,
             clock=clock,
+            command_token=read_password(config.command_token_file),
         )
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
