@@ -300,8 +300,12 @@ async def test_commands_need_the_token_when_one_is_configured(tmp_path: Path) ->
     port = free_port()
     agg = Aggregator(msg.config(tmp_path, port=port, command_token_file=str(token_file)))
     await agg.start()
-    fake = Published()
-    agg.consumer._client = fake  # type: ignore[assignment]
+    sent: list[object] = []
+
+    async def publish(out: object) -> None:
+        sent.append(out)
+
+    object.__setattr__(agg.api, "publish", publish)  # no broker here: capture instead
     url = f"http://127.0.0.1:{port}/api/v1/nodes/n1/commands"
     try:
         agg.ingest.handle(msg.topic("n1", "state"), schema.encode(msg.state("n1")))
@@ -315,7 +319,7 @@ async def test_commands_need_the_token_when_one_is_configured(tmp_path: Path) ->
                     assert r.status == expected, headers
     finally:
         await agg.close()
-    assert len(fake.messages) == 1
+    assert len(sent) == 1
     assert agg.state.counters.bad_requests["commands"] == 2
 
 
