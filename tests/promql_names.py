@@ -10,6 +10,13 @@ from __future__ import annotations
 import re
 from functools import cache
 
+from gpuagent.inventory.model import (
+    GpuInventory,
+    HostFacts,
+    NodeInventory,
+    PciFunction,
+    Service,
+)
 from gpuagent.model import (
     EventCount,
     Finding,
@@ -101,8 +108,27 @@ def _full_snapshot() -> NodeSnapshot:
         *ok_findings(),
         Finding(check="pcie", severity=Severity.WARN, reason="degraded", gpu=bus),
     )
+    inventory = NodeInventory(
+        host=HostFacts(
+            pci=(
+                PciFunction(bus, "gpu", 0x2330, "nvidia"),
+                PciFunction("0000:05:00.0", "nvswitch"),
+            ),
+            modules=(("nvidia", True),),
+            module_version="550.54.15",
+            kernel_release="6.1.0-18-amd64",
+            os_release="Debian GNU/Linux 12 (bookworm)",
+            services=(Service("nvidia-fabricmanager", "active"),),
+        ),
+        agent_version="0.1.0",
+        nvml_ok=True,
+        driver_version="550.54.15",
+        gpus=(GpuInventory(index=0, pci_bus_id=bus, uuid="GPU-0", model="H100"),),
+        expected_gpus=8,
+    )
     return snapshot(
         findings=findings,
+        inventory=inventory,
         pcie=(PciePath(link, (bridge,)),),
         event_counts=counts,
         kmsg=KmsgCounters(records_read=10, records_lost=1, lines_unparsed=1),

@@ -23,11 +23,14 @@ from gpuagent.checks.inventory import (
     check_fabric,
     check_firmware,
     check_gpu_count,
+    check_mig_layout,
+    check_persistence_mode,
     check_services,
     check_settings,
+    layout_text,
     version_matches,
 )
-from gpuagent.config import ChecksSection, InventoryExpected
+from gpuagent.config import ChecksSection, InventoryExpected, PersistenceCheck
 from gpuagent.inventory.model import (
     GpuInventory,
     HostFacts,
@@ -46,6 +49,7 @@ from gpuagent.model import (
     Severity,
 )
 
+CHECKS = ChecksSection()
 BUSES = ("0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0")
 DRIVER = "550.54.15"
 
@@ -514,7 +518,7 @@ def test_drift_lists_every_difference() -> None:
 def test_ecc_mode(
     current: bool | None, pending: bool | None, severity: Severity, reason: str
 ) -> None:
-    outcome = check_ecc_mode(gpu(0, ecc_current=current, ecc_pending=pending), expect())
+    outcome = check_ecc_mode(gpu(0, ecc_current=current, ecc_pending=pending), expect(), CHECKS)
     assert verdict(outcome) == (
         severity,
         "gpu-ecc-pending" if severity is Severity.WARN else "",
@@ -570,7 +574,7 @@ def test_ecc_mode(
 def test_settings(
     changes: dict[str, Any], expected_watts: float, runbooks: str, reason: str
 ) -> None:
-    outcome = check_settings(gpu(0, **changes), expect(power_limit_watts=expected_watts))
+    outcome = check_settings(gpu(0, **changes), expect(power_limit_watts=expected_watts), CHECKS)
     found, runbook, text = verdict(outcome)
     assert found is (Severity.WARN if runbooks else Severity.OK)
     assert runbook == runbooks
@@ -578,8 +582,192 @@ def test_settings(
 
 
 def test_settings_names_cap_and_clocks_together() -> None:
-    outcome = check_settings(gpu(0, power_limit_w=450.0, applications_clock_mhz=1410), expect())
+    outcome = check_settings(
+        gpu(0, power_limit_w=450.0, applications_clock_mhz=1410), expect(), CHECKS
+    )
     assert len(outcome.problems) == 2
+
+
+LAYOUT = ("1g.10gb", "1g.10gb", "3g.40gb")
+
+
+@pytest.mark.parametrize(
+    ("profiles", "mig", "instances", "severity", "reason"),
+    [
+        pytest.param([], False, None, Severity.OK, "MIG mode off: no GPU instances", id="mig-off"),
+        pytest.param(
+            list(LAYOUT),
+            None,
+            None,
+            Severity.OK,
+            "MIG mode off: no GPU instances",
+            id="mig-not-supported",
+        ),
+        pytest.param(list(LAYOUT), True, None, Severity.OK, "not reported", id="not-reported"),
+        pytest.param(
+            [],
+            True,
+            ("1g.10gb", "1g.10gb", "3g.40gb"),
+            Severity.OK,
+            "MIG layout 2x 1g.10gb, 3g.40gb",
+            id="no-expectation",
+        ),
+        pytest.param(
+            ["3g.40gb", "1g.10gb", "1g.10gb"],
+            True,
+            ("1g.10gb", "1g.10gb", "3g.40gb"),
+            Severity.OK,
+            "MIG layout 2x 1g.10gb, 3g.40gb, as expected",
+            id="same-multiset-other-order",
+        ),
+        pytest.param(
+            list(LAYOUT),
+            True,
+            ("1g.10gb", "3g.40gb"),
+            Severity.WARN,
+            "MIG layout 1g.10gb, 3g.40gb, expected 2x 1g.10gb, 3g.40gb (missing 1g.10gb)",
+            id="one-missing",
+        ),
+        pytest.param(
+            list(LAYOUT),
+            True,
+            ("1g.10gb", "1g.10gb", "1g.10gb", "3g.40gb"),
+            Severity.WARN,
+            "(unexpected 1g.10gb)",
+            id="one-extra",
+        ),
+        pytest.param(
+            list(LAYOUT),
+            True,
+            ("7g.80gb",),
+            Severity.WARN,
+            "MIG layout 7g.80gb, expected 2x 1g.10gb, 3g.40gb "
+            "(missing 2x 1g.10gb, 3g.40gb; unexpected 7g.80gb)",
+            id="other-layout",
+        ),
+        pytest.param(
+            list(LAYOUT),
+            True,
+            (),
+            Severity.WARN,
+            "MIG layout no GPU instances, expected 2x 1g.10gb, 3g.40gb",
+            id="instances-gone-after-reset",
+        ),
+        pytest.param(
+            ["1g.10gb"],
+            True,
+            ("1g.10gb+me",),
+            Severity.WARN,
+            "missing 1g.10gb; unexpected 1g.10gb+me",
+            id="variant-is-another-profile",
+        ),
+    ],
+)
+def test_mig_layout(
+    profiles: list[str],
+    mig: bool | None,
+    instances: tuple[str, ...] | None,
+    severity: Severity,
+    reason: str,
+) -> None:
+    outcome = check_mig_layout(
+        gpu(0, mig_current=mig, mig_instances=instances), expect(mig_profiles=profiles), CHECKS
+    )
+    found, runbook, text = verdict(outcome)
+    assert (found, runbook) == (severity, "gpu-mig-layout" if severity is Severity.WARN else "")
+    assert reason in text
+
+
+@pytest.mark.parametrize(
+    ("profiles", "text"),
+    [
+        ((), "no GPU instances"),
+        (("3g.40gb",), "3g.40gb"),
+        (("3g.40gb", "1g.10gb", "1g.10gb"), "2x 1g.10gb, 3g.40gb"),
+    ],
+)
+def test_layout_text(profiles: tuple[str, ...], text: str) -> None:
+    assert layout_text(profiles) == text
+
+
+WITHOUT_PERSISTENCE_CHECK = dataclasses.replace(CHECKS, persistence=PersistenceCheck(enabled=False))
+
+
+@pytest.mark.parametrize(
+    ("expected", "checks", "mode", "severity", "action", "runbook", "reason"),
+    [
+        pytest.param("any", CHECKS, True, Severity.OK, "none", "", "enabled", id="any-on"),
+        pytest.param(
+            "any", CHECKS, False, Severity.OK, "none", "", "persistence mode disabled", id="any-off"
+        ),
+        pytest.param(
+            "enabled", CHECKS, True, Severity.OK, "none", "", "enabled, as expected", id="on-on"
+        ),
+        pytest.param(
+            "enabled",
+            CHECKS,
+            False,
+            Severity.OK,
+            "none",
+            "",
+            "reported by the persistence check",
+            id="off-left-to-the-persistence-check",
+        ),
+        pytest.param(
+            "enabled",
+            WITHOUT_PERSISTENCE_CHECK,
+            False,
+            Severity.WARN,
+            "enable_persistence",
+            "gpu-persistence-off",
+            "persistence mode is disabled, expected enabled",
+            id="off-persistence-check-disabled",
+        ),
+        pytest.param(
+            "disabled",
+            WITHOUT_PERSISTENCE_CHECK,
+            True,
+            Severity.WARN,
+            "disable_persistence",
+            "gpu-persistence-mismatch",
+            "persistence mode is enabled, expected disabled",
+            id="on-expected-off",
+        ),
+        pytest.param(
+            "disabled",
+            WITHOUT_PERSISTENCE_CHECK,
+            False,
+            Severity.OK,
+            "none",
+            "",
+            "disabled, as expected",
+            id="off-off",
+        ),
+        pytest.param(
+            "disabled",
+            WITHOUT_PERSISTENCE_CHECK,
+            None,
+            Severity.OK,
+            "none",
+            "",
+            "not reported",
+            id="not-reported",
+        ),
+    ],
+)
+def test_persistence_mode(
+    expected: str,
+    checks: ChecksSection,
+    mode: bool | None,
+    severity: Severity,
+    action: str,
+    runbook: str,
+    reason: str,
+) -> None:
+    outcome = check_persistence_mode(gpu(0, persistence=mode), expect(persistence=expected), checks)
+    finding = to_finding("persistence_mode", BUSES[0], outcome)
+    assert (finding.severity, finding.action, finding.runbook) == (severity, action, runbook)
+    assert reason in finding.reason
 
 
 # --- the engine ----------------------------------------------------------------------------
@@ -615,7 +803,7 @@ def test_engine_runs_inventory_checks_in_order_only_with_an_inventory() -> None:
     assert node_checks == [*NODE_CHECK_NAMES, *INVENTORY_NODE_CHECK_NAMES]
     for bus in BUSES[:2]:
         checks = [f.check for f in found if f.gpu == bus]
-        assert checks[-2:] == list(INVENTORY_CHECK_NAMES)
+        assert checks[-len(INVENTORY_CHECK_NAMES) :] == list(INVENTORY_CHECK_NAMES)
     ecc = next(f for f in found if f.gpu == BUSES[1] and f.check == "ecc_mode")
     assert (ecc.severity, ecc.runbook) == (Severity.WARN, "gpu-ecc-pending")
 
@@ -624,5 +812,5 @@ def test_engine_gives_no_data_for_gpus_that_did_not_answer() -> None:
     states = _states(1, answering=False)
     view = InventoryView(node((gpu(0),), pci=(pci_gpu(BUSES[0]),)), expect())
     found = [f for f in _evaluate(states, view) if f.check in INVENTORY_CHECK_NAMES]
-    assert [f.severity for f in found] == [Severity.UNKNOWN, Severity.UNKNOWN]
+    assert [f.severity for f in found] == [Severity.UNKNOWN] * len(INVENTORY_CHECK_NAMES)
     assert all(f.runbook == "gpu-lost" for f in found)

@@ -29,8 +29,10 @@ from gpuagent.model import (
     AerSeverity,
     EventKind,
     EventSource,
+    FabricState,
     GpuEvent,
     GpuIdentity,
+    GpuProcess,
     GpuReadings,
     GpuState,
     NvmlInitProblem,
@@ -54,15 +56,18 @@ def _field_strategy(hint: Any) -> st.SearchStrategy[Any]:
         int | None: st.none() | COUNTER,
         bool | None: MAYBE_BOOL,
         tuple[bool | None, ...]: st.lists(MAYBE_BOOL, max_size=18).map(tuple),
+        FabricState | None: st.none() | st.sampled_from(typing.get_args(FabricState)),
+        tuple[str, ...] | None: st.none() | st.lists(st.text(max_size=10), max_size=8).map(tuple),
+        tuple[GpuProcess, ...]: st.just(()),  # no check reads processes
     }
-    return strategies.get(hint, st.nothing())
+    # A field without a strategy would make every drawn reading invalid: fail instead.
+    assert hint in strategies, f"no strategy for GpuReadings field type {hint}"
+    return strategies[hint]
 
 
 def _readings_fields() -> dict[str, st.SearchStrategy[Any]]:
     hints = typing.get_type_hints(GpuReadings)
-    fields = {f.name: _field_strategy(hints[f.name]) for f in dataclasses.fields(GpuReadings)}
-    fields["processes"] = st.just(())  # no check reads processes
-    return fields
+    return {f.name: _field_strategy(hints[f.name]) for f in dataclasses.fields(GpuReadings)}
 
 
 READINGS = st.builds(GpuReadings, **_readings_fields())

@@ -46,6 +46,11 @@ def _fault(kind: str, gpu: int, **values: object) -> str:
     return f'[[fault]]\ngpu = {gpu}\nkind = "{kind}"\n{lines}'
 
 
+MIG_NODE = H100.format(gpus=2) + (
+    'mig_mode = true\nmig_profiles = ["3g.40gb", "1g.10gb", "1g.10gb", "2g.20gb"]\n'
+)
+MIG_EXPECTED = '[inventory.expected]\nmig_profiles = ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]\n'
+
 # (id, scenario, config, expected problems, exit code)
 CASES: list[tuple[str, str, str, set[tuple[int | None, str, str, str]], int]] = [
     ("healthy-hgx", HGX, "[inventory.expected]\ngpus = 8\n", set(), 0),
@@ -155,6 +160,44 @@ CASES: list[tuple[str, str, str, set[tuple[int | None, str, str, str]], int]] = 
         H100.format(gpus=2) + _fault("app_clocks", 0, mhz=1410),
         "",
         {(0, "settings", "WARN", "gpu-clocks-set")},
+        1,
+    ),
+    (
+        "mig-layout-as-expected",
+        MIG_NODE,
+        MIG_EXPECTED,
+        set(),
+        0,
+    ),
+    (
+        "mig-layout-stale",
+        MIG_NODE + _fault("mig_instances", 1, profiles=["1g.10gb", "2g.20gb"]),
+        MIG_EXPECTED,
+        {(1, "mig_layout", "WARN", "gpu-mig-layout")},
+        1,
+    ),
+    (
+        "persistence-on-expected-off",
+        H100.format(gpus=2),
+        '[checks.persistence]\nenabled = false\n[inventory.expected]\npersistence = "disabled"\n',
+        {
+            (0, "persistence_mode", "WARN", "gpu-persistence-mismatch"),
+            (1, "persistence_mode", "WARN", "gpu-persistence-mismatch"),
+        },
+        1,
+    ),
+    (
+        "persistence-off-expected-on-reported-once",
+        H100.format(gpus=2) + _fault("persistence_off", 0),
+        '[inventory.expected]\npersistence = "enabled"\n',
+        {(0, "persistence", "WARN", "gpu-persistence-off")},
+        1,
+    ),
+    (
+        "persistence-off-expected-on-check-disabled",
+        H100.format(gpus=2) + _fault("persistence_off", 0),
+        '[checks.persistence]\nenabled = false\n[inventory.expected]\npersistence = "enabled"\n',
+        {(0, "persistence_mode", "WARN", "gpu-persistence-off")},
         1,
     ),
     (
@@ -277,3 +320,17 @@ def test_pci_changes_refresh_the_inventory(tmp_path: Path) -> None:
         assert doc["node"]["inventory"]["collected_at"] > before
     finally:
         daemon.stop()
+
+
+def test_check_shows_the_mig_instances_and_the_stale_layout(tmp_path: Path) -> None:
+    scenario = MIG_NODE + _fault("mig_instances", 1, profiles=["7g.80gb"])
+    _, doc = _check(tmp_path, scenario, MIG_EXPECTED)
+    gpus = doc["node"]["inventory"]["gpus"]
+    assert gpus[0]["mig"]["instances"] == ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]
+    assert gpus[1]["mig"] == {"current": True, "pending": True, "instances": ["7g.80gb"]}
+    (finding,) = [f for f in doc["gpus"][1]["findings"] if f["check"] == "mig_layout"]
+    assert finding["reason"] == (
+        "MIG layout 7g.80gb, expected 2x 1g.10gb, 2g.20gb, 3g.40gb "
+        "(missing 2x 1g.10gb, 2g.20gb, 3g.40gb; unexpected 7g.80gb)"
+    )
+    assert finding["action"] == "set_mig_layout"

@@ -88,7 +88,7 @@ def test_panels_do_not_overlap():
 
 
 @pytest.mark.parametrize(
-    "section", ["health", "XID", "ECC", "Thermal", "Power", "PCIe", "Remediation"]
+    "section", ["health", "XID", "ECC", "Thermal", "Power", "PCIe", "Remediation", "Inventory"]
 )
 def test_dashboard_has_row(section):
     rows = [p["title"] for p in _load()["panels"] if p["type"] == "row"]

@@ -343,9 +343,34 @@ def test_inventory_metrics_leave_out_what_is_not_known() -> None:
         ("[inventory.expected]\n\ngpus = -1\n", "inventory.expected.gpus", 3),
         ("[inventory.expected]\nmodules = 'nvidia'\n", "inventory.expected.modules", 2),
         ("[inventory]\nlern = true\n", "inventory.lern", 2),
+        (
+            "[inventory.expected]\nmig_profiles = ['1g.10gb', '3g40gb']\n",
+            "inventory.expected.mig_profiles",
+            2,
+        ),
+        ("[inventory.expected]\npersistence = true\n", "inventory.expected.persistence", 2),
+        # Expecting it off while the persistence check wants it on: one of them must give.
+        (
+            (
+                "[checks.persistence]\nenabled = true\n"
+                "[inventory.expected]\npersistence = 'disabled'\n"
+            ),
+            "inventory.expected.persistence",
+            4,
+        ),
     ],
 )
 def test_inventory_config_errors_name_key_and_line(text: str, key: str, line: int) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(text)
     assert (info.value.key, info.value.line) == (key, line)
+
+
+def test_inventory_expectations_are_read() -> None:
+    config = parse_config(
+        "[checks.persistence]\nenabled = false\n[inventory.expected]\n"
+        "persistence = 'disabled'\nmig_profiles = ['1g.10gb', '1g.10gb+me', '3g.40gb']\n"
+    )
+    expected = config.inventory.expected
+    assert expected.persistence == "disabled"
+    assert expected.mig_profiles == ["1g.10gb", "1g.10gb+me", "3g.40gb"]

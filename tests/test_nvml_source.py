@@ -8,6 +8,7 @@ import pytest
 
 from conftest import FakeClock
 from gpuagent.config import NvmlSourceSection
+from gpuagent.nvml.device import mig_profile_name
 from gpuagent.sim import SimulatedNode, parse_scenario
 from gpuagent.sources.nvml import NvmlSource
 
@@ -156,3 +157,62 @@ async def test_fabric_and_gsp_absent_where_not_supported() -> None:
     assert gpu.identity.gsp_firmware_version is None
     assert gpu.readings is not None
     assert (gpu.readings.fabric_state, gpu.readings.fabric_ok) == ("completed", False)
+
+
+MIG_NODE = '[node]\ngpus = 2\nmig_mode = true\nmig_profiles = ["3g.40gb", "1g.10gb", "1g.10gb"]\n'
+
+
+async def test_mig_instances_are_read_on_the_slow_cadence_while_mig_is_on() -> None:
+    scenario = MIG_NODE + '[[fault]]\ngpu = 1\nkind = "mig_instances"\nprofiles = ["1g.10gb+me"]\n'
+    with SimulatedNode(parse_scenario(scenario)) as node:
+        clock = FakeClock()
+        source = _source(node, clock, slow_interval_seconds=30)
+        first, second = (await source.poll()).gpus
+        assert first.readings is not None
+        assert second.readings is not None
+        assert first.readings.mig_instances == ("1g.10gb", "1g.10gb", "3g.40gb")
+        assert second.readings.mig_instances == ("1g.10gb+me",)
+        # The profiles are read once; later slow reads list the instances only.
+        node.reset_call_counts()
+        node.inject("mig_instances", 0, {"profiles": ["7g.80gb"]})
+        clock.now += 5
+        carried = (await source.poll()).gpus[0].readings
+        assert carried is not None
+        assert carried.mig_instances == ("1g.10gb", "1g.10gb", "3g.40gb")
+        clock.now += 30
+        fresh = (await source.poll()).gpus[0].readings
+        assert fresh is not None
+        assert fresh.mig_instances == ("7g.80gb",)
+        counts = node.call_counts()
+        await source.close()
+    assert "nvmlDeviceGetGpuInstanceProfileInfoV" not in counts
+    assert counts["nvmlDeviceGetGpuInstances"] == 2 * 7  # one slow read, 7 profiles, 2 GPUs
+
+
+async def test_no_mig_calls_while_mig_is_off(node: SimulatedNode) -> None:
+    source = _source(node, FakeClock())
+    observation = await source.poll()
+    await source.close()
+    assert all(
+        g.readings is not None and g.readings.mig_instances is None for g in observation.gpus
+    )
+    called = node.call_counts()
+    assert not {"nvmlDeviceGetGpuInstanceProfileInfoV", "nvmlDeviceGetGpuInstances"} & set(called)
+
+
+@pytest.mark.parametrize(
+    ("slices", "memory_mib", "nvml_name", "name"),
+    [
+        (1, 9984, "MIG 1g.10gb", "1g.10gb"),
+        (1, 9984, "MIG 1g.10gb+me", "1g.10gb+me"),
+        (1, 9984, "", "1g.10gb"),
+        (1, 4864, "", "1g.5gb"),
+        (3, 40448, "", "3g.40gb"),
+        (4, 40448, "", "4g.40gb"),
+        (7, 81152, "", "7g.80gb"),
+        (7, 40192, "  ", "7g.40gb"),
+        (2, 20480, "", "2g.20gb"),
+    ],
+)
+def test_mig_profile_names(slices: int, memory_mib: int, nvml_name: str, name: str) -> None:
+    assert mig_profile_name(slices, memory_mib, nvml_name) == name

@@ -289,6 +289,59 @@ def test_ecc_and_mig_mode_changes_wait_for_a_reset(node: SimulatedNode) -> None:
     assert pynvml.nvmlDeviceGetMigMode(handle(1)) == [1, 1]
 
 
+def _instances(index: int) -> list[str]:
+    """The GPU's instances as nvidia-smi names their profiles, through the NVML calls."""
+    names = []
+    for profile in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+        try:
+            info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle(index), profile)
+        except pynvml.NVMLError_NotSupported:
+            continue
+        slots = (pynvml.c_nvmlGpuInstance_t * info.instanceCount)()
+        count = ctypes.c_uint()
+        pynvml.nvmlDeviceGetGpuInstances(handle(index), info.id, slots, ctypes.byref(count))
+        names += [str(info.name).removeprefix("MIG ")] * count.value
+    return sorted(names)
+
+
+def test_mig_instances_follow_the_scenario_faults_and_resets(make_node: MakeNode) -> None:
+    node = make_node('[node]\ngpus = 2\nmig_mode = true\nmig_profiles = ["3g.40gb", "2g.20gb"]\n')
+    assert _instances(0) == _instances(1) == ["2g.20gb", "3g.40gb"]
+    node.inject("mig_instances", 1, {"profiles": ["1g.10gb", "1g.10gb"]})
+    assert _instances(1) == ["1g.10gb", "1g.10gb"]
+    node.reset_gpu(0)  # a reset destroys the instances
+    assert _instances(0) == []
+    node.inject("clear", 0, {})
+    assert _instances(0) == ["2g.20gb", "3g.40gb"]
+    # MIG mode off: no profiles, no instances, and the fault changes nothing.
+    node.inject("mig_mode", 1, {"enabled": False})
+    node.reset_gpu(1)
+    node.inject("mig_instances", 1, {"profiles": ["7g.80gb"]})
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle(1), 0)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetGpuInstances(handle(1), 0, None, ctypes.byref(ctypes.c_uint()))
+
+
+def test_gpu_instance_calls_check_their_arguments(make_node: MakeNode) -> None:
+    make_node('[node]\nmig_mode = true\nmig_profiles = ["1g.10gb", "1g.10gb"]\n')
+    info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle(0), 0)
+    assert (info.id, info.sliceCount, info.instanceCount, info.memorySizeMB) == (19, 1, 7, 9984)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle(0), 99)
+    with pytest.raises(pynvml.NVMLError_NotSupported):  # an 8-slice profile: not on an H100
+        pynvml.nvmlDeviceGetGpuInstanceProfileInfo(
+            handle(0), pynvml.NVML_GPU_INSTANCE_PROFILE_8_SLICE
+        )
+    with pytest.raises(pynvml.NVMLError_FunctionNotFound):  # v1 is not implemented
+        pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle(0), 0, version=1)
+    one = (pynvml.c_nvmlGpuInstance_t * 1)()
+    with pytest.raises(pynvml.NVMLError_InsufficientSize):
+        pynvml.nvmlDeviceGetGpuInstances(handle(0), 19, one, ctypes.byref(ctypes.c_uint()))
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceGetGpuInstances(handle(0), 77, one, ctypes.byref(ctypes.c_uint()))
+
+
 def test_power_limit_and_app_clocks_stay_until_clear(node: SimulatedNode) -> None:
     graphics = pynvml.NVML_CLOCK_GRAPHICS
     default = pynvml.nvmlDeviceGetDefaultApplicationsClock(handle(2), graphics)
@@ -341,6 +394,7 @@ def test_every_kind_has_a_test_here() -> None:
         "temperature", "throttle", "pcie_degrade", "pcie_replay", "gpu_lost", "nvml_hang",
         "persistence_off", "nvlink_down", "nvlink_errors", "process", "process_exit", "xid",
         "clear", "ecc_mode", "mig_mode", "power_limit", "app_clocks", "fabric",
+        "mig_instances",
     }  # fmt: skip
     assert set(FAULT_KINDS) == tested
 
@@ -371,6 +425,19 @@ def test_every_kind_has_a_test_here() -> None:
         ("nvml_hang", 0, {"seconds": 0}, "seconds: must be at least 0.001"),
         ("retired_pages", 0, {"cause": "tbe"}, "cause: expected one of 'sbe', 'dbe'"),
         ("retired_pages", 0, {"pending": 1}, "pending: expected true or false, got int 1"),
+        ("mig_instances", 0, {"profiles": ["1g.5gb"]}, "profiles: unknown '1g.5gb' (known: 1g."),
+        (
+            "mig_instances",
+            0,
+            {"profiles": ["4g.40gb", "4g.40gb"]},
+            "profiles: at most 1 4g.40gb instances fit on one GPU",
+        ),
+        (
+            "mig_instances",
+            0,
+            {"profiles": ["4g.40gb", "3g.40gb", "1g.10gb"]},
+            "profiles: 8 slices do not fit on one GPU of 7",
+        ),
     ],
 )
 def test_inject_rejects_invalid_faults(

@@ -146,6 +146,14 @@ def test_unknown_fault_kind_names_key_and_line() -> None:
             '[node]\ninit_error = "gone"\n',
             "node.init_error (line 2): expected one of 'driver_not_loaded', 'library_not_found'",
         ),
+        (
+            '[node]\nmig_profiles = ["1g.10gb", "9g.90gb"]\n',
+            "node.mig_profiles (line 2): unknown profile '9g.90gb' (known: 1g.10gb",
+        ),
+        (
+            '[node]\nmig_profiles = ["7g.80gb", "1g.10gb"]\n',
+            "node.mig_profiles (line 2): 8 slices do not fit on one GPU of 7",
+        ),
         ("node = 3\n", "node (line 1): expected a table"),
         ("fault = 3\n", "fault (line 1): expected [[fault]] tables"),
         ("[node\n", "line 1: invalid TOML"),

@@ -305,6 +305,13 @@ class InventoryExpected:
     power_limit_watts: float = 0.0
     # Kernel modules that must be loaded (nvidia_peermem on GPUDirect RDMA nodes).
     modules: list[str] = field(default_factory=lambda: ["nvidia"])
+    # GPU-instance profiles every GPU with MIG enabled should carry, as a multiset
+    # (["1g.10gb", "1g.10gb", "3g.40gb"]); empty: no expectation. (The MIG mode itself is
+    # checks.mig.expected.)
+    mig_profiles: list[str] = field(default_factory=list)
+    # Persistence mode every GPU should be in; "any": no expectation beyond the persistence
+    # check's. "disabled" needs checks.persistence.enabled = false (that check wants it on).
+    persistence: Literal["any", "enabled", "disabled"] = "any"
 
 
 @dataclass(frozen=True)
@@ -538,6 +545,8 @@ _NON_NEGATIVE = {
     "inventory.expected.gpus",
     "inventory.expected.power_limit_watts",
 }
+# A GPU-instance profile as nvidia-smi names it: slices "g", memory "gb", and a variant.
+_MIG_PROFILE_RE = re.compile(r"^[1-9]\d*g\.[1-9]\d*gb([+-][a-z]+(\.[a-z]+)?)?$")
 _LISTEN_RE = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]*):(\d{1,5})$")
 
 
@@ -547,6 +556,10 @@ def _check_value(key: str, value: object) -> str | None:
         return "must be greater than 0"
     if key in _NON_NEGATIVE and isinstance(value, int | float) and value < 0:
         return "must not be negative"
+    if key == "inventory.expected.mig_profiles" and isinstance(value, list):
+        odd = [p for p in value if not _MIG_PROFILE_RE.match(p)]
+        if odd:
+            return f'{odd[0]!r} is not a GPU-instance profile name like "1g.10gb" or "1g.10gb+me"'
     if key.endswith(".port") and isinstance(value, int) and not 0 < value < 65536:
         return "must be a port number, 1 to 65535"
     if key in ("agent.node_name", "agent.cluster") and value and not NAME_RE.match(str(value)):
@@ -581,7 +594,22 @@ def read_text(path: Path) -> str:
 
 def parse_config(text: str) -> Config:
     data = parse_toml(text)
-    return build_dataclass(Config, data, text)
+    config = build_dataclass(Config, data, text)
+    _check_consistency(config, text)
+    return config
+
+
+def _check_consistency(config: Config, text: str) -> None:
+    """Rules that span keys: what one key says must not contradict another."""
+    expected = config.inventory.expected
+    if expected.persistence == "disabled" and config.checks.persistence.enabled:
+        key = "inventory.expected.persistence"
+        raise ConfigError(
+            '"disabled" contradicts the persistence check, which wants persistence on: '
+            "set checks.persistence.enabled = false as well",
+            key=key,
+            line=find_line(text, key),
+        )
 
 
 def parse_toml(text: str) -> dict[str, Any]:

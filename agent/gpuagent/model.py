@@ -133,6 +133,9 @@ class GpuReadings:
     persistence_mode: bool | None = None
     mig_mode_current: bool | None = None
     mig_mode_pending: bool | None = None
+    # The GPU instances' profile names ("1g.10gb"), sorted; None unless MIG mode is on and
+    # NVML lists them (read on the slow cadence).
+    mig_instances: tuple[str, ...] | None = None
     ecc_enabled_pending: bool | None = None  # takes effect at the next reset
     applications_clock_mhz: int | None = None  # graphics; the default unless someone set it
     # NVSwitch systems: the GPU's registration with Fabric Manager. None: not supported.

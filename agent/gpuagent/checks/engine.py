@@ -25,6 +25,8 @@ from gpuagent.checks.inventory import (
     check_fabric,
     check_firmware,
     check_gpu_count,
+    check_mig_layout,
+    check_persistence_mode,
     check_services,
     check_settings,
 )
@@ -114,7 +116,7 @@ class InventoryGpuCheck:
     """A per-GPU inventory check; like a readings check it needs the GPU to answer."""
 
     name: str
-    run: Callable[[GpuInventory, InventoryExpected], Outcome]
+    run: Callable[[GpuInventory, InventoryExpected, ChecksSection], Outcome]
 
 
 # Run only when the daemon has an inventory (`inventory.enabled`), after the checks above.
@@ -129,6 +131,8 @@ INVENTORY_NODE_CHECKS: tuple[InventoryNodeCheck, ...] = (
 )
 INVENTORY_GPU_CHECKS: tuple[InventoryGpuCheck, ...] = (
     InventoryGpuCheck("ecc_mode", check_ecc_mode),
+    InventoryGpuCheck("mig_layout", check_mig_layout),
+    InventoryGpuCheck("persistence_mode", check_persistence_mode),
     InventoryGpuCheck("settings", check_settings),
 )
 
@@ -208,7 +212,9 @@ def _gpu_inventory_findings(
         to_finding(
             check.name,
             bus_id,
-            no_data(state) if readings is None or gpu is None else check.run(gpu, view.expected),
+            no_data(state)
+            if readings is None or gpu is None
+            else check.run(gpu, view.expected, context.config),
         )
         for check in INVENTORY_GPU_CHECKS
     ]

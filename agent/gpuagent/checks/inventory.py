@@ -5,17 +5,19 @@ Node level: `gpu_count` (GPUs missing, and whether from NVML only or from the bu
 firmware against the driver), `services` (nvidia-persistenced), `fabric` (NVSwitch
 systems: Fabric Manager and each GPU's fabric registration) and `drift` (versions
 against the expected ones and the learned baseline). Per GPU: `ecc_mode` (a change
-pending a reset) and `settings` (a power cap or clocks left behind). Pure functions of
-the inventory, the expectations and the baseline.
+pending a reset), `mig_layout` (GPU instances against the expected layout),
+`persistence_mode` (against the expected mode) and `settings` (a power cap or clocks left
+behind). Pure functions of the inventory, the expectations and the baseline.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from gpuagent.checks.common import Evidence, Outcome, Problem, fmt, plural
 from gpuagent.checks.vocabulary import Action, Runbook
-from gpuagent.config import InventoryExpected
+from gpuagent.config import ChecksSection, InventoryExpected
 from gpuagent.inventory.model import (
     FABRIC_MANAGER,
     PERSISTENCED,
@@ -279,7 +281,9 @@ def _on_off(enabled: bool | None) -> str:
     return "not supported" if enabled is None else ("enabled" if enabled else "disabled")
 
 
-def check_ecc_mode(gpu: GpuInventory, _expected: InventoryExpected) -> Outcome:
+def check_ecc_mode(
+    gpu: GpuInventory, _expected: InventoryExpected, _checks: ChecksSection
+) -> Outcome:
     evidence: Evidence = (("ecc_current", gpu.ecc_current), ("ecc_pending", gpu.ecc_pending))
     if gpu.ecc_current is None or gpu.ecc_pending is None or gpu.ecc_current == gpu.ecc_pending:
         return Outcome(f"ECC mode {_on_off(gpu.ecc_current)}, nothing pending", evidence)
@@ -292,7 +296,9 @@ def check_ecc_mode(gpu: GpuInventory, _expected: InventoryExpected) -> Outcome:
     return Outcome("", evidence, (problem,))
 
 
-def check_settings(gpu: GpuInventory, expected: InventoryExpected) -> Outcome:
+def check_settings(
+    gpu: GpuInventory, expected: InventoryExpected, _checks: ChecksSection
+) -> Outcome:
     reference = expected.power_limit_watts or gpu.power_default_limit_w
     evidence: Evidence = (
         ("power_limit_w", gpu.power_limit_w),
@@ -334,3 +340,77 @@ def check_settings(gpu: GpuInventory, expected: InventoryExpected) -> Outcome:
             )
         )
     return Outcome("power limit and clocks at their defaults", evidence, tuple(problems))
+
+
+def layout_text(profiles: tuple[str, ...] | list[str]) -> str:
+    """A multiset of profiles, most specific first: "2x 1g.10gb, 3g.40gb"."""
+    if not profiles:
+        return "no GPU instances"
+    counts = sorted(Counter(profiles).items())
+    return ", ".join(name if n == 1 else f"{n}x {name}" for name, n in counts)
+
+
+def check_mig_layout(
+    gpu: GpuInventory, expected: InventoryExpected, _checks: ChecksSection
+) -> Outcome:
+    wanted = tuple(sorted(expected.mig_profiles))
+    evidence: Evidence = (
+        ("mig_mode_current", gpu.mig_current),
+        ("mig_instances", None if gpu.mig_instances is None else ",".join(gpu.mig_instances)),
+        ("mig_profiles_expected", ",".join(wanted) or None),
+    )
+    # MIG off (or not supported): no instances to judge; the mode is the mig check's.
+    if gpu.mig_current is not True:
+        return Outcome("MIG mode off: no GPU instances", evidence)
+    if gpu.mig_instances is None:
+        return Outcome("MIG GPU instances not reported", evidence)
+    have = layout_text(gpu.mig_instances)
+    if not wanted:
+        return Outcome(f"MIG layout {have}", evidence)
+    if Counter(gpu.mig_instances) == Counter(wanted):
+        return Outcome(f"MIG layout {have}, as expected", evidence)
+    missing = Counter(wanted) - Counter(gpu.mig_instances)
+    extra = Counter(gpu.mig_instances) - Counter(wanted)
+    parts = [
+        f"{label} {layout_text(tuple(diff.elements()))}"
+        for label, diff in (("missing", missing), ("unexpected", extra))
+        if diff
+    ]
+    problem = Problem(
+        Severity.WARN,
+        f"MIG layout {have}, expected {layout_text(wanted)} ({'; '.join(parts)})",
+        Action.SET_MIG_LAYOUT,
+        Runbook.GPU_MIG_LAYOUT,
+    )
+    return Outcome("", evidence, (problem,))
+
+
+def check_persistence_mode(
+    gpu: GpuInventory, expected: InventoryExpected, checks: ChecksSection
+) -> Outcome:
+    """Persistence mode against `inventory.expected.persistence`.
+
+    "Off when it should be on" is the persistence check's finding while that check is
+    enabled (with its remediation); this check reports it only when that one is disabled,
+    so one condition never makes two findings. "On when it should be off" is this check's
+    alone (configuration rejects "disabled" together with the persistence check).
+    """
+    mode, wanted = gpu.persistence, expected.persistence
+    evidence: Evidence = (("persistence_mode", mode), ("persistence_expected", wanted))
+    if mode is None:
+        return Outcome("persistence mode not reported", evidence)
+    word = _on_off(mode)
+    if wanted in ("any", word):
+        return Outcome(
+            f"persistence mode {word}" + (", as expected" if wanted == word else ""), evidence
+        )
+    if not mode and checks.persistence.enabled:
+        return Outcome("persistence mode disabled: reported by the persistence check", evidence)
+    if mode:
+        action, runbook = Action.DISABLE_PERSISTENCE, Runbook.GPU_PERSISTENCE_MISMATCH
+    else:
+        action, runbook = Action.ENABLE_PERSISTENCE, Runbook.GPU_PERSISTENCE_OFF
+    problem = Problem(
+        Severity.WARN, f"persistence mode is {word}, expected {wanted}", action, runbook
+    )
+    return Outcome("", evidence, (problem,))

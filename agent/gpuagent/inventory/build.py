@@ -30,6 +30,7 @@ def _gpu(state: GpuState) -> GpuInventory:
         ecc_pending=None if r is None else r.ecc_enabled_pending,
         mig_current=None if r is None else r.mig_mode_current,
         mig_pending=None if r is None else r.mig_mode_pending,
+        mig_instances=None if r is None else r.mig_instances,
         persistence=None if r is None else r.persistence_mode,
         power_limit_w=None if r is None else r.power_limit_w,
         applications_clock_mhz=None if r is None else r.applications_clock_mhz,

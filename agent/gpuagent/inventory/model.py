@@ -78,6 +78,7 @@ class GpuInventory:
     ecc_pending: bool | None = None
     mig_current: bool | None = None
     mig_pending: bool | None = None
+    mig_instances: tuple[str, ...] | None = None  # GPU-instance profiles, sorted
     persistence: bool | None = None
     power_limit_w: float | None = None
     power_default_limit_w: float | None = None
@@ -158,7 +159,11 @@ def _gpu_json(gpu: GpuInventory) -> dict[str, Any]:
         "inforom_version": gpu.inforom_version,
         "gsp_firmware_version": gpu.gsp_firmware_version,
         "ecc": {"current": gpu.ecc_current, "pending": gpu.ecc_pending},
-        "mig": {"current": gpu.mig_current, "pending": gpu.mig_pending},
+        "mig": {
+            "current": gpu.mig_current,
+            "pending": gpu.mig_pending,
+            "instances": None if gpu.mig_instances is None else list(gpu.mig_instances),
+        },
         "persistence": gpu.persistence,
         "power_limit_w": gpu.power_limit_w,
         "power_default_limit_w": gpu.power_default_limit_w,

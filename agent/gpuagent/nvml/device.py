@@ -2,14 +2,16 @@
 
 Runs on the GPU's worker thread (blocking). Calls per poll are kept low: most counters
 come in one `nvmlDeviceGetFieldValues` batch, and values that rarely change (persistence,
-MIG/ECC mode, PCIe link state, memory clock) are read on the slower cadence and carried
-between slow reads.
+MIG/ECC mode, PCIe link state, memory clock, and the GPU instances while MIG is on) are
+read on the slower cadence and carried between slow reads.
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pynvml
@@ -72,6 +74,28 @@ _VALUE_MEMBER = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class MigProfile:
+    """A GPU-instance profile the GPU offers (fixed for the GPU)."""
+
+    profile_id: int  # what nvmlDeviceGetGpuInstances takes
+    name: str  # "1g.10gb"
+    max_instances: int
+
+
+def mig_profile_name(slices: int, memory_mib: int, nvml_name: str = "") -> str:
+    """A GPU-instance profile's name as nvidia-smi shows it ("1g.10gb", "1g.10gb+me").
+
+    NVML's own name (the v2 profile info's, "MIG 1g.10gb") is used when it gives one;
+    otherwise the name is built from the slice count and the memory, rounded up to whole
+    GiB the way NVIDIA names profiles (9984 MiB → 10gb, 81152 MiB → 80gb).
+    """
+    name = nvml_name.strip().removeprefix("MIG ").strip()
+    if name:
+        return name
+    return f"{slices}g.{math.ceil(memory_mib / 1024)}gb"
+
+
 def canonical_bus_id(nvml_bus_id: str) -> str:
     """NVML's "00000000:18:00.0" → sysfs's "0000:18:00.0" (lower case)."""
     domain, _, rest = nvml_bus_id.strip().lower().partition(":")
@@ -119,6 +143,7 @@ class Device:
         self._fields: list[Any] = list(_COUNTER_FIELDS)
         self._nvlink_count = 0
         self._power_field_supported = True
+        self._mig_profiles: tuple[MigProfile, ...] | None = None  # read once, when MIG is on
 
     def _get(self, call: str, fn: Callable[..., Any], *args: object) -> Any:
         return self.worker.track(call, optional, call, fn, self.handle, *args)
@@ -273,6 +298,7 @@ class Device:
             ),
         }
         slow.update(self._read_fabric())
+        slow["mig_instances"] = self._read_mig_instances() if slow["mig_mode_current"] else None
         if not self._power_field_supported:
             limit = self._get(
                 "nvmlDeviceGetEnforcedPowerLimit", pynvml.nvmlDeviceGetEnforcedPowerLimit
@@ -292,6 +318,43 @@ class Device:
         # The status only means something once registration has completed.
         ok = int(info.status) == pynvml.NVML_SUCCESS if state == "completed" else None
         return {"fabric_state": state, "fabric_ok": ok}
+
+    def _read_mig_profiles(self) -> tuple[MigProfile, ...]:
+        """The GPU-instance profiles this GPU offers; NotSupported ones are left out."""
+        profiles = []
+        for index in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            info = self._get(
+                "nvmlDeviceGetGpuInstanceProfileInfoV",
+                pynvml.nvmlDeviceGetGpuInstanceProfileInfo,
+                index,
+            )
+            if info is None or info.instanceCount == 0:
+                continue
+            name = mig_profile_name(info.sliceCount, info.memorySizeMB, text(info.name) or "")
+            profiles.append(MigProfile(int(info.id), name, int(info.instanceCount)))
+        return tuple(profiles)
+
+    def _read_mig_instances(self) -> tuple[str, ...] | None:
+        """The profile of every GPU instance, sorted; None when NVML cannot list them."""
+        if self._mig_profiles is None:
+            self._mig_profiles = self._read_mig_profiles()
+        if not self._mig_profiles:
+            return None
+        names: list[str] = []
+        for profile in self._mig_profiles:
+            slots = (pynvml.c_nvmlGpuInstance_t * profile.max_instances)()
+            count = ctypes.c_uint(0)
+            listed = self._get(
+                "nvmlDeviceGetGpuInstances",
+                pynvml.nvmlDeviceGetGpuInstances,
+                profile.profile_id,
+                slots,
+                ctypes.byref(count),
+            )
+            if listed is None:
+                return None  # one profile not answering: the layout is not known
+            names += [profile.name] * int(count.value)
+        return tuple(sorted(names))
 
     def _process(self, info: Any) -> GpuProcess:
         used = getattr(info, "usedGpuMemory", None)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gpuagent.sim import codes, hardware
-from gpuagent.sim.gpu import SimGpu, SimProcess
+from gpuagent.sim.gpu import SimGpu, SimProcess, make_instances
 
 ParamValue = int | float | bool | str | tuple[str, ...]
 Params = Mapping[str, ParamValue]
@@ -181,6 +181,13 @@ def _mig_mode(gpu: SimGpu, params: Params, _at: float) -> Events:
     return ()
 
 
+def _mig_instances(gpu: SimGpu, params: Params, _at: float) -> Events:
+    # `nvidia-smi mig -dgi` / `-cgi`: the GPU's instances become exactly these (MIG mode on).
+    if gpu.mig_mode:
+        gpu.mig_instances = make_instances(_names(params["profiles"]))
+    return ()
+
+
 def _power_limit(gpu: SimGpu, params: Params, _at: float) -> Events:
     gpu.power_limit_mw = round(_number(params["watts"]) * 1000)
     return ()
@@ -279,6 +286,11 @@ KINDS: dict[str, FaultKind] = {
         FaultKind("ecc_mode", (Param("enabled", "bool", required=True),), _ecc_mode),
         FaultKind("mig_mode", (Param("enabled", "bool", required=True),), _mig_mode),
         FaultKind(
+            "mig_instances",
+            (Param("profiles", "names", required=True, choices=hardware.MIG_PROFILE_NAMES),),
+            _mig_instances,
+        ),
+        FaultKind(
             "power_limit",
             (
                 Param(
@@ -331,11 +343,22 @@ def check_params(kind: str, given: Mapping[str, object], *, nvlinks: int) -> dic
             checked[param.name] = param.default
             continue
         checked[param.name] = _check_value(param, given[param.name])
+    _check_together(kind, given, checked, nvlinks)
+    return checked
+
+
+def _check_together(
+    kind: str, given: Mapping[str, object], checked: Mapping[str, ParamValue], nvlinks: int
+) -> None:
+    """Rules about parameters together, or about the node they apply to."""
     if kind == "pcie_degrade" and not given:
         raise FaultError("give gen, width or both", key="gen")
+    if kind == "mig_instances":
+        problem = hardware.mig_layout_problem(_names(checked["profiles"]))
+        if problem is not None:
+            raise FaultError(problem, key="profiles")
     if "link" in checked and _int(checked["link"]) >= nvlinks:
         raise FaultError(f"no such NVLink: this GPU has {nvlinks} links", key="link")
-    return checked
 
 
 def _check_value(param: Param, value: object) -> ParamValue:

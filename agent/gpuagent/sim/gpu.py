@@ -31,6 +31,19 @@ class SimProcess:
     used_bytes: int
 
 
+@dataclass(slots=True)
+class SimGpuInstance:
+    """A MIG GPU instance; NVML hands out a pointer to ``handle``."""
+
+    profile: hardware.MigProfile
+    handle: pynvml.struct_c_nvmlGpuInstance_t
+
+
+def make_instances(profiles: tuple[str, ...]) -> list[SimGpuInstance]:
+    by_name = {p.name: p for p in hardware.MIG_PROFILES}
+    return [SimGpuInstance(by_name[n], pynvml.struct_c_nvmlGpuInstance_t()) for n in profiles]
+
+
 class SimGpu:
     """One GPU: identity, modes, counters and fault state."""
 
@@ -43,6 +56,7 @@ class SimGpu:
         ecc: bool,
         persistence: bool,
         mig_mode: bool,
+        mig_profiles: tuple[str, ...] = (),
     ) -> None:
         self.board = board
         self.index = board.index
@@ -63,6 +77,9 @@ class SimGpu:
         # Mode changes wait for the next reset, as on a real GPU.
         self.ecc_pending = ecc
         self.mig_pending = mig_mode
+        # The GPU instances MIG mode carries at start (and after `clear`).
+        self.default_mig_profiles = mig_profiles
+        self.mig_instances = make_instances(mig_profiles) if mig_mode else []
         self.power_limit_mw = hardware.POWER_DEFAULT_LIMIT_MW
         self.applications_clock_mhz = hardware.APPLICATIONS_CLOCK_DEFAULT_MHZ
         # nvmlGpuFabricState_t and the registration's nvmlReturn_t (NVSwitch systems).
@@ -176,6 +193,8 @@ class SimGpu:
         self.hang_until = 0.0
         self.ecc_enabled = self.ecc_pending
         self.mig_mode = self.mig_pending
+        # GPU instances do not survive a reset; they are created again by whoever owns them.
+        self.mig_instances = []
 
     def clear(self) -> None:
         """Back to healthy: every fault condition removed, lifetime counters kept."""
@@ -191,5 +210,6 @@ class SimGpu:
         self.power_limit_mw = hardware.POWER_DEFAULT_LIMIT_MW
         self.ecc_pending = self.ecc_enabled
         self.mig_pending = self.mig_mode
+        self.mig_instances = make_instances(self.default_mig_profiles) if self.mig_mode else []
         self.nvlink_up = [True] * self.nvlinks
         self.processes.clear()

@@ -10,6 +10,8 @@ import random
 import uuid
 from dataclasses import dataclass
 
+from gpuagent.sim import codes
+
 # The eight GPU bus numbers of an HGX H100 baseboard, in NVML (bus) order.
 HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 # Nodes with more than eight GPUs use a 16-slot layout: two GPUs behind each switch pair.
@@ -55,6 +57,51 @@ VIDEO_CLOCK_MAX_MHZ = 1755
 PCIE_MAX_GENERATION = 5
 PCIE_MAX_WIDTH = 16
 PCIE_WIDTHS = (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True, slots=True)
+class MigProfile:
+    """A GPU-instance profile of the H100 80GB, as `nvidia-smi mig -lgip` lists it."""
+
+    name: str
+    index: int  # NVML_GPU_INSTANCE_PROFILE_*: what the profile info call takes
+    profile_id: int  # what nvmlDeviceGetGpuInstances takes
+    slices: int
+    max_instances: int
+    memory_mib: int
+
+
+MIG_PROFILES = (
+    MigProfile("1g.10gb", codes.GPU_INSTANCE_PROFILE_1_SLICE, 19, 1, 7, 9984),
+    MigProfile("1g.10gb+me", codes.GPU_INSTANCE_PROFILE_1_SLICE_REV1, 20, 1, 1, 9984),
+    MigProfile("1g.20gb", codes.GPU_INSTANCE_PROFILE_1_SLICE_REV2, 15, 1, 4, 20096),
+    MigProfile("2g.20gb", codes.GPU_INSTANCE_PROFILE_2_SLICE, 14, 2, 3, 20096),
+    MigProfile("3g.40gb", codes.GPU_INSTANCE_PROFILE_3_SLICE, 9, 3, 2, 40448),
+    MigProfile("4g.40gb", codes.GPU_INSTANCE_PROFILE_4_SLICE, 5, 4, 1, 40448),
+    MigProfile("7g.80gb", codes.GPU_INSTANCE_PROFILE_7_SLICE, 0, 7, 1, 81152),
+)
+MIG_PROFILE_NAMES = tuple(p.name for p in MIG_PROFILES)
+MIG_SLICES = 7  # compute slices one GPU divides into
+MIG_SMS_PER_SLICE = 16
+
+
+def mig_layout_problem(profiles: list[str] | tuple[str, ...]) -> str | None:
+    """Why these GPU instances cannot share one GPU, or None when they can.
+
+    Counted by slices and by each profile's instance limit (placement is not modelled).
+    """
+    known = {p.name: p for p in MIG_PROFILES}
+    unknown = [name for name in profiles if name not in known]
+    if unknown:
+        return f"unknown profile {unknown[0]!r} (known: {', '.join(MIG_PROFILE_NAMES)})"
+    for name in dict.fromkeys(profiles):
+        if profiles.count(name) > known[name].max_instances:
+            return f"at most {known[name].max_instances} {name} instances fit on one GPU"
+    slices = sum(known[name].slices for name in profiles)
+    if slices > MIG_SLICES:
+        return f"{slices} slices do not fit on one GPU of {MIG_SLICES}"
+    return None
+
 
 ENCODER_SAMPLING_PERIOD_US = 167_000
 NO_INSTANCE_ID = 0xFFFFFFFF  # gpuInstanceId/computeInstanceId when MIG is off

@@ -308,6 +308,8 @@ class SimulatedLibrary:
             "nvmlDeviceGetPersistenceMode": _reply(lambda g, _n: int(g.persistence)),
             "nvmlDeviceGetMigMode": _pair(lambda g: (int(g.mig_mode), int(g.mig_pending))),
             "nvmlDeviceGetEccMode": _pair(lambda g: (int(g.ecc_enabled), int(g.ecc_pending))),
+            "nvmlDeviceGetGpuInstanceProfileInfoV": _gpu_instance_profile_info,
+            "nvmlDeviceGetGpuInstances": _gpu_instances,
             "nvmlDeviceGetInforomImageVersion": lambda _g, _n, buf, size: _put_string(
                 buf, size, hardware.INFOROM_VERSION.encode()
             ),
@@ -509,6 +511,47 @@ def _fabric_info(gpu: SimGpu, _now: float, out: Any) -> int:
     info = _out(out)
     info.state = gpu.fabric_state
     info.status = gpu.fabric_status
+    return codes.SUCCESS
+
+
+_PROFILES_BY_INDEX = {p.index: p for p in hardware.MIG_PROFILES}
+_PROFILES_BY_ID = {p.profile_id: p for p in hardware.MIG_PROFILES}
+
+
+def _gpu_instance_profile_info(gpu: SimGpu, _now: float, profile: Any, out: Any) -> int:
+    which = _int(profile)
+    if not 0 <= which < codes.GPU_INSTANCE_PROFILE_COUNT:
+        return codes.ERROR_INVALID_ARGUMENT
+    info = _out(out)
+    if info.version != codes.GPU_INSTANCE_PROFILE_INFO_V2:
+        return codes.ERROR_ARGUMENT_VERSION_MISMATCH
+    spec = _PROFILES_BY_INDEX.get(which)
+    if not gpu.mig_mode or spec is None:
+        return codes.ERROR_NOT_SUPPORTED  # MIG off, or a profile this GPU does not offer
+    info.id = spec.profile_id
+    info.isP2pSupported = 0
+    info.sliceCount = spec.slices
+    info.instanceCount = spec.max_instances
+    info.multiprocessorCount = spec.slices * hardware.MIG_SMS_PER_SLICE
+    info.copyEngineCount = spec.slices
+    info.memorySizeMB = spec.memory_mib
+    info.name = f"MIG {spec.name}".encode()
+    return codes.SUCCESS
+
+
+def _gpu_instances(gpu: SimGpu, _now: float, profile_id: Any, instances: Any, count: Any) -> int:
+    spec = _PROFILES_BY_ID.get(_int(profile_id))
+    if not gpu.mig_mode:
+        return codes.ERROR_NOT_SUPPORTED
+    if spec is None:
+        return codes.ERROR_INVALID_ARGUMENT
+    found = [i for i in gpu.mig_instances if i.profile is spec]
+    # The caller sizes the array by the profile's instanceCount, as NVML documents.
+    if instances is None or len(instances) < len(found):
+        return codes.ERROR_INSUFFICIENT_SIZE
+    for slot, instance in enumerate(found):
+        instances[slot] = ctypes.pointer(instance.handle)
+    _out(count).value = len(found)
     return codes.SUCCESS
 
 

@@ -40,6 +40,8 @@ class NodeSpec:
     seed: int = 0
     nvlinks: int = hardware.MAX_NVLINKS
     mig_mode: bool = False
+    # GPU instances on every GPU while MIG mode is on, by profile name ("1g.10gb").
+    mig_profiles: list[str] = field(default_factory=list)
     ecc: bool = True
     persistence: bool = True
     vbios_version: str = hardware.VBIOS_VERSION
@@ -121,6 +123,7 @@ def check_node(node: NodeSpec) -> None:
 
 
 def _check_node(node: NodeSpec, text: str) -> None:
+    layout_problem = hardware.mig_layout_problem(node.mig_profiles)
     problems = (
         ("gpus", not 1 <= node.gpus <= hardware.MAX_GPUS, f"must be 1..{hardware.MAX_GPUS}"),
         ("nvlinks", not 0 <= node.nvlinks <= hardware.MAX_NVLINKS,
@@ -140,6 +143,7 @@ def _check_node(node: NodeSpec, text: str) -> None:
          f"must be 0..{hardware.MAX_GPUS} minus node.gpus"),
         ("nvswitches", not 0 <= node.nvswitches <= len(hardware.NVSWITCH_BUSES),
          f"must be 0..{len(hardware.NVSWITCH_BUSES)}"),
+        ("mig_profiles", layout_problem is not None, layout_problem or ""),
     )  # fmt: skip
     for key, bad, message in problems:
         if bad:

@@ -45,6 +45,7 @@ class NodeState:
                 ecc=spec.ecc,
                 persistence=spec.persistence,
                 mig_mode=spec.mig_mode,
+                mig_profiles=tuple(spec.mig_profiles),
             )
             for index, bus in enumerate(hardware.bus_numbers(spec.gpus))
         ]
