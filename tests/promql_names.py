@@ -8,8 +8,15 @@ panel or mute an alert.
 from __future__ import annotations
 
 import re
+import tempfile
 from functools import cache
+from pathlib import Path
 
+from prometheus_client import generate_latest
+
+import aggregator_support as msg
+from gpuagent.aggregator.service import Aggregator
+from gpuagent.fleet import schema
 from gpuagent.inventory.model import (
     GpuInventory,
     HostFacts,
@@ -21,6 +28,7 @@ from gpuagent.model import (
     EventCount,
     Finding,
     KmsgCounters,
+    MqttStatus,
     NodeSnapshot,
     PcieLink,
     PciePath,
@@ -140,13 +148,41 @@ def _full_snapshot() -> NodeSnapshot:
             counts=(("reset_gpu", "succeeded", 1),),
             budgets=(("reset_gpu", "node", 2),),
         ),
+        mqtt=MqttStatus(
+            connected=True,
+            connections=1,
+            spool_depth=1,
+            spool_bytes=100,
+            spool_dropped=1,
+            published=(("events", 1),),
+            refused=(("state", 1),),
+            commands=(("refresh", 1),),
+            rejected_commands=(("malformed", 1),),
+        ),
     )
+
+
+def _fleet_exposition() -> str:
+    """The aggregator's /metrics after a few messages of every kind (and a bad one)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        agg = Aggregator(msg.config(Path(tmp)))
+        messages = (
+            ("state", msg.state("n1", fingerprint={"driver": "550.54.15"})),
+            ("state", msg.offline("n2")),
+            ("events", msg.event("n1")),
+            ("actions", msg.cordon_request("n1")),
+        )
+        for channel, message in messages:
+            agg.ingest.handle(msg.topic(message["node"], channel), schema.encode(message))
+        agg.ingest.handle(msg.topic("n1", "events"), b"not json")
+        return generate_latest(agg.api.registry).decode()
 
 
 @cache
 def exported_names() -> frozenset[str]:
-    """Every sample name in the real exposition of a snapshot that uses every family."""
-    text = exposition(_full_snapshot())
+    """Every sample name in the real expositions of the agent (a snapshot that uses every
+    family) and of the aggregator."""
+    text = exposition(_full_snapshot()) + _fleet_exposition()
     names = {
         re.split(r"[{\s]", line, maxsplit=1)[0]
         for line in text.splitlines()

@@ -556,12 +556,17 @@ def _check_value(key: str, value: object) -> str | None:
         return "must be greater than 0"
     if key in _NON_NEGATIVE and isinstance(value, int | float) and value < 0:
         return "must not be negative"
+    if key.endswith(".port") and isinstance(value, int) and not 0 < value < 65536:
+        return "must be a port number, 1 to 65535"
+    return _check_text(key, value)
+
+
+def _check_text(key: str, value: object) -> str | None:
+    """Problems with names, addresses and profile lists."""
     if key == "inventory.expected.mig_profiles" and isinstance(value, list):
         odd = [p for p in value if not _MIG_PROFILE_RE.match(p)]
         if odd:
             return f'{odd[0]!r} is not a GPU-instance profile name like "1g.10gb" or "1g.10gb+me"'
-    if key.endswith(".port") and isinstance(value, int) and not 0 < value < 65536:
-        return "must be a port number, 1 to 65535"
     if key in ("agent.node_name", "agent.cluster") and value and not NAME_RE.match(str(value)):
         # Names are MQTT topic levels and ACL user names in fleet reports.
         return "must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
