@@ -122,6 +122,21 @@ class Broker:
         fields.update(overrides)
         return MqttConnection(**fields)  # type: ignore[arg-type]
 
+    def agent_config(self, identity: str | None = None, extra: str = "") -> str:
+        """An agent's `[outputs.mqtt]` TOML for this broker: the plain listener, or (with
+        ``identity``) TLS with that identity's client certificate. ``extra`` goes into
+        `[outputs.mqtt]`."""
+        head = f'[outputs.mqtt]\nenabled = true\n{extra}[outputs.mqtt.broker]\nhost = "127.0.0.1"\n'
+        if identity is None:
+            where = f"port = {self.port}\ntls = false\n"
+        else:
+            cert, key = self.pki.client(identity)
+            where = (
+                f"port = {self.tls_port}\n"
+                f'ca_file = "{self.pki.ca_file}"\ncert_file = "{cert}"\nkey_file = "{key}"\n'
+            )
+        return head + where + "reconnect_min_seconds = 0.2\nreconnect_max_seconds = 1.0\n"
+
     def _write_config(self) -> Path:
         crt, key = self.root / "pki" / "broker.crt", self.root / "pki" / "broker.key"
         lines = [

@@ -225,13 +225,7 @@ async def test_the_real_agent_reports_to_the_aggregator(
     """The agent's own reporter (simulated 8-GPU node, TLS, its own certificate) and the
     aggregator agree on the schema: the node, its GPUs and fingerprint, a fault, a
     command and its reply, and the Last Will."""
-    cert, key = mqtt_broker.pki.client("e2e-node")
-    reporter = (
-        "[outputs.mqtt]\nenabled = true\n"
-        f'[outputs.mqtt.broker]\nhost = "127.0.0.1"\nport = {mqtt_broker.tls_port}\n'
-        f'ca_file = "{mqtt_broker.pki.ca_file}"\ncert_file = "{cert}"\nkey_file = "{key}"\n'
-        "reconnect_min_seconds = 0.2\nreconnect_max_seconds = 1.0\n"
-    )
+    reporter = mqtt_broker.agent_config("e2e-node")
     scenario = '[node]\ngpus = 8\nmodel = "NVIDIA H100 80GB HBM3"\n'
     async with aggregator(tmp_path, mqtt_broker) as agg:
         daemon = await asyncio.to_thread(

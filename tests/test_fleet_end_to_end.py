@@ -21,16 +21,6 @@ pytestmark = pytest.mark.integration
 Run = Callable[..., DaemonProcess]
 
 
-def _reporting(broker: Broker, node: str) -> str:
-    cert, key = broker.pki.client(node)
-    return (
-        "[outputs.mqtt]\nenabled = true\n"
-        f'[outputs.mqtt.broker]\nhost = "127.0.0.1"\nport = {broker.tls_port}\n'
-        f'ca_file = "{broker.pki.ca_file}"\ncert_file = "{cert}"\nkey_file = "{key}"\n'
-        "reconnect_min_seconds = 0.2\nreconnect_max_seconds = 1.0\n"
-    )
-
-
 async def _get(base: str, path: str) -> Any:
     async with aiohttp.ClientSession() as session, session.get(base + path) as response:
         assert response.status == 200, await response.text()
@@ -54,7 +44,7 @@ async def test_two_agents_a_fault_in_seconds_and_the_last_will(
         base = f"http://{agg.config.listen}"
         nodes = {
             name: await asyncio.to_thread(
-                run_daemon, H100, config_extra=_reporting(mqtt_broker, name), node_name=name
+                run_daemon, H100, config_extra=mqtt_broker.agent_config(name), node_name=name
             )
             for name in ("gpu-a", "gpu-b")
         }
@@ -93,7 +83,7 @@ async def test_a_15_s_broker_outage_with_500_faults_delivers_each_exactly_once(
     async with aggregator(tmp_path, mqtt_broker) as agg:
         base = f"http://{agg.config.listen}"
         daemon = await asyncio.to_thread(
-            run_daemon, H100, config_extra=_reporting(mqtt_broker, "gpu-c"), node_name="gpu-c"
+            run_daemon, H100, config_extra=mqtt_broker.agent_config("gpu-c"), node_name="gpu-c"
         )
         await until(lambda: ("default", "gpu-c") in agg.state.nodes, timeout=10)
         bus = daemon.status()["gpus"][2]["pci_bus_id"]
@@ -120,7 +110,7 @@ async def test_an_agent_killed_with_its_spool_full_loses_nothing(
 ) -> None:
     async with aggregator(tmp_path, mqtt_broker) as agg:
         base = f"http://{agg.config.listen}"
-        config = _reporting(mqtt_broker, "gpu-d")
+        config = mqtt_broker.agent_config("gpu-d")
         daemon = await asyncio.to_thread(run_daemon, H100, config_extra=config, node_name="gpu-d")
         await until(lambda: ("default", "gpu-d") in agg.state.nodes, timeout=10)
         bus = daemon.status()["gpus"][0]["pci_bus_id"]

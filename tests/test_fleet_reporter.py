@@ -23,24 +23,6 @@ Run = Callable[..., DaemonProcess]
 PREFIX = "gpuagent/v1/default"
 
 
-def _mqtt_config(broker: Broker, extra: str = "") -> str:
-    return (
-        f"[outputs.mqtt]\nenabled = true\nstate_interval_seconds = 30.0\n{extra}"
-        f'[outputs.mqtt.broker]\nhost = "127.0.0.1"\nport = {broker.port}\ntls = false\n'
-        "reconnect_min_seconds = 0.2\nreconnect_max_seconds = 1.0\n"
-    )
-
-
-def _tls_config(broker: Broker, identity: str) -> str:
-    cert, key = broker.pki.client(identity)
-    return (
-        "[outputs.mqtt]\nenabled = true\n"
-        f'[outputs.mqtt.broker]\nhost = "127.0.0.1"\nport = {broker.tls_port}\n'
-        f'ca_file = "{broker.pki.ca_file}"\ncert_file = "{cert}"\nkey_file = "{key}"\n'
-        "reconnect_min_seconds = 0.2\nreconnect_max_seconds = 1.0\n"
-    )
-
-
 @pytest.fixture
 def listener(mqtt_broker: Broker) -> Iterator[Listener]:
     watching = Listener(mqtt_broker, "gpuagent/v1/#")
@@ -73,7 +55,7 @@ def _metric(daemon: DaemonProcess, name: str, **labels: str) -> float:
 def test_birth_state_events_and_clean_shutdown(
     run_daemon: Run, mqtt_broker: Broker, listener: Listener
 ) -> None:
-    daemon = run_daemon(H100, config_extra=_mqtt_config(mqtt_broker))
+    daemon = run_daemon(H100, config_extra=mqtt_broker.agent_config())
     messages = listener.wait_for(lambda ms: any(s["online"] for s in _states(ms)))
     birth = _states(messages)[-1]
     assert birth["schema"] == 1
@@ -118,7 +100,7 @@ def test_birth_state_events_and_clean_shutdown(
 def test_a_crash_publishes_the_last_will(
     run_daemon: Run, mqtt_broker: Broker, listener: Listener
 ) -> None:
-    daemon = run_daemon(H100, config_extra=_mqtt_config(mqtt_broker))
+    daemon = run_daemon(H100, config_extra=mqtt_broker.agent_config())
     listener.wait_for(lambda ms: any(s["online"] for s in _states(ms)))
     daemon.kill()
     messages = listener.wait_for(lambda ms: not _states(ms)[-1]["online"], timeout=10)
@@ -128,7 +110,7 @@ def test_a_crash_publishes_the_last_will(
 def test_broker_outage_loses_no_event(
     run_daemon: Run, mqtt_broker: Broker, listener: Listener
 ) -> None:
-    daemon = run_daemon(H100, config_extra=_mqtt_config(mqtt_broker))
+    daemon = run_daemon(H100, config_extra=mqtt_broker.agent_config())
     listener.wait_for(lambda ms: any(s["online"] for s in _states(ms)))
     time.sleep(1.5)  # the broker saves the listener's session (autosave_interval 1 s)
     bus = daemon.status()["gpus"][1]["pci_bus_id"]
@@ -155,7 +137,7 @@ def test_broker_outage_loses_no_event(
 def test_agent_killed_with_a_full_spool_sends_it_after_restart(
     run_daemon: Run, mqtt_broker: Broker, listener: Listener, tmp_path: Path
 ) -> None:
-    daemon = run_daemon(H100, config_extra=_mqtt_config(mqtt_broker))
+    daemon = run_daemon(H100, config_extra=mqtt_broker.agent_config())
     listener.wait_for(lambda ms: any(s["online"] for s in _states(ms)))
     time.sleep(1.5)
     bus = daemon.status()["gpus"][0]["pci_bus_id"]
@@ -175,7 +157,7 @@ def test_agent_killed_with_a_full_spool_sends_it_after_restart(
 def _restart_in(daemon: DaemonProcess, broker: Broker) -> DaemonProcess:
     from conftest import start_daemon  # noqa: PLC0415
 
-    return start_daemon(daemon.workdir, H100, config_extra=_mqtt_config(broker))
+    return start_daemon(daemon.workdir, H100, config_extra=broker.agent_config())
 
 
 def _command(node: str, command: str, args: dict[str, Any] | None = None, **env: Any) -> bytes:
@@ -196,7 +178,9 @@ def _command(node: str, command: str, args: dict[str, Any] | None = None, **env:
 def test_commands_allowlisted_and_bad_ones_counted(
     run_daemon: Run, mqtt_broker: Broker, listener: Listener
 ) -> None:
-    daemon = run_daemon(H100, config_extra=_mqtt_config(mqtt_broker, "max_command_bytes = 4096\n"))
+    daemon = run_daemon(
+        H100, config_extra=mqtt_broker.agent_config(extra="max_command_bytes = 4096\n")
+    )
     listener.wait_for(lambda ms: any(s["online"] for s in _states(ms)))
     topic = f"{PREFIX}/test-node/cmd"
     bus = daemon.status()["gpus"][0]["pci_bus_id"]
@@ -279,7 +263,7 @@ def test_a_node_speaking_for_another_is_refused_and_counted(
     run_daemon: Run, mqtt_broker: Broker, listener: Listener
 ) -> None:
     # The certificate says node-a, the configuration says test-node: every publish fails.
-    daemon = run_daemon(H100, config_extra=_tls_config(mqtt_broker, "node-a"))
+    daemon = run_daemon(H100, config_extra=mqtt_broker.agent_config("node-a"))
     daemon.wait_for(
         lambda _d: _metric(daemon, "gpuagent_mqtt_publish_refused_total", channel="state") >= 1
     )
@@ -291,6 +275,6 @@ def test_a_node_speaking_for_another_is_refused_and_counted(
 def test_tls_identity_matching_the_node_reports(
     run_daemon: Run, mqtt_broker: Broker, listener: Listener
 ) -> None:
-    run_daemon(H100, config_extra=_tls_config(mqtt_broker, "tls-node"), node_name="tls-node")
+    run_daemon(H100, config_extra=mqtt_broker.agent_config("tls-node"), node_name="tls-node")
     messages = listener.wait_for(lambda ms: bool(_states(ms, "tls-node")))
     assert _states(messages, "tls-node")[-1]["online"] is True
