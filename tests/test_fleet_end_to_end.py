@@ -135,3 +135,25 @@ async def test_an_agent_killed_with_its_spool_full_loses_nothing(
             assert len(ids) == 200
         finally:
             await asyncio.to_thread(restarted.stop)
+
+
+async def test_drift_across_simulated_nodes_names_the_odd_one_out(
+    tmp_path: Path, mqtt_broker: Broker, run_daemon: Run
+) -> None:
+    """Three simulated nodes, one of them on another driver: the aggregator's drift view
+    groups them by fingerprint and flags that node, with the field that differs."""
+    odd = H100 + 'driver_version = "550.90.07"\n'
+    async with aggregator(tmp_path, mqtt_broker) as agg:
+        base = f"http://{agg.config.listen}"
+        for name, scenario in (("gpu-e", H100), ("gpu-f", H100), ("gpu-g", odd)):
+            await asyncio.to_thread(
+                run_daemon, scenario, config_extra=mqtt_broker.agent_config(name), node_name=name
+            )
+        await until(lambda: len(agg.state.nodes) == 3, timeout=15)
+        (cluster,) = (await _get(base, "/api/v1/drift"))["clusters"]
+        assert cluster["cluster"] == "default"
+        assert [g["nodes"] for g in cluster["fingerprints"]] == [2, 1]
+        (drifted,) = cluster["drifted_nodes"]
+        assert drifted["node"] == "gpu-g"
+        assert drifted["differs"]["driver"] == {"majority": "550.54.15", "node": "550.90.07"}
+        assert cluster["unknown_nodes"] == []
