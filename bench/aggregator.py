@@ -26,7 +26,6 @@ import tempfile
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 import paho.mqtt.client as paho
@@ -38,6 +37,7 @@ sys.path.insert(0, str(REPO / "agent"))
 
 from gpuagent.aggregator import paho_tables  # noqa: E402
 from gpuagent.fleet import schema  # noqa: E402
+from report import Row, report  # noqa: E402 - bench/ is the script's directory
 
 PREFIX = "gpuagent/v1"
 NODES = 10_000
@@ -45,15 +45,6 @@ CLUSTERS = 4
 STATE_INTERVAL = 30.0
 # The aggregator gets CPU 1; mosquitto, the generator and the prober share CPU 0.
 AGGREGATOR_CPU = 1
-
-
-@dataclass
-class Row:
-    name: str
-    value: float
-    unit: str
-    target: str = ""
-    ok: bool | None = None
 
 
 def free_port() -> int:
@@ -408,26 +399,7 @@ def main() -> int:
             aggregator.wait(timeout=15)
             broker.terminate()
             broker.wait(timeout=10)
-    width = max(len(r.name) for r in rows)
-    print(f"{'benchmark':<{width}}  {'value':>10}  {'unit':<12} {'target':<7} ok")
-    for r in rows:
-        ok = "" if r.ok is None else ("yes" if r.ok else "NO")
-        print(f"{r.name:<{width}}  {r.value:>10.1f}  {r.unit:<12} {r.target:<7} {ok}")
-    results = REPO / "bench" / "results"
-    results.mkdir(exist_ok=True)
-    (results / "aggregator.json").write_text(
-        json.dumps(
-            {
-                "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "host": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
-                "quick": args.quick,
-                "offered_rate": args.rate,
-                "rows": [r.__dict__ for r in rows],
-            },
-            indent=2,
-        )
-    )
-    return 0 if all(r.ok is not False for r in rows) else 1
+    return report(rows, "aggregator", digits=1, quick=args.quick, offered_rate=args.rate)
 
 
 if __name__ == "__main__":

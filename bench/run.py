@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.client
-import json
 import os
 import shutil
 import socket
@@ -22,7 +21,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -32,16 +30,7 @@ GPUAGENT = [sys.executable, "-m", "gpuagent"]
 sys.path.insert(0, str(REPO / "agent"))
 
 from gpuagent.client import call  # noqa: E402
-
-
-@dataclass
-class Row:
-    name: str
-    value: float
-    unit: str
-    target: str = ""
-    ok: bool | None = None
-    reference: str = ""
+from report import Row, report  # noqa: E402 - bench/ is the script's directory
 
 
 def free_port() -> int:
@@ -267,27 +256,7 @@ def main() -> int:
     rss = bench_daemon(rows, seconds)
     bench_node_exporter(rows, scrapes, p99s[8], rss)
 
-    width = max(len(r.name) for r in rows)
-    print(f"{'benchmark':<{width}}  {'value':>10}  {'unit':<12} {'target':<7} {'ok':<4} reference")
-    for r in rows:
-        ok = "" if r.ok is None else ("yes" if r.ok else "NO")
-        print(
-            f"{r.name:<{width}}  {r.value:>10.3f}  {r.unit:<12} {r.target:<7} {ok:<4} {r.reference}"
-        )
-    results = REPO / "bench" / "results"
-    results.mkdir(parents=True, exist_ok=True)
-    (results / "latest.json").write_text(
-        json.dumps(
-            {
-                "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "host": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
-                "quick": args.quick,
-                "rows": [r.__dict__ for r in rows],
-            },
-            indent=2,
-        )
-    )
-    return 0 if all(r.ok is not False for r in rows) else 1
+    return report(rows, "latest", digits=3, quick=args.quick)
 
 
 if __name__ == "__main__":
