@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import aggregator_support as msg
 from conftest import REPO, free_port
+from gpuagent.aggregator.ingest import Outgoing
 from gpuagent.aggregator.service import Aggregator
 from gpuagent.fleet import schema
 
@@ -151,7 +152,15 @@ async def test_commands_go_out_only_if_allowlisted(rig: Rig) -> None:
     status, body = await rig.post("/api/v1/nodes/n1/commands", {"command": "refresh"})
     assert status == 503  # no broker connection
     fake = Published()
-    rig.agg.consumer._client = fake  # type: ignore[assignment]
+    consumer = rig.agg.consumer
+
+    async def publish(out: Outgoing) -> None:
+        # No broker here, and the consumer's reconnect loop keeps clearing its client:
+        # put the fake in place right before each publish (nothing runs in between).
+        consumer._client = fake  # type: ignore[assignment]
+        await type(consumer).publish(consumer, out)
+
+    object.__setattr__(rig.agg.api, "publish", publish)
     status, body = await rig.post(
         "/api/v1/nodes/n1/commands", {"command": "run_checks", "args": {"checks": ["xid"]}}
     )
