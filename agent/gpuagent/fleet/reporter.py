@@ -19,8 +19,6 @@ import contextlib
 import logging
 import typing
 from collections import Counter, OrderedDict, deque
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -61,11 +59,6 @@ class CommandTarget(Protocol):
 
 class CommandRefusedError(Exception):
     """A well-formed command the node will not carry out; the text says why."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Refusal:
-    reason: str
 
 
 def _health_key(snapshot: NodeSnapshot) -> tuple[object, ...]:
@@ -111,7 +104,7 @@ class Reporter:
         self._severities: dict[tuple[str | None, str], str] = {}
         self._client: aiomqtt.Client | None = None
         self._publish_lock = asyncio.Lock()
-        self._refused: _Refusal | None = None
+        self._refused: str | None = None  # the broker's reason for refusing our publish
         self._decisions: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._seen_commands: OrderedDict[str, None] = OrderedDict()
         self.target: CommandTarget | None = None
@@ -269,7 +262,7 @@ class Reporter:
         def on_publish(*args: Any) -> None:
             reason_code = args[3]
             if getattr(reason_code, "is_failure", False):
-                self._refused = _Refusal(str(reason_code))
+                self._refused = str(reason_code)
             if acknowledge is not None:
                 acknowledge(*args)
 
@@ -318,10 +311,10 @@ class Reporter:
                     "the MQTT broker refused a publish on %s: %s (check the broker's ACL and "
                     "this node's identity)",
                     self.topics.topic(channel),
-                    refused.reason,
+                    refused,
                 )
             self.refused[channel] += 1
-            return refused.reason
+            return refused
         self.published[channel] += 1
         return None
 
@@ -429,16 +422,23 @@ class Reporter:
         target = self.target
         if target is None:
             raise CommandRefusedError("the node is not ready for commands")
-        handlers: dict[str, Callable[[], Awaitable[str]]] = {
-            "refresh": lambda: _done(target.refresh, "refresh requested"),
-            "run_checks": target.run_checks,
-            "set_remediation_mode": lambda: _sync(target.set_remediation_mode, args.get("mode")),
-            "reset_gpu": lambda: self._reset(target, args.get("gpu")),
-        }
-        handler = handlers.get(command)
-        if handler is None:  # "cordon_decision" as a plain command: not how decisions come
-            raise CommandRefusedError(f"{command} is not a command this node runs")
-        return await handler()
+        if command == "refresh":
+            target.refresh()
+            return "refresh requested"
+        if command == "run_checks":
+            return await target.run_checks()
+        if command == "set_remediation_mode":
+            mode = args.get("mode")
+            if not isinstance(mode, str):
+                raise CommandRefusedError("missing or invalid argument")
+            try:
+                return target.set_remediation_mode(mode)
+            except ValueError as exc:
+                raise CommandRefusedError(str(exc)) from None
+        if command == "reset_gpu":
+            return await self._reset(target, args.get("gpu"))
+        # "cordon_decision" as a plain command: decisions come as their own message type.
+        raise CommandRefusedError(f"{command} is not a command this node runs")
 
     async def _reset(self, target: CommandTarget, gpu: object) -> str:
         if not self.config.allow_remote_reset:
@@ -448,17 +448,3 @@ class Reporter:
         if not isinstance(gpu, str):
             raise CommandRefusedError("reset_gpu needs args.gpu, a PCI bus id")
         return await target.reset_gpu(gpu)
-
-
-async def _done(call: Callable[[], None], detail: str) -> str:
-    call()
-    return detail
-
-
-async def _sync(call: Callable[[str], str], value: object) -> str:
-    if not isinstance(value, str):
-        raise CommandRefusedError("missing or invalid argument")
-    try:
-        return call(value)
-    except ValueError as exc:
-        raise CommandRefusedError(str(exc)) from None

@@ -7,7 +7,7 @@ Every message is one JSON object with a common envelope::
 ``id`` is stable for the life of the message (a retry re-sends the same id), so the
 aggregator de-duplicates at-least-once delivery by it. A reader rejects anything oversized,
 not JSON, of another schema, of an unknown type, or missing a field, with a `PayloadError`
-whose ``reason`` is one of REJECT_REASONS (the label of the rejected-messages counters).
+whose ``reason`` (a `RejectReason`) labels the rejected-messages counters.
 docs/fleet.md documents each type.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, get_args
 
 from gpuagent.model import GpuEvent, NodeSnapshot
 from gpuagent.remediation.audit import AuditRecord
@@ -30,20 +30,9 @@ MAX_PAYLOAD_BYTES: Final = 256 * 1024
 MessageType = Literal[
     "state", "event", "action", "cordon_request", "reply", "command", "cordon_decision"
 ]
-MESSAGE_TYPES: Final[frozenset[str]] = frozenset(
-    ("state", "event", "action", "cordon_request", "reply", "command", "cordon_decision")
-)
+MESSAGE_TYPES: Final[frozenset[str]] = frozenset(get_args(MessageType))
 RejectReason = Literal["oversized", "malformed", "schema", "unknown_type", "invalid", "foreign"]
-REJECT_REASONS: Final[tuple[RejectReason, ...]] = (
-    "oversized",
-    "malformed",
-    "schema",
-    "unknown_type",
-    "invalid",
-    "foreign",
-)
 # Commands the aggregator may send a node. Anything else is refused by the node.
-Command = Literal["refresh", "run_checks", "set_remediation_mode", "cordon_decision", "reset_gpu"]
 COMMANDS: Final[frozenset[str]] = frozenset(
     ("refresh", "run_checks", "set_remediation_mode", "cordon_decision", "reset_gpu")
 )
@@ -217,11 +206,3 @@ def decode(
         if not isinstance(value, expected) or isinstance(value, bool) is not (expected is bool):
             raise PayloadError("invalid", f"{kind}: field {name!r} missing or of the wrong type")
     return message
-
-
-def finding_summary(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """The findings of a state report's status document (node-level first)."""
-    status = message.get("status") or {}
-    node = [dict(f, gpu=None) for f in status.get("node", {}).get("findings", [])]
-    gpus = [dict(f, gpu=g.get("pci_bus_id")) for g in status.get("gpus", []) for f in g["findings"]]
-    return node + gpus

@@ -116,14 +116,17 @@ class Spool:
 
     def remove(self, seqs: list[int]) -> None:
         """The broker has these (or refused them for good): one transaction."""
+        removed: list[tuple[int]] = []
         try:
             with self._transaction():
                 for seq in seqs:
-                    self._db.execute("DELETE FROM outbox WHERE seq = ?", (seq,))
+                    removed += self._db.execute(
+                        "DELETE FROM outbox WHERE seq = ? RETURNING LENGTH(payload)", (seq,)
+                    ).fetchall()
         except sqlite3.Error as exc:
             raise SpoolError(str(exc)) from exc
-        finally:
-            self._recount()
+        self.depth -= len(removed)
+        self.bytes -= sum(int(r[0]) for r in removed)
 
     def _enforce_bounds(self) -> None:
         now = self._wall()

@@ -14,7 +14,6 @@ from typing import Final, Literal, get_args
 Channel = Literal["state", "events", "actions", "replies", "cmd"]
 CHANNELS: Final[tuple[Channel, ...]] = get_args(Channel)
 NODE_CHANNELS: Final[tuple[Channel, ...]] = ("state", "events", "actions", "replies")
-DEFAULT_PREFIX: Final = "gpuagent/v1"
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
