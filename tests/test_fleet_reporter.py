@@ -118,8 +118,9 @@ def test_broker_outage_loses_no_event(
     outage = time.monotonic()
     daemon.write_kernel_log(*xid_records(100, 500, bus))
     daemon.wait_for(lambda d: d["kmsg"]["records_read"] == 500, timeout=20)
-    assert _metric(daemon, "gpuagent_mqtt_spool_messages") >= 500
-    assert _metric(daemon, "gpuagent_mqtt_connected") == 0.0
+    # /metrics is rendered once per snapshot, so both show at the next poll
+    daemon.wait_for(lambda _d: _metric(daemon, "gpuagent_mqtt_spool_messages") >= 500)
+    daemon.wait_for(lambda _d: _metric(daemon, "gpuagent_mqtt_connected") == 0.0)
     time.sleep(max(0.0, 15.0 - (time.monotonic() - outage)))
     mqtt_broker.start()
     messages = listener.wait_for(lambda ms: len(_kernel_ids(ms)) == 500, timeout=30)
