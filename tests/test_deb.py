@@ -1,9 +1,11 @@
 """The Debian package: `make deb` builds it lintian-clean (no errors), and it installs,
-runs, upgrades keeping a locally edited conffile, and removes and purges without leftovers.
+runs, upgrades keeping a locally edited conffile, and removes and purges without leftovers,
+here and in piuparts' clean chroot.
 
 Installs into this machine's dpkg database, so it runs only as root and only when asked:
-GPUAGENT_DEB_TEST=1 (the build also needs PyPI for the pinned wheels). Missing build tools
-skip it, unless CI is set.
+GPUAGENT_DEB_TEST=1 (the build also needs PyPI for the pinned wheels, piuparts a Debian
+mirror: GPUAGENT_PIUPARTS_MIRROR, deb.debian.org by default). Missing tools skip it,
+unless CI is set.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -66,25 +69,33 @@ def _deb(version: str) -> Path:
     return REPO / "dist" / f"{PKG}_{version}_{arch}.deb"
 
 
-@pytest.fixture(scope="module")
-def tools() -> None:
-    if shutil.which("dpkg") is None or shutil.which("make") is None:
+def _require(*programs: str) -> None:
+    missing = [p for p in programs if shutil.which(p) is None]
+    if missing:
         if os.environ.get("CI"):
-            pytest.fail("dpkg and make are required in CI")
-        pytest.skip("dpkg or make is not installed")
+            pytest.fail(f"required in CI: {', '.join(missing)}")
+        pytest.skip(f"not installed: {', '.join(missing)}")
+
+
+@pytest.fixture(scope="module")
+def base_deb() -> Iterator[Path]:
+    """The package at BASE_VERSION, built once (make deb installs its build dependencies
+    and runs lintian --fail-on error), deleted afterwards."""
+    _require("dpkg", "make")
     if _installed_version() is not None:
         pytest.skip(f"{PKG} is already installed on this machine; not touching it")
+    _run("make", "deb", f"VERSION={BASE_VERSION}")
+    deb = _deb(BASE_VERSION)
+    assert deb.is_file()
+    yield deb
+    deb.unlink(missing_ok=True)
 
 
-def test_build_install_upgrade_purge(tools: None) -> None:
+def test_build_install_upgrade_purge(base_deb: Path) -> None:
     try:
-        # Build (make deb installs its build dependencies and runs lintian --fail-on error).
-        _run("make", "deb", f"VERSION={BASE_VERSION}")
-        deb = _deb(BASE_VERSION)
-        assert deb.is_file()
-        _run("lintian", "--fail-on", "error", str(deb))
+        _run("lintian", "--fail-on", "error", str(base_deb))
 
-        _run("dpkg", "-i", str(deb))
+        _run("dpkg", "-i", str(base_deb))
         assert _installed_version() == BASE_VERSION
         assert f"gpuagent {BASE_VERSION}" in _run("gpuagent", "--version").stdout
         _run("/usr/bin/gpuagent", "config", "check", str(CONF))
@@ -129,5 +140,33 @@ def test_build_install_upgrade_purge(tools: None) -> None:
         assert _installed_version() is None
     finally:
         subprocess.run(["dpkg", "-P", PKG], capture_output=True, check=False)
-        for version in (BASE_VERSION, UPGRADE_VERSION):
-            _deb(version).unlink(missing_ok=True)
+        _deb(UPGRADE_VERSION).unlink(missing_ok=True)
+
+
+def _codename() -> str:
+    for line in Path("/etc/os-release").read_text().splitlines():
+        if line.startswith("VERSION_CODENAME="):
+            return line.partition("=")[2].strip('"')
+    pytest.skip("no VERSION_CODENAME in /etc/os-release")
+
+
+def test_piuparts_install_and_purge_in_a_clean_chroot(base_deb: Path, tmp_path: Path) -> None:
+    # A minimal chroot of this machine's release: the package's dependencies install from
+    # the mirror, and piuparts checks that purge leaves no file behind and that no
+    # maintainer script fails. The local upgrade is covered above (piuparts' own upgrade
+    # test needs an earlier version in the archive).
+    _require("piuparts", "debootstrap")
+    mirror = os.environ.get("GPUAGENT_PIUPARTS_MIRROR", "http://deb.debian.org/debian")
+    proc = _run(
+        "piuparts",
+        "--distribution",
+        _codename(),
+        "--mirror",
+        mirror,
+        "--no-upgrade-test",
+        "--tmpdir",
+        str(tmp_path),
+        str(base_deb),
+        timeout=600,
+    )
+    assert "PASS: All tests." in proc.stdout + proc.stderr
