@@ -257,3 +257,15 @@ def test_a_registry_of_live_metrics_is_never_replayed():
         srv.stop()
     assert b"live_value 1.0" in first
     assert b"live_value 2.0" in second
+
+
+def test_a_renderer_reused_across_changing_values_stays_exact():
+    # The renderer remembers label sets and value texts between renders; neither may leak
+    # a stale string into the next render.
+    registry = CollectorRegistry()
+    gauge = Gauge("changing", "Values and label orders that vary.", ["b", "a"], registry=registry)
+    renderer = TextRenderer()
+    for step, value in enumerate((0.0, 1.0, 1e-9, 123456789.0, float("inf"), 2.5, 1.0)):
+        gauge.labels(b=str(step % 2), a="x").set(value)
+        gauge.labels(a="y", b="z").set(-value)
+        assert renderer.render(registry.collect()) == generate_latest(registry)

@@ -33,7 +33,7 @@ class Severity(enum.Enum):
 
     @staticmethod
     def worst(severities: tuple[Severity, ...] | list[Severity]) -> Severity:
-        return max(severities, key=lambda s: s.rank, default=Severity.OK)
+        return max(severities, key=_RANK.__getitem__, default=Severity.OK)
 
 
 _RANK = {Severity.OK: 0, Severity.WARN: 1, Severity.UNKNOWN: 2, Severity.CRITICAL: 3}

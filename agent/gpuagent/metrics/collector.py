@@ -17,6 +17,7 @@ from prometheus_client.core import (
     Metric,
     UnknownMetricFamily,
 )
+from prometheus_client.samples import Sample
 
 from gpuagent.metrics import names
 from gpuagent.metrics.events import event_families
@@ -73,12 +74,15 @@ def _counter(spec: MetricSpec) -> CounterMetricFamily:
 class _Gpu:
     """One GPU's label values, computed once per snapshot for all its families."""
 
-    __slots__ = ("bus_id", "dcgm_labels", "labels")
+    __slots__ = ("bus_id", "dcgm_label_dict", "label_dict", "labels")
 
     def __init__(self, identity: GpuIdentity | None, bus_id: str, host: str, driver: str) -> None:
         self.bus_id = bus_id
         self.labels = _gpu_labels(identity, bus_id, host)
-        self.dcgm_labels = (*self.labels, driver)
+        # The per-GPU tables add hundreds of samples with these label sets: one dict each,
+        # shared by every sample, instead of add_metric zipping a new one per sample.
+        self.label_dict = dict(zip(names.GPU_LABELS, self.labels, strict=True))
+        self.dcgm_label_dict = {**self.label_dict, names.DCGM_LABELS[-1]: driver}
 
 
 def _gpu_labels(identity: GpuIdentity | None, bus_id: str, hostname: str) -> Labels:
@@ -275,10 +279,12 @@ class _Builder:
             metric.help,
             labels=names.DCGM_LABELS if dcgm else names.GPU_LABELS,
         )
+        samples = family.samples
         for gpu, identity, readings in self.answering:
             value = _number(metric.value(identity, readings))
             if value is not None:
-                family.add_metric(gpu.dcgm_labels if dcgm else gpu.labels, value)
+                labels = gpu.dcgm_label_dict if dcgm else gpu.label_dict
+                samples.append(Sample(metric.name, labels, value))
         return family
 
     def _clock_event_reasons(self) -> Metric:
@@ -342,8 +348,9 @@ def _worst_by_check(findings: Sequence[Finding]) -> dict[str, Severity]:
     """One severity per check: two findings for one check would be duplicate series."""
     worst: dict[str, Severity] = {}
     for finding in findings:
-        seen = worst.get(finding.check, finding.severity)
-        worst[finding.check] = Severity.worst([seen, finding.severity])
+        seen = worst.get(finding.check)
+        if seen is None or finding.severity.rank > seen.rank:
+            worst[finding.check] = finding.severity
     return worst
 
 

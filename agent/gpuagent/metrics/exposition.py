@@ -10,6 +10,7 @@ two to that), and Prometheus accepts it whatever Accept header it sent.
 from __future__ import annotations
 
 import gzip
+import math
 import threading
 from collections.abc import Iterable
 
@@ -25,6 +26,9 @@ _NAME_SUFFIX = {"counter": "_total", "info": "_info"}
 # Distinct label sets remembered; a node has a few thousand at most. Past this the memo
 # starts over rather than growing (label values such as UUIDs change only with hardware).
 _MAX_LABEL_SETS = 20_000
+# Distinct sample values remembered; gauges that change every poll make it start over now
+# and then, which costs one formatting per value.
+_MAX_VALUES = 20_000
 
 
 def _escape_label_value(value: str) -> str:
@@ -40,16 +44,31 @@ class TextRenderer:
 
     def __init__(self) -> None:
         self._label_sets: dict[tuple[tuple[str, str], ...], str] = {}
+        self._values: dict[float, str] = {}
 
     def _labels(self, labels: dict[str, str]) -> str:
-        key = tuple(sorted(labels.items()))
+        # Keyed in the family's own label order (sorting every sample's labels cost more
+        # than the rest of the lookup); the text sorts them, as prometheus_client does.
+        key = tuple(labels.items())
         formatted = self._label_sets.get(key)
         if formatted is None:
             if len(self._label_sets) >= _MAX_LABEL_SETS:
                 self._label_sets.clear()
-            inner = ",".join(f'{k}="{_escape_label_value(v)}"' for k, v in key)
+            inner = ",".join(f'{k}="{_escape_label_value(v)}"' for k, v in sorted(key))
             formatted = self._label_sets[key] = f"{{{inner}}}" if inner else ""
         return formatted
+
+    def _value(self, value: float) -> str:
+        # Most values repeat from one snapshot to the next (flags, health, counters).
+        # Zero first: 0.0 and -0.0 are one key to a dict but two texts.
+        if value == 0:
+            return "-0.0" if math.copysign(1.0, value) < 0 else "0.0"
+        text = self._values.get(value)
+        if text is None:
+            if len(self._values) >= _MAX_VALUES:
+                self._values.clear()
+            text = self._values[value] = floatToGoString(value)  # type: ignore[no-untyped-call]
+        return text
 
     def render(self, families: Iterable[Metric]) -> bytes:
         out: list[str] = []
@@ -60,8 +79,7 @@ class TextRenderer:
             append(f"# TYPE {name} {_TEXT_TYPE.get(family.type, family.type)}\n")
             for sample in family.samples:
                 labels = self._labels(sample.labels) if sample.labels else ""
-                value = floatToGoString(sample.value)  # type: ignore[no-untyped-call]
-                append(f"{sample.name}{labels} {value}\n")
+                append(f"{sample.name}{labels} {self._value(sample.value)}\n")
         return "".join(out).encode()
 
 
