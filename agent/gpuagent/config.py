@@ -643,6 +643,15 @@ def build_dataclass(cls: type[T], data: dict[str, Any], text: str, prefix: str =
         problem = _check_value(dotted, kwargs[key])
         if problem:
             raise ConfigError(problem, key=dotted, line=find_line(text, dotted))
+    for field_ in dataclasses.fields(cls):  # type: ignore[arg-type]
+        required = (
+            field_.default is dataclasses.MISSING and field_.default_factory is dataclasses.MISSING
+        )
+        if required and field_.name not in kwargs:
+            table = prefix.rstrip(".")
+            raise ConfigError(
+                "missing required key", key=f"{prefix}{field_.name}", line=find_line(text, table)
+            )
     return cls(**kwargs)
 
 
