@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 
 import pynvml
 import pytest
+from hypothesis import given, settings
 
 from gpuagent.config import ConfigError
 from gpuagent.sim import (
@@ -18,6 +20,7 @@ from gpuagent.sim import (
     load_scenario,
     parse_scenario,
 )
+from toml_mangling import mangled_toml
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -261,3 +264,10 @@ def test_docs_describe_every_fault_kind_and_node_key() -> None:
         assert f"| `{kind}` |" in text, kind
     for spec_field in dataclasses.fields(NodeSpec):
         assert f"| `{spec_field.name}` |" in text, spec_field.name
+
+
+@settings(max_examples=200, deadline=None)
+@given(mangled_toml((REPO / "scenarios" / "demo.toml").read_text()))
+def test_mangled_scenarios_give_config_errors_only(text: str) -> None:
+    with contextlib.suppress(ConfigError):
+        parse_scenario(text)
