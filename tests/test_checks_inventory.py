@@ -30,7 +30,7 @@ from gpuagent.checks.inventory import (
     layout_text,
     version_matches,
 )
-from gpuagent.config import ChecksSection, InventoryExpected, PersistenceCheck
+from gpuagent.config import ChecksSection, ExpectedGpu, InventoryExpected, PersistenceCheck
 from gpuagent.inventory.model import (
     GpuInventory,
     HostFacts,
@@ -676,6 +676,25 @@ def test_mig_layout(
     found, runbook, text = verdict(outcome)
     assert (found, runbook) == (severity, "gpu-mig-layout" if severity is Severity.WARN else "")
     assert reason in text
+
+
+@pytest.mark.parametrize(
+    ("index", "severity"),
+    [(0, Severity.OK), (1, Severity.OK), (2, Severity.WARN)],
+)
+def test_mig_layout_per_gpu(index: int, severity: Severity) -> None:
+    # GPU 0 is expected whole (7g.80gb), GPU 1 is exempt, GPU 2 keeps the node-wide layout.
+    expected = expect(
+        mig_profiles=list(LAYOUT),
+        gpu=[
+            ExpectedGpu(0, mig_profiles=["7g.80gb"]),
+            ExpectedGpu(1, mig_profiles=[]),
+        ],
+    )
+    outcome = check_mig_layout(
+        gpu(index, mig_current=True, mig_instances=("7g.80gb",)), expected, CHECKS
+    )
+    assert verdict(outcome)[0] is severity
 
 
 @pytest.mark.parametrize(

@@ -177,6 +177,23 @@ CASES: list[tuple[str, str, str, set[tuple[int | None, str, str, str]], int]] = 
         1,
     ),
     (
+        "mig-layout-of-its-own-on-one-gpu",
+        MIG_NODE + _fault("mig_instances", 1, profiles=["7g.80gb"]),
+        MIG_EXPECTED + '[[inventory.expected.gpu]]\nindex = 1\nmig_profiles = ["7g.80gb"]\n',
+        set(),
+        0,
+    ),
+    (
+        "mig-mode-of-its-own-on-one-gpu",
+        H100.format(gpus=2),
+        (
+            '[checks.mig]\nexpected = "disabled"\n'
+            '[[inventory.expected.gpu]]\nindex = 0\nmig_mode = "enabled"\n'
+        ),
+        {(0, "mig", "WARN", "gpu-mig-mismatch")},
+        1,
+    ),
+    (
         "persistence-on-expected-off",
         H100.format(gpus=2),
         '[checks.persistence]\nenabled = false\n[inventory.expected]\npersistence = "disabled"\n',

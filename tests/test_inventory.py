@@ -349,6 +349,36 @@ def test_inventory_metrics_leave_out_what_is_not_known() -> None:
             2,
         ),
         ("[inventory.expected]\npersistence = true\n", "inventory.expected.persistence", 2),
+        (
+            "[[inventory.expected.gpu]]\nindex = 0\nmig_profiles = ['1g.10gb', '3g40gb']\n",
+            "inventory.expected.gpu.mig_profiles",
+            3,
+        ),
+        ("[[inventory.expected.gpu]]\nindex = -1\n", "inventory.expected.gpu.index", 2),
+        ("[[inventory.expected.gpu]]\nmig_mode = 'enabled'\n", "inventory.expected.gpu.index", 1),
+        (
+            "[[inventory.expected.gpu]]\nindex = 0\nmig_mode = 'on'\n",
+            "inventory.expected.gpu.mig_mode",
+            3,
+        ),
+        # The same GPU twice: the second entry is named.
+        (
+            (
+                "[[inventory.expected.gpu]]\nindex = 2\n[[inventory.expected.gpu]]\nindex = 3\n"
+                "[[inventory.expected.gpu]]\nindex = 2\n"
+            ),
+            "inventory.expected.gpu.index",
+            6,
+        ),
+        # Instances on a GPU expected to have MIG off.
+        (
+            (
+                "[[inventory.expected.gpu]]\nindex = 5\nmig_mode = 'disabled'\n"
+                "mig_profiles = ['7g.80gb']\n"
+            ),
+            "inventory.expected.gpu.mig_profiles",
+            2,
+        ),
         # Expecting it off while the persistence check wants it on: one of them must give.
         (
             (
@@ -374,3 +404,17 @@ def test_inventory_expectations_are_read() -> None:
     expected = config.inventory.expected
     assert expected.persistence == "disabled"
     assert expected.mig_profiles == ["1g.10gb", "1g.10gb+me", "3g.40gb"]
+
+
+def test_per_gpu_mig_expectations_override_the_node_wide_ones() -> None:
+    expected = parse_config(
+        "[inventory.expected]\nmig_profiles = ['1g.10gb', '3g.40gb']\n"
+        "[[inventory.expected.gpu]]\nindex = 0\nmig_profiles = ['7g.80gb']\n"
+        "[[inventory.expected.gpu]]\nindex = 1\nmig_profiles = []\n"
+        "[[inventory.expected.gpu]]\nindex = 2\nmig_mode = 'enabled'\n"
+    ).inventory.expected
+    assert expected.mig_profiles_for(0) == ["7g.80gb"]
+    assert expected.mig_profiles_for(1) == []  # exempt
+    assert expected.mig_profiles_for(2) == ["1g.10gb", "3g.40gb"]  # mode only: inherits
+    assert expected.mig_profiles_for(7) == ["1g.10gb", "3g.40gb"]
+    assert [g.mig_mode for g in expected.gpu] == [None, None, "enabled"]

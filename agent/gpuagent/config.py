@@ -290,6 +290,17 @@ class ChecksSection:
 
 
 @dataclass(frozen=True)
+class ExpectedGpu:
+    """One GPU, by NVML index, whose MIG set-up differs from the node-wide expectation."""
+
+    index: int
+    # Unset: checks.mig.expected applies to this GPU.
+    mig_mode: Literal["any", "enabled", "disabled"] | None = None
+    # Unset: inventory.expected.mig_profiles applies; []: no expectation for this GPU.
+    mig_profiles: list[str] | None = None
+
+
+@dataclass(frozen=True)
 class InventoryExpected:
     """What this node should be; empty strings and 0 mean "no expectation"."""
 
@@ -312,6 +323,18 @@ class InventoryExpected:
     # Persistence mode every GPU should be in; "any": no expectation beyond the persistence
     # check's. "disabled" needs checks.persistence.enabled = false (that check wants it on).
     persistence: Literal["any", "enabled", "disabled"] = "any"
+    # GPUs that differ from the node-wide MIG expectation ([[inventory.expected.gpu]]).
+    gpu: list[ExpectedGpu] = field(default_factory=list)
+
+    def for_gpu(self, index: int) -> ExpectedGpu | None:
+        return next((g for g in self.gpu if g.index == index), None)
+
+    def mig_profiles_for(self, index: int) -> list[str]:
+        """The GPU-instance profiles GPU ``index`` should carry ([]: no expectation)."""
+        override = self.for_gpu(index)
+        if override is None or override.mig_profiles is None:
+            return self.mig_profiles
+        return override.mig_profiles
 
 
 @dataclass(frozen=True)
@@ -544,6 +567,7 @@ _NON_NEGATIVE = {
     "aggregator.cordon_budget.max_percent",
     "inventory.expected.gpus",
     "inventory.expected.power_limit_watts",
+    "inventory.expected.gpu.index",
 }
 # A GPU-instance profile as nvidia-smi names it: slices "g", memory "gb", and a variant.
 _MIG_PROFILE_RE = re.compile(r"^[1-9]\d*g\.[1-9]\d*gb([+-][a-z]+(\.[a-z]+)?)?$")
@@ -563,8 +587,8 @@ def _check_value(key: str, value: object) -> str | None:
 
 def _check_text(key: str, value: object) -> str | None:
     """Problems with names, addresses and profile lists."""
-    if key == "inventory.expected.mig_profiles" and isinstance(value, list):
-        odd = [p for p in value if not _MIG_PROFILE_RE.match(p)]
+    if key.startswith("inventory.expected.") and key.endswith(".mig_profiles") and value:
+        odd = [p for p in typing.cast("list[str]", value) if not _MIG_PROFILE_RE.match(p)]
         if odd:
             return f'{odd[0]!r} is not a GPU-instance profile name like "1g.10gb" or "1g.10gb+me"'
     if key in ("agent.node_name", "agent.cluster") and value and not NAME_RE.match(str(value)):
@@ -607,6 +631,7 @@ def parse_config(text: str) -> Config:
 def _check_consistency(config: Config, text: str) -> None:
     """Rules that span keys: what one key says must not contradict another."""
     expected = config.inventory.expected
+    _check_expected_gpus(expected, text)
     if expected.persistence == "disabled" and config.checks.persistence.enabled:
         key = "inventory.expected.persistence"
         raise ConfigError(
@@ -615,6 +640,32 @@ def _check_consistency(config: Config, text: str) -> None:
             key=key,
             line=find_line(text, key),
         )
+
+
+def _check_expected_gpus(expected: InventoryExpected, text: str) -> None:
+    seen: set[int] = set()
+    for gpu in expected.gpu:
+        if gpu.index in seen:
+            key = "inventory.expected.gpu.index"
+            raise ConfigError(
+                f"GPU {gpu.index} is listed twice", key=key, line=_nth_line(text, key, gpu.index)
+            )
+        seen.add(gpu.index)
+        if gpu.mig_mode == "disabled" and gpu.mig_profiles:
+            key = "inventory.expected.gpu.mig_profiles"
+            raise ConfigError(
+                f"GPU {gpu.index}: GPU instances need MIG mode enabled, not disabled",
+                key=key,
+                line=_nth_line(text, "inventory.expected.gpu.index", gpu.index),
+            )
+
+
+def _nth_line(text: str, key: str, value: int) -> int | None:
+    """The line of the last ``key = value`` (an entry of an array of tables), else the key's."""
+    name = key.rsplit(".", 1)[-1]
+    pattern = re.compile(rf"^\s*{re.escape(name)}\s*=\s*{value}\s*(#.*)?$")
+    lines = [n for n, raw in enumerate(text.splitlines(), start=1) if pattern.match(raw)]
+    return lines[-1] if lines else find_line(text, key)
 
 
 def parse_toml(text: str) -> dict[str, Any]:

@@ -537,6 +537,7 @@ class Agent:
             inventory=None
             if inventory is None
             else InventoryView(inventory, expected, self._baseline),
+            expected_gpus=expected.gpu,
         )
         self._learn(inventory, health.severity)
         self._sequence += 1

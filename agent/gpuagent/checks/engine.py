@@ -8,8 +8,8 @@ full event log costs one pass, not one pass per GPU and check.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 from gpuagent.checks.aer import check_aer, remember_aer
 from gpuagent.checks.availability import check_availability, no_data
@@ -42,7 +42,7 @@ from gpuagent.checks.row_remap import check_row_remap
 from gpuagent.checks.sxid import check_sxid
 from gpuagent.checks.thermal import check_thermal
 from gpuagent.checks.xid import check_xid
-from gpuagent.config import ChecksSection, InventoryExpected
+from gpuagent.config import ChecksSection, ExpectedGpu, InventoryExpected
 from gpuagent.inventory.model import GpuInventory
 from gpuagent.model import (
     Finding,
@@ -151,6 +151,20 @@ class _Context:
     events: EventIndex
     paths: dict[str, PciePath]
     inventory: InventoryView | None = None
+    # GPUs (by index) whose checks run with their own MIG expectation.
+    gpu_configs: dict[int, ChecksSection] = field(default_factory=dict)
+
+    def config_for(self, index: int) -> ChecksSection:
+        return self.gpu_configs.get(index, self.config)
+
+
+def _gpu_configs(config: ChecksSection, gpus: Sequence[ExpectedGpu]) -> dict[int, ChecksSection]:
+    """The checks configuration of each GPU whose MIG mode expectation is its own."""
+    return {
+        gpu.index: replace(config, mig=replace(config.mig, expected=gpu.mig_mode))
+        for gpu in gpus
+        if gpu.mig_mode is not None
+    }
 
 
 def _remember(
@@ -180,7 +194,8 @@ def _gpu_findings(
     memory: GpuMemory,
     context: _Context,
 ) -> list[Finding]:
-    bus_id, config, now = state.identity.pci_bus_id, context.config, context.now
+    bus_id, now = state.identity.pci_bus_id, context.now
+    config = context.config_for(state.identity.index)
     findings = [to_finding(AVAILABILITY, bus_id, check_availability(state))]
     events = EventView(state.identity, readings, config, memory, now, context.events, path)
     view = (
@@ -249,18 +264,22 @@ def evaluate(
     events: tuple[GpuEvent, ...] = (),
     pcie: tuple[PciePath, ...] = (),
     inventory: InventoryView | None = None,
+    expected_gpus: Sequence[ExpectedGpu] = (),
 ) -> tuple[NodeHealth, HealthMemory]:
     """Findings for the node and every GPU, plus the memory to pass to the next call.
 
     ``now`` is monotonic seconds, the clock of ``GpuEvent.monotonic``. ``events`` are the
     recent events, oldest first; ``pcie`` the sysfs view of each GPU's PCIe path;
-    ``inventory`` the node inventory with its expectations (None: no inventory checks).
+    ``inventory`` the node inventory with its expectations (None: no inventory checks);
+    ``expected_gpus`` the GPUs whose MIG mode is expected to differ from ``config.mig``.
     Findings come node first (in ``NODE_CHECK_NAMES`` order, then
     ``INVENTORY_NODE_CHECK_NAMES``), then GPU by GPU in the order given, each in
     ``CHECK_NAMES`` order followed by ``INVENTORY_CHECK_NAMES``.
     """
     paths = {path.device.address: path for path in pcie}
-    context = _Context(config, now, EventIndex(events), paths, inventory)
+    context = _Context(
+        config, now, EventIndex(events), paths, inventory, _gpu_configs(config, expected_gpus)
+    )
     findings = _node_findings(nvml, gpus, context)
     remembered: dict[str, GpuMemory] = {}
     for state in gpus:

@@ -353,7 +353,7 @@ def layout_text(profiles: tuple[str, ...] | list[str]) -> str:
 def check_mig_layout(
     gpu: GpuInventory, expected: InventoryExpected, _checks: ChecksSection
 ) -> Outcome:
-    wanted = tuple(sorted(expected.mig_profiles))
+    wanted = tuple(sorted(expected.mig_profiles_for(gpu.index)))
     evidence: Evidence = (
         ("mig_mode_current", gpu.mig_current),
         ("mig_instances", None if gpu.mig_instances is None else ",".join(gpu.mig_instances)),
