@@ -54,6 +54,21 @@ _INSERT = {
     "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
 }
 
+# Reads and prunes. Like the schema, every statement here is one SQLite and PostgreSQL
+# both run as written (`?` becomes the driver's placeholder); a test runs them on both.
+_PRUNE_BY_AGE = "DELETE FROM events WHERE time < ?"
+_PRUNE_BY_COUNT = (
+    "DELETE FROM events WHERE time < (SELECT time FROM events ORDER BY time DESC LIMIT 1 OFFSET ?)"
+)
+_SELECT_CORDONS = (
+    "SELECT request_id, cluster, node, action, decision, time, reason, retry_after_seconds "
+    "FROM cordons WHERE time >= ? ORDER BY time DESC LIMIT ?"
+)
+_SELECT_NODES = (
+    "SELECT cluster, node, online, health, reason, last_seen, agent_version, document FROM nodes"
+)
+_SELECT_BODIES = "SELECT body FROM {table}{where} ORDER BY time DESC LIMIT ?"
+
 
 @dataclass(frozen=True, slots=True)
 class CordonRow:
@@ -249,14 +264,8 @@ class FleetStore:
 
     def _prune(self, now: float) -> int:
         db = self._conn()
-        removed = db.execute(
-            "DELETE FROM events WHERE time < ?", (now - self.retention_seconds,)
-        ).rowcount
-        removed += db.execute(
-            "DELETE FROM events WHERE time < "
-            "(SELECT time FROM events ORDER BY time DESC LIMIT 1 OFFSET ?)",
-            (self.max_events - 1,),
-        ).rowcount
+        removed = db.execute(_PRUNE_BY_AGE, (now - self.retention_seconds,)).rowcount
+        removed += db.execute(_PRUNE_BY_COUNT, (self.max_events - 1,)).rowcount
         return int(removed)
 
     # --- reading ------------------------------------------------------------------------
@@ -265,12 +274,12 @@ class FleetStore:
         self, *, node: str | None, since: float | None, limit: int
     ) -> list[dict[str, Any]]:
         where, args = _filters(node=node, since=since)
-        sql = f"SELECT body FROM events{where} ORDER BY time DESC LIMIT ?"  # noqa: S608 - fixed text
+        sql = _SELECT_BODIES.format(table="events", where=where)
         return await self._call(self._bodies, sql, (*args, limit))
 
     async def actions(self, *, node: str | None, limit: int) -> list[dict[str, Any]]:
         where, args = _filters(node=node, since=None)
-        sql = f"SELECT body FROM actions{where} ORDER BY time DESC LIMIT ?"  # noqa: S608 - fixed text
+        sql = _SELECT_BODIES.format(table="actions", where=where)
         return await self._call(self._bodies, sql, (*args, limit))
 
     def _bodies(self, sql: str, args: tuple[Any, ...]) -> list[dict[str, Any]]:
@@ -281,9 +290,7 @@ class FleetStore:
 
     def _cordons(self, since: float | None, limit: int) -> list[CordonRow]:
         rows = self._conn().execute(
-            "SELECT request_id, cluster, node, action, decision, time, reason, "
-            "retry_after_seconds FROM cordons WHERE time >= ? ORDER BY time DESC LIMIT ?",
-            (since if since is not None else float("-inf"), limit),
+            _SELECT_CORDONS, (since if since is not None else float("-inf"), limit)
         )
         return [CordonRow(*row) for row in rows]
 
@@ -302,10 +309,7 @@ class FleetStore:
 
     def _load_nodes(self) -> list[NodeRecord]:
         records = []
-        rows = self._conn().execute(
-            "SELECT cluster, node, online, health, reason, last_seen, agent_version, document "
-            "FROM nodes"
-        )
+        rows = self._conn().execute(_SELECT_NODES)
         for cluster, node, online, health, reason, last_seen, version, document in rows:
             base = NodeRecord(cluster, node, bool(online), health, reason, last_seen, version)
             if document:
