@@ -87,6 +87,17 @@ def test_values_are_applied() -> None:
             "expected a number",
         ),
         ("[api]\nsocket = ''\n", "api.socket", 2, "non-empty path"),
+        ("[agent]\nnode_name = 'aggregator'\n", "agent.node_name", 2, "aggregator's identity"),
+        ("[aggregator]\nshare_group = 'a/b'\n", "aggregator.share_group", 2, "one topic level"),
+        *(
+            (
+                f"[outputs.mqtt.broker]\ntopic_prefix = '{prefix}'\n",
+                "outputs.mqtt.broker.topic_prefix",
+                2,
+                "without wildcards",
+            )
+            for prefix in ("gpuagent/#", "fleet/+/x", "$SYS/gpuagent", "a//b", "/a", "")
+        ),
         (
             "[agent]\n\n[[remediation.rules]]\nactions = ['cordon']\n",
             "remediation.rules.check",

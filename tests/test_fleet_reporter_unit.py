@@ -10,8 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.reasoncodes import ReasonCode
 
 from gpuagent.config import MqttOutput
+from gpuagent.fleet import reporter as reporter_module
 from gpuagent.fleet import schema
 from gpuagent.fleet.reporter import CommandRefusedError, Reporter
 from gpuagent.model import Finding, GpuEvent, NodeHealth, NodeSnapshot, NvmlStatus, Severity
@@ -29,6 +32,8 @@ class Target:
         self.calls.append("refresh")
 
     async def run_checks(self) -> str:
+        if "slow" in self.calls:
+            raise TimeoutError  # checks that did not finish in time
         return "8 GPUs, health OK, 0 problems"
 
     def set_remediation_mode(self, mode: str) -> str:
@@ -125,27 +130,39 @@ def _command(command: str, args: dict[str, Any] | None = None, **envelope: Any) 
     return schema.encode(message)
 
 
+async def _handle(reporter: Reporter, *payloads: bytes) -> None:
+    tasks = [t for t in map(reporter.handle_command, payloads) if t is not None]
+    await asyncio.gather(*tasks)
+    await _settle()
+
+
 async def test_commands_allowlist_and_rejections(tmp_path: Path) -> None:
     reporter = _reporter(tmp_path, max_command_bytes=2048)
     target = reporter.target
     assert isinstance(target, Target)
-    for payload in (
+    await _handle(
+        reporter,
         b"[]",
         b"{" * 3000,
+        b"[" * 1000 + b"]" * 1000,  # deep enough to exhaust the JSON reader's recursion
+        b'{"schema": 1, "type": ["command"]}',
+        _command("refresh", time=float("nan")),
         _command("refresh", node="n2"),
         _command("shell", {"cmd": "rm -rf /"}),
         _command("refresh"),
         _command("refresh"),  # the same id again: carried out once
         _command("set_remediation_mode", {"mode": "chaos"}),
         _command("reset_gpu", {"gpu": BUS}),
-    ):
-        await reporter.handle_command(payload)
-    await _settle()
+        _command("run_checks", id="stale", time=1.0),  # queued for a node long away
+    )
     assert dict(reporter.rejected_commands) == {
-        "malformed": 1,
+        "malformed": 2,
         "oversized": 1,
+        "unknown_type": 1,
+        "invalid": 1,
         "foreign": 1,
         "not_allowed": 1,
+        "expired": 1,
     }
     assert target.calls == ["refresh"]
     replies = {m["command_id"]: (m["ok"], m["detail"]) for m in _spooled(reporter)}
@@ -155,13 +172,24 @@ async def test_commands_allowlist_and_rejections(tmp_path: Path) -> None:
     assert "allow_remote_reset" in replies["id-reset_gpu"][1]
 
 
+async def test_a_command_that_fails_still_gets_a_reply(tmp_path: Path) -> None:
+    reporter = _reporter(tmp_path)
+    target = reporter.target
+    assert isinstance(target, Target)
+    target.calls.append("slow")
+    await _handle(reporter, _command("run_checks"))
+    (reply,) = _spooled(reporter)
+    assert (reply["command_id"], reply["ok"]) == ("id-run_checks", False)
+    assert "TimeoutError" in reply["detail"]
+
+
 async def test_remote_reset_when_allowed_goes_to_the_node(tmp_path: Path) -> None:
     reporter = _reporter(tmp_path, allow_remote_reset=True)
-    await reporter.handle_command(_command("reset_gpu", {"gpu": BUS}))
-    await reporter.handle_command(
-        schema.encode(schema.command_message("x2", "n1", "c1", "reset_gpu", {"gpu": "nope"}))
+    await _handle(
+        reporter,
+        _command("reset_gpu", {"gpu": BUS}),
+        schema.encode(schema.command_message("x2", "n1", "c1", "reset_gpu", {"gpu": "nope"})),
     )
-    await _settle()
     replies = {m["command_id"]: (m["ok"], m["detail"]) for m in _spooled(reporter)}
     assert replies == {"id-reset_gpu": (True, "succeeded"), "x2": (False, "no GPU nope")}
 
@@ -170,16 +198,42 @@ def _request() -> CordonRequest:
     return CordonRequest(node="n1", cluster="c1", reason="GPU: DBE", request_id="n1:1")
 
 
+class Broker:
+    """Stands in for the aiomqtt client: records publishes; can refuse with a reason code."""
+
+    def __init__(self, reporter: Reporter, *refusals: int) -> None:
+        self.reporter = reporter
+        self.refusals = list(refusals)
+        self.sent: list[tuple[str, dict[str, Any], Any]] = []
+
+    async def publish(self, topic: str, payload: bytes, **options: Any) -> None:
+        if self.refusals:
+            code = self.refusals.pop(0)
+            self.reporter._refused = ReasonCode(PacketTypes.PUBACK, identifier=code)
+            return
+        self.sent.append((topic, json.loads(payload), options["properties"]))
+
+
+def _connect(reporter: Reporter, *refusals: int) -> Broker:
+    broker = Broker(reporter, *refusals)
+    reporter._client = broker  # type: ignore[assignment]
+    return broker
+
+
 async def test_aggregator_backend_follows_the_decision(tmp_path: Path) -> None:
     reporter = _reporter(tmp_path)
+    broker = _connect(reporter)
     backend = AggregatorBackend(reporter.ask_aggregator, timeout=2.0)
     for decision, ok in (("denied", False), ("approved", True)):
         task = asyncio.create_task(backend.cordon(_request()))
         await _settle()
-        request = _spooled(reporter)[-1]
+        topic, request, properties = broker.sent[-1]
+        assert topic == "gpuagent/v1/c1/n1/actions"
         assert request["type"] == "cordon_request"
         assert request["action"] == "cordon"
-        reporter.spool.remove([m.seq for m in reporter.spool.head()])
+        # Not spooled, and void once the wait is over: the broker drops it after 2 s.
+        assert reporter.spool.head() == []
+        assert properties.MessageExpiryInterval == 2
         answer = schema.cordon_decision_message(
             "n1",
             "c1",
@@ -189,7 +243,7 @@ async def test_aggregator_backend_follows_the_decision(tmp_path: Path) -> None:
             retry_after_seconds=600.0,
         )
         answer["id"] += decision  # a new decision message each time
-        await reporter.handle_command(schema.encode(answer))
+        reporter.handle_command(schema.encode(answer))
         result = await task
         assert result.ok is ok
     assert result.changed
@@ -197,16 +251,78 @@ async def test_aggregator_backend_follows_the_decision(tmp_path: Path) -> None:
     assert "retry" not in result.detail
 
 
-async def test_aggregator_backend_without_an_answer_fails(tmp_path: Path) -> None:
+@pytest.mark.parametrize("connected", [True, False])
+async def test_aggregator_backend_without_an_answer_fails(tmp_path: Path, connected: bool) -> None:
     reporter = _reporter(tmp_path)
+    if connected:
+        _connect(reporter)
     backend = AggregatorBackend(reporter.ask_aggregator, timeout=0.05)
     result = await backend.cordon(_request())
     assert not result.ok
     assert "no decision" in result.detail
     assert not (await backend.state()).cordoned
+    assert reporter.spool.head() == []  # nothing left to be delivered late
+
+
+@pytest.mark.parametrize(
+    ("code", "published", "retried"),
+    [(0x97, 1, True), (0x80, 1, True), (0x87, 0, False), (0x90, 0, False)],
+)
+async def test_the_spool_keeps_what_the_broker_refused_for_now(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, published: int, retried: bool
+) -> None:
+    # "Quota exceeded" or "unspecified error" is tried again; "not authorized" would fail
+    # the same way forever and is dropped (and counted).
+    monkeypatch.setattr(reporter_module, "_TRANSIENT_RETRY_SECONDS", 0.01)
+    reporter = _reporter(tmp_path)
+    broker = _connect(reporter, code)
+    reporter.offer_event(GpuEvent("kmsg:b:1", "kmsg", "xid", BUS, 1000.0, 5.0, code=79))
+    drain = asyncio.create_task(reporter._drain(broker))  # type: ignore[arg-type]
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if reporter.status().spool_depth == 0:
+            break
+    drain.cancel()
+    assert reporter.status().spool_depth == 0
+    assert len(broker.sent) == published
+    assert reporter.refused["events"] == 1
+    assert (reporter.published["events"] == 1) is retried
 
 
 @pytest.mark.parametrize("name", ["a/b", "+", "#", "", "x" * 200])
 def test_names_that_would_break_topics_are_refused(tmp_path: Path, name: str) -> None:
     with pytest.raises(ValueError, match="name"):
         Reporter(MqttOutput(), node=name, cluster="c", agent_version="1", state_dir=tmp_path)
+
+
+def _event(**changes: Any) -> bytes:
+    message = schema.envelope("event", "e1", "n1", "c1", 1000.0)
+    message.update(category="kernel", data={}, **changes)
+    return json.dumps(message).encode()
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (_event().replace(b"1000.0", b"NaN"), "malformed"),
+        (_event().replace(b"1000.0", b"Infinity"), "malformed"),
+        (_event().replace(b"1000.0", b"1" + b"0" * 400), "invalid"),  # overflows a float
+        (_event(time=-5.0), "invalid"),
+        (_event(type={"a": 1}), "unknown_type"),
+        (b'{"a":' * 5000 + b"1" + b"}" * 5000, "malformed"),
+    ],
+)
+def test_decode_refuses_what_would_poison_a_reader(payload: bytes, reason: str) -> None:
+    with pytest.raises(schema.PayloadError) as info:
+        schema.decode(payload, max_bytes=1 << 20)
+    assert info.value.reason == reason
+
+
+def test_encode_writes_strict_json() -> None:
+    message = schema.envelope("event", "e1", "n1", "c1", 1000.0)
+    message.update(category="kernel", data={"evidence": [float("nan"), 1.5, float("-inf")]})
+    encoded = schema.encode(message)
+    assert json.loads(encoded, parse_constant=pytest.fail)["data"] == {
+        "evidence": [None, 1.5, None]
+    }
+    assert schema.decode(encoded)["id"] == "e1"

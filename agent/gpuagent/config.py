@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from gpuagent.fleet.topics import NAME_RE
+from gpuagent.fleet.topics import AGGREGATOR_IDENTITY, NAME_RE
 
 T = TypeVar("T")
 
@@ -127,6 +127,9 @@ class MqttOutput:
     allow_remote_reset: bool = False
     # Largest command payload accepted from the broker.
     max_command_bytes: int = 65536
+    # Commands sent longer ago than this (or this far in the future: clock skew) are
+    # refused, so one queued for a node that was away does not run when it returns.
+    max_command_age_seconds: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -537,6 +540,7 @@ _POSITIVE = {
     "outputs.mqtt.state_interval_seconds",
     "outputs.mqtt.event_expiry_seconds",
     "outputs.mqtt.max_command_bytes",
+    "outputs.mqtt.max_command_age_seconds",
     "outputs.mqtt.spool.max_bytes",
     "outputs.mqtt.spool.max_age_seconds",
     "aggregator.stale_after_seconds",
@@ -571,6 +575,9 @@ _NON_NEGATIVE = {
 }
 # A GPU-instance profile as nvidia-smi names it: slices "g", memory "gb", and a variant.
 _MIG_PROFILE_RE = re.compile(r"^[1-9]\d*g\.[1-9]\d*gb([+-][a-z]+(\.[a-z]+)?)?$")
+# Levels of letters, digits, '.', '_', '-' joined by '/': no wildcard, no empty level, no
+# leading '$' (reserved for the broker's own topics).
+_TOPIC_PREFIX_RE = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
 _LISTEN_RE = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]*):(\d{1,5})$")
 
 
@@ -591,13 +598,24 @@ def _check_text(key: str, value: object) -> str | None:
         odd = [p for p in typing.cast("list[str]", value) if not _MIG_PROFILE_RE.match(p)]
         if odd:
             return f'{odd[0]!r} is not a GPU-instance profile name like "1g.10gb" or "1g.10gb+me"'
-    if key in ("agent.node_name", "agent.cluster") and value and not NAME_RE.match(str(value)):
-        # Names are MQTT topic levels and ACL user names in fleet reports.
-        return "must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
     if key in ("metrics.listen", "aggregator.listen"):
         match = _LISTEN_RE.match(str(value))
         if match is None or not 0 < int(match.group(2)) < 65536:
             return 'must be "HOST:PORT", e.g. "0.0.0.0:19400" or "[::1]:19400"'
+    return _check_topic_name(key, value)
+
+
+def _check_topic_name(key: str, value: object) -> str | None:
+    """Names that become MQTT topic levels and ACL user names in fleet reports."""
+    if key in ("agent.node_name", "agent.cluster") and value and not NAME_RE.match(str(value)):
+        return "must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
+    if key == "agent.node_name" and value == AGGREGATOR_IDENTITY:
+        # The broker's ACL gives this identity the right to send commands to every node.
+        return f'"{AGGREGATOR_IDENTITY}" is the aggregator\'s identity on the broker'
+    if key == "aggregator.share_group" and value and not NAME_RE.match(str(value)):
+        return "must be 1-128 letters, digits, '.', '_' or '-' (it is one topic level)"
+    if key.endswith(".topic_prefix") and not _TOPIC_PREFIX_RE.match(str(value)):
+        return 'must be topic levels without wildcards, e.g. "gpuagent/v1"'
     return None
 
 

@@ -17,8 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import time
 import typing
 from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -43,6 +46,12 @@ _STATE_DEBOUNCE_SECONDS = 0.2
 _MEMORY_BACKLOG = 10_000  # messages held in memory while the spool cannot be written
 _SEEN_COMMANDS = 1024
 _AUDIT_CURSOR = "audit"
+# PUBACK reason codes (MQTT 5) that say "not now" rather than "never": unspecified error,
+# implementation specific error (both what an overloaded broker says), packet identifier
+# in use, quota exceeded. The others (not authorized, topic name invalid, payload format
+# invalid) would fail the same way again.
+_TRANSIENT = frozenset((0x80, 0x83, 0x91, 0x97))
+_TRANSIENT_RETRY_SECONDS = 5.0
 
 
 class CommandTarget(Protocol):
@@ -55,6 +64,14 @@ class CommandTarget(Protocol):
     def set_remediation_mode(self, mode: str) -> str: ...
 
     async def reset_gpu(self, bus_id: str) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """The broker refused a publish: why, and whether trying again later can succeed."""
+
+    reason: str
+    transient: bool
 
 
 class CommandRefusedError(Exception):
@@ -104,9 +121,11 @@ class Reporter:
         self._severities: dict[tuple[str | None, str], str] = {}
         self._client: aiomqtt.Client | None = None
         self._publish_lock = asyncio.Lock()
-        self._refused: str | None = None  # the broker's reason for refusing our publish
+        self._refused: Any = None  # the broker's reason code for refusing our publish
         self._decisions: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._seen_commands: OrderedDict[str, None] = OrderedDict()
+        self._command_tasks: set[asyncio.Task[None]] = set()
+        self._command_lock = asyncio.Lock()
         self.target: CommandTarget | None = None
         self.connected = False
         self.connections = 0
@@ -148,15 +167,29 @@ class Reporter:
         """New audit records: copy them to the spool (from the audit trail's own cursor)."""
         self._work.set()
 
-    async def ask_aggregator(self, request: CordonRequest, action: str) -> dict[str, Any]:
-        """Send a cordon request and wait for the aggregator's decision (the caller
-        bounds the wait)."""
+    async def ask_aggregator(
+        self, request: CordonRequest, action: str, wait_seconds: float
+    ) -> dict[str, Any]:
+        """Send a cordon request and wait up to ``wait_seconds`` for the decision.
+
+        Unlike events, a request is not spooled: it is a question for now. One that cannot
+        be sent now, or is not answered in time, is void (TimeoutError), and its MQTT
+        expiry keeps the broker from delivering it later, so it can never take a slot of
+        the fleet's cordon budget for a node that stopped waiting.
+        """
         message = schema.cordon_request_message(request, action)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._decisions[request.request_id] = future
         try:
-            self._enqueue(message["id"], "actions", message)
-            return await future
+            async with asyncio.timeout(wait_seconds):
+                client = self._client
+                if client is None:
+                    raise TimeoutError  # not connected: no answer can come in time
+                payload = schema.encode(message)
+                expiry = max(1, math.ceil(wait_seconds))
+                if await self._publish(client, "actions", payload, expiry=expiry):
+                    raise TimeoutError  # refused: no answer will come
+                return await future
         finally:
             self._decisions.pop(request.request_id, None)
 
@@ -262,7 +295,7 @@ class Reporter:
         def on_publish(*args: Any) -> None:
             reason_code = args[3]
             if getattr(reason_code, "is_failure", False):
-                self._refused = str(reason_code)
+                self._refused = reason_code
             if acknowledge is not None:
                 acknowledge(*args)
 
@@ -287,8 +320,8 @@ class Reporter:
         *,
         retain: bool = False,
         expiry: int | None = None,
-    ) -> str | None:
-        """One QoS 1 publish, acknowledged; the broker's refusal reason, or None."""
+    ) -> Refusal | None:
+        """One QoS 1 publish, acknowledged; the broker's refusal, or None."""
         properties = None
         if expiry is not None:
             properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
@@ -304,17 +337,20 @@ class Reporter:
                 retain=retain,
                 properties=properties,
             )
-            refused, self._refused = self._refused, None
-        if refused is not None:
+            code, self._refused = self._refused, None
+        if code is not None:
+            refusal = Refusal(str(code), transient=getattr(code, "value", None) in _TRANSIENT)
             if not self.refused[channel]:
                 log.error(
-                    "the MQTT broker refused a publish on %s: %s (check the broker's ACL and "
-                    "this node's identity)",
+                    "the MQTT broker refused a publish on %s: %s (%s)",
                     self.topics.topic(channel),
-                    refused,
+                    refusal.reason,
+                    "will retry"
+                    if refusal.transient
+                    else "not retried: check the broker's ACL and this node's identity",
                 )
             self.refused[channel] += 1
-            return refused
+            return refusal
         self.published[channel] += 1
         return None
 
@@ -326,16 +362,22 @@ class Reporter:
             self._copy_audit()
             batch = self.spool.head()
             sent: list[int] = []
+            retry_later = False
             try:
                 for item in batch:
                     channel = typing.cast("Channel", item.channel)
-                    await self._publish(client, channel, item.payload, expiry=expiry)
+                    refusal = await self._publish(client, channel, item.payload, expiry=expiry)
+                    if refusal is not None and refusal.transient:
+                        retry_later = True  # the broker is busy or over quota: keep it
+                        break
                     sent.append(item.seq)  # acknowledged, or refused for good
             finally:
                 # One transaction per batch; a crash before it only means a resend.
                 if sent:
                     self.spool.remove(sent)
-            if not batch:
+            if retry_later:
+                await asyncio.sleep(_TRANSIENT_RETRY_SECONDS)
+            elif not batch:
                 await self._work.wait()
 
     async def _state_loop(self, client: aiomqtt.Client) -> None:
@@ -374,47 +416,72 @@ class Reporter:
             payload = message.payload
             if not isinstance(payload, bytes | bytearray):
                 payload = str(payload).encode()
-            await self.handle_command(payload)
+            self.handle_command(payload)
 
     def _reject(self, reason: str, detail: str) -> None:
         if not self.rejected_commands[reason]:
             log.warning("rejected a command from the broker (%s): %s", reason, detail)
         self.rejected_commands[reason] += 1
 
-    async def handle_command(self, payload: bytes | bytearray) -> None:
-        try:
-            message = schema.decode(payload, max_bytes=self.config.max_command_bytes)
-        except schema.PayloadError as exc:
-            self._reject(exc.reason, exc.detail)
-            return
-        if message["node"] != self.node or message["cluster"] != self.cluster:
-            self._reject("foreign", f"addressed to {message['cluster']}/{message['node']}")
-            return
-        if message["id"] in self._seen_commands:
-            return  # QoS 1 may deliver twice: act once
-        self._seen_commands[message["id"]] = None
-        while len(self._seen_commands) > _SEEN_COMMANDS:
-            self._seen_commands.popitem(last=False)
+    def handle_command(self, payload: bytes | bytearray) -> asyncio.Task[None] | None:
+        """Act on one message from ``.../cmd``; a command to run gets a task of its own
+        (returned), so cordon decisions are never stuck behind a slow command."""
+        message = self._accepted(payload)
+        if message is None:
+            return None
         if message["type"] == "cordon_decision":
             self.commands["cordon_decision"] += 1
             future = self._decisions.get(message["request_id"])
             if future is not None and not future.done():
                 future.set_result(message)
-            return
+            return None
         if message["type"] != "command" or message["command"] not in schema.COMMANDS:
             self._reject("not_allowed", f"{message['type']} {message.get('command')!r}")
-            return
-        await self._run_command(message)
+            return None
+        task = asyncio.get_running_loop().create_task(self._run_command(message))
+        # Held until done (the loop keeps only weak references); outlives a reconnect,
+        # since its reply goes through the spool.
+        self._command_tasks.add(task)
+        task.add_done_callback(self._command_tasks.discard)
+        return task
+
+    def _accepted(self, payload: bytes | bytearray) -> dict[str, Any] | None:
+        """The message, if it is well-formed, for this node, fresh and not seen before."""
+        try:
+            message = schema.decode(payload, max_bytes=self.config.max_command_bytes)
+        except schema.PayloadError as exc:
+            self._reject(exc.reason, exc.detail)
+            return None
+        if message["node"] != self.node or message["cluster"] != self.cluster:
+            self._reject("foreign", f"addressed to {message['cluster']}/{message['node']}")
+            return None
+        # A command queued for a node that was away (its session outlives an outage)
+        # must not run whenever the node comes back.
+        age = time.time() - message["time"]
+        if message["type"] == "command" and abs(age) > self.config.max_command_age_seconds:
+            self._reject("expired", f"{message.get('command')!r} sent {age:.0f} s ago")
+            return None
+        if message["id"] in self._seen_commands:
+            return None  # QoS 1 may deliver twice: act once
+        self._seen_commands[message["id"]] = None
+        while len(self._seen_commands) > _SEEN_COMMANDS:
+            self._seen_commands.popitem(last=False)
+        return message
 
     async def _run_command(self, message: dict[str, Any]) -> None:
         command, args = str(message["command"]), message["args"]
         self.commands[command] += 1
-        try:
-            detail = await self._dispatch(command, args)
-            ok = True
-        except CommandRefusedError as exc:
-            detail, ok = str(exc), False
-            log.warning("refused remote command %s: %s", command, detail)
+        # One command at a time, in arrival order, as before they ran on the read loop.
+        async with self._command_lock:
+            try:
+                detail = await self._dispatch(command, args)
+                ok = True
+            except CommandRefusedError as exc:
+                detail, ok = str(exc), False
+                log.warning("refused remote command %s: %s", command, detail)
+            except Exception as exc:  # noqa: BLE001 - every command gets a reply
+                detail, ok = f"failed: {exc!r}", False
+                log.warning("remote command %s failed: %r", command, exc)
         reply = schema.reply_message(self.node, self.cluster, message["id"], ok=ok, detail=detail)
         self._enqueue(reply["id"], "replies", reply)
 

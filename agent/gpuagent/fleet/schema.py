@@ -14,6 +14,7 @@ docs/fleet.md documents each type.
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any, Final, Literal, get_args
 
@@ -26,6 +27,8 @@ SCHEMA: Final = 1
 # Larger than any state report of a 16-GPU node, small enough that nobody can make a
 # reader buffer much.
 MAX_PAYLOAD_BYTES: Final = 256 * 1024
+# Envelope times are Unix seconds; anything past the year 5000 is not a clock reading.
+MAX_TIME: Final = 1e11
 
 MessageType = Literal[
     "state", "event", "action", "cordon_request", "reply", "command", "cordon_decision"
@@ -178,7 +181,23 @@ def cordon_decision_message(
 
 
 def encode(message: dict[str, Any]) -> bytes:
-    return json.dumps(message, separators=(",", ":"), default=str).encode()
+    """Compact JSON; a non-finite number (NaN from a broken sensor) becomes null, since
+    strict JSON readers (a browser's) reject the whole document over one."""
+    try:
+        text = json.dumps(message, separators=(",", ":"), default=str, allow_nan=False)
+    except ValueError:
+        text = json.dumps(_finite(message), separators=(",", ":"), default=str)
+    return text.encode()
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 # --- reading ----------------------------------------------------------------------------
@@ -191,18 +210,29 @@ def decode(
     if len(payload) > max_bytes:
         raise PayloadError("oversized", f"{len(payload)} bytes (limit {max_bytes})")
     try:
-        message = json.loads(payload)
+        message = json.loads(payload, parse_constant=_refuse_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise PayloadError("malformed", f"not JSON: {exc}") from None
+    except RecursionError:
+        raise PayloadError("malformed", "nested too deeply") from None
     if not isinstance(message, dict):
         raise PayloadError("malformed", "not a JSON object")
     if message.get("schema") != SCHEMA:
         raise PayloadError("schema", f"schema {message.get('schema')!r} (this reads {SCHEMA})")
     kind = message.get("type")
-    if kind not in MESSAGE_TYPES:
+    if not isinstance(kind, str) or kind not in MESSAGE_TYPES:
         raise PayloadError("unknown_type", f"type {kind!r}")
     for name, expected in (_ENVELOPE | _REQUIRED[kind]).items():
         value = message.get(name)
         if not isinstance(value, expected) or isinstance(value, bool) is not (expected is bool):
             raise PayloadError("invalid", f"{kind}: field {name!r} missing or of the wrong type")
+    # A time no clock can show (a huge integer overflows float) would poison every
+    # comparison and column it reaches.
+    if not 0 <= message["time"] <= MAX_TIME:
+        raise PayloadError("invalid", f"{kind}: time {message['time']!r} out of range")
     return message
+
+
+def _refuse_constant(name: str) -> float:
+    # NaN and Infinity are not JSON; Python's reader accepts them unless told otherwise.
+    raise ValueError(f"{name} is not a JSON number")

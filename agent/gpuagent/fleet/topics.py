@@ -16,6 +16,8 @@ CHANNELS: Final[tuple[Channel, ...]] = get_args(Channel)
 NODE_CHANNELS: Final[tuple[Channel, ...]] = ("state", "events", "actions", "replies")
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# The aggregator's user name on the broker (its certificate's CN): no node may use it.
+AGGREGATOR_IDENTITY: Final = "aggregator"
 
 
 class TopicError(ValueError):

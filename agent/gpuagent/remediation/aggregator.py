@@ -15,7 +15,8 @@ from typing import Any
 
 from gpuagent.remediation.types import CordonRequest, CordonResult, CordonState
 
-Ask = Callable[[CordonRequest, str], Awaitable[dict[str, Any]]]
+# (request, "cordon" or "uncordon", seconds to wait) -> the decision; TimeoutError: none.
+Ask = Callable[[CordonRequest, str, float], Awaitable[dict[str, Any]]]
 
 
 class AggregatorBackend:
@@ -29,7 +30,7 @@ class AggregatorBackend:
     async def _decide(self, request: CordonRequest, action: str) -> CordonResult:
         try:
             async with asyncio.timeout(self._timeout):
-                decision = await self._ask(request, action)
+                decision = await self._ask(request, action, self._timeout)
         except TimeoutError:
             return CordonResult(
                 ok=False,
