@@ -326,3 +326,14 @@ def test_encode_writes_strict_json() -> None:
         "evidence": [None, 1.5, None]
     }
     assert schema.decode(encoded)["id"] == "e1"
+
+
+async def test_no_online_report_after_the_goodbye(tmp_path: Path) -> None:
+    reporter = _reporter(tmp_path)
+    broker = _connect(reporter)
+    reporter.offer_snapshot(_snapshot(1))
+    # The state loop woke for a change just as the daemon began to stop.
+    late_report = asyncio.create_task(reporter._publish_state(broker))  # type: ignore[arg-type]
+    await reporter.shutdown()
+    await late_report
+    assert [m["online"] for _, m, _ in broker.sent] == [False]

@@ -72,3 +72,34 @@ def test_an_unwritable_spool_raises_and_keeps_its_counts(tmp_path: Path) -> None
     with pytest.raises(SpoolError, match="readonly"):
         spool.put(_messages(2, 1))
     assert (spool.depth, spool.bytes) == (2, 20)
+
+
+def test_messages_age_out_without_new_writes(tmp_path: Path) -> None:
+    # An outage: nothing is written, yet what waited too long must go before the drain.
+    clock = FakeClock()
+    spool = _spool(tmp_path, clock, max_age_seconds=100.0)
+    spool.put(_messages(0, 3))
+    clock.advance(150)
+    spool.expire()
+    assert (spool.head(), spool.dropped, spool.depth) == ([], 3, 0)
+
+
+def test_drift_between_counters_and_table_cannot_loop_forever(tmp_path: Path) -> None:
+    spool = _spool(tmp_path, FakeClock(), max_bytes=50)
+    spool.put(_messages(0, 2))
+    spool.depth, spool.bytes = 10**6, 10**9  # counters out of step with the table
+    spool.expire()
+    assert (spool.depth, spool.bytes) == (0, 0)  # recounted from the table
+
+
+def test_drops_are_logged_when_they_start_not_for_every_message(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()
+    spool = _spool(tmp_path, clock, max_bytes=30)
+    for start in range(0, 300, 3):
+        spool.put(_messages(start, 3))
+    assert spool.dropped == 297
+    drops = [r for r in caplog.records if "dropped" in r.getMessage()]
+    assert len(drops) == 1
+    assert "over max_bytes" in drops[0].getMessage()

@@ -112,6 +112,7 @@ class Reporter:
         )
         self._backlog: deque[tuple[str, str, bytes]] = deque()
         self._backlog_dropped = 0
+        self._backlog_dropping = False  # this episode of an unwritable spool has dropped
         self._flush_scheduled = False
         self._spool_failing = False
         self._work = asyncio.Event()
@@ -127,6 +128,7 @@ class Reporter:
         self._command_tasks: set[asyncio.Task[None]] = set()
         self._command_lock = asyncio.Lock()
         self.target: CommandTarget | None = None
+        self._shutting_down = False
         self.connected = False
         self.connections = 0
         self.published: Counter[str] = Counter()
@@ -224,13 +226,21 @@ class Reporter:
         try:
             self.spool.put(list(self._backlog))
         except SpoolError as exc:
+            if not self._spool_failing:
+                log.warning("MQTT spool not writable (%s): holding messages in memory", exc)
+            if len(self._backlog) > _MEMORY_BACKLOG and not self._backlog_dropping:
+                log.warning(
+                    "MQTT spool still not writable: dropping the oldest of the %d messages "
+                    "held in memory",
+                    _MEMORY_BACKLOG,
+                )
             while len(self._backlog) > _MEMORY_BACKLOG:
                 self._backlog.popleft()
                 self._backlog_dropped += 1
-            if not self._spool_failing:
-                log.warning("MQTT spool not writable (%s): holding messages in memory", exc)
+                self._backlog_dropping = True
             self._spool_failing = True
             return
+        self._backlog_dropping = False
         self._spool_failing = False
         self._backlog.clear()
         self._work.set()
@@ -320,8 +330,11 @@ class Reporter:
         *,
         retain: bool = False,
         expiry: int | None = None,
+        online: bool = False,
     ) -> Refusal | None:
-        """One QoS 1 publish, acknowledged; the broker's refusal, or None."""
+        """One QoS 1 publish, acknowledged; the broker's refusal, or None. An ``online``
+        state report is skipped once shutdown began: after the offline report it would
+        stand until the aggregator marks the node stale."""
         properties = None
         if expiry is not None:
             properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
@@ -329,6 +342,8 @@ class Reporter:
         # One publish in flight at a time: the acknowledgement we read is ours, and the
         # spool drains in order.
         async with self._publish_lock:
+            if online and self._shutting_down:
+                return None
             self._refused = None
             await client.publish(
                 self.topics.topic(channel),
@@ -356,6 +371,7 @@ class Reporter:
 
     async def _drain(self, client: aiomqtt.Client) -> None:
         expiry = self.config.event_expiry_seconds
+        self.spool.expire()  # an outage ages messages without writing any
         while True:
             self._work.clear()
             self._flush_backlog()
@@ -394,10 +410,11 @@ class Reporter:
         if self._snapshot is None:
             return
         message = schema.state_message(self._snapshot, self._version)
-        await self._publish(client, "state", schema.encode(message), retain=True)
+        await self._publish(client, "state", schema.encode(message), retain=True, online=True)
 
     async def shutdown(self) -> None:
         """Say goodbye: the retained state becomes offline ("shutdown")."""
+        self._shutting_down = True
         client = self._client
         if client is None:
             return

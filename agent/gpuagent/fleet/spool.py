@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+# Drops are logged when they start, then at most this often while they go on.
+_DROP_LOG_SECONDS = 60.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (
@@ -63,6 +67,8 @@ class Spool:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
         self.depth = self.bytes = self.dropped = 0
+        self._unlogged_drops = 0
+        self._drops_logged_at = -math.inf
         self._recount()
 
     def close(self) -> None:
@@ -89,7 +95,7 @@ class Spool:
             self._recount()
             raise SpoolError(str(exc)) from exc
         if added:
-            self._enforce_bounds()
+            self.expire()
         return added
 
     @contextlib.contextmanager
@@ -128,28 +134,41 @@ class Spool:
         self.depth -= len(removed)
         self.bytes -= sum(int(r[0]) for r in removed)
 
-    def _enforce_bounds(self) -> None:
-        now = self._wall()
-        expired = self._db.execute(
-            "DELETE FROM outbox WHERE created < ? RETURNING LENGTH(payload)",
-            (now - self._max_age,),
-        ).fetchall()
-        self._dropped(expired, "older than max_age_seconds")
-        while self.bytes > self._max_bytes and self.depth > 1:
-            oldest = self._db.execute(
-                "DELETE FROM outbox WHERE seq = (SELECT MIN(seq) FROM outbox)"
-                " RETURNING LENGTH(payload)"
+    def expire(self) -> None:
+        """Drop what is past the age bound, then the oldest while over the size bound.
+        Runs after each write and when a connection starts to drain (an outage ages
+        messages without writing any)."""
+        try:
+            expired = self._db.execute(
+                "DELETE FROM outbox WHERE created < ? RETURNING LENGTH(payload)",
+                (self._wall() - self._max_age,),
             ).fetchall()
-            self._dropped(oldest, "spool over max_bytes")
+            self._dropped(expired, "older than max_age_seconds")
+            while self.bytes > self._max_bytes and self.depth > 1:
+                oldest = self._db.execute(
+                    "DELETE FROM outbox WHERE seq = (SELECT MIN(seq) FROM outbox)"
+                    " RETURNING LENGTH(payload)"
+                ).fetchall()
+                if not oldest:  # the counters were off: trust the table
+                    self._recount()
+                    break
+                self._dropped(oldest, "spool over max_bytes")
+        except sqlite3.Error as exc:
+            # The messages are stored; the bounds are enforced at the next write.
+            log.warning("MQTT spool bounds not enforced: %s", exc)
 
     def _dropped(self, rows: list[tuple[int]], why: str) -> None:
         if not rows:
             return
-        if self.dropped == 0:
-            log.warning("MQTT spool dropping its oldest messages: %s", why)
         self.dropped += len(rows)
         self.depth -= len(rows)
         self.bytes -= sum(int(r[0]) for r in rows)
+        # Once per episode of drops, then at most once a minute with the count since.
+        now = time.monotonic()
+        self._unlogged_drops += len(rows)
+        if now - self._drops_logged_at >= _DROP_LOG_SECONDS:
+            log.warning("MQTT spool dropped its %d oldest messages: %s", self._unlogged_drops, why)
+            self._drops_logged_at, self._unlogged_drops = now, 0
 
     def cursor(self, name: str) -> int:
         row = self._db.execute("SELECT value FROM cursors WHERE name = ?", (name,)).fetchone()
