@@ -248,6 +248,14 @@ def test_gpu_count_names_both_cases_worst_first() -> None:
             "version not reported",
             id="version-unknown",
         ),
+        pytest.param(
+            {"modules": (("nvidia", None), ("nvidia_peermem", None)), "module_version": None},
+            ["nvidia", "nvidia_peermem"],
+            Severity.OK,
+            "none",
+            "kernel modules not reported (/sys/module cannot be read)",
+            id="sys-module-unreadable",
+        ),
     ],
 )
 def test_driver(

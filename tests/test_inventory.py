@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import stat
 from pathlib import Path
 
@@ -110,8 +111,24 @@ def test_collect_host_from_a_fixture_tree(tmp_path: Path) -> None:
 def test_collect_host_without_sysfs_or_procfs_says_not_reported(tmp_path: Path) -> None:
     facts = collect_host(tmp_path / "nosys", tmp_path / "noproc", tmp_path / "none", ("nvidia",))
     assert facts.pci is None  # could not look: not "no GPUs"
-    assert facts.module_loaded("nvidia") is False
+    assert facts.module_loaded("nvidia") is None  # could not look: not "not loaded"
     assert (facts.module_version, facts.kernel_release, facts.os_release) == (None, None, None)
+
+
+@pytest.mark.parametrize("module_dir", ["missing", "a-file"])
+def test_modules_are_unknown_when_sys_module_cannot_be_listed(
+    tmp_path: Path, module_dir: str
+) -> None:
+    root = hgx_tree(tmp_path)
+    shutil.rmtree(root / "sys" / "module")
+    if module_dir == "a-file":
+        (root / "sys" / "module").write_text("")
+    facts = collect_host(root / "sys", root / "proc", root / "os-release", ("nvidia",))
+    assert facts.pci is not None  # the rest of sysfs still reads
+    assert dict(facts.modules) == dict.fromkeys(
+        ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem")
+    )
+    assert facts.module_version is None
 
 
 def test_no_gpus_on_a_readable_bus_is_an_empty_tuple(tmp_path: Path) -> None:
@@ -327,12 +344,13 @@ def test_inventory_metrics() -> None:
 
 
 def test_inventory_metrics_leave_out_what_is_not_known() -> None:
-    host = HostFacts(pci=None)
+    host = HostFacts(pci=None, modules=(("nvidia", None), ("nvidia_uvm", None)))
     inventory = build_inventory(host, NvmlStatus(ok=False), (), "1.2.3")
     found = _families(inventory)
     assert found["gpuagent_gpus_expected"] == []
     assert found["gpuagent_gpus_seen"] == []
     assert found["gpuagent_nvswitches_seen"] == []
+    assert found["gpuagent_kernel_module_loaded"] == []
     assert _families(None) == {}
 
 

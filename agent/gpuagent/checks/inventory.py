@@ -138,7 +138,11 @@ def check_driver(view: InventoryView) -> Outcome:
                 Runbook.NODE_DRIVER_MODULE,
             )
         )
-    return Outcome(f"kernel module {module or 'version not reported'}", evidence, tuple(problems))
+    if host.modules and all(loaded is None for _, loaded in host.modules):
+        ok = "kernel modules not reported (/sys/module cannot be read)"
+    else:
+        ok = f"kernel module {module or 'version not reported'}"
+    return Outcome(ok, evidence, tuple(problems))
 
 
 # --- firmware ----------------------------------------------------------------------------

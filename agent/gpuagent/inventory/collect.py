@@ -60,10 +60,18 @@ def read_pci_functions(sys_root: Path) -> tuple[PciFunction, ...] | None:
     return tuple(sorted(functions, key=lambda f: f.address))
 
 
-def read_modules(sys_root: Path, required: tuple[str, ...]) -> tuple[tuple[str, bool], ...]:
-    """(module, loaded) for the NVIDIA modules: /sys/module/NAME exists while it is loaded."""
+def read_modules(sys_root: Path, required: tuple[str, ...]) -> tuple[tuple[str, bool | None], ...]:
+    """(module, loaded) for the NVIDIA modules: /sys/module/NAME exists while it is loaded.
+
+    Loaded is None for every module when /sys/module itself cannot be listed (a wrong
+    root, sysfs not mounted): "could not look" is never taken for "not loaded".
+    """
     names = (*KNOWN_MODULES, *(m for m in required if m not in KNOWN_MODULES))
-    return tuple((name, (sys_root / "module" / name).is_dir()) for name in names)
+    try:
+        present = {entry.name for entry in (sys_root / "module").iterdir()}
+    except OSError:
+        return tuple((name, None) for name in names)
+    return tuple((name, name in present) for name in names)
 
 
 def read_os_release(path: Path) -> str | None:

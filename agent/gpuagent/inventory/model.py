@@ -48,7 +48,7 @@ class HostFacts:
     """What the host says about the node, without NVML."""
 
     pci: tuple[PciFunction, ...] | None = None  # None: sysfs could not be read
-    modules: tuple[tuple[str, bool], ...] = ()  # (module, loaded)
+    modules: tuple[tuple[str, bool | None], ...] = ()  # (module, loaded); None: unknown
     module_version: str | None = None  # /sys/module/nvidia/version
     kernel_release: str | None = None
     os_release: str | None = None  # PRETTY_NAME

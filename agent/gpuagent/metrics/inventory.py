@@ -64,7 +64,8 @@ def inventory_families(inventory: NodeInventory | None, gpu_labels: GpuLabels) -
         nvswitches.add_metric([], float(len(switches)))
     modules = _gauge(names.KERNEL_MODULE_LOADED)
     for module, loaded in host.modules:
-        modules.add_metric([module], float(loaded))
+        if loaded is not None:  # /sys/module unreadable: no series rather than a false 0
+            modules.add_metric([module], float(loaded))
     services = _gauge(names.SERVICE_STATE)
     for service in host.services:
         services.add_metric([service.name, service.state], 1.0)

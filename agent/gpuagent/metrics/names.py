@@ -356,7 +356,7 @@ NVSWITCHES_SEEN = MetricSpec(
 )
 KERNEL_MODULE_LOADED = MetricSpec(
     "gpuagent_kernel_module_loaded",
-    "1 if the NVIDIA kernel module is loaded, 0 if not.",
+    "1 if the NVIDIA kernel module is loaded, 0 if not; absent when /sys/module cannot be read.",
     ("module",),
 )
 SERVICE_STATE = MetricSpec(
