@@ -23,6 +23,7 @@ from gpuagent.inventory import (
 )
 from gpuagent.inventory.baseline import load_baseline, save_baseline
 from gpuagent.inventory.collect import collect_host, read_os_release, read_pci_functions
+from gpuagent.inventory.model import UNKNOWN_DRIVER
 from gpuagent.inventory.services import parse_show, read_services
 from gpuagent.metrics.inventory import inventory_families
 from gpuagent.model import GpuIdentity, GpuReadings, GpuState, NvmlStatus
@@ -129,6 +130,20 @@ def test_modules_are_unknown_when_sys_module_cannot_be_listed(
         ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem")
     )
     assert facts.module_version is None
+
+
+def test_a_driver_link_that_loops_is_an_unknown_driver(tmp_path: Path) -> None:
+    root = hgx_tree(tmp_path)
+    # An odd sysfs: the unbound GPU's driver link points at itself.
+    link = root / "sys" / "bus" / "pci" / "devices" / "0000:2a:00.0" / "driver"
+    link.symlink_to(link)
+    pci = read_pci_functions(root / "sys")
+    assert pci is not None
+    assert {f.address: f.driver for f in pci} == {
+        "0000:05:00.0": "nvidia",
+        "0000:18:00.0": "nvidia",
+        "0000:2a:00.0": UNKNOWN_DRIVER,
+    }
 
 
 def test_no_gpus_on_a_readable_bus_is_an_empty_tuple(tmp_path: Path) -> None:

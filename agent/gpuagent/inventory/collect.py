@@ -13,7 +13,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from gpuagent.inventory.model import KNOWN_MODULES, HostFacts, PciFunction, Service
+from gpuagent.inventory.model import (
+    KNOWN_MODULES,
+    UNKNOWN_DRIVER,
+    HostFacts,
+    PciFunction,
+    Service,
+)
 from gpuagent.sources.pcie import canonical_bus_id, role_of
 
 
@@ -39,6 +45,16 @@ def _entries(directory: Path) -> Iterator[Path]:
         return
 
 
+def _driver(function: Path) -> str | None:
+    """The bound driver's name; None when none is bound, UNKNOWN_DRIVER when the link
+    cannot be followed (a symlink loop raises RuntimeError before Python 3.13)."""
+    link = function / "driver"
+    try:
+        return link.resolve().name if link.is_symlink() else None
+    except (OSError, RuntimeError):
+        return UNKNOWN_DRIVER
+
+
 def read_pci_functions(sys_root: Path) -> tuple[PciFunction, ...] | None:
     """NVIDIA GPUs and NVSwitches under ``sys_root``, driver bound or not.
 
@@ -54,9 +70,7 @@ def read_pci_functions(sys_root: Path) -> tuple[PciFunction, ...] | None:
         role = role_of(_hex(entry / "vendor"), _hex(entry / "class"))
         if address is None or role is None or role == "bridge":
             continue
-        driver_link = entry / "driver"
-        driver = driver_link.resolve().name if driver_link.is_symlink() else None
-        functions.append(PciFunction(address, role, _hex(entry / "device"), driver))
+        functions.append(PciFunction(address, role, _hex(entry / "device"), _driver(entry)))
     return tuple(sorted(functions, key=lambda f: f.address))
 
 

@@ -23,6 +23,9 @@ ServiceState = Literal[
 PERSISTENCED = "nvidia-persistenced"
 FABRIC_MANAGER = "nvidia-fabricmanager"
 SERVICES = (PERSISTENCED, FABRIC_MANAGER)
+# A PCI function's driver link that cannot be followed (a symlink loop): bound to
+# something, but to what is not known.
+UNKNOWN_DRIVER = "unknown"
 # Kernel modules reported whether or not they are required.
 KNOWN_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem")
 
@@ -34,7 +37,8 @@ class PciFunction:
     address: str  # canonical bus id
     role: PciRole
     device_id: int | None = None
-    driver: str | None = None  # the bound driver ("nvidia", "vfio-pci"); None: unbound
+    # The bound driver ("nvidia", "vfio-pci", UNKNOWN_DRIVER); None: unbound.
+    driver: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
