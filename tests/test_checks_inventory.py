@@ -121,6 +121,9 @@ def verdict(outcome: Outcome) -> tuple[Severity, str, str]:
 
 # --- gpu_count -----------------------------------------------------------------------------
 
+# Two GPUs for the host (NVML lists them), two passed through to virtual machines.
+PASSTHROUGH = (*(pci_gpu(b) for b in BUSES[:2]), *(pci_gpu(b, "vfio-pci") for b in BUSES[2:]))
+
 
 @pytest.mark.parametrize(
     ("inventory", "expected", "severity", "runbooks", "reason_has"),
@@ -183,7 +186,54 @@ def verdict(outcome: Outcome) -> tuple[Severity, str, str]:
             "2 on the PCI bus",
             id="nvml-down-pci-short",
         ),
-        pytest.param(node(nvml_ok=False, pci=None), 4, Severity.OK, "", "", id="nothing-to-count"),
+        pytest.param(
+            node(nvml_ok=False, pci=None),
+            4,
+            Severity.OK,
+            "",
+            "GPU count not reported, 4 expected",
+            id="nothing-to-count",
+        ),
+        pytest.param(
+            node(gpus=(gpu(0), gpu(1)), pci=PASSTHROUGH),
+            4,
+            Severity.OK,
+            "",
+            "2 GPUs and 2 bound to vfio-pci, 4 expected",
+            id="passed-through-gpus-are-there",
+        ),
+        pytest.param(
+            node(nvml_ok=False, pci=PASSTHROUGH),
+            4,
+            Severity.OK,
+            "",
+            "2 GPUs and 2 bound to vfio-pci, 4 expected",
+            id="passed-through-gpus-nvml-down",
+        ),
+        pytest.param(
+            node(gpus=(gpu(0),), pci=(*PASSTHROUGH[:2], pci_gpu(BUSES[2], "vfio-pci"))),
+            4,
+            Severity.CRITICAL,
+            "node-gpu-missing-driver",
+            "1 GPU on the PCI bus but not in NVML (0000:2a:00.0)",
+            id="unbound-gpu-beside-a-passed-through-one",
+        ),
+        pytest.param(
+            node(gpus=(gpu(0), gpu(1)), pci=PASSTHROUGH[:3]),
+            4,
+            Severity.CRITICAL,
+            "node-gpu-missing-pci",
+            "1 of 4 expected GPUs missing: 3 on the PCI bus",
+            id="passed-through-and-one-gone-from-pci",
+        ),
+        pytest.param(
+            node(gpus=(gpu(0), gpu(1)), pci=(*PASSTHROUGH[:3], pci_gpu(BUSES[3], "unknown"))),
+            4,
+            Severity.OK,
+            "",
+            "2 GPUs and 2 bound to unknown, vfio-pci",
+            id="driver-link-unreadable-is-not-missing",
+        ),
     ],
 )
 def test_gpu_count(

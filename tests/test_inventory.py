@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuagent.config import ConfigError, parse_config
+from gpuagent.checks import InventoryView
+from gpuagent.checks.common import to_finding
+from gpuagent.checks.inventory import check_gpu_count
+from gpuagent.config import ConfigError, InventoryExpected, parse_config
 from gpuagent.inventory import (
     HostFacts,
     NodeInventory,
@@ -26,7 +29,8 @@ from gpuagent.inventory.collect import collect_host, read_os_release, read_pci_f
 from gpuagent.inventory.model import UNKNOWN_DRIVER
 from gpuagent.inventory.services import parse_show, read_services
 from gpuagent.metrics.inventory import inventory_families
-from gpuagent.model import GpuIdentity, GpuReadings, GpuState, NvmlStatus
+from gpuagent.model import GpuIdentity, GpuReadings, GpuState, NvmlStatus, Severity
+from gpuagent.render import render_status
 
 NVIDIA, INTEL = 0x10DE, 0x8086
 
@@ -39,10 +43,14 @@ def add_function(
     device_class: int,
     device: int = 0x2330,
     driver: str | None = None,
+    physfn: str | None = None,
 ) -> None:
-    """A PCI function laid out as sysfs does: the device tree, and a bus/pci symlink."""
+    """A PCI function laid out as sysfs does: the device tree, and a bus/pci symlink.
+    ``physfn``: the address of the physical function this one is an SR-IOV slice of."""
     directory = sys_root / "devices" / "pci0000:00" / "0000:00:01.0" / address
     directory.mkdir(parents=True)
+    if physfn is not None:
+        (directory / "physfn").symlink_to(directory.parent / physfn)
     (directory / "vendor").write_text(f"0x{vendor:04x}\n")
     (directory / "device").write_text(f"0x{device:04x}\n")
     (directory / "class").write_text(f"0x{device_class:06x}\n")
@@ -144,6 +152,85 @@ def test_a_driver_link_that_loops_is_an_unknown_driver(tmp_path: Path) -> None:
         "0000:18:00.0": "nvidia",
         "0000:2a:00.0": UNKNOWN_DRIVER,
     }
+
+
+def _passthrough_tree(root: Path) -> Path:
+    """hgx_tree plus a GPU bound to vfio-pci and two SR-IOV virtual functions of it."""
+    hgx_tree(root)
+    sys_root = root / "sys"
+    add_function(sys_root, "0000:3a:00.0", vendor=NVIDIA, device_class=0x030200, driver="vfio-pci")
+    for vf in ("0000:3a:00.4", "0000:3a:00.5"):
+        add_function(
+            sys_root,
+            vf,
+            vendor=NVIDIA,
+            device_class=0x030200,
+            driver="nvidia",
+            physfn="0000:3a:00.0",
+        )
+    return root
+
+
+@pytest.mark.parametrize(
+    ("listed", "expected", "severity", "reason_has"),
+    [
+        pytest.param(
+            ("0000:18:00.0", "0000:2a:00.0"),
+            3,
+            Severity.OK,
+            "2 GPUs and 1 bound to vfio-pci, 3 expected",
+            id="vfio-gpu-counted-apart-virtual-functions-left-out",
+        ),
+        pytest.param(
+            ("0000:18:00.0",),
+            3,
+            Severity.CRITICAL,
+            "1 GPU on the PCI bus but not in NVML (0000:2a:00.0)",
+            id="only-the-unbound-gpu-is-missing-from-nvml",
+        ),
+        pytest.param(
+            ("0000:18:00.0", "0000:2a:00.0"),
+            4,
+            Severity.CRITICAL,
+            "1 of 4 expected GPUs missing: 3 on the PCI bus",
+            id="virtual-functions-do-not-make-up-a-missing-gpu",
+        ),
+    ],
+)
+def test_gpu_count_from_a_passthrough_tree(
+    tmp_path: Path, listed: tuple[str, ...], expected: int, severity: Severity, reason_has: str
+) -> None:
+    root = _passthrough_tree(tmp_path)
+    facts = collect_host(root / "sys", root / "proc", root / "os-release", ("nvidia",))
+    assert [(f.address, f.driver) for f in facts.pci or () if f.role == "gpu"] == [
+        ("0000:18:00.0", "nvidia"),
+        ("0000:2a:00.0", None),
+        ("0000:3a:00.0", "vfio-pci"),
+    ]
+    states = tuple(_state(i, "96.00.99.00.01", bus=bus) for i, bus in enumerate(listed))
+    inventory = build_inventory(facts, STATUS, states, "1.2.3", expected)
+    assert inventory.to_json()["gpus_other_driver"] == {"0000:3a:00.0": "vfio-pci"}
+    finding = to_finding(
+        "gpu_count",
+        None,
+        check_gpu_count(InventoryView(inventory, InventoryExpected(gpus=expected))),
+    )
+    assert finding.severity is severity
+    assert reason_has in finding.reason
+    assert finding.evidence_dict()["pci_other_driver"] == "0000:3a:00.0 vfio-pci"
+
+
+def test_status_table_shows_the_gpus_other_drivers_hold(tmp_path: Path) -> None:
+    root = _passthrough_tree(tmp_path)
+    facts = collect_host(root / "sys", root / "proc", root / "os-release", ("nvidia",))
+    states = (_state(0, "96.00.99.00.01", bus="0000:18:00.0"),)
+    inventory = build_inventory(facts, STATUS, states, "1.2.3")
+    doc = {
+        "taken_at": 0.0,
+        "node": {"name": "n", "cluster": "c", "health": "OK", "inventory": inventory.to_json()},
+        "gpus": [],
+    }
+    assert "GPUs: NVML 1, PCI 3 (1 on vfio-pci)  NVSwitches 1" in render_status(doc, now=0.0)
 
 
 def test_no_gpus_on_a_readable_bus_is_an_empty_tuple(tmp_path: Path) -> None:
@@ -256,10 +343,10 @@ STATUS = NvmlStatus(
 )
 
 
-def _state(index: int, vbios: str, *, status: str = "ok") -> GpuState:
+def _state(index: int, vbios: str, *, status: str = "ok", bus: str | None = None) -> GpuState:
     identity = GpuIdentity(
         index=index,
-        pci_bus_id=f"0000:{0x18 + index:02x}:00.0",
+        pci_bus_id=bus or f"0000:{0x18 + index:02x}:00.0",
         uuid=f"GPU-{index}",
         name="NVIDIA H100 80GB HBM3",
         vbios_version=vbios,

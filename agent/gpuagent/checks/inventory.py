@@ -57,11 +57,13 @@ def check_gpu_count(view: InventoryView) -> Outcome:
     pci_gpus = inventory.pci("gpu")
     nvml_ids = {g.pci_bus_id for g in inventory.gpus}
     nvml_count = len(inventory.gpus) if inventory.nvml_ok else None
+    # GPUs another driver holds (vfio-pci: passed through to a VM) are there, not missing.
+    elsewhere = inventory.gpus_on_other_drivers()
     # Present on the bus, absent from NVML: the driver did not take the GPU.
     unlisted = (
         ()
         if pci_gpus is None or not inventory.nvml_ok
-        else tuple(f.address for f in pci_gpus if f.address not in nvml_ids)
+        else tuple(f.address for f in pci_gpus if f.address not in nvml_ids and f not in elsewhere)
     )
     # GPUs NVML counts but could not identify yet (wedged or lost before their bus id was
     # read) may be exactly those: only more PCI-only GPUs than that are proof.
@@ -73,6 +75,7 @@ def check_gpu_count(view: InventoryView) -> Outcome:
         ("gpus_nvml", nvml_count),
         ("gpus_pci", None if pci_gpus is None else len(pci_gpus)),
         ("pci_not_in_nvml", ",".join(unlisted) or None),
+        ("pci_other_driver", ",".join(f"{f.address} {f.driver}" for f in elsewhere) or None),
     )
     problems: list[Problem] = []
     if unlisted:
@@ -87,7 +90,7 @@ def check_gpu_count(view: InventoryView) -> Outcome:
         )
     # Fewer GPUs on the bus than expected: gone from PCI, which no driver fixes. Without
     # sysfs, fall back on NVML's count (NVML unusable is the nvml check's finding).
-    seen = len(pci_gpus) if pci_gpus is not None else nvml_count
+    seen = inventory.gpus_seen
     if expected and seen is not None and seen < expected:
         where = "on the PCI bus" if pci_gpus is not None else "in NVML"
         problems.append(
@@ -98,8 +101,16 @@ def check_gpu_count(view: InventoryView) -> Outcome:
                 Runbook.NODE_GPU_MISSING_PCI,
             )
         )
-    shown = nvml_count if nvml_count is not None else seen
-    ok = f"{shown} GPUs" + (f", {expected} expected" if expected else "")
+    if nvml_count is not None:
+        shown: int | None = nvml_count
+    else:
+        shown = None if seen is None else seen - len(elsewhere)
+    ok = "GPU count not reported" if shown is None else f"{shown} GPUs"
+    if elsewhere:
+        drivers = ", ".join(sorted({f.driver or "" for f in elsewhere}))
+        ok += f" and {len(elsewhere)} bound to {drivers}"
+    if expected:
+        ok += f", {expected} expected"
     return Outcome(ok, evidence, tuple(problems))
 
 

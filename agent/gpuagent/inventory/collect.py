@@ -55,11 +55,20 @@ def _driver(function: Path) -> str | None:
         return UNKNOWN_DRIVER
 
 
+def _is_virtual_function(function: Path) -> bool:
+    """An SR-IOV virtual function has a physfn link to the GPU it is a slice of."""
+    try:
+        return (function / "physfn").is_symlink()
+    except OSError:
+        return False
+
+
 def read_pci_functions(sys_root: Path) -> tuple[PciFunction, ...] | None:
     """NVIDIA GPUs and NVSwitches under ``sys_root``, driver bound or not.
 
-    None when there is no PCI devices directory at all (a wrong root or no sysfs), so
-    "could not look" is never mistaken for "no GPUs".
+    SR-IOV virtual functions are left out: each is a slice of a GPU listed already, not a
+    GPU of its own. None when there is no PCI devices directory at all (a wrong root or
+    no sysfs), so "could not look" is never mistaken for "no GPUs".
     """
     devices = sys_root / "bus" / "pci" / "devices"
     if not devices.is_dir():
@@ -68,7 +77,7 @@ def read_pci_functions(sys_root: Path) -> tuple[PciFunction, ...] | None:
     for entry in _entries(devices):
         address = canonical_bus_id(entry.name)
         role = role_of(_hex(entry / "vendor"), _hex(entry / "class"))
-        if address is None or role is None or role == "bridge":
+        if address is None or role is None or role == "bridge" or _is_virtual_function(entry):
             continue
         functions.append(PciFunction(address, role, _hex(entry / "device"), _driver(entry)))
     return tuple(sorted(functions, key=lambda f: f.address))

@@ -26,6 +26,7 @@ SERVICES = (PERSISTENCED, FABRIC_MANAGER)
 # A PCI function's driver link that cannot be followed (a symlink loop): bound to
 # something, but to what is not known.
 UNKNOWN_DRIVER = "unknown"
+NVIDIA_DRIVER = "nvidia"
 # Kernel modules reported whether or not they are required.
 KNOWN_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem")
 
@@ -119,6 +120,25 @@ class NodeInventory:
             return None
         return tuple(f for f in self.host.pci if f.role == role)
 
+    @property
+    def gpus_seen(self) -> int | None:
+        """GPUs the node has: every GPU on the PCI bus, whichever driver holds it (NVML's
+        count when sysfs cannot be read); None when neither can tell."""
+        pci_gpus = self.pci("gpu")
+        if pci_gpus is not None:
+            return len(pci_gpus)
+        return len(self.gpus) if self.nvml_ok else None
+
+    def gpus_on_other_drivers(self) -> tuple[PciFunction, ...]:
+        """GPUs on the PCI bus that a driver other than nvidia holds (vfio-pci: passed
+        through to a virtual machine), so NVML rightly does not list them."""
+        listed = {g.pci_bus_id for g in self.gpus}
+        return tuple(
+            f
+            for f in self.pci("gpu") or ()
+            if f.driver not in (None, NVIDIA_DRIVER) and f.address not in listed
+        )
+
     def to_json(self) -> dict[str, Any]:
         host = self.host
         print_ = fingerprint(self)
@@ -135,6 +155,7 @@ class NodeInventory:
             "services": {s.name: s.state for s in host.services},
             "gpus_expected": self.expected_gpus or None,
             "gpus_nvml": len(self.gpus) if self.nvml_ok else None,
+            "gpus_other_driver": {f.address: f.driver for f in self.gpus_on_other_drivers()},
             "pci": None
             if host.pci is None
             else [
