@@ -31,6 +31,7 @@ from gpuagent.checks.inventory import (
     version_matches,
 )
 from gpuagent.config import ChecksSection, ExpectedGpu, InventoryExpected, PersistenceCheck
+from gpuagent.inventory.baseline import Baseline, learn
 from gpuagent.inventory.model import (
     GpuInventory,
     HostFacts,
@@ -117,6 +118,11 @@ def expect(**values: Any) -> InventoryExpected:
 def verdict(outcome: Outcome) -> tuple[Severity, str, str]:
     finding = to_finding("x", None, outcome)
     return finding.severity, finding.runbook, finding.reason
+
+
+BASELINE = learn(node())
+# A baseline file written before the GPU count, models, switches and modules were kept.
+OLD_BASELINE = Baseline(fingerprint(node()))
 
 
 # --- gpu_count -----------------------------------------------------------------------------
@@ -244,6 +250,78 @@ def test_gpu_count(
     )
     assert (found, runbook) == (severity, runbooks)
     assert reason_has in reason
+
+
+@pytest.mark.parametrize(
+    ("inventory", "expected", "baseline", "severity", "runbook", "reason_has"),
+    [
+        pytest.param(
+            node(),
+            0,
+            BASELINE,
+            Severity.OK,
+            "",
+            "4 GPUs, 4 in the learned baseline",
+            id="as-learned",
+        ),
+        pytest.param(
+            node(gpus=(gpu(0), gpu(1), gpu(2)), pci=tuple(pci_gpu(b) for b in BUSES[:3])),
+            0,
+            BASELINE,
+            Severity.CRITICAL,
+            "node-gpu-missing-pci",
+            "1 of 4 GPUs of the learned baseline missing: 3 on the PCI bus",
+            id="gone-from-pci-and-nvml",
+        ),
+        pytest.param(
+            node(gpus=(gpu(0), gpu(1), gpu(2))),
+            0,
+            BASELINE,
+            Severity.CRITICAL,
+            "node-gpu-missing-driver",
+            "1 GPU on the PCI bus but not in NVML (0000:5d:00.0)",
+            id="on-pci-not-in-nvml",
+        ),
+        pytest.param(
+            node(gpus=(gpu(0), gpu(1)), pci=None),
+            0,
+            BASELINE,
+            Severity.CRITICAL,
+            "node-gpu-missing-pci",
+            "2 of 4 GPUs of the learned baseline missing: 2 in NVML",
+            id="no-sysfs-nvml-short",
+        ),
+        pytest.param(
+            node(gpus=(gpu(0), gpu(1), gpu(2)), pci=tuple(pci_gpu(b) for b in BUSES[:3])),
+            3,
+            BASELINE,
+            Severity.OK,
+            "",
+            "3 GPUs, 3 expected",
+            id="configured-count-wins",
+        ),
+        pytest.param(
+            node(gpus=(gpu(0), gpu(1), gpu(2)), pci=tuple(pci_gpu(b) for b in BUSES[:3])),
+            0,
+            OLD_BASELINE,
+            Severity.OK,
+            "",
+            "3 GPUs",
+            id="old-baseline-without-a-count",
+        ),
+    ],
+)
+def test_gpu_count_against_the_baseline(
+    inventory: NodeInventory,
+    expected: int,
+    baseline: Baseline,
+    severity: Severity,
+    runbook: str,
+    reason_has: str,
+) -> None:
+    outcome = check_gpu_count(InventoryView(inventory, expect(gpus=expected), baseline))
+    assert verdict(outcome)[:2] == (severity, runbook)
+    assert reason_has in verdict(outcome)[2]
 
 
 def test_gpu_count_names_both_cases_worst_first() -> None:
@@ -456,13 +534,10 @@ def test_version_matches(actual: str, expected: str, matches: bool) -> None:
     assert version_matches(actual, expected) is matches
 
 
-BASELINE = fingerprint(node())
-
-
 @pytest.mark.parametrize(
     ("inventory", "expected", "baseline", "severity", "reason_has"),
     [
-        pytest.param(node(), expect(), None, Severity.OK, "versions as expected", id="nothing"),
+        pytest.param(node(), expect(), None, Severity.OK, "inventory as expected", id="nothing"),
         pytest.param(
             node(),
             expect(
@@ -474,7 +549,7 @@ BASELINE = fingerprint(node())
             ),
             BASELINE,
             Severity.OK,
-            "versions as expected and baseline",
+            "inventory as expected and baseline",
             id="all-match",
         ),
         pytest.param(
@@ -525,15 +600,99 @@ BASELINE = fingerprint(node())
             expect(kernel_release="6.1"),
             BASELINE,
             Severity.OK,
-            "versions as expected",
+            "inventory as expected",
             id="unreported-is-not-compared",
+        ),
+        pytest.param(
+            node(tuple(gpu(i, model="NVIDIA H200") for i in range(4))),
+            expect(),
+            BASELINE,
+            Severity.WARN,
+            "GPU model NVIDIA H200, baseline NVIDIA H100 80GB HBM3",
+            id="baseline-model",
+        ),
+        pytest.param(
+            node(pci=(*(pci_gpu(b) for b in BUSES), *SWITCHES[:3])),
+            expect(),
+            dataclasses.replace(BASELINE, nvswitches=4),
+            Severity.WARN,
+            "NVSwitches 3, baseline 4",
+            id="baseline-nvswitch-gone",
+        ),
+        pytest.param(
+            node(pci=None),
+            expect(),
+            dataclasses.replace(BASELINE, nvswitches=4),
+            Severity.OK,
+            "inventory as expected and baseline",
+            id="nvswitches-unread-not-compared",
+        ),
+        pytest.param(
+            node(pci=(*(pci_gpu(b) for b in BUSES), pci_gpu("0000:9a:00.0", "vfio-pci"))),
+            expect(),
+            BASELINE,
+            Severity.WARN,
+            "GPUs 5, baseline 4",
+            id="baseline-gpu-more",
+        ),
+        pytest.param(
+            node(gpus=(gpu(0), gpu(1), gpu(2)), pci=tuple(pci_gpu(b) for b in BUSES[:3])),
+            expect(),
+            BASELINE,
+            Severity.OK,
+            "inventory as expected and baseline",
+            id="baseline-gpu-fewer-is-gpu-count-s",
+        ),
+        pytest.param(
+            node(modules=(("nvidia", True), ("nvidia_uvm", False), ("nvidia_peermem", False))),
+            expect(),
+            BASELINE,
+            Severity.WARN,
+            "kernel modules nvidia, baseline nvidia,nvidia_uvm",
+            id="baseline-module-unloaded",
+        ),
+        pytest.param(
+            node(modules=(("nvidia", True), ("nvidia_uvm", True), ("nvidia_peermem", True))),
+            expect(),
+            BASELINE,
+            Severity.WARN,
+            "kernel modules nvidia,nvidia_peermem,nvidia_uvm, baseline nvidia,nvidia_uvm",
+            id="baseline-module-loaded",
+        ),
+        pytest.param(
+            node(modules=(("nvidia", True), ("nvidia_uvm", False), ("nvidia_peermem", False))),
+            expect(modules=["nvidia", "nvidia_uvm"]),
+            BASELINE,
+            Severity.OK,
+            "inventory as expected and baseline",
+            id="required-module-unloaded-is-the-driver-check-s",
+        ),
+        pytest.param(
+            node(modules=(("nvidia", None), ("nvidia_uvm", None))),
+            expect(),
+            BASELINE,
+            Severity.OK,
+            "inventory as expected and baseline",
+            id="modules-unread-not-compared",
+        ),
+        pytest.param(
+            node(
+                tuple(gpu(i, model="NVIDIA H200") for i in range(2)),
+                pci=(pci_gpu(BUSES[0]), pci_gpu(BUSES[1]), *SWITCHES),
+                modules=(("nvidia", True),),
+            ),
+            expect(),
+            OLD_BASELINE,
+            Severity.OK,
+            "inventory as expected and baseline",
+            id="old-baseline-compares-versions-only",
         ),
     ],
 )
 def test_drift(
     inventory: NodeInventory,
     expected: InventoryExpected,
-    baseline: dict[str, str] | None,
+    baseline: Baseline | None,
     severity: Severity,
     reason_has: str,
 ) -> None:
@@ -547,7 +706,7 @@ def test_drift_lists_every_difference() -> None:
     inventory = node(kernel_release="6.1.0-21-amd64")
     view = InventoryView(inventory, expect(driver_version="535"), BASELINE)
     reason = verdict(check_drift(view))[2]
-    assert reason.startswith("versions drifted: ")
+    assert reason.startswith("inventory drifted: ")
     assert reason.count("; ") == 1
 
 

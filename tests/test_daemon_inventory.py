@@ -328,6 +328,35 @@ def test_learn_mode_records_the_first_healthy_inventory_and_reports_drift(
         daemon.stop()
 
 
+def test_learn_mode_reports_a_gpu_gone_after_a_restart(tmp_path: Path) -> None:
+    workdir = tmp_path / "d"
+    learn = "[inventory]\nlearn = true\n"  # and no inventory.expected.gpus
+    daemon = start_daemon(workdir, HGX, config_extra=learn)
+    try:
+        learned = json.loads((workdir / "state" / "inventory-baseline.json").read_text())
+        assert (learned["gpus"], learned["nvswitches"]) == (8, 4)
+        assert learned["models"] == "NVIDIA H100 80GB HBM3"
+        assert learned["modules"] == ["nvidia", "nvidia_modeset", "nvidia_uvm"]
+    finally:
+        daemon.stop()
+    # After a kernel upgrade the node comes back with a GPU gone from PCI and from NVML.
+    daemon = start_daemon(
+        workdir,
+        HGX.replace("gpus = 8", "gpus = 7") + 'kernel_release = "6.1.0-21-amd64"\n',
+        config_extra=learn,
+    )
+    try:
+        doc = daemon.status()
+        (count,) = [f for f in doc["node"]["findings"] if f["check"] == "gpu_count"]
+        assert (count["severity"], count["runbook"]) == ("CRITICAL", "node-gpu-missing-pci")
+        assert count["reason"] == "1 of 8 GPUs of the learned baseline missing: 7 on the PCI bus"
+        assert count["evidence"]["gpus_baseline"] == 8
+        (reason,) = _drifted(daemon)
+        assert "kernel 6.1.0-21-amd64, baseline 6.1.0-18-amd64" in reason
+    finally:
+        daemon.stop()
+
+
 def test_pci_changes_refresh_the_inventory(tmp_path: Path) -> None:
     daemon = start_daemon(tmp_path / "d", H100.format(gpus=2))
     try:

@@ -4,6 +4,7 @@ the learned baseline, the fingerprint and the inventory's JSON form."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import shutil
 import stat
@@ -24,7 +25,7 @@ from gpuagent.inventory import (
     fingerprint,
     fingerprint_hash,
 )
-from gpuagent.inventory.baseline import load_baseline, save_baseline
+from gpuagent.inventory.baseline import Baseline, learn, load_baseline, save_baseline
 from gpuagent.inventory.collect import collect_host, read_os_release, read_pci_functions
 from gpuagent.inventory.model import UNKNOWN_DRIVER
 from gpuagent.inventory.services import parse_show, read_services
@@ -315,10 +316,36 @@ def test_services_are_unknown_when_systemd_cannot_tell(tmp_path: Path, case: str
 def test_baseline_round_trip_and_atomic_write(tmp_path: Path) -> None:
     path = tmp_path / "state" / "inventory-baseline.json"
     assert load_baseline(path) is None
-    save_baseline(path, {"driver": "550.54.15", "kernel": "6.1"}, 1000.0)
-    assert load_baseline(path) == {"driver": "550.54.15", "kernel": "6.1"}
+    baseline = Baseline(
+        {"driver": "550.54.15", "kernel": "6.1"},
+        gpus=8,
+        nvswitches=4,
+        models="NVIDIA H100 80GB HBM3",
+        modules=("nvidia", "nvidia_uvm"),
+    )
+    save_baseline(path, baseline, 1000.0)
+    assert load_baseline(path) == baseline
     assert json.loads(path.read_text())["learned_at"] == 1000.0
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary left
+
+
+def test_baseline_written_before_the_node_fields_is_read_as_unknown(tmp_path: Path) -> None:
+    path = tmp_path / "inventory-baseline.json"
+    path.write_text('{"learned_at": 1000.0, "fingerprint": {"driver": "550.54.15"}}')
+    assert load_baseline(path) == Baseline({"driver": "550.54.15"})
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        '"gpus": -1, "nvswitches": true, "models": "", "modules": "nvidia"',
+        '"gpus": "8", "nvswitches": 1.5, "models": 3, "modules": [1]',
+    ],
+)
+def test_baseline_node_fields_of_the_wrong_type_are_unknown(tmp_path: Path, fields: str) -> None:
+    path = tmp_path / "inventory-baseline.json"
+    path.write_text(f'{{"fingerprint": {{"driver": "550.54.15"}}, {fields}}}')
+    assert load_baseline(path) == Baseline({"driver": "550.54.15"})
 
 
 @pytest.mark.parametrize("text", ["{", "[]", '{"fingerprint": {"driver": 1}}', "{}"])
@@ -326,6 +353,25 @@ def test_damaged_baseline_is_ignored(tmp_path: Path, text: str) -> None:
     path = tmp_path / "inventory-baseline.json"
     path.write_text(text)
     assert load_baseline(path) is None
+
+
+def test_learn_records_the_fingerprint_gpus_switches_models_and_modules() -> None:
+    host = dataclasses.replace(
+        HOST,
+        pci=(*(HOST.pci or ()), PciFunction("0000:05:00.0", "nvswitch", 0x22A3, "nvidia")),
+        modules=(("nvidia", True), ("nvidia_peermem", False), ("nvidia_uvm", True)),
+    )
+    inventory = build_inventory(host, STATUS, (_state(0, "96.00.99.00.01"),), "1.2.3")
+    assert learn(inventory) == Baseline(
+        fingerprint(inventory),
+        gpus=1,
+        nvswitches=1,
+        models="NVIDIA H100 80GB HBM3",
+        modules=("nvidia", "nvidia_uvm"),
+    )
+    unread = dataclasses.replace(host, pci=None, modules=(("nvidia", None),))
+    blind = learn(build_inventory(unread, STATUS, (_state(0, "96.00.99.00.01"),), "1.2.3"))
+    assert (blind.gpus, blind.nvswitches, blind.modules) == (1, None, None)  # NVML's count
 
 
 # --- building, fingerprint, JSON -------------------------------------------------------------

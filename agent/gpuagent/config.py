@@ -346,8 +346,8 @@ class InventorySection:
     proc_root: Path = Path("/proc")
     os_release: Path = Path("/etc/os-release")
     systemctl: str = "systemctl"
-    # Record the first healthy inventory as the baseline (in agent.state_dir) and warn
-    # about any later change from it.
+    # Record the first healthy inventory as the baseline (in agent.state_dir) and report
+    # any later change from it (a GPU fewer than learned when expected.gpus is 0).
     learn: bool = False
     expected: InventoryExpected = field(default_factory=InventoryExpected)
 

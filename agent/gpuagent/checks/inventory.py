@@ -18,12 +18,14 @@ from dataclasses import dataclass
 from gpuagent.checks.common import Evidence, Outcome, Problem, fmt, plural
 from gpuagent.checks.vocabulary import Action, Runbook
 from gpuagent.config import ChecksSection, InventoryExpected
+from gpuagent.inventory.baseline import Baseline
 from gpuagent.inventory.model import (
     FABRIC_MANAGER,
     PERSISTENCED,
     GpuInventory,
     NodeInventory,
     fingerprint,
+    joined,
 )
 from gpuagent.model import Severity
 
@@ -38,7 +40,7 @@ DRIFT_KEYS = ("driver", "cuda", "kernel", "vbios")
 class InventoryView:
     inventory: NodeInventory
     expected: InventoryExpected
-    baseline: dict[str, str] | None = None  # learn mode's fingerprint, once learned
+    baseline: Baseline | None = None  # learn mode's, once learned
 
 
 def version_matches(actual: str, expected: str) -> bool:
@@ -52,8 +54,18 @@ def version_matches(actual: str, expected: str) -> bool:
 # --- gpu_count ----------------------------------------------------------------------------
 
 
+def _expected_gpus(view: InventoryView) -> tuple[int, bool]:
+    """How many GPUs the node should have (0: no expectation): the configured number,
+    else the learned baseline's; and whether it is the baseline's."""
+    learned = view.baseline.gpus if view.baseline is not None else None
+    if view.expected.gpus or not learned:
+        return view.expected.gpus, False
+    return learned, True
+
+
 def check_gpu_count(view: InventoryView) -> Outcome:
-    inventory, expected = view.inventory, view.expected.gpus
+    inventory = view.inventory
+    expected, learned = _expected_gpus(view)
     pci_gpus = inventory.pci("gpu")
     nvml_ids = {g.pci_bus_id for g in inventory.gpus}
     nvml_count = len(inventory.gpus) if inventory.nvml_ok else None
@@ -71,7 +83,8 @@ def check_gpu_count(view: InventoryView) -> Outcome:
     if len(unlisted) <= unidentified:
         unlisted = ()
     evidence: Evidence = (
-        ("gpus_expected", expected or None),
+        ("gpus_expected", view.expected.gpus or None),
+        ("gpus_baseline", None if view.baseline is None else view.baseline.gpus),
         ("gpus_nvml", nvml_count),
         ("gpus_pci", None if pci_gpus is None else len(pci_gpus)),
         ("pci_not_in_nvml", ",".join(unlisted) or None),
@@ -96,7 +109,9 @@ def check_gpu_count(view: InventoryView) -> Outcome:
         problems.append(
             Problem(
                 Severity.CRITICAL,
-                f"{expected - seen} of {expected} expected GPUs missing: {seen} {where}",
+                f"{expected - seen} of {expected} "
+                f"{'GPUs of the learned baseline' if learned else 'expected GPUs'} "
+                f"missing: {seen} {where}",
                 Action.DRAIN_AND_REBOOT,
                 Runbook.NODE_GPU_MISSING_PCI,
             )
@@ -110,7 +125,7 @@ def check_gpu_count(view: InventoryView) -> Outcome:
         drivers = ", ".join(sorted({f.driver or "" for f in elsewhere}))
         ok += f" and {len(elsewhere)} bound to {drivers}"
     if expected:
-        ok += f", {expected} expected"
+        ok += f", {expected} {'in the learned baseline' if learned else 'expected'}"
     return Outcome(ok, evidence, tuple(problems))
 
 
@@ -248,14 +263,54 @@ def check_fabric(view: InventoryView) -> Outcome:
 # --- drift -------------------------------------------------------------------------------
 
 
+def _baseline_differences(view: InventoryView, current: dict[str, str]) -> list[str]:
+    """What changed since the learned baseline; a value unknown on either side is not
+    compared. Fewer GPUs is the gpu_count check's finding, and a required module not
+    loaded the driver check's, so neither is repeated here."""
+    baseline, inventory = view.baseline, view.inventory
+    if baseline is None:
+        return []
+    differences = [
+        f"{key} {current[key]}, baseline {baseline.fingerprint[key]}"
+        for key in DRIFT_KEYS
+        if baseline.fingerprint.get(key) and current[key]
+        and current[key] != baseline.fingerprint[key]
+    ]  # fmt: skip
+    models = joined([g.model for g in inventory.gpus])
+    if baseline.models and models and models != baseline.models:
+        differences.append(f"GPU model {models}, baseline {baseline.models}")
+    gpus = inventory.gpus_seen
+    if baseline.gpus is not None and gpus is not None and gpus > baseline.gpus:
+        differences.append(f"GPUs {gpus}, baseline {baseline.gpus}")
+    switches = inventory.nvswitches_seen
+    if None not in (baseline.nvswitches, switches) and switches != baseline.nvswitches:
+        differences.append(f"NVSwitches {switches}, baseline {baseline.nvswitches}")
+    modules, required = inventory.host.loaded_modules(), set(view.expected.modules)
+    if (
+        baseline.modules is not None
+        and modules is not None
+        and set(modules) - required != set(baseline.modules) - required
+    ):
+        differences.append(
+            f"kernel modules {','.join(modules) or 'none'}, "
+            f"baseline {','.join(baseline.modules) or 'none'}"
+        )
+    return differences
+
+
 def check_drift(view: InventoryView) -> Outcome:
-    inventory, expected = view.inventory, view.expected
+    inventory, expected, baseline = view.inventory, view.expected, view.baseline
     current = fingerprint(inventory)
     evidence: Evidence = (
         *((key, current[key] or None) for key in DRIFT_KEYS),
-        ("baseline", None if view.baseline is None else ",".join(
-            f"{k}={view.baseline.get(k, '')}" for k in DRIFT_KEYS
+        ("baseline", None if baseline is None else ",".join(
+            f"{k}={baseline.fingerprint.get(k, '')}" for k in DRIFT_KEYS
         )),
+        ("baseline_gpus", None if baseline is None else baseline.gpus),
+        ("baseline_nvswitches", None if baseline is None else baseline.nvswitches),
+        ("baseline_models", None if baseline is None else baseline.models),
+        ("baseline_modules", None if baseline is None or baseline.modules is None
+         else ",".join(baseline.modules)),
     )  # fmt: skip
     differences: list[str] = []
     wanted = {
@@ -272,17 +327,13 @@ def check_drift(view: InventoryView) -> Outcome:
     models = {g.model for g in inventory.gpus if g.model}
     if expected.model and any(expected.model not in m for m in models):
         differences.append(f"GPU model {', '.join(sorted(models))}, expected {expected.model}")
-    if view.baseline is not None:
-        for key in DRIFT_KEYS:
-            before = view.baseline.get(key, "")
-            if before and current[key] and current[key] != before:
-                differences.append(f"{key} {current[key]}, baseline {before}")
+    differences += _baseline_differences(view, current)
     if not differences:
-        against = " and baseline" if view.baseline is not None else ""
-        return Outcome(f"versions as expected{against}", evidence)
+        against = " and baseline" if baseline is not None else ""
+        return Outcome(f"inventory as expected{against}", evidence)
     problem = Problem(
         Severity.WARN,
-        "versions drifted: " + "; ".join(differences),
+        "inventory drifted: " + "; ".join(differences),
         Action.INVESTIGATE,
         Runbook.NODE_INVENTORY_DRIFT,
     )

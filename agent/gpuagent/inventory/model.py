@@ -63,6 +63,12 @@ class HostFacts:
     def module_loaded(self, name: str) -> bool | None:
         return dict(self.modules).get(name)
 
+    def loaded_modules(self) -> tuple[str, ...] | None:
+        """The NVIDIA modules loaded, sorted; None when /sys/module could not be read."""
+        if any(loaded is None for _, loaded in self.modules):
+            return None
+        return tuple(sorted(name for name, loaded in self.modules if loaded))
+
     def service(self, name: str) -> ServiceState:
         return next((s.state for s in self.services if s.name == name), "unknown")
 
@@ -128,6 +134,12 @@ class NodeInventory:
         if pci_gpus is not None:
             return len(pci_gpus)
         return len(self.gpus) if self.nvml_ok else None
+
+    @property
+    def nvswitches_seen(self) -> int | None:
+        """NVSwitches on the PCI bus; None when sysfs cannot be read."""
+        switches = self.pci("nvswitch")
+        return None if switches is None else len(switches)
 
     def gpus_on_other_drivers(self) -> tuple[PciFunction, ...]:
         """GPUs on the PCI bus that a driver other than nvidia holds (vfio-pci: passed
@@ -199,7 +211,7 @@ def _gpu_json(gpu: GpuInventory) -> dict[str, Any]:
     }
 
 
-def _joined(values: list[str | None]) -> str:
+def joined(values: list[str | None]) -> str:
     """A set of per-GPU versions as one stable string ("" when none is known)."""
     return ",".join(sorted({v for v in values if v}))
 
@@ -213,8 +225,8 @@ def fingerprint(inventory: NodeInventory) -> dict[str, str]:
         "driver": inventory.driver_version or inventory.host.module_version or "",
         "cuda": inventory.cuda_driver_version or "",
         "kernel": inventory.host.kernel_release or "",
-        "vbios": _joined([g.vbios_version for g in inventory.gpus]),
-        "gsp_firmware": _joined([g.gsp_firmware_version for g in inventory.gpus]),
+        "vbios": joined([g.vbios_version for g in inventory.gpus]),
+        "gsp_firmware": joined([g.gsp_firmware_version for g in inventory.gpus]),
         "agent": inventory.agent_version,
     }
 

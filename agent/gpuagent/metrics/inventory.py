@@ -57,11 +57,11 @@ def inventory_families(inventory: NodeInventory | None, gpu_labels: GpuLabels) -
     seen = _gauge(names.GPUS_SEEN)
     if inventory.nvml_ok:
         seen.add_metric(["nvml"], float(len(inventory.gpus)))
-    pci_gpus, switches = inventory.pci("gpu"), inventory.pci("nvswitch")
+    pci_gpus, switches = inventory.pci("gpu"), inventory.nvswitches_seen
     nvswitches = _gauge(names.NVSWITCHES_SEEN)
     if pci_gpus is not None and switches is not None:
         seen.add_metric(["pci"], float(len(pci_gpus)))
-        nvswitches.add_metric([], float(len(switches)))
+        nvswitches.add_metric([], float(switches))
     modules = _gauge(names.KERNEL_MODULE_LOADED)
     for module, loaded in host.modules:
         if loaded is not None:  # /sys/module unreadable: no series rather than a false 0
