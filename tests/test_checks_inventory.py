@@ -482,6 +482,31 @@ def fabric_node(manager: ServiceState, *states: tuple[str | None, bool | None]) 
             id="manager-missing",
         ),
         pytest.param(
+            fabric_node("not_installed", ("completed", True), ("completed", True)),
+            Severity.OK,
+            "NVSwitch fabric up (4 NVSwitches, every GPU registered; "
+            "nvidia-fabricmanager not on the host)",
+            id="manager-not-on-the-host-fabric-up",
+        ),
+        pytest.param(
+            fabric_node("not_installed", ("completed", True), ("completed", False)),
+            Severity.CRITICAL,
+            "nvidia-fabricmanager is not installed",
+            id="manager-not-on-the-host-registration-failed",
+        ),
+        pytest.param(
+            dataclasses.replace(fabric_node("not_installed"), nvml_ok=False),
+            Severity.CRITICAL,
+            "nvidia-fabricmanager is not installed",
+            id="manager-not-on-the-host-nvml-down",
+        ),
+        pytest.param(
+            fabric_node("inactive", ("completed", True)),
+            Severity.CRITICAL,
+            "nvidia-fabricmanager is inactive",
+            id="manager-installed-but-stopped",
+        ),
+        pytest.param(
             fabric_node("unknown", ("completed", True)),
             Severity.OK,
             "nvidia-fabricmanager unknown",

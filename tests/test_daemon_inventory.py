@@ -128,6 +128,22 @@ CASES: list[tuple[str, str, str, set[tuple[int | None, str, str, str]], int]] = 
         2,
     ),
     (
+        "fabric-manager-off-the-host-fabric-up",
+        HGX.replace('fabricmanager = "active"', 'fabricmanager = "not_installed"'),
+        "",
+        set(),
+        0,
+    ),
+    (
+        "fabric-manager-off-the-host-fabric-not-started",
+        HGX.replace('fabricmanager = "active"', 'fabricmanager = "not_installed"').replace(
+            'fabric_state = "completed"', 'fabric_state = "not_started"'
+        ),
+        "",
+        {(None, "fabric", "CRITICAL", "node-fabric-manager")},
+        2,
+    ),
+    (
         "fabric-registration-stuck",
         HGX + _fault("fabric", 3, state="in_progress"),
         "",

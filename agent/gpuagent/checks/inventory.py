@@ -233,9 +233,13 @@ def check_fabric(view: InventoryView) -> Outcome:
     )
     if not switches and not fabric_gpus:
         return Outcome("no NVSwitch fabric", evidence)
+    unregistered = [g for g in fabric_gpus if _fabric_word(g) != "completed"]
+    # Fabric Manager may run elsewhere (in the GPU Operator's driver container): with no
+    # unit on the host, every GPU registered in the fabric is what counts.
+    elsewhere = manager == "not_installed" and bool(fabric_gpus) and not unregistered
     problems: list[Problem] = []
     # Only a known state counts: without systemd the GPUs' registration still tells.
-    if manager not in ("active", "activating", "unknown"):
+    if manager not in ("active", "activating", "unknown") and not elsewhere:
         problems.append(
             Problem(
                 Severity.CRITICAL,
@@ -244,7 +248,6 @@ def check_fabric(view: InventoryView) -> Outcome:
                 Runbook.NODE_FABRIC_MANAGER,
             )
         )
-    unregistered = [g for g in fabric_gpus if _fabric_word(g) != "completed"]
     if unregistered:
         listed = ", ".join(f"GPU {g.index} {_fabric_word(g)}" for g in unregistered)
         problems.append(
@@ -256,7 +259,10 @@ def check_fabric(view: InventoryView) -> Outcome:
             )
         )
     count = f"{len(switches)} NVSwitch{'' if len(switches) == 1 else 'es'}"
-    ok = f"NVSwitch fabric up ({count}, {FABRIC_MANAGER} {manager.replace('_', ' ')})"
+    if elsewhere:
+        ok = f"NVSwitch fabric up ({count}, every GPU registered; {FABRIC_MANAGER} not on the host)"
+    else:
+        ok = f"NVSwitch fabric up ({count}, {FABRIC_MANAGER} {manager.replace('_', ' ')})"
     return Outcome(ok, evidence, tuple(problems))
 
 
