@@ -434,6 +434,7 @@ def test_firmware(gsp: tuple[str | None, ...], severity: Severity, reason_has: s
         ("active", Severity.OK),
         ("activating", Severity.OK),
         ("not_installed", Severity.OK),
+        ("masked", Severity.OK),
         ("unknown", Severity.OK),
         ("inactive", Severity.WARN),
         ("failed", Severity.WARN),
@@ -499,6 +500,12 @@ def fabric_node(manager: ServiceState, *states: tuple[str | None, bool | None]) 
             Severity.CRITICAL,
             "nvidia-fabricmanager is not installed",
             id="manager-not-on-the-host-nvml-down",
+        ),
+        pytest.param(
+            fabric_node("masked", ("completed", True)),
+            Severity.OK,
+            "every GPU registered; nvidia-fabricmanager not on the host",
+            id="manager-masked-on-the-host-fabric-up",
         ),
         pytest.param(
             fabric_node("inactive", ("completed", True)),

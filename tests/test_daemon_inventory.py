@@ -121,6 +121,13 @@ CASES: list[tuple[str, str, str, set[tuple[int | None, str, str, str]], int]] = 
         1,
     ),
     (
+        "persistenced-masked",
+        H100.format(gpus=2) + 'persistenced = "masked"\n',
+        "",
+        set(),
+        0,
+    ),
+    (
         "fabric-manager-down",
         HGX.replace('fabricmanager = "active"', 'fabricmanager = "inactive"'),
         "",

@@ -261,6 +261,7 @@ SHOW = (
     "Id=nvidia-persistenced.service\nLoadState=loaded\nActiveState=failed\n\n"
     "Id=nvidia-fabricmanager.service\nLoadState=not-found\nActiveState=inactive\n"
 )
+MASKED = "Id=nvidia-persistenced.service\nLoadState=masked\nActiveState=inactive\n"
 
 
 def test_parse_show() -> None:
@@ -270,6 +271,7 @@ def test_parse_show() -> None:
         Service("nvidia-fabricmanager", "not_installed"),
         Service("extra", "unknown"),
     )
+    assert parse_show(MASKED, names[:1]) == (Service("nvidia-persistenced", "masked"),)
 
 
 def _fake_systemctl(tmp_path: Path, body: str) -> str:

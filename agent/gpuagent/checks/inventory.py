@@ -200,8 +200,9 @@ def check_firmware(view: InventoryView) -> Outcome:
 def check_services(view: InventoryView) -> Outcome:
     state = view.inventory.host.service(PERSISTENCED)
     evidence: Evidence = (("nvidia_persistenced", state),)
-    # Not installed, or no systemd to ask: persistence itself is the persistence check's.
-    if state in ("active", "activating", "not_installed", "unknown"):
+    # Not installed, masked (an operator's choice), or no systemd to ask: persistence
+    # itself is the persistence check's.
+    if state in ("active", "activating", "not_installed", "masked", "unknown"):
         return Outcome(f"{PERSISTENCED} {state.replace('_', ' ')}", evidence)
     problem = Problem(
         Severity.WARN,
@@ -235,8 +236,8 @@ def check_fabric(view: InventoryView) -> Outcome:
         return Outcome("no NVSwitch fabric", evidence)
     unregistered = [g for g in fabric_gpus if _fabric_word(g) != "completed"]
     # Fabric Manager may run elsewhere (in the GPU Operator's driver container): with no
-    # unit on the host, every GPU registered in the fabric is what counts.
-    elsewhere = manager == "not_installed" and bool(fabric_gpus) and not unregistered
+    # unit on the host (or one masked there), every GPU registered is what counts.
+    elsewhere = manager in ("not_installed", "masked") and bool(fabric_gpus) and not unregistered
     problems: list[Problem] = []
     # Only a known state counts: without systemd the GPUs' registration still tells.
     if manager not in ("active", "activating", "unknown") and not elsewhere:

@@ -15,10 +15,18 @@ from typing import Any, Literal
 from gpuagent.model import FabricState
 
 PciRole = Literal["gpu", "nvswitch"]
-# systemd's ActiveState, plus "not_installed" (no such unit) and "unknown" (no systemd, or
-# the question could not be answered): unknown is never taken for failed.
+# systemd's ActiveState, plus "not_installed" (no such unit), "masked" (the unit is
+# masked: an operator's choice that it never runs) and "unknown" (no systemd, or the
+# question could not be answered): unknown is never taken for failed.
 ServiceState = Literal[
-    "active", "activating", "deactivating", "inactive", "failed", "not_installed", "unknown"
+    "active",
+    "activating",
+    "deactivating",
+    "inactive",
+    "failed",
+    "not_installed",
+    "masked",
+    "unknown",
 ]
 PERSISTENCED = "nvidia-persistenced"
 FABRIC_MANAGER = "nvidia-fabricmanager"

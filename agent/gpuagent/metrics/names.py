@@ -361,8 +361,8 @@ KERNEL_MODULE_LOADED = MetricSpec(
 )
 SERVICE_STATE = MetricSpec(
     "gpuagent_service_state",
-    "1 for the service's current state (active, inactive, failed, not_installed, unknown, "
-    "...), one series per service.",
+    "1 for the service's current state (active, inactive, failed, not_installed, masked, "
+    "unknown, ...), one series per service.",
     ("service", "state"),
 )
 SNAPSHOT_TIMESTAMP = MetricSpec(
