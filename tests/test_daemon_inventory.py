@@ -4,6 +4,7 @@ the real daemon (status, metrics, learn mode, PCI changes)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,20 @@ CASES: list[tuple[str, str, str, set[tuple[int | None, str, str, str]], int]] = 
         H100.format(gpus=2) + 'init_error = "no_permission"\n',
         "",
         {(None, "nvml", "CRITICAL", "nvml-no-permission")},
+        2,
+    ),
+    (
+        "nvml-init-timeout",
+        H100.format(gpus=2) + 'init_error = "timeout"\n',
+        "",
+        {(None, "nvml", "CRITICAL", "nvml-timeout")},
+        2,
+    ),
+    (
+        "nvml-init-other-error",
+        H100.format(gpus=2) + 'init_error = "other"\n',
+        "",
+        {(None, "nvml", "CRITICAL", "nvml-error")},
         2,
     ),
     (
@@ -378,6 +393,20 @@ def test_learn_mode_reports_a_gpu_gone_after_a_restart(tmp_path: Path) -> None:
         assert "kernel 6.1.0-21-amd64, baseline 6.1.0-18-amd64" in reason
     finally:
         daemon.stop()
+
+
+def test_daemon_with_a_hanging_nvml_init_reports_it_and_still_stops(tmp_path: Path) -> None:
+    daemon = start_daemon(tmp_path / "d", H100.format(gpus=2) + 'init_error = "timeout"\n')
+    try:
+        doc = daemon.wait_for(lambda d: d["node"]["nvml"]["problem"] == "timeout")
+        (finding,) = [f for f in doc["node"]["findings"] if f["check"] == "nvml"]
+        assert (finding["severity"], finding["runbook"]) == ("CRITICAL", "nvml-timeout")
+    finally:
+        started = time.monotonic()
+        returncode = daemon.stop()
+    # Blocked nvmlInit calls sit on worker threads; they must not hold up the exit.
+    assert returncode == 0
+    assert time.monotonic() - started < 5
 
 
 def test_pci_changes_refresh_the_inventory(tmp_path: Path) -> None:

@@ -102,6 +102,7 @@ class SimulatedNode:
             raise ValueError(f"unknown init error {problem!r} (known: {', '.join(INIT_ERRORS)})")
         with self._state.cond:
             self._state.init_error = None if problem is None else INIT_ERROR_CODES[problem]
+            self._state.cond.notify_all()  # a blocked nvmlInit ("timeout") re-checks
 
     def reset_gpu(self, index: int) -> None:
         """Model `nvidia-smi -r`: clear volatile ECC counts, apply pending page retirement

@@ -16,12 +16,17 @@ from gpuagent.inventory.model import ServiceState
 from gpuagent.sim import hardware
 from gpuagent.sim.faults import FaultError, ParamValue, check_params
 
-InitError = Literal["driver_not_loaded", "library_not_found", "version_mismatch", "no_permission"]
+InitError = Literal[
+    "driver_not_loaded", "library_not_found", "version_mismatch", "no_permission", "timeout",
+    "other",
+]  # fmt: skip
 INIT_ERRORS: tuple[InitError, ...] = (
     "driver_not_loaded",
     "library_not_found",
     "version_mismatch",
     "no_permission",
+    "timeout",
+    "other",
 )
 
 _NAME_BUFFER = 96  # NVML_DEVICE_NAME_V2_BUFFER_SIZE, with its terminating NUL
