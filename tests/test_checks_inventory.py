@@ -87,6 +87,7 @@ def host(**changes: Any) -> HostFacts:
         pci=tuple(pci_gpu(b) for b in BUSES),
         modules=(("nvidia", True), ("nvidia_uvm", True), ("nvidia_peermem", False)),
         module_version=DRIVER,
+        library_version=DRIVER,
         kernel_release="6.1.0-18-amd64",
         os_release="Debian GNU/Linux 12 (bookworm)",
         services=(
@@ -396,9 +397,47 @@ def test_driver(
     assert reason_has in finding.reason
 
 
-def test_driver_mismatch_when_nvml_is_down_is_left_to_the_nvml_check() -> None:
-    outcome = check_driver(InventoryView(node(nvml_ok=False, module_version="535.1.1"), expect()))
-    assert verdict(outcome)[0] is Severity.OK
+@pytest.mark.parametrize(
+    ("nvml_ok", "module", "installed", "severity", "reason_has"),
+    [
+        pytest.param(
+            False,
+            "535.104.05",
+            DRIVER,
+            Severity.CRITICAL,
+            "driver/library mismatch: kernel module 535.104.05, NVML library 550.54.15",
+            id="nvml-down-installed-library-differs",
+        ),
+        pytest.param(
+            False, DRIVER, DRIVER, Severity.OK, f"kernel module {DRIVER}", id="nvml-down-agree"
+        ),
+        pytest.param(
+            False,
+            "535.104.05",
+            None,
+            Severity.OK,
+            "kernel module 535.104.05",
+            id="nvml-down-no-library-file-left-to-the-nvml-check",
+        ),
+        pytest.param(
+            True,
+            DRIVER,
+            "535.104.05",
+            Severity.OK,
+            f"kernel module {DRIVER}",
+            id="nvml-running-its-version-wins",
+        ),
+    ],
+)
+def test_driver_against_the_installed_library(
+    nvml_ok: bool, module: str, installed: str | None, severity: Severity, reason_has: str
+) -> None:
+    inventory = node(nvml_ok=nvml_ok, module_version=module, library_version=installed)
+    finding = to_finding("driver", None, check_driver(InventoryView(inventory, expect())))
+    assert finding.severity is severity
+    assert finding.runbook == ("node-driver-module" if severity is Severity.CRITICAL else "")
+    assert reason_has in finding.reason
+    assert finding.evidence_dict()["installed_library_version"] == installed
 
 
 # --- firmware ------------------------------------------------------------------------------

@@ -94,6 +94,18 @@ CASES: list[tuple[str, str, str, set[tuple[int | None, str, str, str]], int]] = 
         2,
     ),
     (
+        # A driver upgraded without a reboot: the old module under the new library, so
+        # nvmlInit fails; the installed library file still shows the two disagree.
+        "nvml-version-mismatch-module-differs",
+        H100.format(gpus=2) + 'init_error = "version_mismatch"\nmodule_version = "535.104.05"\n',
+        "",
+        {
+            (None, "nvml", "CRITICAL", "nvml-version-mismatch"),
+            (None, "driver", "CRITICAL", "node-driver-module"),
+        },
+        2,
+    ),
+    (
         "nvml-library-not-found",
         H100.format(gpus=2) + 'init_error = "library_not_found"\n',
         "",
@@ -418,6 +430,23 @@ def test_pci_changes_refresh_the_inventory(tmp_path: Path) -> None:
         assert doc["node"]["inventory"]["collected_at"] > before
     finally:
         daemon.stop()
+
+
+def test_check_names_a_mismatch_nvml_cannot_start_with(tmp_path: Path) -> None:
+    scenario = H100.format(gpus=2) + (
+        'init_error = "version_mismatch"\nmodule_version = "535.104.05"\n'
+    )
+    _, doc = _check(tmp_path, scenario)
+    inventory = doc["node"]["inventory"]
+    assert (inventory["module_version"], inventory["library_version"]) == (
+        "535.104.05",
+        "550.54.15",
+    )
+    (driver,) = [f for f in doc["node"]["findings"] if f["check"] == "driver"]
+    assert driver["reason"] == (
+        "driver/library mismatch: kernel module 535.104.05, NVML library 550.54.15"
+    )
+    assert driver["evidence"]["nvml_library_version"] is None  # NVML did not start
 
 
 def test_check_shows_the_mig_instances_and_the_stale_layout(tmp_path: Path) -> None:

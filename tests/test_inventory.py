@@ -26,7 +26,12 @@ from gpuagent.inventory import (
     fingerprint_hash,
 )
 from gpuagent.inventory.baseline import Baseline, learn, load_baseline, save_baseline
-from gpuagent.inventory.collect import collect_host, read_os_release, read_pci_functions
+from gpuagent.inventory.collect import (
+    collect_host,
+    read_library_version,
+    read_os_release,
+    read_pci_functions,
+)
 from gpuagent.inventory.model import UNKNOWN_DRIVER
 from gpuagent.inventory.services import parse_show, read_services
 from gpuagent.metrics.inventory import inventory_families
@@ -96,7 +101,7 @@ def test_collect_host_from_a_fixture_tree(tmp_path: Path) -> None:
     root = hgx_tree(tmp_path)
     services = (Service("nvidia-persistenced", "active"),)
     facts = collect_host(
-        root / "sys", root / "proc", root / "os-release", ("nvidia", "ib_core"), services
+        root / "sys", root / "proc", root / "os-release", ("nvidia", "ib_core"), services=services
     )
     assert facts.pci == (
         PciFunction("0000:05:00.0", "nvswitch", 0x22A3, "nvidia"),
@@ -232,6 +237,45 @@ def test_status_table_shows_the_gpus_other_drivers_hold(tmp_path: Path) -> None:
         "gpus": [],
     }
     assert "GPUs: NVML 1, PCI 3 (1 on vfio-pci)  NVSwitches 1" in render_status(doc, now=0.0)
+
+
+def _library(directory: Path, target: str) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / target).touch()
+    (directory / "libnvidia-ml.so.1").symlink_to(target)
+
+
+def test_library_version_from_the_installed_library_file(tmp_path: Path) -> None:
+    root = hgx_tree(tmp_path)
+    # The first directory has no NVML library; the second one has it, as a driver installs it.
+    lib64, multiarch = tmp_path / "usr" / "lib64", tmp_path / "usr" / "lib" / "x86_64-linux-gnu"
+    _library(multiarch, "libnvidia-ml.so.550.54.15")
+    facts = collect_host(
+        root / "sys",
+        root / "proc",
+        root / "os-release",
+        ("nvidia",),
+        library_dirs=(lib64, multiarch),
+    )
+    assert facts.library_version == "550.54.15"
+
+
+@pytest.mark.parametrize(
+    "layout", ["no-library", "not-a-link", "unversioned-target", "loop", "dangling"]
+)
+def test_library_version_unknown_without_a_versioned_link(tmp_path: Path, layout: str) -> None:
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    link = lib / "libnvidia-ml.so.1"
+    if layout == "not-a-link":
+        link.touch()
+    elif layout == "unversioned-target":
+        _library(lib, "libnvidia-ml.so")
+    elif layout == "loop":
+        link.symlink_to(link.name)
+    elif layout == "dangling":
+        link.symlink_to("libnvidia-ml.so.550.54.15")  # the file itself is gone
+    assert read_library_version((lib,)) is None
 
 
 def test_no_gpus_on_a_readable_bus_is_an_empty_tuple(tmp_path: Path) -> None:

@@ -426,7 +426,8 @@ class Agent:
                     config.proc_root,
                     config.os_release,
                     tuple(config.expected.modules),
-                    services,
+                    services=services,
+                    library_dirs=tuple(config.library_dirs),
                 )
         except (OSError, TimeoutError) as exc:
             tracker.failure(time.monotonic() - started, str(exc) or type(exc).__name__)

@@ -135,11 +135,14 @@ def check_gpu_count(view: InventoryView) -> Outcome:
 def check_driver(view: InventoryView) -> Outcome:
     inventory = view.inventory
     host = inventory.host
-    library = inventory.nvml_library_version
+    # NVML's own word when it runs; else the installed library file's, which is what a
+    # mismatch leaves us (nvmlInit fails with LIB_RM_VERSION_MISMATCH).
+    library = inventory.nvml_library_version or host.library_version
     required = tuple(view.expected.modules)
     evidence: Evidence = (
         ("module_version", host.module_version),
-        ("nvml_library_version", library),
+        ("nvml_library_version", inventory.nvml_library_version),
+        ("installed_library_version", host.library_version),
         ("driver_version", inventory.driver_version),
         *((f"module_{name}", loaded) for name, loaded in host.modules),
     )

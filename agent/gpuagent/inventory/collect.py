@@ -8,6 +8,7 @@ than guess.
 
 from __future__ import annotations
 
+import re
 import shlex
 import time
 from collections.abc import Iterator
@@ -97,6 +98,30 @@ def read_modules(sys_root: Path, required: tuple[str, ...]) -> tuple[tuple[str, 
     return tuple((name, name in present) for name in names)
 
 
+# libnvidia-ml.so.1 links to the library file named after the driver version.
+_NVML_LIBRARY = "libnvidia-ml.so.1"
+_VERSIONED_LIBRARY_RE = re.compile(r"^libnvidia-ml\.so\.(\d+\.\d+(?:\.\d+)?)$")
+
+
+def read_library_version(library_dirs: tuple[Path, ...]) -> str | None:
+    """The driver version of the installed NVML library, from the file libnvidia-ml.so.1
+    links to (libnvidia-ml.so.550.54.15) in the first of ``library_dirs`` that has one.
+
+    Read without NVML, so it is known even when nvmlInit fails (a library that does not
+    match the kernel module); None when no such link is found.
+    """
+    for directory in library_dirs:
+        try:
+            # strict: a link to a file that is gone is no installed library.
+            target = (directory / _NVML_LIBRARY).resolve(strict=True)
+        except (OSError, RuntimeError):  # RuntimeError: a symlink loop, before Python 3.13
+            continue
+        match = _VERSIONED_LIBRARY_RE.match(target.name)
+        if match:
+            return match.group(1)
+    return None
+
+
 def read_os_release(path: Path) -> str | None:
     """PRETTY_NAME (or NAME and VERSION) from an os-release file."""
     text = _read(path)
@@ -124,12 +149,15 @@ def collect_host(
     proc_root: Path,
     os_release: Path,
     required_modules: tuple[str, ...],
+    *,
     services: tuple[Service, ...] = (),
+    library_dirs: tuple[Path, ...] = (),
 ) -> HostFacts:
     return HostFacts(
         pci=read_pci_functions(sys_root),
         modules=read_modules(sys_root, required_modules),
         module_version=_read(sys_root / "module" / "nvidia" / "version") or None,
+        library_version=read_library_version(library_dirs),
         kernel_release=_read(proc_root / "sys" / "kernel" / "osrelease") or None,
         os_release=read_os_release(os_release),
         services=services,

@@ -63,6 +63,9 @@ class HostFacts:
     pci: tuple[PciFunction, ...] | None = None  # None: sysfs could not be read
     modules: tuple[tuple[str, bool | None], ...] = ()  # (module, loaded); None: unknown
     module_version: str | None = None  # /sys/module/nvidia/version
+    # The installed NVML library's driver version (libnvidia-ml.so.1's target), known
+    # even when NVML cannot start.
+    library_version: str | None = None
     kernel_release: str | None = None
     os_release: str | None = None  # PRETTY_NAME
     services: tuple[Service, ...] = ()
@@ -169,6 +172,7 @@ class NodeInventory:
             "nvml_version": self.nvml_version,
             "cuda_driver_version": self.cuda_driver_version,
             "module_version": host.module_version,
+            "library_version": host.library_version,
             "modules": dict(host.modules),
             "kernel_release": host.kernel_release,
             "os_release": host.os_release,

@@ -48,6 +48,8 @@ def host_facts(spec: NodeSpec) -> HostFacts:
         pci=pci_functions(spec),
         modules=tuple((name, name in loaded) for name in names),
         module_version=spec.resolved_module_version if "nvidia" in loaded else None,
+        # The user-space driver is driver_version's, unless it is not installed at all.
+        library_version=None if spec.init_error == "library_not_found" else spec.driver_version,
         kernel_release=spec.kernel_release,
         os_release=spec.os_release,
         services=(
