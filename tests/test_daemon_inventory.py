@@ -421,13 +421,34 @@ def test_daemon_with_a_hanging_nvml_init_reports_it_and_still_stops(tmp_path: Pa
     assert time.monotonic() - started < 5
 
 
+def _pci_gpus(doc: dict[str, Any]) -> list[str]:
+    return [f["address"] for f in doc["node"]["inventory"]["pci"] if f["role"] == "gpu"]
+
+
+def _gpu_count(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    return [
+        (f["severity"], f["runbook"]) for f in doc["node"]["findings"] if f["check"] == "gpu_count"
+    ]
+
+
 def test_pci_changes_refresh_the_inventory(tmp_path: Path) -> None:
-    daemon = start_daemon(tmp_path / "d", H100.format(gpus=2))
+    daemon = start_daemon(
+        tmp_path / "d", H100.format(gpus=2), config_extra="[inventory.expected]\ngpus = 2\n"
+    )
     try:
-        before = daemon.status()["node"]["inventory"]["collected_at"]
+        doc = daemon.status()
+        assert (_pci_gpus(doc), _gpu_count(doc)) == (["0000:18:00.0", "0000:2a:00.0"], [])
+        before = doc["node"]["inventory"]["collected_at"]
         daemon.inject("pci_remove", 1)
         doc = daemon.wait_for(lambda d: d["node"]["inventory"]["collected_at"] > before)
-        assert doc["node"]["inventory"]["collected_at"] > before
+        assert _pci_gpus(doc) == ["0000:18:00.0"]
+        assert _gpu_count(doc) == [("CRITICAL", "node-gpu-missing-pci")]
+        before = doc["node"]["inventory"]["collected_at"]
+        daemon.inject("pci_add", 1)
+        doc = daemon.wait_for(
+            lambda d: d["node"]["inventory"]["collected_at"] > before and not _gpu_count(d)
+        )
+        assert _pci_gpus(doc) == ["0000:18:00.0", "0000:2a:00.0"]
     finally:
         daemon.stop()
 
