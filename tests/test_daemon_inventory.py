@@ -337,7 +337,7 @@ def test_daemon_shows_inventory_in_status_and_metrics(tmp_path: Path) -> None:
         assert gpus[0].labels["pci_bus_id"] == "00000000:18:00.0"
         assert [s.value for s in _samples(metrics, "gpuagent_gpus_expected")] == [4.0]
         seen = {s.labels["source"]: s.value for s in _samples(metrics, "gpuagent_gpus_seen")}
-        assert seen == {"nvml": 3.0, "pci": 4.0}
+        assert seen == {"nvml": 3.0, "pci": 4.0, "pci_other_driver": 0.0}
         assert [s.value for s in _samples(metrics, "gpuagent_nvswitches_seen")] == [4.0]
         checks = {
             s.labels["check"]: s.value for s in _samples(metrics, "gpuagent_node_check_health")

@@ -226,7 +226,7 @@ def test_gpu_count_from_a_passthrough_tree(
     assert finding.evidence_dict()["pci_other_driver"] == "0000:3a:00.0 vfio-pci"
 
 
-def test_status_table_shows_the_gpus_other_drivers_hold(tmp_path: Path) -> None:
+def test_status_and_metrics_show_the_gpus_other_drivers_hold(tmp_path: Path) -> None:
     root = _passthrough_tree(tmp_path)
     facts = collect_host(root / "sys", root / "proc", root / "os-release", ("nvidia",))
     states = (_state(0, "96.00.99.00.01", bus="0000:18:00.0"),)
@@ -237,6 +237,8 @@ def test_status_table_shows_the_gpus_other_drivers_hold(tmp_path: Path) -> None:
         "gpus": [],
     }
     assert "GPUs: NVML 1, PCI 3 (1 on vfio-pci)  NVSwitches 1" in render_status(doc, now=0.0)
+    seen = {labels["source"]: value for labels, value in _families(inventory)["gpuagent_gpus_seen"]}
+    assert seen == {"nvml": 1.0, "pci": 3.0, "pci_other_driver": 1.0}
 
 
 def _library(directory: Path, target: str) -> None:
@@ -530,7 +532,11 @@ def test_inventory_metrics() -> None:
     assert gpu_labels["vbios_version"] == "96.00.99.00.01"
     assert gpu_labels["gsp_firmware_version"] == "550.54.15"
     assert found["gpuagent_gpus_expected"] == [({}, 8.0)]
-    assert found["gpuagent_gpus_seen"] == [({"source": "nvml"}, 1.0), ({"source": "pci"}, 1.0)]
+    assert found["gpuagent_gpus_seen"] == [
+        ({"source": "nvml"}, 1.0),
+        ({"source": "pci"}, 1.0),
+        ({"source": "pci_other_driver"}, 0.0),
+    ]
     assert found["gpuagent_kernel_module_loaded"] == [({"module": "nvidia"}, 1.0)]
     assert found["gpuagent_service_state"] == [
         ({"service": "nvidia-persistenced", "state": "active"}, 1.0)

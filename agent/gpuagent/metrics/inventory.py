@@ -61,6 +61,8 @@ def inventory_families(inventory: NodeInventory | None, gpu_labels: GpuLabels) -
     nvswitches = _gauge(names.NVSWITCHES_SEEN)
     if pci_gpus is not None and switches is not None:
         seen.add_metric(["pci"], float(len(pci_gpus)))
+        # Served as 0 too, so an alert can subtract it from the PCI count.
+        seen.add_metric(["pci_other_driver"], float(len(inventory.gpus_on_other_drivers())))
         nvswitches.add_metric([], float(switches))
     modules = _gauge(names.KERNEL_MODULE_LOADED)
     for module, loaded in host.modules:

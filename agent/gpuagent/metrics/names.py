@@ -348,7 +348,8 @@ GPUS_EXPECTED = MetricSpec(
 )
 GPUS_SEEN = MetricSpec(
     "gpuagent_gpus_seen",
-    'GPUs seen, by where: "nvml" (listed by NVML) or "pci" (NVIDIA GPU functions in sysfs).',
+    'GPUs seen, by where: "nvml" (listed by NVML), "pci" (NVIDIA GPU functions in sysfs) or '
+    '"pci_other_driver" (those of them a driver other than nvidia holds, e.g. vfio-pci).',
     ("source",),
 )
 NVSWITCHES_SEEN = MetricSpec(
