@@ -167,7 +167,7 @@ def check_driver(view: InventoryView) -> Outcome:
                 Runbook.NODE_DRIVER_MODULE,
             )
         )
-    if host.modules and all(loaded is None for _, loaded in host.modules):
+    if host.loaded_modules() is None:
         ok = "kernel modules not reported (/sys/module cannot be read)"
     else:
         ok = f"kernel module {module or 'version not reported'}"
@@ -240,10 +240,10 @@ def check_fabric(view: InventoryView) -> Outcome:
     unregistered = [g for g in fabric_gpus if _fabric_word(g) != "completed"]
     # Fabric Manager may run elsewhere (in the GPU Operator's driver container): with no
     # unit on the host (or one masked there), every GPU registered is what counts.
-    elsewhere = manager in ("not_installed", "masked") and bool(fabric_gpus) and not unregistered
+    off_host = manager in ("not_installed", "masked") and bool(fabric_gpus) and not unregistered
     problems: list[Problem] = []
     # Only a known state counts: without systemd the GPUs' registration still tells.
-    if manager not in ("active", "activating", "unknown") and not elsewhere:
+    if manager not in ("active", "activating", "unknown") and not off_host:
         problems.append(
             Problem(
                 Severity.CRITICAL,
@@ -263,7 +263,7 @@ def check_fabric(view: InventoryView) -> Outcome:
             )
         )
     count = f"{len(switches)} NVSwitch{'' if len(switches) == 1 else 'es'}"
-    if elsewhere:
+    if off_host:
         ok = f"NVSwitch fabric up ({count}, every GPU registered; {FABRIC_MANAGER} not on the host)"
     else:
         ok = f"NVSwitch fabric up ({count}, {FABRIC_MANAGER} {manager.replace('_', ' ')})"

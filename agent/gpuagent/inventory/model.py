@@ -31,10 +31,10 @@ ServiceState = Literal[
 PERSISTENCED = "nvidia-persistenced"
 FABRIC_MANAGER = "nvidia-fabricmanager"
 SERVICES = (PERSISTENCED, FABRIC_MANAGER)
+NVIDIA_DRIVER = "nvidia"
 # A PCI function's driver link that cannot be followed (a symlink loop): bound to
 # something, but to what is not known.
 UNKNOWN_DRIVER = "unknown"
-NVIDIA_DRIVER = "nvidia"
 # Kernel modules reported whether or not they are required.
 KNOWN_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem")
 
