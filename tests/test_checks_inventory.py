@@ -31,6 +31,7 @@ from gpuagent.checks.inventory import (
     version_matches,
 )
 from gpuagent.config import ChecksSection, ExpectedGpu, InventoryExpected, PersistenceCheck
+from gpuagent.inventory.baseline import Baseline, learn
 from gpuagent.inventory.model import (
     GpuInventory,
     HostFacts,
@@ -86,6 +87,7 @@ def host(**changes: Any) -> HostFacts:
         pci=tuple(pci_gpu(b) for b in BUSES),
         modules=(("nvidia", True), ("nvidia_uvm", True), ("nvidia_peermem", False)),
         module_version=DRIVER,
+        library_version=DRIVER,
         kernel_release="6.1.0-18-amd64",
         os_release="Debian GNU/Linux 12 (bookworm)",
         services=(
@@ -119,7 +121,15 @@ def verdict(outcome: Outcome) -> tuple[Severity, str, str]:
     return finding.severity, finding.runbook, finding.reason
 
 
+BASELINE = learn(node())
+# A baseline file written before the GPU count, models, switches and modules were kept.
+OLD_BASELINE = Baseline(fingerprint(node()))
+
+
 # --- gpu_count -----------------------------------------------------------------------------
+
+# Two GPUs for the host (NVML lists them), two passed through to virtual machines.
+PASSTHROUGH = (*(pci_gpu(b) for b in BUSES[:2]), *(pci_gpu(b, "vfio-pci") for b in BUSES[2:]))
 
 
 @pytest.mark.parametrize(
@@ -183,7 +193,54 @@ def verdict(outcome: Outcome) -> tuple[Severity, str, str]:
             "2 on the PCI bus",
             id="nvml-down-pci-short",
         ),
-        pytest.param(node(nvml_ok=False, pci=None), 4, Severity.OK, "", "", id="nothing-to-count"),
+        pytest.param(
+            node(nvml_ok=False, pci=None),
+            4,
+            Severity.OK,
+            "",
+            "GPU count not reported, 4 expected",
+            id="nothing-to-count",
+        ),
+        pytest.param(
+            node(gpus=(gpu(0), gpu(1)), pci=PASSTHROUGH),
+            4,
+            Severity.OK,
+            "",
+            "2 GPUs and 2 bound to vfio-pci, 4 expected",
+            id="passed-through-gpus-are-there",
+        ),
+        pytest.param(
+            node(nvml_ok=False, pci=PASSTHROUGH),
+            4,
+            Severity.OK,
+            "",
+            "2 GPUs and 2 bound to vfio-pci, 4 expected",
+            id="passed-through-gpus-nvml-down",
+        ),
+        pytest.param(
+            node(gpus=(gpu(0),), pci=(*PASSTHROUGH[:2], pci_gpu(BUSES[2], "vfio-pci"))),
+            4,
+            Severity.CRITICAL,
+            "node-gpu-missing-driver",
+            "1 GPU on the PCI bus but not in NVML (0000:2a:00.0)",
+            id="unbound-gpu-beside-a-passed-through-one",
+        ),
+        pytest.param(
+            node(gpus=(gpu(0), gpu(1)), pci=PASSTHROUGH[:3]),
+            4,
+            Severity.CRITICAL,
+            "node-gpu-missing-pci",
+            "1 of 4 expected GPUs missing: 3 on the PCI bus",
+            id="passed-through-and-one-gone-from-pci",
+        ),
+        pytest.param(
+            node(gpus=(gpu(0), gpu(1)), pci=(*PASSTHROUGH[:3], pci_gpu(BUSES[3], "unknown"))),
+            4,
+            Severity.OK,
+            "",
+            "2 GPUs and 2 bound to unknown, vfio-pci",
+            id="driver-link-unreadable-is-not-missing",
+        ),
     ],
 )
 def test_gpu_count(
@@ -194,6 +251,78 @@ def test_gpu_count(
     )
     assert (found, runbook) == (severity, runbooks)
     assert reason_has in reason
+
+
+@pytest.mark.parametrize(
+    ("inventory", "expected", "baseline", "severity", "runbook", "reason_has"),
+    [
+        pytest.param(
+            node(),
+            0,
+            BASELINE,
+            Severity.OK,
+            "",
+            "4 GPUs, 4 in the learned baseline",
+            id="as-learned",
+        ),
+        pytest.param(
+            node(gpus=(gpu(0), gpu(1), gpu(2)), pci=tuple(pci_gpu(b) for b in BUSES[:3])),
+            0,
+            BASELINE,
+            Severity.CRITICAL,
+            "node-gpu-missing-pci",
+            "1 of 4 GPUs of the learned baseline missing: 3 on the PCI bus",
+            id="gone-from-pci-and-nvml",
+        ),
+        pytest.param(
+            node(gpus=(gpu(0), gpu(1), gpu(2))),
+            0,
+            BASELINE,
+            Severity.CRITICAL,
+            "node-gpu-missing-driver",
+            "1 GPU on the PCI bus but not in NVML (0000:5d:00.0)",
+            id="on-pci-not-in-nvml",
+        ),
+        pytest.param(
+            node(gpus=(gpu(0), gpu(1)), pci=None),
+            0,
+            BASELINE,
+            Severity.CRITICAL,
+            "node-gpu-missing-pci",
+            "2 of 4 GPUs of the learned baseline missing: 2 in NVML",
+            id="no-sysfs-nvml-short",
+        ),
+        pytest.param(
+            node(gpus=(gpu(0), gpu(1), gpu(2)), pci=tuple(pci_gpu(b) for b in BUSES[:3])),
+            3,
+            BASELINE,
+            Severity.OK,
+            "",
+            "3 GPUs, 3 expected",
+            id="configured-count-wins",
+        ),
+        pytest.param(
+            node(gpus=(gpu(0), gpu(1), gpu(2)), pci=tuple(pci_gpu(b) for b in BUSES[:3])),
+            0,
+            OLD_BASELINE,
+            Severity.OK,
+            "",
+            "3 GPUs",
+            id="old-baseline-without-a-count",
+        ),
+    ],
+)
+def test_gpu_count_against_the_baseline(
+    inventory: NodeInventory,
+    expected: int,
+    baseline: Baseline,
+    severity: Severity,
+    runbook: str,
+    reason_has: str,
+) -> None:
+    outcome = check_gpu_count(InventoryView(inventory, expect(gpus=expected), baseline))
+    assert verdict(outcome)[:2] == (severity, runbook)
+    assert reason_has in verdict(outcome)[2]
 
 
 def test_gpu_count_names_both_cases_worst_first() -> None:
@@ -248,6 +377,14 @@ def test_gpu_count_names_both_cases_worst_first() -> None:
             "version not reported",
             id="version-unknown",
         ),
+        pytest.param(
+            {"modules": (("nvidia", None), ("nvidia_peermem", None)), "module_version": None},
+            ["nvidia", "nvidia_peermem"],
+            Severity.OK,
+            "none",
+            "kernel modules not reported (/sys/module cannot be read)",
+            id="sys-module-unreadable",
+        ),
     ],
 )
 def test_driver(
@@ -260,9 +397,47 @@ def test_driver(
     assert reason_has in finding.reason
 
 
-def test_driver_mismatch_when_nvml_is_down_is_left_to_the_nvml_check() -> None:
-    outcome = check_driver(InventoryView(node(nvml_ok=False, module_version="535.1.1"), expect()))
-    assert verdict(outcome)[0] is Severity.OK
+@pytest.mark.parametrize(
+    ("nvml_ok", "module", "installed", "severity", "reason_has"),
+    [
+        pytest.param(
+            False,
+            "535.104.05",
+            DRIVER,
+            Severity.CRITICAL,
+            "driver/library mismatch: kernel module 535.104.05, NVML library 550.54.15",
+            id="nvml-down-installed-library-differs",
+        ),
+        pytest.param(
+            False, DRIVER, DRIVER, Severity.OK, f"kernel module {DRIVER}", id="nvml-down-agree"
+        ),
+        pytest.param(
+            False,
+            "535.104.05",
+            None,
+            Severity.OK,
+            "kernel module 535.104.05",
+            id="nvml-down-no-library-file-left-to-the-nvml-check",
+        ),
+        pytest.param(
+            True,
+            DRIVER,
+            "535.104.05",
+            Severity.OK,
+            f"kernel module {DRIVER}",
+            id="nvml-running-its-version-wins",
+        ),
+    ],
+)
+def test_driver_against_the_installed_library(
+    nvml_ok: bool, module: str, installed: str | None, severity: Severity, reason_has: str
+) -> None:
+    inventory = node(nvml_ok=nvml_ok, module_version=module, library_version=installed)
+    finding = to_finding("driver", None, check_driver(InventoryView(inventory, expect())))
+    assert finding.severity is severity
+    assert finding.runbook == ("node-driver-module" if severity is Severity.CRITICAL else "")
+    assert reason_has in finding.reason
+    assert finding.evidence_dict()["installed_library_version"] == installed
 
 
 # --- firmware ------------------------------------------------------------------------------
@@ -298,6 +473,7 @@ def test_firmware(gsp: tuple[str | None, ...], severity: Severity, reason_has: s
         ("active", Severity.OK),
         ("activating", Severity.OK),
         ("not_installed", Severity.OK),
+        ("masked", Severity.OK),
         ("unknown", Severity.OK),
         ("inactive", Severity.WARN),
         ("failed", Severity.WARN),
@@ -344,6 +520,37 @@ def fabric_node(manager: ServiceState, *states: tuple[str | None, bool | None]) 
             Severity.CRITICAL,
             "nvidia-fabricmanager is not installed",
             id="manager-missing",
+        ),
+        pytest.param(
+            fabric_node("not_installed", ("completed", True), ("completed", True)),
+            Severity.OK,
+            "NVSwitch fabric up (4 NVSwitches, every GPU registered; "
+            "nvidia-fabricmanager not on the host)",
+            id="manager-not-on-the-host-fabric-up",
+        ),
+        pytest.param(
+            fabric_node("not_installed", ("completed", True), ("completed", False)),
+            Severity.CRITICAL,
+            "nvidia-fabricmanager is not installed",
+            id="manager-not-on-the-host-registration-failed",
+        ),
+        pytest.param(
+            dataclasses.replace(fabric_node("not_installed"), nvml_ok=False),
+            Severity.CRITICAL,
+            "nvidia-fabricmanager is not installed",
+            id="manager-not-on-the-host-nvml-down",
+        ),
+        pytest.param(
+            fabric_node("masked", ("completed", True)),
+            Severity.OK,
+            "every GPU registered; nvidia-fabricmanager not on the host",
+            id="manager-masked-on-the-host-fabric-up",
+        ),
+        pytest.param(
+            fabric_node("inactive", ("completed", True)),
+            Severity.CRITICAL,
+            "nvidia-fabricmanager is inactive",
+            id="manager-installed-but-stopped",
         ),
         pytest.param(
             fabric_node("unknown", ("completed", True)),
@@ -398,13 +605,10 @@ def test_version_matches(actual: str, expected: str, matches: bool) -> None:
     assert version_matches(actual, expected) is matches
 
 
-BASELINE = fingerprint(node())
-
-
 @pytest.mark.parametrize(
     ("inventory", "expected", "baseline", "severity", "reason_has"),
     [
-        pytest.param(node(), expect(), None, Severity.OK, "versions as expected", id="nothing"),
+        pytest.param(node(), expect(), None, Severity.OK, "inventory as expected", id="nothing"),
         pytest.param(
             node(),
             expect(
@@ -416,7 +620,7 @@ BASELINE = fingerprint(node())
             ),
             BASELINE,
             Severity.OK,
-            "versions as expected and baseline",
+            "inventory as expected and baseline",
             id="all-match",
         ),
         pytest.param(
@@ -467,15 +671,99 @@ BASELINE = fingerprint(node())
             expect(kernel_release="6.1"),
             BASELINE,
             Severity.OK,
-            "versions as expected",
+            "inventory as expected",
             id="unreported-is-not-compared",
+        ),
+        pytest.param(
+            node(tuple(gpu(i, model="NVIDIA H200") for i in range(4))),
+            expect(),
+            BASELINE,
+            Severity.WARN,
+            "GPU model NVIDIA H200, baseline NVIDIA H100 80GB HBM3",
+            id="baseline-model",
+        ),
+        pytest.param(
+            node(pci=(*(pci_gpu(b) for b in BUSES), *SWITCHES[:3])),
+            expect(),
+            dataclasses.replace(BASELINE, nvswitches=4),
+            Severity.WARN,
+            "NVSwitches 3, baseline 4",
+            id="baseline-nvswitch-gone",
+        ),
+        pytest.param(
+            node(pci=None),
+            expect(),
+            dataclasses.replace(BASELINE, nvswitches=4),
+            Severity.OK,
+            "inventory as expected and baseline",
+            id="nvswitches-unread-not-compared",
+        ),
+        pytest.param(
+            node(pci=(*(pci_gpu(b) for b in BUSES), pci_gpu("0000:9a:00.0", "vfio-pci"))),
+            expect(),
+            BASELINE,
+            Severity.WARN,
+            "GPUs 5, baseline 4",
+            id="baseline-gpu-more",
+        ),
+        pytest.param(
+            node(gpus=(gpu(0), gpu(1), gpu(2)), pci=tuple(pci_gpu(b) for b in BUSES[:3])),
+            expect(),
+            BASELINE,
+            Severity.OK,
+            "inventory as expected and baseline",
+            id="baseline-gpu-fewer-is-gpu-count-s",
+        ),
+        pytest.param(
+            node(modules=(("nvidia", True), ("nvidia_uvm", False), ("nvidia_peermem", False))),
+            expect(),
+            BASELINE,
+            Severity.WARN,
+            "kernel modules nvidia, baseline nvidia,nvidia_uvm",
+            id="baseline-module-unloaded",
+        ),
+        pytest.param(
+            node(modules=(("nvidia", True), ("nvidia_uvm", True), ("nvidia_peermem", True))),
+            expect(),
+            BASELINE,
+            Severity.WARN,
+            "kernel modules nvidia,nvidia_peermem,nvidia_uvm, baseline nvidia,nvidia_uvm",
+            id="baseline-module-loaded",
+        ),
+        pytest.param(
+            node(modules=(("nvidia", True), ("nvidia_uvm", False), ("nvidia_peermem", False))),
+            expect(modules=["nvidia", "nvidia_uvm"]),
+            BASELINE,
+            Severity.OK,
+            "inventory as expected and baseline",
+            id="required-module-unloaded-is-the-driver-check-s",
+        ),
+        pytest.param(
+            node(modules=(("nvidia", None), ("nvidia_uvm", None))),
+            expect(),
+            BASELINE,
+            Severity.OK,
+            "inventory as expected and baseline",
+            id="modules-unread-not-compared",
+        ),
+        pytest.param(
+            node(
+                tuple(gpu(i, model="NVIDIA H200") for i in range(2)),
+                pci=(pci_gpu(BUSES[0]), pci_gpu(BUSES[1]), *SWITCHES),
+                modules=(("nvidia", True),),
+            ),
+            expect(),
+            OLD_BASELINE,
+            Severity.OK,
+            "inventory as expected and baseline",
+            id="old-baseline-compares-versions-only",
         ),
     ],
 )
 def test_drift(
     inventory: NodeInventory,
     expected: InventoryExpected,
-    baseline: dict[str, str] | None,
+    baseline: Baseline | None,
     severity: Severity,
     reason_has: str,
 ) -> None:
@@ -489,7 +777,7 @@ def test_drift_lists_every_difference() -> None:
     inventory = node(kernel_release="6.1.0-21-amd64")
     view = InventoryView(inventory, expect(driver_version="535"), BASELINE)
     reason = verdict(check_drift(view))[2]
-    assert reason.startswith("versions drifted: ")
+    assert reason.startswith("inventory drifted: ")
     assert reason.count("; ") == 1
 
 

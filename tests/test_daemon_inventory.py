@@ -4,6 +4,7 @@ the real daemon (status, metrics, learn mode, PCI changes)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,18 @@ CASES: list[tuple[str, str, str, set[tuple[int | None, str, str, str]], int]] = 
         2,
     ),
     (
+        # A driver upgraded without a reboot: the old module under the new library, so
+        # nvmlInit fails; the installed library file still shows the two disagree.
+        "nvml-version-mismatch-module-differs",
+        H100.format(gpus=2) + 'init_error = "version_mismatch"\nmodule_version = "535.104.05"\n',
+        "",
+        {
+            (None, "nvml", "CRITICAL", "nvml-version-mismatch"),
+            (None, "driver", "CRITICAL", "node-driver-module"),
+        },
+        2,
+    ),
+    (
         "nvml-library-not-found",
         H100.format(gpus=2) + 'init_error = "library_not_found"\n',
         "",
@@ -104,6 +117,20 @@ CASES: list[tuple[str, str, str, set[tuple[int | None, str, str, str]], int]] = 
         H100.format(gpus=2) + 'init_error = "no_permission"\n',
         "",
         {(None, "nvml", "CRITICAL", "nvml-no-permission")},
+        2,
+    ),
+    (
+        "nvml-init-timeout",
+        H100.format(gpus=2) + 'init_error = "timeout"\n',
+        "",
+        {(None, "nvml", "CRITICAL", "nvml-timeout")},
+        2,
+    ),
+    (
+        "nvml-init-other-error",
+        H100.format(gpus=2) + 'init_error = "other"\n',
+        "",
+        {(None, "nvml", "CRITICAL", "nvml-error")},
         2,
     ),
     (
@@ -121,8 +148,31 @@ CASES: list[tuple[str, str, str, set[tuple[int | None, str, str, str]], int]] = 
         1,
     ),
     (
+        "persistenced-masked",
+        H100.format(gpus=2) + 'persistenced = "masked"\n',
+        "",
+        set(),
+        0,
+    ),
+    (
         "fabric-manager-down",
         HGX.replace('fabricmanager = "active"', 'fabricmanager = "inactive"'),
+        "",
+        {(None, "fabric", "CRITICAL", "node-fabric-manager")},
+        2,
+    ),
+    (
+        "fabric-manager-off-the-host-fabric-up",
+        HGX.replace('fabricmanager = "active"', 'fabricmanager = "not_installed"'),
+        "",
+        set(),
+        0,
+    ),
+    (
+        "fabric-manager-off-the-host-fabric-not-started",
+        HGX.replace('fabricmanager = "active"', 'fabricmanager = "not_installed"').replace(
+            'fabric_state = "completed"', 'fabric_state = "not_started"'
+        ),
         "",
         {(None, "fabric", "CRITICAL", "node-fabric-manager")},
         2,
@@ -287,7 +337,7 @@ def test_daemon_shows_inventory_in_status_and_metrics(tmp_path: Path) -> None:
         assert gpus[0].labels["pci_bus_id"] == "00000000:18:00.0"
         assert [s.value for s in _samples(metrics, "gpuagent_gpus_expected")] == [4.0]
         seen = {s.labels["source"]: s.value for s in _samples(metrics, "gpuagent_gpus_seen")}
-        assert seen == {"nvml": 3.0, "pci": 4.0}
+        assert seen == {"nvml": 3.0, "pci": 4.0, "pci_other_driver": 0.0}
         assert [s.value for s in _samples(metrics, "gpuagent_nvswitches_seen")] == [4.0]
         checks = {
             s.labels["check"]: s.value for s in _samples(metrics, "gpuagent_node_check_health")
@@ -328,15 +378,96 @@ def test_learn_mode_records_the_first_healthy_inventory_and_reports_drift(
         daemon.stop()
 
 
-def test_pci_changes_refresh_the_inventory(tmp_path: Path) -> None:
-    daemon = start_daemon(tmp_path / "d", H100.format(gpus=2))
+def test_learn_mode_reports_a_gpu_gone_after_a_restart(tmp_path: Path) -> None:
+    workdir = tmp_path / "d"
+    learn = "[inventory]\nlearn = true\n"  # and no inventory.expected.gpus
+    daemon = start_daemon(workdir, HGX, config_extra=learn)
     try:
-        before = daemon.status()["node"]["inventory"]["collected_at"]
-        daemon.inject("pci_remove", 1)
-        doc = daemon.wait_for(lambda d: d["node"]["inventory"]["collected_at"] > before)
-        assert doc["node"]["inventory"]["collected_at"] > before
+        learned = json.loads((workdir / "state" / "inventory-baseline.json").read_text())
+        assert (learned["gpus"], learned["nvswitches"]) == (8, 4)
+        assert learned["models"] == "NVIDIA H100 80GB HBM3"
+        assert learned["modules"] == ["nvidia", "nvidia_modeset", "nvidia_uvm"]
     finally:
         daemon.stop()
+    # After a kernel upgrade the node comes back with a GPU gone from PCI and from NVML.
+    daemon = start_daemon(
+        workdir,
+        HGX.replace("gpus = 8", "gpus = 7") + 'kernel_release = "6.1.0-21-amd64"\n',
+        config_extra=learn,
+    )
+    try:
+        doc = daemon.status()
+        (count,) = [f for f in doc["node"]["findings"] if f["check"] == "gpu_count"]
+        assert (count["severity"], count["runbook"]) == ("CRITICAL", "node-gpu-missing-pci")
+        assert count["reason"] == "1 of 8 GPUs of the learned baseline missing: 7 on the PCI bus"
+        assert count["evidence"]["gpus_baseline"] == 8
+        (reason,) = _drifted(daemon)
+        assert "kernel 6.1.0-21-amd64, baseline 6.1.0-18-amd64" in reason
+    finally:
+        daemon.stop()
+
+
+def test_daemon_with_a_hanging_nvml_init_reports_it_and_still_stops(tmp_path: Path) -> None:
+    daemon = start_daemon(tmp_path / "d", H100.format(gpus=2) + 'init_error = "timeout"\n')
+    try:
+        doc = daemon.wait_for(lambda d: d["node"]["nvml"]["problem"] == "timeout")
+        (finding,) = [f for f in doc["node"]["findings"] if f["check"] == "nvml"]
+        assert (finding["severity"], finding["runbook"]) == ("CRITICAL", "nvml-timeout")
+    finally:
+        started = time.monotonic()
+        returncode = daemon.stop()
+    # Blocked nvmlInit calls sit on worker threads; they must not hold up the exit.
+    assert returncode == 0
+    assert time.monotonic() - started < 5
+
+
+def _pci_gpus(doc: dict[str, Any]) -> list[str]:
+    return [f["address"] for f in doc["node"]["inventory"]["pci"] if f["role"] == "gpu"]
+
+
+def _gpu_count(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    return [
+        (f["severity"], f["runbook"]) for f in doc["node"]["findings"] if f["check"] == "gpu_count"
+    ]
+
+
+def test_pci_changes_refresh_the_inventory(tmp_path: Path) -> None:
+    daemon = start_daemon(
+        tmp_path / "d", H100.format(gpus=2), config_extra="[inventory.expected]\ngpus = 2\n"
+    )
+    try:
+        doc = daemon.status()
+        assert (_pci_gpus(doc), _gpu_count(doc)) == (["0000:18:00.0", "0000:2a:00.0"], [])
+        before = doc["node"]["inventory"]["collected_at"]
+        daemon.inject("pci_remove", 1)
+        doc = daemon.wait_for(lambda d: d["node"]["inventory"]["collected_at"] > before)
+        assert _pci_gpus(doc) == ["0000:18:00.0"]
+        assert _gpu_count(doc) == [("CRITICAL", "node-gpu-missing-pci")]
+        before = doc["node"]["inventory"]["collected_at"]
+        daemon.inject("pci_add", 1)
+        doc = daemon.wait_for(
+            lambda d: d["node"]["inventory"]["collected_at"] > before and not _gpu_count(d)
+        )
+        assert _pci_gpus(doc) == ["0000:18:00.0", "0000:2a:00.0"]
+    finally:
+        daemon.stop()
+
+
+def test_check_names_a_mismatch_nvml_cannot_start_with(tmp_path: Path) -> None:
+    scenario = H100.format(gpus=2) + (
+        'init_error = "version_mismatch"\nmodule_version = "535.104.05"\n'
+    )
+    _, doc = _check(tmp_path, scenario)
+    inventory = doc["node"]["inventory"]
+    assert (inventory["module_version"], inventory["library_version"]) == (
+        "535.104.05",
+        "550.54.15",
+    )
+    (driver,) = [f for f in doc["node"]["findings"] if f["check"] == "driver"]
+    assert driver["reason"] == (
+        "driver/library mismatch: kernel module 535.104.05, NVML library 550.54.15"
+    )
+    assert driver["evidence"]["nvml_library_version"] is None  # NVML did not start
 
 
 def test_check_shows_the_mig_instances_and_the_stale_layout(tmp_path: Path) -> None:

@@ -4,13 +4,18 @@ the learned baseline, the fingerprint and the inventory's JSON form."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import shutil
 import stat
 from pathlib import Path
 
 import pytest
 
-from gpuagent.config import ConfigError, parse_config
+from gpuagent.checks import InventoryView
+from gpuagent.checks.common import to_finding
+from gpuagent.checks.inventory import check_gpu_count
+from gpuagent.config import ConfigError, InventoryExpected, parse_config
 from gpuagent.inventory import (
     HostFacts,
     NodeInventory,
@@ -20,11 +25,18 @@ from gpuagent.inventory import (
     fingerprint,
     fingerprint_hash,
 )
-from gpuagent.inventory.baseline import load_baseline, save_baseline
-from gpuagent.inventory.collect import collect_host, read_os_release, read_pci_functions
+from gpuagent.inventory.baseline import Baseline, learn, load_baseline, save_baseline
+from gpuagent.inventory.collect import (
+    collect_host,
+    read_library_version,
+    read_os_release,
+    read_pci_functions,
+)
+from gpuagent.inventory.model import UNKNOWN_DRIVER
 from gpuagent.inventory.services import parse_show, read_services
 from gpuagent.metrics.inventory import inventory_families
-from gpuagent.model import GpuIdentity, GpuReadings, GpuState, NvmlStatus
+from gpuagent.model import GpuIdentity, GpuReadings, GpuState, NvmlStatus, Severity
+from gpuagent.render import render_status
 
 NVIDIA, INTEL = 0x10DE, 0x8086
 
@@ -37,10 +49,14 @@ def add_function(
     device_class: int,
     device: int = 0x2330,
     driver: str | None = None,
+    physfn: str | None = None,
 ) -> None:
-    """A PCI function laid out as sysfs does: the device tree, and a bus/pci symlink."""
+    """A PCI function laid out as sysfs does: the device tree, and a bus/pci symlink.
+    ``physfn``: the address of the physical function this one is an SR-IOV slice of."""
     directory = sys_root / "devices" / "pci0000:00" / "0000:00:01.0" / address
     directory.mkdir(parents=True)
+    if physfn is not None:
+        (directory / "physfn").symlink_to(directory.parent / physfn)
     (directory / "vendor").write_text(f"0x{vendor:04x}\n")
     (directory / "device").write_text(f"0x{device:04x}\n")
     (directory / "class").write_text(f"0x{device_class:06x}\n")
@@ -85,7 +101,7 @@ def test_collect_host_from_a_fixture_tree(tmp_path: Path) -> None:
     root = hgx_tree(tmp_path)
     services = (Service("nvidia-persistenced", "active"),)
     facts = collect_host(
-        root / "sys", root / "proc", root / "os-release", ("nvidia", "ib_core"), services
+        root / "sys", root / "proc", root / "os-release", ("nvidia", "ib_core"), services=services
     )
     assert facts.pci == (
         PciFunction("0000:05:00.0", "nvswitch", 0x22A3, "nvidia"),
@@ -110,8 +126,158 @@ def test_collect_host_from_a_fixture_tree(tmp_path: Path) -> None:
 def test_collect_host_without_sysfs_or_procfs_says_not_reported(tmp_path: Path) -> None:
     facts = collect_host(tmp_path / "nosys", tmp_path / "noproc", tmp_path / "none", ("nvidia",))
     assert facts.pci is None  # could not look: not "no GPUs"
-    assert facts.module_loaded("nvidia") is False
+    assert facts.module_loaded("nvidia") is None  # could not look: not "not loaded"
     assert (facts.module_version, facts.kernel_release, facts.os_release) == (None, None, None)
+
+
+@pytest.mark.parametrize("module_dir", ["missing", "a-file"])
+def test_modules_are_unknown_when_sys_module_cannot_be_listed(
+    tmp_path: Path, module_dir: str
+) -> None:
+    root = hgx_tree(tmp_path)
+    shutil.rmtree(root / "sys" / "module")
+    if module_dir == "a-file":
+        (root / "sys" / "module").write_text("")
+    facts = collect_host(root / "sys", root / "proc", root / "os-release", ("nvidia",))
+    assert facts.pci is not None  # the rest of sysfs still reads
+    assert dict(facts.modules) == dict.fromkeys(
+        ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem")
+    )
+    assert facts.module_version is None
+
+
+def test_a_driver_link_that_loops_is_an_unknown_driver(tmp_path: Path) -> None:
+    root = hgx_tree(tmp_path)
+    # An odd sysfs: the unbound GPU's driver link points at itself.
+    link = root / "sys" / "bus" / "pci" / "devices" / "0000:2a:00.0" / "driver"
+    link.symlink_to(link)
+    pci = read_pci_functions(root / "sys")
+    assert pci is not None
+    assert {f.address: f.driver for f in pci} == {
+        "0000:05:00.0": "nvidia",
+        "0000:18:00.0": "nvidia",
+        "0000:2a:00.0": UNKNOWN_DRIVER,
+    }
+
+
+def _passthrough_tree(root: Path) -> Path:
+    """hgx_tree plus a GPU bound to vfio-pci and two SR-IOV virtual functions of it."""
+    hgx_tree(root)
+    sys_root = root / "sys"
+    add_function(sys_root, "0000:3a:00.0", vendor=NVIDIA, device_class=0x030200, driver="vfio-pci")
+    for vf in ("0000:3a:00.4", "0000:3a:00.5"):
+        add_function(
+            sys_root,
+            vf,
+            vendor=NVIDIA,
+            device_class=0x030200,
+            driver="nvidia",
+            physfn="0000:3a:00.0",
+        )
+    return root
+
+
+@pytest.mark.parametrize(
+    ("listed", "expected", "severity", "reason_has"),
+    [
+        pytest.param(
+            ("0000:18:00.0", "0000:2a:00.0"),
+            3,
+            Severity.OK,
+            "2 GPUs and 1 bound to vfio-pci, 3 expected",
+            id="vfio-gpu-counted-apart-virtual-functions-left-out",
+        ),
+        pytest.param(
+            ("0000:18:00.0",),
+            3,
+            Severity.CRITICAL,
+            "1 GPU on the PCI bus but not in NVML (0000:2a:00.0)",
+            id="only-the-unbound-gpu-is-missing-from-nvml",
+        ),
+        pytest.param(
+            ("0000:18:00.0", "0000:2a:00.0"),
+            4,
+            Severity.CRITICAL,
+            "1 of 4 expected GPUs missing: 3 on the PCI bus",
+            id="virtual-functions-do-not-make-up-a-missing-gpu",
+        ),
+    ],
+)
+def test_gpu_count_from_a_passthrough_tree(
+    tmp_path: Path, listed: tuple[str, ...], expected: int, severity: Severity, reason_has: str
+) -> None:
+    root = _passthrough_tree(tmp_path)
+    facts = collect_host(root / "sys", root / "proc", root / "os-release", ("nvidia",))
+    assert [(f.address, f.driver) for f in facts.pci or () if f.role == "gpu"] == [
+        ("0000:18:00.0", "nvidia"),
+        ("0000:2a:00.0", None),
+        ("0000:3a:00.0", "vfio-pci"),
+    ]
+    states = tuple(_state(i, "96.00.99.00.01", bus=bus) for i, bus in enumerate(listed))
+    inventory = build_inventory(facts, STATUS, states, "1.2.3", expected)
+    assert inventory.to_json()["gpus_other_driver"] == {"0000:3a:00.0": "vfio-pci"}
+    finding = to_finding(
+        "gpu_count",
+        None,
+        check_gpu_count(InventoryView(inventory, InventoryExpected(gpus=expected))),
+    )
+    assert finding.severity is severity
+    assert reason_has in finding.reason
+    assert finding.evidence_dict()["pci_other_driver"] == "0000:3a:00.0 vfio-pci"
+
+
+def test_status_and_metrics_show_the_gpus_other_drivers_hold(tmp_path: Path) -> None:
+    root = _passthrough_tree(tmp_path)
+    facts = collect_host(root / "sys", root / "proc", root / "os-release", ("nvidia",))
+    states = (_state(0, "96.00.99.00.01", bus="0000:18:00.0"),)
+    inventory = build_inventory(facts, STATUS, states, "1.2.3")
+    doc = {
+        "taken_at": 0.0,
+        "node": {"name": "n", "cluster": "c", "health": "OK", "inventory": inventory.to_json()},
+        "gpus": [],
+    }
+    assert "GPUs: NVML 1, PCI 3 (1 on vfio-pci)  NVSwitches 1" in render_status(doc, now=0.0)
+    seen = {labels["source"]: value for labels, value in _families(inventory)["gpuagent_gpus_seen"]}
+    assert seen == {"nvml": 1.0, "pci": 3.0, "pci_other_driver": 1.0}
+
+
+def _library(directory: Path, target: str) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / target).touch()
+    (directory / "libnvidia-ml.so.1").symlink_to(target)
+
+
+def test_library_version_from_the_installed_library_file(tmp_path: Path) -> None:
+    root = hgx_tree(tmp_path)
+    # The first directory has no NVML library; the second one has it, as a driver installs it.
+    lib64, multiarch = tmp_path / "usr" / "lib64", tmp_path / "usr" / "lib" / "x86_64-linux-gnu"
+    _library(multiarch, "libnvidia-ml.so.550.54.15")
+    facts = collect_host(
+        root / "sys",
+        root / "proc",
+        root / "os-release",
+        ("nvidia",),
+        library_dirs=(lib64, multiarch),
+    )
+    assert facts.library_version == "550.54.15"
+
+
+@pytest.mark.parametrize(
+    "layout", ["no-library", "not-a-link", "unversioned-target", "loop", "dangling"]
+)
+def test_library_version_unknown_without_a_versioned_link(tmp_path: Path, layout: str) -> None:
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    link = lib / "libnvidia-ml.so.1"
+    if layout == "not-a-link":
+        link.touch()
+    elif layout == "unversioned-target":
+        _library(lib, "libnvidia-ml.so")
+    elif layout == "loop":
+        link.symlink_to(link.name)
+    elif layout == "dangling":
+        link.symlink_to("libnvidia-ml.so.550.54.15")  # the file itself is gone
+    assert read_library_version((lib,)) is None
 
 
 def test_no_gpus_on_a_readable_bus_is_an_empty_tuple(tmp_path: Path) -> None:
@@ -141,6 +307,7 @@ SHOW = (
     "Id=nvidia-persistenced.service\nLoadState=loaded\nActiveState=failed\n\n"
     "Id=nvidia-fabricmanager.service\nLoadState=not-found\nActiveState=inactive\n"
 )
+MASKED = "Id=nvidia-persistenced.service\nLoadState=masked\nActiveState=inactive\n"
 
 
 def test_parse_show() -> None:
@@ -150,6 +317,7 @@ def test_parse_show() -> None:
         Service("nvidia-fabricmanager", "not_installed"),
         Service("extra", "unknown"),
     )
+    assert parse_show(MASKED, names[:1]) == (Service("nvidia-persistenced", "masked"),)
 
 
 def _fake_systemctl(tmp_path: Path, body: str) -> str:
@@ -196,10 +364,36 @@ def test_services_are_unknown_when_systemd_cannot_tell(tmp_path: Path, case: str
 def test_baseline_round_trip_and_atomic_write(tmp_path: Path) -> None:
     path = tmp_path / "state" / "inventory-baseline.json"
     assert load_baseline(path) is None
-    save_baseline(path, {"driver": "550.54.15", "kernel": "6.1"}, 1000.0)
-    assert load_baseline(path) == {"driver": "550.54.15", "kernel": "6.1"}
+    baseline = Baseline(
+        {"driver": "550.54.15", "kernel": "6.1"},
+        gpus=8,
+        nvswitches=4,
+        models="NVIDIA H100 80GB HBM3",
+        modules=("nvidia", "nvidia_uvm"),
+    )
+    save_baseline(path, baseline, 1000.0)
+    assert load_baseline(path) == baseline
     assert json.loads(path.read_text())["learned_at"] == 1000.0
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary left
+
+
+def test_baseline_written_before_the_node_fields_is_read_as_unknown(tmp_path: Path) -> None:
+    path = tmp_path / "inventory-baseline.json"
+    path.write_text('{"learned_at": 1000.0, "fingerprint": {"driver": "550.54.15"}}')
+    assert load_baseline(path) == Baseline({"driver": "550.54.15"})
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        '"gpus": -1, "nvswitches": true, "models": "", "modules": "nvidia"',
+        '"gpus": "8", "nvswitches": 1.5, "models": 3, "modules": [1]',
+    ],
+)
+def test_baseline_node_fields_of_the_wrong_type_are_unknown(tmp_path: Path, fields: str) -> None:
+    path = tmp_path / "inventory-baseline.json"
+    path.write_text(f'{{"fingerprint": {{"driver": "550.54.15"}}, {fields}}}')
+    assert load_baseline(path) == Baseline({"driver": "550.54.15"})
 
 
 @pytest.mark.parametrize("text", ["{", "[]", '{"fingerprint": {"driver": 1}}', "{}"])
@@ -207,6 +401,25 @@ def test_damaged_baseline_is_ignored(tmp_path: Path, text: str) -> None:
     path = tmp_path / "inventory-baseline.json"
     path.write_text(text)
     assert load_baseline(path) is None
+
+
+def test_learn_records_the_fingerprint_gpus_switches_models_and_modules() -> None:
+    host = dataclasses.replace(
+        HOST,
+        pci=(*(HOST.pci or ()), PciFunction("0000:05:00.0", "nvswitch", 0x22A3, "nvidia")),
+        modules=(("nvidia", True), ("nvidia_peermem", False), ("nvidia_uvm", True)),
+    )
+    inventory = build_inventory(host, STATUS, (_state(0, "96.00.99.00.01"),), "1.2.3")
+    assert learn(inventory) == Baseline(
+        fingerprint(inventory),
+        gpus=1,
+        nvswitches=1,
+        models="NVIDIA H100 80GB HBM3",
+        modules=("nvidia", "nvidia_uvm"),
+    )
+    unread = dataclasses.replace(host, pci=None, modules=(("nvidia", None),))
+    blind = learn(build_inventory(unread, STATUS, (_state(0, "96.00.99.00.01"),), "1.2.3"))
+    assert (blind.gpus, blind.nvswitches, blind.modules) == (1, None, None)  # NVML's count
 
 
 # --- building, fingerprint, JSON -------------------------------------------------------------
@@ -224,10 +437,10 @@ STATUS = NvmlStatus(
 )
 
 
-def _state(index: int, vbios: str, *, status: str = "ok") -> GpuState:
+def _state(index: int, vbios: str, *, status: str = "ok", bus: str | None = None) -> GpuState:
     identity = GpuIdentity(
         index=index,
-        pci_bus_id=f"0000:{0x18 + index:02x}:00.0",
+        pci_bus_id=bus or f"0000:{0x18 + index:02x}:00.0",
         uuid=f"GPU-{index}",
         name="NVIDIA H100 80GB HBM3",
         vbios_version=vbios,
@@ -319,7 +532,11 @@ def test_inventory_metrics() -> None:
     assert gpu_labels["vbios_version"] == "96.00.99.00.01"
     assert gpu_labels["gsp_firmware_version"] == "550.54.15"
     assert found["gpuagent_gpus_expected"] == [({}, 8.0)]
-    assert found["gpuagent_gpus_seen"] == [({"source": "nvml"}, 1.0), ({"source": "pci"}, 1.0)]
+    assert found["gpuagent_gpus_seen"] == [
+        ({"source": "nvml"}, 1.0),
+        ({"source": "pci"}, 1.0),
+        ({"source": "pci_other_driver"}, 0.0),
+    ]
     assert found["gpuagent_kernel_module_loaded"] == [({"module": "nvidia"}, 1.0)]
     assert found["gpuagent_service_state"] == [
         ({"service": "nvidia-persistenced", "state": "active"}, 1.0)
@@ -327,12 +544,13 @@ def test_inventory_metrics() -> None:
 
 
 def test_inventory_metrics_leave_out_what_is_not_known() -> None:
-    host = HostFacts(pci=None)
+    host = HostFacts(pci=None, modules=(("nvidia", None), ("nvidia_uvm", None)))
     inventory = build_inventory(host, NvmlStatus(ok=False), (), "1.2.3")
     found = _families(inventory)
     assert found["gpuagent_gpus_expected"] == []
     assert found["gpuagent_gpus_seen"] == []
     assert found["gpuagent_nvswitches_seen"] == []
+    assert found["gpuagent_kernel_module_loaded"] == []
     assert _families(None) == {}
 
 

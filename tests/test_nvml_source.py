@@ -10,6 +10,7 @@ from conftest import FakeClock
 from gpuagent.config import NvmlSourceSection
 from gpuagent.nvml.device import mig_profile_name
 from gpuagent.sim import SimulatedNode, parse_scenario
+from gpuagent.sim.scenario import INIT_ERRORS
 from gpuagent.sources.nvml import NvmlSource
 
 SCENARIO = '[node]\ngpus = 8\nmodel = "NVIDIA H100 80GB HBM3"\n'
@@ -84,14 +85,16 @@ async def test_init_failure_is_classified_and_retried(node: SimulatedNode) -> No
     await source.close()
 
 
-@pytest.mark.parametrize(
-    "problem", ["driver_not_loaded", "library_not_found", "version_mismatch", "no_permission"]
-)
+@pytest.mark.parametrize("problem", INIT_ERRORS)
 async def test_each_init_problem_is_named(node: SimulatedNode, problem: str) -> None:
     node.set_init_error(problem)
-    observation = await _source(node, FakeClock()).poll()
+    # "timeout" blocks nvmlInit past the call timeout; the others fail at once.
+    source = _source(node, FakeClock(), call_timeout_seconds=0.3)
+    observation = await source.poll()
+    node.set_init_error(None)  # lets a blocked nvmlInit return, so its thread ends
     assert observation.status.problem == problem
     assert observation.status.message
+    await source.close()
 
 
 async def test_a_gpu_lost_before_start_is_reported_lost(node: SimulatedNode) -> None:

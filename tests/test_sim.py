@@ -89,6 +89,7 @@ def test_calls_before_init_and_after_shutdown_are_uninitialized() -> None:
         ("library_not_found", "NVMLError_LibraryNotFound"),
         ("version_mismatch", "NVMLError_LibRmVersionMismatch"),
         ("no_permission", "NVMLError_NoPermission"),
+        ("other", "NVMLError_Unknown"),
     ],
 )
 def test_init_error_raises_its_nvml_error(problem: str, error: str) -> None:
@@ -97,6 +98,56 @@ def test_init_error_raises_its_nvml_error(problem: str, error: str) -> None:
             pynvml.nvmlInit()
         with pytest.raises(pynvml.NVMLError_Uninitialized):
             pynvml.nvmlDeviceGetCount()
+
+
+def _init_in_a_thread() -> tuple[threading.Thread, list[object]]:
+    """nvmlInit on another thread; the list gets None (success) or the NVMLError."""
+    outcome: list[object] = []
+
+    def init() -> None:
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    thread = threading.Thread(target=init, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_init_timeout_blocks_on_the_node_clock_then_fails() -> None:
+    clock = FakeClock()
+    scenario = parse_scenario('[node]\ninit_error = "timeout"\n')
+    with SimulatedNode(scenario, clock=clock) as node:
+        thread, outcome = _init_in_a_thread()
+        thread.join(0.3)
+        assert thread.is_alive()  # blocked
+        assert pynvml.nvmlErrorString(pynvml.NVML_ERROR_TIMEOUT)  # other calls go on
+        clock.advance(59)
+        thread.join(0.3)
+        assert thread.is_alive()
+        clock.advance(1)
+        thread.join(2)
+        assert not thread.is_alive()
+        (error,) = outcome
+        assert isinstance(error, pynvml.NVMLError_Timeout)
+        assert node.call_counts()["nvmlInitWithFlags"] == 1
+
+
+def test_a_blocked_init_goes_on_when_the_init_error_is_lifted() -> None:
+    with SimulatedNode(
+        parse_scenario('[node]\ninit_error = "timeout"\n'), clock=FakeClock()
+    ) as node:
+        thread, outcome = _init_in_a_thread()
+        thread.join(0.3)
+        assert thread.is_alive()
+        node.set_init_error(None)
+        thread.join(2)
+        assert outcome == [None]
+        assert pynvml.nvmlDeviceGetCount() == 8
+        pynvml.nvmlShutdown()
 
 
 def test_init_error_can_be_set_and_lifted() -> None:

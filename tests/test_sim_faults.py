@@ -172,6 +172,35 @@ def test_lost_gpu_fails_every_handle_call_and_only_that_gpu(node: SimulatedNode)
     assert temperature(4) > 0
 
 
+def _pci_gpus(node: SimulatedNode) -> list[str]:
+    return [f.address for f in node.host_facts().pci or () if f.role == "gpu"]
+
+
+def test_pci_remove_takes_the_gpu_off_the_simulated_bus_until_clear(node: SimulatedNode) -> None:
+    on_the_bus = _pci_gpus(node)
+    assert len(on_the_bus) == 8
+    node.inject("pci_remove", 2, {})
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        handle(2)
+    assert pynvml.nvmlDeviceGetCount() == 8  # NVML still counts it, as a lost GPU
+    assert _pci_gpus(node) == [bus for bus in on_the_bus if bus != "0000:3a:00.0"]
+    node.inject("gpu_lost", 4, {})  # lost to NVML, yet still on the bus
+    assert "0000:9a:00.0" in _pci_gpus(node)
+    node.inject("clear", 2, {})
+    assert temperature(2) > 0
+    assert _pci_gpus(node) == on_the_bus
+
+
+def test_pci_remove_keeps_the_pci_only_gpus_where_they_are(make_node: MakeNode) -> None:
+    node = make_node(
+        '[node]\ngpus = 2\npci_only_gpus = 1\n[[fault]]\ngpu = 0\nkind = "pci_remove"\n'
+    )
+    assert [(f.address, f.driver) for f in node.host_facts().pci or ()] == [
+        ("0000:2a:00.0", "nvidia"),
+        ("0000:3a:00.0", None),
+    ]
+
+
 def test_lost_gpu_at_start_has_no_handle(make_node: MakeNode) -> None:
     make_node('[[fault]]\ngpu = 0\nkind = "gpu_lost"\n')
     with pytest.raises(pynvml.NVMLError_GpuIsLost):
@@ -391,7 +420,8 @@ def test_gsp_firmware_none_is_not_supported(make_node: MakeNode) -> None:
 def test_every_kind_has_a_test_here() -> None:
     tested = {
         "ecc_sbe", "ecc_dbe", "retired_pages", "row_remap_pending", "row_remap_failure",
-        "temperature", "throttle", "pcie_degrade", "pcie_replay", "gpu_lost", "nvml_hang",
+        "temperature", "throttle", "pcie_degrade", "pcie_replay", "gpu_lost", "pci_remove",
+        "nvml_hang",
         "persistence_off", "nvlink_down", "nvlink_errors", "process", "process_exit", "xid",
         "clear", "ecc_mode", "mig_mode", "power_limit", "app_clocks", "fabric",
         "mig_instances",

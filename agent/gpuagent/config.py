@@ -348,9 +348,19 @@ class InventorySection:
     # procfs mount point (kernel release); sysfs is sources.sysfs.root.
     proc_root: Path = Path("/proc")
     os_release: Path = Path("/etc/os-release")
+    # Where libnvidia-ml.so.1 is looked for (first found wins): the version of the file it
+    # links to is compared with the kernel module's even when NVML cannot start.
+    library_dirs: list[Path] = field(
+        default_factory=lambda: [
+            Path("/usr/lib/x86_64-linux-gnu"),
+            Path("/usr/lib/aarch64-linux-gnu"),
+            Path("/usr/lib64"),
+            Path("/usr/lib"),
+        ]
+    )
     systemctl: str = "systemctl"
-    # Record the first healthy inventory as the baseline (in agent.state_dir) and warn
-    # about any later change from it.
+    # Record the first healthy inventory as the baseline (in agent.state_dir) and report
+    # any later change from it (a GPU fewer than learned when expected.gpus is 0).
     learn: bool = False
     expected: InventoryExpected = field(default_factory=InventoryExpected)
 

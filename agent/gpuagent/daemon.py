@@ -25,8 +25,14 @@ from gpuagent.config import Config
 from gpuagent.daemon_api import AgentApi
 from gpuagent.events import EventLog
 from gpuagent.fleet.reporter import CommandRefusedError, Reporter
-from gpuagent.inventory import HostFacts, NodeInventory, build_inventory, fingerprint
-from gpuagent.inventory.baseline import BASELINE_FILE, load_baseline, save_baseline
+from gpuagent.inventory import HostFacts, NodeInventory, build_inventory
+from gpuagent.inventory.baseline import (
+    BASELINE_FILE,
+    Baseline,
+    learn,
+    load_baseline,
+    save_baseline,
+)
 from gpuagent.inventory.collect import collect_host
 from gpuagent.inventory.services import read_services
 from gpuagent.metrics import MetricsServer, build_registry
@@ -112,7 +118,7 @@ class Agent:
         self._host: HostFacts | None = None
         self.inventory_refresh_requested = asyncio.Event()
         self._baseline_path = config.agent.state_dir / BASELINE_FILE
-        self._baseline: dict[str, str] | None = None
+        self._baseline: Baseline | None = None
         # Only the daemon learns a baseline; a one-shot `gpuagent check` just compares.
         self._may_learn = False
 
@@ -420,7 +426,8 @@ class Agent:
                     config.proc_root,
                     config.os_release,
                     tuple(config.expected.modules),
-                    services,
+                    services=services,
+                    library_dirs=tuple(config.library_dirs),
                 )
         except (OSError, TimeoutError) as exc:
             tracker.failure(time.monotonic() - started, str(exc) or type(exc).__name__)
@@ -454,7 +461,7 @@ class Agent:
             return
         if severity is not Severity.OK or not inventory.nvml_ok:
             return
-        learned = fingerprint(inventory)
+        learned = learn(inventory)
         try:
             save_baseline(self._baseline_path, learned, time.time())
         except OSError as exc:

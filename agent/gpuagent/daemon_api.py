@@ -108,8 +108,9 @@ class AgentApi:
         kind, gpu, values = _fault_params(params)
         if kind in _SIMULATED_PCI:
             action = _SIMULATED_PCI[kind]
-            # Off the bus, NVML loses the GPU too; back on it, the GPU answers again.
-            simulator.inject("gpu_lost" if action == "remove" else "clear", gpu, {})
+            # Off the bus (and out of the simulated PCI tree), NVML loses the GPU too; back
+            # on it, the GPU answers again.
+            simulator.inject("pci_remove" if action == "remove" else "clear", gpu, {})
             change = PciChange(action, self._bus_id(gpu), None, 0x10DE, 0x030200)  # type: ignore[arg-type]
             self.agent.on_pci_change(change)
         else:

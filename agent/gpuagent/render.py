@@ -46,10 +46,13 @@ def _inventory_lines(inventory: dict[str, Any] | None) -> list[str]:
     switches = None if pci is None else sum(1 for f in pci if f["role"] == "nvswitch")
     services = inventory.get("services") or {}
     fingerprint = inventory.get("fingerprint") or {}
+    elsewhere = inventory.get("gpus_other_driver") or {}
+    drivers = ", ".join(sorted(set(elsewhere.values())))
     return [
         (
             f"GPUs: NVML {_fmt(inventory.get('gpus_nvml'))}, PCI {_fmt(pci_gpus)}"
-            f"  NVSwitches {_fmt(switches)}"
+            + (f" ({len(elsewhere)} on {drivers})" if elsewhere else "")
+            + f"  NVSwitches {_fmt(switches)}"
             f"  module {inventory.get('module_version') or '-'}"
             f"  VBIOS {fingerprint.get('vbios') or '-'}"
             f"  GSP {fingerprint.get('gsp_firmware') or '-'}"

@@ -18,12 +18,14 @@ from dataclasses import dataclass
 from gpuagent.checks.common import Evidence, Outcome, Problem, fmt, plural
 from gpuagent.checks.vocabulary import Action, Runbook
 from gpuagent.config import ChecksSection, InventoryExpected
+from gpuagent.inventory.baseline import Baseline
 from gpuagent.inventory.model import (
     FABRIC_MANAGER,
     PERSISTENCED,
     GpuInventory,
     NodeInventory,
     fingerprint,
+    joined,
 )
 from gpuagent.model import Severity
 
@@ -38,7 +40,7 @@ DRIFT_KEYS = ("driver", "cuda", "kernel", "vbios")
 class InventoryView:
     inventory: NodeInventory
     expected: InventoryExpected
-    baseline: dict[str, str] | None = None  # learn mode's fingerprint, once learned
+    baseline: Baseline | None = None  # learn mode's, once learned
 
 
 def version_matches(actual: str, expected: str) -> bool:
@@ -52,16 +54,28 @@ def version_matches(actual: str, expected: str) -> bool:
 # --- gpu_count ----------------------------------------------------------------------------
 
 
+def _expected_gpus(view: InventoryView) -> tuple[int, bool]:
+    """How many GPUs the node should have (0: no expectation): the configured number,
+    else the learned baseline's; and whether it is the baseline's."""
+    learned = view.baseline.gpus if view.baseline is not None else None
+    if view.expected.gpus or not learned:
+        return view.expected.gpus, False
+    return learned, True
+
+
 def check_gpu_count(view: InventoryView) -> Outcome:
-    inventory, expected = view.inventory, view.expected.gpus
+    inventory = view.inventory
+    expected, learned = _expected_gpus(view)
     pci_gpus = inventory.pci("gpu")
     nvml_ids = {g.pci_bus_id for g in inventory.gpus}
     nvml_count = len(inventory.gpus) if inventory.nvml_ok else None
+    # GPUs another driver holds (vfio-pci: passed through to a VM) are there, not missing.
+    elsewhere = inventory.gpus_on_other_drivers()
     # Present on the bus, absent from NVML: the driver did not take the GPU.
     unlisted = (
         ()
         if pci_gpus is None or not inventory.nvml_ok
-        else tuple(f.address for f in pci_gpus if f.address not in nvml_ids)
+        else tuple(f.address for f in pci_gpus if f.address not in nvml_ids and f not in elsewhere)
     )
     # GPUs NVML counts but could not identify yet (wedged or lost before their bus id was
     # read) may be exactly those: only more PCI-only GPUs than that are proof.
@@ -69,10 +83,12 @@ def check_gpu_count(view: InventoryView) -> Outcome:
     if len(unlisted) <= unidentified:
         unlisted = ()
     evidence: Evidence = (
-        ("gpus_expected", expected or None),
+        ("gpus_expected", view.expected.gpus or None),
+        ("gpus_baseline", None if view.baseline is None else view.baseline.gpus),
         ("gpus_nvml", nvml_count),
         ("gpus_pci", None if pci_gpus is None else len(pci_gpus)),
         ("pci_not_in_nvml", ",".join(unlisted) or None),
+        ("pci_other_driver", ",".join(f"{f.address} {f.driver}" for f in elsewhere) or None),
     )
     problems: list[Problem] = []
     if unlisted:
@@ -87,19 +103,29 @@ def check_gpu_count(view: InventoryView) -> Outcome:
         )
     # Fewer GPUs on the bus than expected: gone from PCI, which no driver fixes. Without
     # sysfs, fall back on NVML's count (NVML unusable is the nvml check's finding).
-    seen = len(pci_gpus) if pci_gpus is not None else nvml_count
+    seen = inventory.gpus_seen
     if expected and seen is not None and seen < expected:
         where = "on the PCI bus" if pci_gpus is not None else "in NVML"
         problems.append(
             Problem(
                 Severity.CRITICAL,
-                f"{expected - seen} of {expected} expected GPUs missing: {seen} {where}",
+                f"{expected - seen} of {expected} "
+                f"{'GPUs of the learned baseline' if learned else 'expected GPUs'} "
+                f"missing: {seen} {where}",
                 Action.DRAIN_AND_REBOOT,
                 Runbook.NODE_GPU_MISSING_PCI,
             )
         )
-    shown = nvml_count if nvml_count is not None else seen
-    ok = f"{shown} GPUs" + (f", {expected} expected" if expected else "")
+    if nvml_count is not None:
+        shown: int | None = nvml_count
+    else:
+        shown = None if seen is None else seen - len(elsewhere)
+    ok = "GPU count not reported" if shown is None else f"{shown} GPUs"
+    if elsewhere:
+        drivers = ", ".join(sorted({f.driver or "" for f in elsewhere}))
+        ok += f" and {len(elsewhere)} bound to {drivers}"
+    if expected:
+        ok += f", {expected} {'in the learned baseline' if learned else 'expected'}"
     return Outcome(ok, evidence, tuple(problems))
 
 
@@ -109,11 +135,14 @@ def check_gpu_count(view: InventoryView) -> Outcome:
 def check_driver(view: InventoryView) -> Outcome:
     inventory = view.inventory
     host = inventory.host
-    library = inventory.nvml_library_version
+    # NVML's own word when it runs; else the installed library file's, which is what a
+    # mismatch leaves us (nvmlInit fails with LIB_RM_VERSION_MISMATCH).
+    library = inventory.nvml_library_version or host.library_version
     required = tuple(view.expected.modules)
     evidence: Evidence = (
         ("module_version", host.module_version),
-        ("nvml_library_version", library),
+        ("nvml_library_version", inventory.nvml_library_version),
+        ("installed_library_version", host.library_version),
         ("driver_version", inventory.driver_version),
         *((f"module_{name}", loaded) for name, loaded in host.modules),
     )
@@ -138,7 +167,11 @@ def check_driver(view: InventoryView) -> Outcome:
                 Runbook.NODE_DRIVER_MODULE,
             )
         )
-    return Outcome(f"kernel module {module or 'version not reported'}", evidence, tuple(problems))
+    if host.loaded_modules() is None:
+        ok = "kernel modules not reported (/sys/module cannot be read)"
+    else:
+        ok = f"kernel module {module or 'version not reported'}"
+    return Outcome(ok, evidence, tuple(problems))
 
 
 # --- firmware ----------------------------------------------------------------------------
@@ -170,8 +203,9 @@ def check_firmware(view: InventoryView) -> Outcome:
 def check_services(view: InventoryView) -> Outcome:
     state = view.inventory.host.service(PERSISTENCED)
     evidence: Evidence = (("nvidia_persistenced", state),)
-    # Not installed, or no systemd to ask: persistence itself is the persistence check's.
-    if state in ("active", "activating", "not_installed", "unknown"):
+    # Not installed, masked (an operator's choice), or no systemd to ask: persistence
+    # itself is the persistence check's.
+    if state in ("active", "activating", "not_installed", "masked", "unknown"):
         return Outcome(f"{PERSISTENCED} {state.replace('_', ' ')}", evidence)
     problem = Problem(
         Severity.WARN,
@@ -203,9 +237,13 @@ def check_fabric(view: InventoryView) -> Outcome:
     )
     if not switches and not fabric_gpus:
         return Outcome("no NVSwitch fabric", evidence)
+    unregistered = [g for g in fabric_gpus if _fabric_word(g) != "completed"]
+    # Fabric Manager may run elsewhere (in the GPU Operator's driver container): with no
+    # unit on the host (or one masked there), every GPU registered is what counts.
+    off_host = manager in ("not_installed", "masked") and bool(fabric_gpus) and not unregistered
     problems: list[Problem] = []
     # Only a known state counts: without systemd the GPUs' registration still tells.
-    if manager not in ("active", "activating", "unknown"):
+    if manager not in ("active", "activating", "unknown") and not off_host:
         problems.append(
             Problem(
                 Severity.CRITICAL,
@@ -214,7 +252,6 @@ def check_fabric(view: InventoryView) -> Outcome:
                 Runbook.NODE_FABRIC_MANAGER,
             )
         )
-    unregistered = [g for g in fabric_gpus if _fabric_word(g) != "completed"]
     if unregistered:
         listed = ", ".join(f"GPU {g.index} {_fabric_word(g)}" for g in unregistered)
         problems.append(
@@ -226,21 +263,64 @@ def check_fabric(view: InventoryView) -> Outcome:
             )
         )
     count = f"{len(switches)} NVSwitch{'' if len(switches) == 1 else 'es'}"
-    ok = f"NVSwitch fabric up ({count}, {FABRIC_MANAGER} {manager.replace('_', ' ')})"
+    if off_host:
+        ok = f"NVSwitch fabric up ({count}, every GPU registered; {FABRIC_MANAGER} not on the host)"
+    else:
+        ok = f"NVSwitch fabric up ({count}, {FABRIC_MANAGER} {manager.replace('_', ' ')})"
     return Outcome(ok, evidence, tuple(problems))
 
 
 # --- drift -------------------------------------------------------------------------------
 
 
+def _baseline_differences(view: InventoryView, current: dict[str, str]) -> list[str]:
+    """What changed since the learned baseline; a value unknown on either side is not
+    compared. Fewer GPUs is the gpu_count check's finding, and a required module not
+    loaded the driver check's, so neither is repeated here."""
+    baseline, inventory = view.baseline, view.inventory
+    if baseline is None:
+        return []
+    differences = [
+        f"{key} {current[key]}, baseline {baseline.fingerprint[key]}"
+        for key in DRIFT_KEYS
+        if baseline.fingerprint.get(key) and current[key]
+        and current[key] != baseline.fingerprint[key]
+    ]  # fmt: skip
+    models = joined([g.model for g in inventory.gpus])
+    if baseline.models and models and models != baseline.models:
+        differences.append(f"GPU model {models}, baseline {baseline.models}")
+    gpus = inventory.gpus_seen
+    if baseline.gpus is not None and gpus is not None and gpus > baseline.gpus:
+        differences.append(f"GPUs {gpus}, baseline {baseline.gpus}")
+    switches = inventory.nvswitches_seen
+    if None not in (baseline.nvswitches, switches) and switches != baseline.nvswitches:
+        differences.append(f"NVSwitches {switches}, baseline {baseline.nvswitches}")
+    modules, required = inventory.host.loaded_modules(), set(view.expected.modules)
+    if (
+        baseline.modules is not None
+        and modules is not None
+        and set(modules) - required != set(baseline.modules) - required
+    ):
+        differences.append(
+            f"kernel modules {','.join(modules) or 'none'}, "
+            f"baseline {','.join(baseline.modules) or 'none'}"
+        )
+    return differences
+
+
 def check_drift(view: InventoryView) -> Outcome:
-    inventory, expected = view.inventory, view.expected
+    inventory, expected, baseline = view.inventory, view.expected, view.baseline
     current = fingerprint(inventory)
     evidence: Evidence = (
         *((key, current[key] or None) for key in DRIFT_KEYS),
-        ("baseline", None if view.baseline is None else ",".join(
-            f"{k}={view.baseline.get(k, '')}" for k in DRIFT_KEYS
+        ("baseline", None if baseline is None else ",".join(
+            f"{k}={baseline.fingerprint.get(k, '')}" for k in DRIFT_KEYS
         )),
+        ("baseline_gpus", None if baseline is None else baseline.gpus),
+        ("baseline_nvswitches", None if baseline is None else baseline.nvswitches),
+        ("baseline_models", None if baseline is None else baseline.models),
+        ("baseline_modules", None if baseline is None or baseline.modules is None
+         else ",".join(baseline.modules)),
     )  # fmt: skip
     differences: list[str] = []
     wanted = {
@@ -257,17 +337,13 @@ def check_drift(view: InventoryView) -> Outcome:
     models = {g.model for g in inventory.gpus if g.model}
     if expected.model and any(expected.model not in m for m in models):
         differences.append(f"GPU model {', '.join(sorted(models))}, expected {expected.model}")
-    if view.baseline is not None:
-        for key in DRIFT_KEYS:
-            before = view.baseline.get(key, "")
-            if before and current[key] and current[key] != before:
-                differences.append(f"{key} {current[key]}, baseline {before}")
+    differences += _baseline_differences(view, current)
     if not differences:
-        against = " and baseline" if view.baseline is not None else ""
-        return Outcome(f"versions as expected{against}", evidence)
+        against = " and baseline" if baseline is not None else ""
+        return Outcome(f"inventory as expected{against}", evidence)
     problem = Problem(
         Severity.WARN,
-        "versions drifted: " + "; ".join(differences),
+        "inventory drifted: " + "; ".join(differences),
         Action.INVESTIGATE,
         Runbook.NODE_INVENTORY_DRIFT,
     )

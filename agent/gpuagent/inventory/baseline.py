@@ -1,4 +1,4 @@
-"""Learn mode: the first healthy inventory's fingerprint, kept across restarts.
+"""Learn mode: what the first healthy inventory was, kept across restarts.
 
 Stored as JSON in `agent.state_dir`, written to a temporary file and renamed over the old
 one, so a crash mid-write leaves either the old baseline or the new one, never half.
@@ -9,15 +9,45 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from gpuagent.inventory.model import NodeInventory, fingerprint, joined
 
 log = logging.getLogger(__name__)
 
 BASELINE_FILE = "inventory-baseline.json"
 
 
-def load_baseline(path: Path) -> dict[str, str] | None:
-    """The stored fingerprint; None when there is none yet (or it is unreadable)."""
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    """The learned node. A field is None when it was not known at learning time, or the
+    file was written before the field existed: it is then not compared."""
+
+    fingerprint: dict[str, str]
+    gpus: int | None = None  # `NodeInventory.gpus_seen`: on the PCI bus, whatever the driver
+    nvswitches: int | None = None  # on the PCI bus
+    models: str | None = None  # the GPUs' model names, sorted, comma-separated
+    modules: tuple[str, ...] | None = None  # the NVIDIA kernel modules loaded, sorted
+
+
+def learn(inventory: NodeInventory) -> Baseline:
+    return Baseline(
+        fingerprint=fingerprint(inventory),
+        gpus=inventory.gpus_seen,
+        nvswitches=inventory.nvswitches_seen,
+        models=joined([g.model for g in inventory.gpus]) or None,
+        modules=inventory.host.loaded_modules(),
+    )
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def load_baseline(path: Path) -> Baseline | None:
+    """The stored baseline; None when there is none yet (or it is unreadable)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -26,19 +56,35 @@ def load_baseline(path: Path) -> dict[str, str] | None:
         # A damaged baseline is relearned rather than trusted.
         log.warning("ignoring inventory baseline %s: %s", path, exc)
         return None
-    fingerprint = data.get("fingerprint") if isinstance(data, dict) else None
-    if not isinstance(fingerprint, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in fingerprint.items()
+    print_ = data.get("fingerprint") if isinstance(data, dict) else None
+    if not isinstance(print_, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in print_.items()
     ):
         log.warning("ignoring inventory baseline %s: no fingerprint in it", path)
         return None
-    return dict(fingerprint)
+    models, modules = data.get("models"), data.get("modules")
+    return Baseline(
+        fingerprint=dict(print_),
+        gpus=_count(data.get("gpus")),
+        nvswitches=_count(data.get("nvswitches")),
+        models=models if isinstance(models, str) and models else None,
+        modules=tuple(modules)
+        if isinstance(modules, list) and all(isinstance(m, str) for m in modules)
+        else None,
+    )
 
 
-def save_baseline(path: Path, fingerprint: dict[str, str], learned_at: float) -> None:
+def save_baseline(path: Path, baseline: Baseline, learned_at: float) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp")
-    document = {"learned_at": learned_at, "fingerprint": fingerprint}
+    document = {
+        "learned_at": learned_at,
+        "fingerprint": baseline.fingerprint,
+        "gpus": baseline.gpus,
+        "nvswitches": baseline.nvswitches,
+        "models": baseline.models,
+        "modules": None if baseline.modules is None else list(baseline.modules),
+    }
     with temporary.open("w", encoding="utf-8") as handle:
         json.dump(document, handle, indent=1, sort_keys=True)
         handle.flush()

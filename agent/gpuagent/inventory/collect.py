@@ -8,12 +8,19 @@ than guess.
 
 from __future__ import annotations
 
+import re
 import shlex
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from gpuagent.inventory.model import KNOWN_MODULES, HostFacts, PciFunction, Service
+from gpuagent.inventory.model import (
+    KNOWN_MODULES,
+    UNKNOWN_DRIVER,
+    HostFacts,
+    PciFunction,
+    Service,
+)
 from gpuagent.sources.pcie import canonical_bus_id, role_of
 
 
@@ -39,11 +46,30 @@ def _entries(directory: Path) -> Iterator[Path]:
         return
 
 
+def _driver(function: Path) -> str | None:
+    """The bound driver's name; None when none is bound, UNKNOWN_DRIVER when the link
+    cannot be followed (a symlink loop raises RuntimeError before Python 3.13)."""
+    link = function / "driver"
+    try:
+        return link.resolve().name if link.is_symlink() else None
+    except (OSError, RuntimeError):
+        return UNKNOWN_DRIVER
+
+
+def _is_virtual_function(function: Path) -> bool:
+    """An SR-IOV virtual function has a physfn link to the GPU it is a slice of."""
+    try:
+        return (function / "physfn").is_symlink()
+    except OSError:
+        return False
+
+
 def read_pci_functions(sys_root: Path) -> tuple[PciFunction, ...] | None:
     """NVIDIA GPUs and NVSwitches under ``sys_root``, driver bound or not.
 
-    None when there is no PCI devices directory at all (a wrong root or no sysfs), so
-    "could not look" is never mistaken for "no GPUs".
+    SR-IOV virtual functions are left out: each is a slice of a GPU listed already, not a
+    GPU of its own. None when there is no PCI devices directory at all (a wrong root or
+    no sysfs), so "could not look" is never mistaken for "no GPUs".
     """
     devices = sys_root / "bus" / "pci" / "devices"
     if not devices.is_dir():
@@ -52,18 +78,48 @@ def read_pci_functions(sys_root: Path) -> tuple[PciFunction, ...] | None:
     for entry in _entries(devices):
         address = canonical_bus_id(entry.name)
         role = role_of(_hex(entry / "vendor"), _hex(entry / "class"))
-        if address is None or role is None or role == "bridge":
+        if address is None or role is None or role == "bridge" or _is_virtual_function(entry):
             continue
-        driver_link = entry / "driver"
-        driver = driver_link.resolve().name if driver_link.is_symlink() else None
-        functions.append(PciFunction(address, role, _hex(entry / "device"), driver))
+        functions.append(PciFunction(address, role, _hex(entry / "device"), _driver(entry)))
     return tuple(sorted(functions, key=lambda f: f.address))
 
 
-def read_modules(sys_root: Path, required: tuple[str, ...]) -> tuple[tuple[str, bool], ...]:
-    """(module, loaded) for the NVIDIA modules: /sys/module/NAME exists while it is loaded."""
+def read_modules(sys_root: Path, required: tuple[str, ...]) -> tuple[tuple[str, bool | None], ...]:
+    """(module, loaded) for the NVIDIA modules: /sys/module/NAME exists while it is loaded.
+
+    Loaded is None for every module when /sys/module itself cannot be listed (a wrong
+    root, sysfs not mounted): "could not look" is never taken for "not loaded".
+    """
     names = (*KNOWN_MODULES, *(m for m in required if m not in KNOWN_MODULES))
-    return tuple((name, (sys_root / "module" / name).is_dir()) for name in names)
+    try:
+        present = {entry.name for entry in (sys_root / "module").iterdir()}
+    except OSError:
+        return tuple((name, None) for name in names)
+    return tuple((name, name in present) for name in names)
+
+
+# libnvidia-ml.so.1 links to the library file named after the driver version.
+_NVML_LIBRARY = "libnvidia-ml.so.1"
+_VERSIONED_LIBRARY_RE = re.compile(r"^libnvidia-ml\.so\.(\d+\.\d+(?:\.\d+)?)$")
+
+
+def read_library_version(library_dirs: tuple[Path, ...]) -> str | None:
+    """The driver version of the installed NVML library, from the file libnvidia-ml.so.1
+    links to (libnvidia-ml.so.550.54.15) in the first of ``library_dirs`` that has one.
+
+    Read without NVML, so it is known even when nvmlInit fails (a library that does not
+    match the kernel module); None when no such link is found.
+    """
+    for directory in library_dirs:
+        try:
+            # strict: a link to a file that is gone is no installed library.
+            target = (directory / _NVML_LIBRARY).resolve(strict=True)
+        except (OSError, RuntimeError):  # RuntimeError: a symlink loop, before Python 3.13
+            continue
+        match = _VERSIONED_LIBRARY_RE.match(target.name)
+        if match:
+            return match.group(1)
+    return None
 
 
 def read_os_release(path: Path) -> str | None:
@@ -93,12 +149,15 @@ def collect_host(
     proc_root: Path,
     os_release: Path,
     required_modules: tuple[str, ...],
+    *,
     services: tuple[Service, ...] = (),
+    library_dirs: tuple[Path, ...] = (),
 ) -> HostFacts:
     return HostFacts(
         pci=read_pci_functions(sys_root),
         modules=read_modules(sys_root, required_modules),
         module_version=_read(sys_root / "module" / "nvidia" / "version") or None,
+        library_version=read_library_version(library_dirs),
         kernel_release=_read(proc_root / "sys" / "kernel" / "osrelease") or None,
         os_release=read_os_release(os_release),
         services=services,

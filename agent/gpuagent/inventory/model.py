@@ -15,14 +15,26 @@ from typing import Any, Literal
 from gpuagent.model import FabricState
 
 PciRole = Literal["gpu", "nvswitch"]
-# systemd's ActiveState, plus "not_installed" (no such unit) and "unknown" (no systemd, or
-# the question could not be answered): unknown is never taken for failed.
+# systemd's ActiveState, plus "not_installed" (no such unit), "masked" (the unit is
+# masked: an operator's choice that it never runs) and "unknown" (no systemd, or the
+# question could not be answered): unknown is never taken for failed.
 ServiceState = Literal[
-    "active", "activating", "deactivating", "inactive", "failed", "not_installed", "unknown"
+    "active",
+    "activating",
+    "deactivating",
+    "inactive",
+    "failed",
+    "not_installed",
+    "masked",
+    "unknown",
 ]
 PERSISTENCED = "nvidia-persistenced"
 FABRIC_MANAGER = "nvidia-fabricmanager"
 SERVICES = (PERSISTENCED, FABRIC_MANAGER)
+NVIDIA_DRIVER = "nvidia"
+# A PCI function's driver link that cannot be followed (a symlink loop): bound to
+# something, but to what is not known.
+UNKNOWN_DRIVER = "unknown"
 # Kernel modules reported whether or not they are required.
 KNOWN_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem")
 
@@ -34,7 +46,8 @@ class PciFunction:
     address: str  # canonical bus id
     role: PciRole
     device_id: int | None = None
-    driver: str | None = None  # the bound driver ("nvidia", "vfio-pci"); None: unbound
+    # The bound driver ("nvidia", "vfio-pci", UNKNOWN_DRIVER); None: unbound.
+    driver: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +61,11 @@ class HostFacts:
     """What the host says about the node, without NVML."""
 
     pci: tuple[PciFunction, ...] | None = None  # None: sysfs could not be read
-    modules: tuple[tuple[str, bool], ...] = ()  # (module, loaded)
+    modules: tuple[tuple[str, bool | None], ...] = ()  # (module, loaded); None: unknown
     module_version: str | None = None  # /sys/module/nvidia/version
+    # The installed NVML library's driver version (libnvidia-ml.so.1's target), known
+    # even when NVML cannot start.
+    library_version: str | None = None
     kernel_release: str | None = None
     os_release: str | None = None  # PRETTY_NAME
     services: tuple[Service, ...] = ()
@@ -57,6 +73,12 @@ class HostFacts:
 
     def module_loaded(self, name: str) -> bool | None:
         return dict(self.modules).get(name)
+
+    def loaded_modules(self) -> tuple[str, ...] | None:
+        """The NVIDIA modules loaded, sorted; None when /sys/module could not be read."""
+        if any(loaded is None for _, loaded in self.modules):
+            return None
+        return tuple(sorted(name for name, loaded in self.modules if loaded))
 
     def service(self, name: str) -> ServiceState:
         return next((s.state for s in self.services if s.name == name), "unknown")
@@ -115,6 +137,31 @@ class NodeInventory:
             return None
         return tuple(f for f in self.host.pci if f.role == role)
 
+    @property
+    def gpus_seen(self) -> int | None:
+        """GPUs the node has: every GPU on the PCI bus, whichever driver holds it (NVML's
+        count when sysfs cannot be read); None when neither can tell."""
+        pci_gpus = self.pci("gpu")
+        if pci_gpus is not None:
+            return len(pci_gpus)
+        return len(self.gpus) if self.nvml_ok else None
+
+    @property
+    def nvswitches_seen(self) -> int | None:
+        """NVSwitches on the PCI bus; None when sysfs cannot be read."""
+        switches = self.pci("nvswitch")
+        return None if switches is None else len(switches)
+
+    def gpus_on_other_drivers(self) -> tuple[PciFunction, ...]:
+        """GPUs on the PCI bus that a driver other than nvidia holds (vfio-pci: passed
+        through to a virtual machine), so NVML rightly does not list them."""
+        listed = {g.pci_bus_id for g in self.gpus}
+        return tuple(
+            f
+            for f in self.pci("gpu") or ()
+            if f.driver not in (None, NVIDIA_DRIVER) and f.address not in listed
+        )
+
     def to_json(self) -> dict[str, Any]:
         host = self.host
         print_ = fingerprint(self)
@@ -125,12 +172,14 @@ class NodeInventory:
             "nvml_version": self.nvml_version,
             "cuda_driver_version": self.cuda_driver_version,
             "module_version": host.module_version,
+            "library_version": host.library_version,
             "modules": dict(host.modules),
             "kernel_release": host.kernel_release,
             "os_release": host.os_release,
             "services": {s.name: s.state for s in host.services},
             "gpus_expected": self.expected_gpus or None,
             "gpus_nvml": len(self.gpus) if self.nvml_ok else None,
+            "gpus_other_driver": {f.address: f.driver for f in self.gpus_on_other_drivers()},
             "pci": None
             if host.pci is None
             else [
@@ -174,7 +223,7 @@ def _gpu_json(gpu: GpuInventory) -> dict[str, Any]:
     }
 
 
-def _joined(values: list[str | None]) -> str:
+def joined(values: list[str | None]) -> str:
     """A set of per-GPU versions as one stable string ("" when none is known)."""
     return ",".join(sorted({v for v in values if v}))
 
@@ -188,8 +237,8 @@ def fingerprint(inventory: NodeInventory) -> dict[str, str]:
         "driver": inventory.driver_version or inventory.host.module_version or "",
         "cuda": inventory.cuda_driver_version or "",
         "kernel": inventory.host.kernel_release or "",
-        "vbios": _joined([g.vbios_version for g in inventory.gpus]),
-        "gsp_firmware": _joined([g.gsp_firmware_version for g in inventory.gpus]),
+        "vbios": joined([g.vbios_version for g in inventory.gpus]),
+        "gsp_firmware": joined([g.gsp_firmware_version for g in inventory.gpus]),
         "agent": inventory.agent_version,
     }
 

@@ -32,7 +32,8 @@ def parse_show(output: str, names: tuple[str, ...]) -> tuple[Service, ...]:
     """`systemctl show -p Id,LoadState,ActiveState UNIT...` → one Service per name.
 
     systemctl prints one block of KEY=VALUE lines per unit, in the order asked, separated
-    by blank lines. A unit whose LoadState is not-found is not installed.
+    by blank lines. A unit whose LoadState is not-found is not installed; one that is
+    masked reports ActiveState inactive, but is "masked", as deliberate as that.
     """
     blocks = [block for block in output.strip().split("\n\n") if block.strip()]
     states: list[Service] = []
@@ -45,6 +46,8 @@ def parse_show(output: str, names: tuple[str, ...]) -> tuple[Service, ...]:
         state: ServiceState
         if fields.get("LoadState") == "not-found":
             state = "not_installed"
+        elif fields.get("LoadState") == "masked":
+            state = "masked"
         else:
             state = _STATES.get(fields.get("ActiveState", ""), "unknown")
         states.append(Service(name, state))

@@ -57,14 +57,17 @@ def inventory_families(inventory: NodeInventory | None, gpu_labels: GpuLabels) -
     seen = _gauge(names.GPUS_SEEN)
     if inventory.nvml_ok:
         seen.add_metric(["nvml"], float(len(inventory.gpus)))
-    pci_gpus, switches = inventory.pci("gpu"), inventory.pci("nvswitch")
+    pci_gpus, switches = inventory.pci("gpu"), inventory.nvswitches_seen
     nvswitches = _gauge(names.NVSWITCHES_SEEN)
     if pci_gpus is not None and switches is not None:
         seen.add_metric(["pci"], float(len(pci_gpus)))
-        nvswitches.add_metric([], float(len(switches)))
+        # Served as 0 too, so an alert can subtract it from the PCI count.
+        seen.add_metric(["pci_other_driver"], float(len(inventory.gpus_on_other_drivers())))
+        nvswitches.add_metric([], float(switches))
     modules = _gauge(names.KERNEL_MODULE_LOADED)
     for module, loaded in host.modules:
-        modules.add_metric([module], float(loaded))
+        if loaded is not None:  # /sys/module unreadable: no series rather than a false 0
+            modules.add_metric([module], float(loaded))
     services = _gauge(names.SERVICE_STATE)
     for service in host.services:
         services.add_metric([service.name, service.state], 1.0)

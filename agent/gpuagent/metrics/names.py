@@ -348,7 +348,8 @@ GPUS_EXPECTED = MetricSpec(
 )
 GPUS_SEEN = MetricSpec(
     "gpuagent_gpus_seen",
-    'GPUs seen, by where: "nvml" (listed by NVML) or "pci" (NVIDIA GPU functions in sysfs).',
+    'GPUs seen, by where: "nvml" (listed by NVML), "pci" (NVIDIA GPU functions in sysfs) or '
+    '"pci_other_driver" (those of them a driver other than nvidia holds, e.g. vfio-pci).',
     ("source",),
 )
 NVSWITCHES_SEEN = MetricSpec(
@@ -356,13 +357,13 @@ NVSWITCHES_SEEN = MetricSpec(
 )
 KERNEL_MODULE_LOADED = MetricSpec(
     "gpuagent_kernel_module_loaded",
-    "1 if the NVIDIA kernel module is loaded, 0 if not.",
+    "1 if the NVIDIA kernel module is loaded, 0 if not; absent when /sys/module cannot be read.",
     ("module",),
 )
 SERVICE_STATE = MetricSpec(
     "gpuagent_service_state",
-    "1 for the service's current state (active, inactive, failed, not_installed, unknown, "
-    "...), one series per service.",
+    "1 for the service's current state (active, inactive, failed, not_installed, masked, "
+    "unknown, ...), one series per service.",
     ("service", "state"),
 )
 SNAPSHOT_TIMESTAMP = MetricSpec(

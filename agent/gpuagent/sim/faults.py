@@ -129,6 +129,13 @@ def _gpu_lost(gpu: SimGpu, _params: Params, _at: float) -> Events:
     return ()
 
 
+def _pci_remove(gpu: SimGpu, _params: Params, _at: float) -> Events:
+    # Off the bus, NVML loses the GPU too (it still counts it, as after gpu_lost).
+    gpu.lost = True
+    gpu.on_pci_bus = False
+    return ()
+
+
 def _nvml_hang(gpu: SimGpu, params: Params, at: float) -> Events:
     # The window starts when the fault was due, even if it is applied a little later.
     gpu.hang_until = max(gpu.hang_until, at + _number(params["seconds"]))
@@ -254,6 +261,7 @@ KINDS: dict[str, FaultKind] = {
         ),
         FaultKind("pcie_replay", (_COUNT,), _pcie_replay),
         FaultKind("gpu_lost", (), _gpu_lost),
+        FaultKind("pci_remove", (), _pci_remove),
         FaultKind(
             "nvml_hang",
             (Param("seconds", "number", required=True, minimum=0.001, maximum=3600),),

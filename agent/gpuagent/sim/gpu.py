@@ -109,6 +109,8 @@ class SimGpu:
         self.temperature_override: float | None = None
         self.throttle_reasons = 0
         self.lost = False
+        # Listed in the simulated PCI tree (host facts); `pci_remove` takes it off.
+        self.on_pci_bus = True
         self.hang_until = 0.0  # elapsed seconds; calls before this block
         self.processes: dict[int, SimProcess] = {}
 
@@ -200,6 +202,7 @@ class SimGpu:
         """Back to healthy: every fault condition removed, lifetime counters kept."""
         self.reset()
         self.lost = False
+        self.on_pci_bus = True
         self.remap_failure = False
         self.temperature_override = None
         self.throttle_reasons = 0

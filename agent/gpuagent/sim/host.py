@@ -22,13 +22,15 @@ from gpuagent.sim.scenario import NodeSpec
 _GPU_DEVICE_ID = hardware.PCI_DEVICE_ID >> 16
 
 
-def pci_functions(spec: NodeSpec) -> tuple[PciFunction, ...]:
-    """The GPUs NVML lists, the GPUs only PCI sees (no driver bound), the NVSwitches."""
-    listed = hardware.bus_numbers(spec.gpus)
+def pci_functions(spec: NodeSpec, off_bus: frozenset[int] = frozenset()) -> tuple[PciFunction, ...]:
+    """The GPUs NVML lists (but those of ``off_bus``, the GPU indices a `pci_remove` took
+    off the bus), the GPUs only PCI sees (no driver bound), the NVSwitches."""
+    buses = hardware.bus_numbers(spec.gpus)
+    listed = [bus for index, bus in enumerate(buses) if index not in off_bus]
     wider = hardware.bus_numbers(spec.gpus + spec.pci_only_gpus)
-    unlisted = [bus for bus in wider if bus not in listed][: spec.pci_only_gpus]
+    unlisted = [bus for bus in wider if bus not in buses][: spec.pci_only_gpus]
     if len(unlisted) < spec.pci_only_gpus:  # the 16-slot layout reuses the 8-slot buses
-        spare = [bus for bus in hardware.WIDE_BUSES if bus not in listed and bus not in unlisted]
+        spare = [bus for bus in hardware.WIDE_BUSES if bus not in buses and bus not in unlisted]
         unlisted += spare[: spec.pci_only_gpus - len(unlisted)]
     functions = [
         *(PciFunction(f"0000:{bus:02x}:00.0", "gpu", _GPU_DEVICE_ID, "nvidia") for bus in listed),
@@ -41,13 +43,15 @@ def pci_functions(spec: NodeSpec) -> tuple[PciFunction, ...]:
     return tuple(sorted(functions, key=lambda f: f.address))
 
 
-def host_facts(spec: NodeSpec) -> HostFacts:
+def host_facts(spec: NodeSpec, off_bus: frozenset[int] = frozenset()) -> HostFacts:
     loaded = set(spec.modules)
     names = (*KNOWN_MODULES, *sorted(loaded - set(KNOWN_MODULES)))
     return HostFacts(
-        pci=pci_functions(spec),
+        pci=pci_functions(spec, off_bus),
         modules=tuple((name, name in loaded) for name in names),
         module_version=spec.resolved_module_version if "nvidia" in loaded else None,
+        # The user-space driver is driver_version's, unless it is not installed at all.
+        library_version=None if spec.init_error == "library_not_found" else spec.driver_version,
         kernel_release=spec.kernel_release,
         os_release=spec.os_release,
         services=(

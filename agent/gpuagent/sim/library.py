@@ -136,16 +136,19 @@ class SimulatedLibrary:
 
     def _before_init_functions(self) -> dict[str, Entry]:
         return {
-            "nvmlInit_v2": lambda _now: self._init(),
-            "nvmlInitWithFlags": lambda _now, _flags: self._init(),
+            "nvmlInit_v2": self._init,
+            "nvmlInitWithFlags": lambda now, _flags: self._init(now),
             "nvmlShutdown": self._shutdown,
             "nvmlErrorString": self._error_string,
         }
 
-    def _init(self) -> int:
-        if self._state.init_error is not None:
-            return self._state.init_error
-        self._state.init_count += 1
+    def _init(self, now: float) -> int:
+        state = self._state
+        if state.init_error == codes.ERROR_TIMEOUT:
+            state.wait_out_init_hang(now)
+        if state.init_error is not None:
+            return state.init_error
+        state.init_count += 1
         return codes.SUCCESS
 
     def _shutdown(self, _now: float) -> int:

@@ -102,6 +102,7 @@ class SimulatedNode:
             raise ValueError(f"unknown init error {problem!r} (known: {', '.join(INIT_ERRORS)})")
         with self._state.cond:
             self._state.init_error = None if problem is None else INIT_ERROR_CODES[problem]
+            self._state.cond.notify_all()  # a blocked nvmlInit ("timeout") re-checks
 
     def reset_gpu(self, index: int) -> None:
         """Model `nvidia-smi -r`: clear volatile ECC counts, apply pending page retirement
@@ -127,8 +128,12 @@ class SimulatedNode:
             state.cond.notify_all()  # callers waiting out a hang may go on
 
     def host_facts(self) -> HostFacts:
-        """What sysfs, procfs and systemd would say about this node (for the inventory)."""
-        return host_facts(self.scenario.node)
+        """What sysfs, procfs and systemd would say about this node (for the inventory),
+        without the GPUs a `pci_remove` fault took off the bus."""
+        with self._state.cond:
+            self._tick()
+            off_bus = frozenset(g.index for g in self._state.gpus if not g.on_pci_bus)
+        return host_facts(self.scenario.node, off_bus)
 
     # --- introspection -------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ a `ConfigError` naming the dotted key (``fault[2].kind``, faults counted from 0)
 from __future__ import annotations
 
 import re
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -16,13 +17,15 @@ from gpuagent.inventory.model import ServiceState
 from gpuagent.sim import hardware
 from gpuagent.sim.faults import FaultError, ParamValue, check_params
 
-InitError = Literal["driver_not_loaded", "library_not_found", "version_mismatch", "no_permission"]
-INIT_ERRORS: tuple[InitError, ...] = (
+InitError = Literal[
     "driver_not_loaded",
     "library_not_found",
     "version_mismatch",
     "no_permission",
-)
+    "timeout",
+    "other",
+]
+INIT_ERRORS: tuple[InitError, ...] = typing.get_args(InitError)
 
 _NAME_BUFFER = 96  # NVML_DEVICE_NAME_V2_BUFFER_SIZE, with its terminating NUL
 _VERSION_BUFFER = 80  # NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE

@@ -25,7 +25,14 @@ INIT_ERROR_CODES: dict[str, int] = {
     "library_not_found": codes.ERROR_LIBRARY_NOT_FOUND,
     "version_mismatch": codes.ERROR_LIB_RM_VERSION_MISMATCH,
     "no_permission": codes.ERROR_NO_PERMISSION,
+    # nvmlInit blocks first (`wait_out_init_hang`), then fails with this.
+    "timeout": codes.ERROR_TIMEOUT,
+    # A code the agent has no class for.
+    "other": codes.ERROR_UNKNOWN,
 }
+# How long a "timeout" nvmlInit blocks, on the node's clock: past any sensible call
+# timeout of the agent, yet bounded, so abandoned init calls end and their threads go.
+INIT_HANG_SECONDS = 60.0
 # Longest single wait, so waiters notice a test clock moving and faults coming due.
 _WAIT_SLICE_SECONDS = 0.1
 
@@ -108,6 +115,14 @@ class NodeState:
             if now >= self.next_due:
                 self.apply_due(now)
         return now
+
+    def wait_out_init_hang(self, now: float) -> None:
+        """A blocking nvmlInit (init error "timeout"): wait, without holding the lock, until
+        the init error is changed or INIT_HANG_SECONDS have passed on the node's clock."""
+        until = now + INIT_HANG_SECONDS
+        while self.init_error == codes.ERROR_TIMEOUT and now < until:
+            self.cond.wait(min(until - now, _WAIT_SLICE_SECONDS))
+            now = self.elapsed()
 
     def wait_event(
         self, event_set: EventSet, timeout_seconds: float
