@@ -101,6 +101,9 @@ def test_agent_unit_keeps_what_the_daemon_needs() -> None:
     assert "ProtectKernelLogs" not in settings
     assert settings["StateDirectory"] == ["gpuagent"]
     assert settings["RuntimeDirectory"] == ["gpuagent"]
+    # ProtectSystem=strict: the textfile output's Debian directory must be writable.
+    assert settings["ProtectSystem"] == ["strict"]
+    assert settings["ReadWritePaths"] == ["-/var/lib/prometheus/node-exporter"]
     caps = set(" ".join(settings["CapabilityBoundingSet"]).split())
     # NVML writes; the reset precondition's scan of other users' /proc/PID/fd; socket group
     assert caps == {"CAP_SYS_ADMIN", "CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH", "CAP_CHOWN"}
