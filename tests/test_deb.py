@@ -11,6 +11,7 @@ unless CI is set.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -21,6 +22,11 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 PKG = "gpuagent"
 CONF = Path("/etc/gpuagent/config.toml")
+STATE = Path("/var/lib/gpuagent/state.txt")
+# Where systemd keeps a DynamicUser's StateDirectory, and the link it makes to it.
+AGGREGATOR_STATE = Path("/var/lib/private/gpuagent-aggregator")
+AGGREGATOR_STATE_LINK = Path("/var/lib/gpuagent-aggregator")
+UNITS = ("gpuagent.service", "gpuagent-aggregator.service")
 BASE_VERSION = "0.1.0"
 UPGRADE_VERSION = "0.1.0+test1"
 
@@ -92,6 +98,9 @@ def base_deb() -> Iterator[Path]:
 
 
 def test_build_install_upgrade_purge(base_deb: Path) -> None:
+    assert not AGGREGATOR_STATE.exists()
+    assert not AGGREGATOR_STATE_LINK.is_symlink()
+    private_created = not AGGREGATOR_STATE.parent.exists()
     try:
         _run("lintian", "--fail-on", "error", str(base_deb))
 
@@ -113,8 +122,8 @@ def test_build_install_upgrade_purge(base_deb: Path) -> None:
         text = CONF.read_text()
         assert 'cluster = "default"' in text
         CONF.write_text(text.replace('cluster = "default"', 'cluster = "deb-test"'))
-        Path("/var/lib/gpuagent").mkdir(exist_ok=True)
-        (Path("/var/lib/gpuagent") / "state.txt").write_text("x")
+        STATE.parent.mkdir(exist_ok=True)
+        STATE.write_text("x")
 
         _run("make", "deb", f"VERSION={UPGRADE_VERSION}")
         _run("dpkg", "-i", "--force-confold", str(_deb(UPGRADE_VERSION)))
@@ -127,20 +136,81 @@ def test_build_install_upgrade_purge(base_deb: Path) -> None:
         assert not Path("/usr/lib/gpuagent").exists()
         assert not Path("/usr/bin/gpuagent").exists()
         assert CONF.exists()
+        assert STATE.read_text() == "x"
+
+        # The aggregator's state, as systemd lays it out for its DynamicUser.
+        AGGREGATOR_STATE.mkdir(parents=True)
+        (AGGREGATOR_STATE / "fleet.sqlite").write_text("x")
+        AGGREGATOR_STATE_LINK.symlink_to("private/gpuagent-aggregator")
 
         # Purge: nothing of ours is left.
         _run("dpkg", "-P", PKG)
         for path in (
-            "/usr/lib/gpuagent",
-            "/usr/bin/gpuagent",
-            "/var/lib/gpuagent",
-            "/etc/gpuagent",
+            Path("/usr/lib/gpuagent"),
+            Path("/usr/bin/gpuagent"),
+            STATE.parent,
+            Path("/etc/gpuagent"),
+            AGGREGATOR_STATE,
         ):
-            assert not Path(path).exists(), f"{path} left after purge"
+            assert not path.exists(), f"{path} left after purge"
+        assert not AGGREGATOR_STATE_LINK.is_symlink(), f"{AGGREGATOR_STATE_LINK} left after purge"
         assert _installed_version() is None
     finally:
         subprocess.run(["dpkg", "-P", PKG], capture_output=True, check=False)
         _deb(UPGRADE_VERSION).unlink(missing_ok=True)
+        if private_created:
+            shutil.rmtree(AGGREGATOR_STATE.parent, ignore_errors=True)
+
+
+def _snippets(script: str) -> list[str]:
+    """The parts debhelper added to a maintainer script."""
+    return re.findall(
+        r"^# Automatically added by .*?$(.*?)^# End automatically added section",
+        script,
+        re.MULTILINE | re.DOTALL,
+    )
+
+
+def test_maintainer_scripts_restart_on_upgrade_and_stop_on_remove(
+    base_deb: Path, tmp_path: Path
+) -> None:
+    """What the maintainer scripts do with the units (no systemd runs here, so the scripts
+    are read): a first install enables nothing, so deb-systemd-invoke starts nothing; an
+    upgrade reloads systemd and restarts a unit that is enabled or running; remove stops it."""
+    _run("dpkg-deb", "-e", str(base_deb), str(tmp_path))
+    scripts = {
+        name: (tmp_path / name).read_text() if (tmp_path / name).exists() else ""
+        for name in ("preinst", "postinst", "prerm")
+    }
+    # A unit stopped before an upgrade and never started again (--no-start) is what this
+    # guards against: nothing stops a unit before the upgrade, nothing but debhelper starts.
+    assert "deb-systemd-invoke stop" not in scripts["preinst"]
+    assert "try-restart" not in scripts["postinst"]
+    for unit in UNITS:
+        quoted = f"'{unit}'"
+        stops = [s for s in _snippets(scripts["prerm"]) if f"deb-systemd-invoke stop {quoted}" in s]
+        assert len(stops) == 1, scripts["prerm"]
+        assert re.search(r'\[ "\$1" = remove \]', stops[0]), stops[0]
+
+        starts = [
+            s
+            for s in _snippets(scripts["postinst"])
+            if f"deb-systemd-invoke $_dh_action {quoted}" in s
+        ]
+        assert len(starts) == 1, scripts["postinst"]
+        start = starts[0]
+        assert re.search(r'if \[ -n "\$2" \]; then\s+_dh_action=restart', start), start
+        assert start.index("systemctl --system daemon-reload") < start.index("deb-systemd-invoke")
+
+        # Enabled only again where an earlier version was installed and enabled: a first
+        # install leaves the unit disabled.
+        enables = [
+            s for s in _snippets(scripts["postinst"]) if f"deb-systemd-helper enable {quoted}" in s
+        ]
+        assert enables, scripts["postinst"]
+        for snippet in enables:
+            guard = snippet.find(f"deb-systemd-helper debian-installed {quoted}")
+            assert 0 <= guard < snippet.index(f"deb-systemd-helper enable {quoted}"), snippet
 
 
 def _codename() -> str:
