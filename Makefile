@@ -11,7 +11,8 @@ DEB_SOURCES := agent pyproject.toml README.md config.example.toml docs systemd
 .PHONY: deb deb-deps deb-clean
 
 deb-deps:
-	scripts/setup debhelper dpkg-dev fakeroot lintian python3.11 python3.11-venv
+	scripts/setup debhelper dpkg-dev fakeroot lintian libsystemd-dev pkg-config python3.11 \
+		python3.11-dev python3.11-venv
 
 deb: deb-deps
 	rm -rf $(DEB_TREE) && mkdir -p $(DEB_TREE) dist

@@ -19,8 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from kubernetes_api import NODE, FakeApiServer, make_node, serve, write_kubeconfig
+
 REPO = Path(__file__).resolve().parent.parent
 PKG = "gpuagent"
+VENV_PYTHON = "/usr/lib/gpuagent/bin/python3"
 CONF = Path("/etc/gpuagent/config.toml")
 STATE = Path("/var/lib/gpuagent/state.txt")
 # Where systemd keeps a DynamicUser's StateDirectory, and the link it makes to it.
@@ -97,7 +100,34 @@ def base_deb() -> Iterator[Path]:
     deb.unlink(missing_ok=True)
 
 
-def test_build_install_upgrade_purge(base_deb: Path) -> None:
+# Cordons NODE (argv[1]) through the kubeconfig argv[2] with the installed package.
+CORDON = """
+import asyncio, sys
+from gpuagent.remediation.kubernetes import KubernetesBackend
+from gpuagent.remediation.types import CordonRequest
+
+backend = KubernetesBackend(sys.argv[1], kubeconfig=sys.argv[2], timeout=10.0)
+try:
+    request = CordonRequest(sys.argv[1], "deb", "package test", "deb:1")
+    result = asyncio.run(backend.cordon(request))
+finally:
+    backend.close()
+print(result)
+sys.exit(0 if result.ok and result.changed else 1)
+"""
+
+
+def _check_optional_dependencies(tmp_path: Path) -> None:
+    """The private virtualenv has what the optional features need: the systemd bindings
+    (journal fields) and a Kubernetes client that cordons through a kubeconfig."""
+    _run(VENV_PYTHON, "-I", "-c", "import systemd.journal")
+    with serve(FakeApiServer(make_node())) as fake:
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", fake)
+        _run(VENV_PYTHON, "-I", "-c", CORDON, NODE, str(kubeconfig))
+    assert fake.node["spec"]["unschedulable"] is True
+
+
+def test_build_install_upgrade_purge(base_deb: Path, tmp_path: Path) -> None:
     assert not AGGREGATOR_STATE.exists()
     assert not AGGREGATOR_STATE_LINK.is_symlink()
     private_created = not AGGREGATOR_STATE.parent.exists()
@@ -117,6 +147,7 @@ def test_build_install_upgrade_purge(base_deb: Path) -> None:
             "--simulate",
             str(REPO / "scenarios" / "h100-healthy.toml"),
         )
+        _check_optional_dependencies(tmp_path)
 
         # A local edit of the conffile survives an upgrade.
         text = CONF.read_text()
