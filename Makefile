@@ -6,7 +6,7 @@ ARCH := $(shell dpkg --print-architecture 2>/dev/null || echo amd64)
 DEB_TREE := build/deb/gpuagent-$(VERSION)
 DEB := dist/gpuagent_$(VERSION)_$(ARCH).deb
 # What the package is built from: the agent and the files it installs.
-DEB_SOURCES := agent pyproject.toml README.md config.example.toml docs systemd
+DEB_SOURCES := agent pyproject.toml README.md config.example.toml docs deploy systemd
 
 .PHONY: deb deb-deps deb-clean
 

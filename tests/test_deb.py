@@ -24,6 +24,7 @@ from kubernetes_api import NODE, FakeApiServer, make_node, serve, write_kubeconf
 REPO = Path(__file__).resolve().parent.parent
 PKG = "gpuagent"
 VENV_PYTHON = "/usr/lib/gpuagent/bin/python3"
+DOC = Path("/usr/share/doc/gpuagent")
 CONF = Path("/etc/gpuagent/config.toml")
 STATE = Path("/var/lib/gpuagent/state.txt")
 # Where systemd keeps a DynamicUser's StateDirectory, and the link it makes to it.
@@ -127,6 +128,39 @@ def _check_optional_dependencies(tmp_path: Path) -> None:
     assert fake.node["spec"]["unschedulable"] is True
 
 
+def _check_documentation() -> None:
+    """The units' Documentation= exist, and so does every relative link of the shipped
+    documents (they are not compressed, and keep the source tree's layout)."""
+    for unit in UNITS:
+        text = (Path("/lib/systemd/system") / unit).read_text()
+        uris = [
+            uri
+            for line in text.splitlines()
+            if line.startswith("Documentation=")
+            for uri in line.partition("=")[2].split()
+        ]
+        assert any(uri.startswith("man:") for uri in uris), uris
+        for uri in uris:
+            if uri.startswith("man:"):
+                name, _, section = uri.removeprefix("man:").rstrip(")").partition("(")
+                page = Path(f"/usr/share/man/man{section}/{name}.{section}.gz")
+                assert page.is_file(), uri
+            else:
+                assert uri.startswith("file://"), uri
+                assert Path(uri.removeprefix("file://")).is_file(), uri
+    documents = list(DOC.rglob("*.md"))
+    assert DOC / "docs" / "operations.md" in documents
+    links = 0
+    for document in documents:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", document.read_text()):
+            if "://" not in target:
+                links += 1
+                assert (document.parent / target).exists(), f"{document}: {target}"
+    assert links > 0
+    for deployed in ("prometheus/gpuagent-rules.yml", "grafana/gpuagent.json"):
+        assert (DOC / "deploy" / deployed).is_file(), deployed
+
+
 def test_build_install_upgrade_purge(base_deb: Path, tmp_path: Path) -> None:
     assert not AGGREGATOR_STATE.exists()
     assert not AGGREGATOR_STATE_LINK.is_symlink()
@@ -148,6 +182,7 @@ def test_build_install_upgrade_purge(base_deb: Path, tmp_path: Path) -> None:
             str(REPO / "scenarios" / "h100-healthy.toml"),
         )
         _check_optional_dependencies(tmp_path)
+        _check_documentation()
 
         # A local edit of the conffile survives an upgrade.
         text = CONF.read_text()
