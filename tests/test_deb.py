@@ -1,6 +1,8 @@
 """The Debian package: `make deb` builds it lintian-clean (no errors), and it installs,
-runs, upgrades keeping a locally edited conffile, and removes and purges without leftovers,
-here and in piuparts' clean chroot.
+runs (with the systemd bindings and a Kubernetes client that cordons), ships its documents
+with working links, upgrades keeping a locally edited conffile, and removes keeping state
+and purges without leftovers, here and in piuparts' clean chroot; its maintainer scripts
+restart the units after an upgrade and stop them on remove.
 
 Installs into this machine's dpkg database, so it runs only as root and only when asked:
 GPUAGENT_DEB_TEST=1 (the build also needs PyPI for the pinned wheels, piuparts a Debian

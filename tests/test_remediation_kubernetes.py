@@ -1,5 +1,5 @@
 """The Kubernetes cordon backend, with the real client library talking HTTP to a small
-in-memory API server that applies strategic merge patches to one Node."""
+in-memory API server that applies strategic merge patches to one Node (kubernetes_api.py)."""
 
 from __future__ import annotations
 
