@@ -6,12 +6,13 @@ ARCH := $(shell dpkg --print-architecture 2>/dev/null || echo amd64)
 DEB_TREE := build/deb/gpuagent-$(VERSION)
 DEB := dist/gpuagent_$(VERSION)_$(ARCH).deb
 # What the package is built from: the agent and the files it installs.
-DEB_SOURCES := agent pyproject.toml README.md config.example.toml docs systemd
+DEB_SOURCES := agent pyproject.toml README.md config.example.toml docs deploy systemd
 
 .PHONY: deb deb-deps deb-clean
 
 deb-deps:
-	scripts/setup debhelper dpkg-dev fakeroot lintian python3.11 python3.11-venv
+	scripts/setup debhelper dpkg-dev fakeroot lintian libsystemd-dev pkg-config python3.11 \
+		python3.11-dev python3.11-venv
 
 deb: deb-deps
 	rm -rf $(DEB_TREE) && mkdir -p $(DEB_TREE) dist

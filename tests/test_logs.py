@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import re
 import sys
 from pathlib import Path
@@ -98,16 +99,56 @@ def test_unknown_format() -> None:
         logs.make_formatter("xml", under_journal=False)
 
 
-def test_setup_writes_to_the_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+def _journal_stream(monkeypatch: pytest.MonkeyPatch, fd: int) -> None:
+    """$JOURNAL_STREAM as systemd sets it for a stream connected to journald: that stream's
+    device and inode."""
+    stat = os.fstat(fd)
+    monkeypatch.setenv("JOURNAL_STREAM", f"{stat.st_dev}:{stat.st_ino}")
+
+
+def test_under_journal_only_for_the_stream_journal_stream_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with (tmp_path / "journal").open("w") as journal, (tmp_path / "file").open("w") as other:
+        monkeypatch.delenv("JOURNAL_STREAM", raising=False)
+        assert not logs.under_journal(journal)
+        _journal_stream(monkeypatch, journal.fileno())
+        assert logs.under_journal(journal)
+        # A child of a unit whose stderr was redirected inherits the variable.
+        assert not logs.under_journal(other)
+        assert not logs.under_journal(io.StringIO())  # no file descriptor
+        for garbage in ("", "8", "x:y", "8:"):
+            monkeypatch.setenv("JOURNAL_STREAM", garbage)
+            assert not logs.under_journal(journal)
+
+
+def test_setup_writes_to_the_stream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = logging.getLogger()
     monkeypatch.setattr(root, "handlers", [])
     monkeypatch.setattr(root, "level", root.level)
-    monkeypatch.setenv("JOURNAL_STREAM", "8:12345")
-    stream = io.StringIO()
-    logs.setup("info", "text", stream)
-    logging.getLogger("gpuagent.test").info("started")
-    logging.getLogger("gpuagent.test").debug("hidden")
-    assert stream.getvalue() == "<6>INFO gpuagent.test: started\n"
+    path = tmp_path / "stderr"
+    with path.open("w") as stream:
+        _journal_stream(monkeypatch, stream.fileno())
+        logs.setup("info", "text", stream)
+        logging.getLogger("gpuagent.test").info("started")
+        logging.getLogger("gpuagent.test").debug("hidden")
+    assert path.read_text() == "<6>INFO gpuagent.test: started\n"
+
+
+def test_setup_with_journal_stream_of_another_file_keeps_timestamps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(root, "level", root.level)
+    path = tmp_path / "stderr"
+    with (tmp_path / "journal").open("w") as journal, path.open("w") as stream:
+        _journal_stream(monkeypatch, journal.fileno())
+        logs.setup("info", "text", stream)
+        logging.getLogger("gpuagent.test").info("started")
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO gpuagent\.test: started\n", path.read_text()
+    )
 
 
 def test_run_rejects_an_unknown_format() -> None:
@@ -122,7 +163,11 @@ SCENARIO = '[node]\ngpus = 2\nmodel = "NVIDIA H100 80GB HBM3"\n'
 def test_daemon_under_journald_prefixes_priorities(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("JOURNAL_STREAM", "8:12345")
+    # start_daemon opens daemon.log with "w": truncated, same inode.
+    log = tmp_path / "daemon.log"
+    log.touch()
+    stat = log.stat()
+    monkeypatch.setenv("JOURNAL_STREAM", f"{stat.st_dev}:{stat.st_ino}")
     daemon = start_daemon(tmp_path, SCENARIO)
     daemon.stop()
     lines = (tmp_path / "daemon.log").read_text().splitlines()
@@ -134,7 +179,7 @@ def test_under_journald_with_bindings_extra_fields_become_journal_fields(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     sent: list[tuple[str, dict[str, str]]] = []
-    monkeypatch.setenv("JOURNAL_STREAM", "8:1234")
+    _journal_stream(monkeypatch, sys.stderr.fileno())
     logs.setup(
         "info", "text", journal_send=lambda message, **fields: sent.append((message, fields))
     )
@@ -160,13 +205,16 @@ def test_under_journald_with_bindings_extra_fields_become_journal_fields(
     ]
 
 
-def test_without_bindings_journald_gets_prefixed_lines(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("JOURNAL_STREAM", "8:1234")
+def test_without_bindings_journald_gets_prefixed_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(logs, "journal_sender", lambda: None)
-    stream = io.StringIO()
-    logs.setup("info", "text", stream)
-    try:
-        logging.getLogger("x").error("boom", extra={"check": "ecc"})
-    finally:
-        logging.getLogger().handlers.clear()
-    assert stream.getvalue() == "<3>ERROR x: boom\n"
+    path = tmp_path / "stderr"
+    with path.open("w") as stream:
+        _journal_stream(monkeypatch, stream.fileno())
+        logs.setup("info", "text", stream)
+        try:
+            logging.getLogger("x").error("boom", extra={"check": "ecc"})
+        finally:
+            logging.getLogger().handlers.clear()
+    assert path.read_text() == "<3>ERROR x: boom\n"

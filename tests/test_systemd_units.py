@@ -6,14 +6,19 @@ import os
 import re
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
+
+from gpuagent.config import parse_config
 
 REPO = Path(__file__).resolve().parent.parent
 AGENT_UNIT = REPO / "systemd" / "gpuagent.service"
 AGGREGATOR_UNIT = REPO / "systemd" / "gpuagent-aggregator.service"
 HOST_UNITS = Path("/usr/lib/systemd/system")
+FLEET_DOC = REPO / "docs" / "fleet.md"
+CREDENTIALS_DIR = "/run/credentials/gpuagent-aggregator.service/"
 
 
 def _systemd_analyze() -> str:
@@ -31,9 +36,12 @@ def _analyze(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _verify(root: Path, unit_text: str, name: str) -> subprocess.CompletedProcess[str]:
-    """`systemd-analyze verify` of ``unit_text`` as /etc/systemd/system/NAME in a root that
-    has the host's units (targets the unit orders against) and executables for ExecStart."""
+def _verify(
+    root: Path, unit_text: str, name: str, drop_in: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`systemd-analyze verify` of ``unit_text`` as /etc/systemd/system/NAME (with
+    ``drop_in`` in NAME.d/) in a root that has the host's units (targets the unit orders
+    against) and executables for ExecStart."""
     if not root.exists():
         if not HOST_UNITS.is_dir():
             pytest.skip(f"{HOST_UNITS} is missing")
@@ -46,6 +54,9 @@ def _verify(root: Path, unit_text: str, name: str) -> subprocess.CompletedProces
         (root / "etc/systemd/system").mkdir(parents=True)
     unit = root / "etc/systemd/system" / name
     unit.write_text(unit_text)
+    if drop_in is not None:
+        (root / "etc/systemd/system" / f"{name}.d").mkdir(exist_ok=True)
+        (root / "etc/systemd/system" / f"{name}.d" / "override.conf").write_text(drop_in)
     return _analyze("verify", "--man=no", f"--root={root}", str(unit))
 
 
@@ -64,6 +75,51 @@ def test_verify_catches_a_bad_setting(tmp_path: Path) -> None:
     assert "strickt" in result.stdout + result.stderr
 
 
+def _fleet_doc_block(first_line: str) -> str:
+    """The fenced block of docs/fleet.md whose first line is ``first_line``."""
+    for block in re.findall(r"^```\w*\n(.*?)^```", FLEET_DOC.read_text(), re.MULTILINE | re.DOTALL):
+        if block.startswith(first_line + "\n"):
+            return str(block)
+    raise AssertionError(f"docs/fleet.md has no block starting {first_line!r}")
+
+
+def test_aggregator_credentials_drop_in_verifies(tmp_path: Path) -> None:
+    """The drop-in docs/fleet.md gives for root-only secrets is valid for systemd, and the
+    configuration beside it reads only credentials that the drop-in loads."""
+    drop_in = _fleet_doc_block(
+        "# /etc/systemd/system/gpuagent-aggregator.service.d/credentials.conf"
+    )
+    result = _verify(tmp_path / "root", AGGREGATOR_UNIT.read_text(), AGGREGATOR_UNIT.name, drop_in)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout + result.stderr == ""
+
+    loaded = {value.partition(":")[0] for value in _settings_of(drop_in).get("LoadCredential", [])}
+    assert loaded == {"mqtt-key", "mqtt-password", "command-token"}
+    config_text = _fleet_doc_block("# /etc/gpuagent/aggregator.toml")
+    parse_config(config_text)  # keys the aggregator knows, values of the right types
+    # The alternative in comments ("# password_file = ...") counts too.
+    uncommented = re.sub(r"^# (\w+ = )", r"\1", config_text, flags=re.MULTILINE)
+    aggregator = tomllib.loads(uncommented)["aggregator"]
+    paths = [
+        aggregator["command_token_file"],
+        aggregator["broker"]["key_file"],
+        aggregator["broker"]["password_file"],
+    ]
+    assert all(path.startswith(CREDENTIALS_DIR) for path in paths), paths
+    assert {path.removeprefix(CREDENTIALS_DIR) for path in paths} == loaded
+
+
+def test_verify_reads_the_drop_in(tmp_path: Path) -> None:
+    """The check above can fail: a drop-in's bad credential name is reported."""
+    result = _verify(
+        tmp_path / "root",
+        AGGREGATOR_UNIT.read_text(),
+        AGGREGATOR_UNIT.name,
+        "[Service]\nLoadCredential=bad/name:/etc/gpuagent/key\n",
+    )
+    assert "bad/name" in result.stdout + result.stderr
+
+
 def _exposure(unit: Path) -> float:
     result = _analyze("security", "--offline=true", "--no-pager", str(unit))
     match = re.search(r"Overall exposure level for \S+: (\d+(?:\.\d+)?)", result.stdout)
@@ -79,8 +135,12 @@ def test_exposure_level(unit: Path, limit: float) -> None:
 
 
 def _settings(unit: Path) -> dict[str, list[str]]:
+    return _settings_of(unit.read_text())
+
+
+def _settings_of(text: str) -> dict[str, list[str]]:
     settings: dict[str, list[str]] = {}
-    for line in unit.read_text().splitlines():
+    for line in text.splitlines():
         key, sep, value = line.partition("=")
         if sep and not line.startswith(("#", ";", "[")):
             settings.setdefault(key.strip(), []).append(value.strip())
@@ -101,6 +161,9 @@ def test_agent_unit_keeps_what_the_daemon_needs() -> None:
     assert "ProtectKernelLogs" not in settings
     assert settings["StateDirectory"] == ["gpuagent"]
     assert settings["RuntimeDirectory"] == ["gpuagent"]
+    # ProtectSystem=strict: the textfile output's Debian directory must be writable.
+    assert settings["ProtectSystem"] == ["strict"]
+    assert settings["ReadWritePaths"] == ["-/var/lib/prometheus/node-exporter"]
     caps = set(" ".join(settings["CapabilityBoundingSet"]).split())
     # NVML writes; the reset precondition's scan of other users' /proc/PID/fd; socket group
     assert caps == {"CAP_SYS_ADMIN", "CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH", "CAP_CHOWN"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,28 @@ def test_write_replaces_the_file_whole(tmp_path: Path) -> None:
     assert (tmp_path / "x.prom").read_bytes() == b"a 2\n"
     assert [p.name for p in tmp_path.iterdir()] == ["x.prom"]  # no temporary left
     assert (tmp_path / "x.prom").stat().st_mode & 0o777 == 0o644
+
+
+def test_the_data_is_on_disk_before_the_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "x.prom"
+    target.write_bytes(b"old\n")
+    synced: list[int] = []
+    fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        # Called on the temporary file, whole, while the name still holds the old file.
+        assert os.fstat(fd).st_size == len(b"a 1\n")
+        assert os.fstat(fd).st_ino != target.stat().st_ino
+        assert target.read_bytes() == b"old\n"
+        synced.append(fd)
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    write_atomically(tmp_path, "x.prom", b"a 1\n")
+    assert len(synced) == 1
+    assert target.read_bytes() == b"a 1\n"
 
 
 class Clock:

@@ -1,9 +1,9 @@
 """Log formats for the daemon's stderr.
 
 - ``text`` on a terminal: ``2024-05-01 12:00:00,000 INFO gpuagent.daemon: message``.
-- ``text`` under systemd (``$JOURNAL_STREAM`` set): no timestamp, which journald adds, and
-  an sd-daemon(3) priority prefix such as ``<4>`` so that journald records the level
-  (``journalctl -p warning`` works).
+- ``text`` under systemd (stderr is the stream ``$JOURNAL_STREAM`` names): no timestamp,
+  which journald adds, and an sd-daemon(3) priority prefix such as ``<4>`` so that journald
+  records the level (``journalctl -p warning`` works).
 - ``json``: one object a line with time, level, logger, message and any ``extra=`` fields,
   for log shippers.
 - Under systemd with the systemd Python bindings installed, ``text`` goes to the journal
@@ -140,17 +140,28 @@ def setup(
 ) -> None:
     """Configure the root logger: ``log_format`` to ``stream`` (stderr), or, under
     journald with the systemd bindings (``journal_send``), text to the journal natively."""
-    journal = under_journal()
+    target = stream if stream is not None else sys.stderr
+    journal = under_journal(target)
     send = journal_send or (journal_sender() if journal and stream is None else None)
     handler: logging.Handler
     if journal and log_format == "text" and send is not None:
         handler = JournalFieldsHandler(send)
     else:
-        handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+        handler = logging.StreamHandler(target)
         handler.setFormatter(make_formatter(log_format, under_journal=journal))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
-def under_journal() -> bool:
-    """Whether stderr is connected to journald (systemd sets ``$JOURNAL_STREAM``)."""
-    return bool(os.environ.get("JOURNAL_STREAM"))
+def under_journal(stream: TextIO) -> bool:
+    """Whether ``stream`` is connected to journald. systemd sets ``$JOURNAL_STREAM`` to the
+    ``device:inode`` of the stream it connected (systemd.exec(5)); the variable is inherited
+    by children whose stderr was redirected (``gpuagent check > file`` from a unit), so it
+    counts only when it names this very stream."""
+    device, sep, inode = os.environ.get("JOURNAL_STREAM", "").partition(":")
+    if not sep:
+        return False
+    try:
+        stat = os.fstat(stream.fileno())
+        return (stat.st_dev, stat.st_ino) == (int(device), int(inode))
+    except (OSError, ValueError):  # no file descriptor (io.UnsupportedOperation), or garbage
+        return False

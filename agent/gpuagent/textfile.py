@@ -1,7 +1,8 @@
 """node_exporter textfile output: the /metrics text written to `<dir>/gpuagent.prom`.
 
-Written to a temporary file in the same directory and renamed over the old one, so the
-collector never reads half a file. Writes run on a worker thread (a slow or full disk must
+Written to a temporary file in the same directory, flushed to disk, and renamed over the
+old one, so the collector never reads half a file, and after a crash the name holds the old
+file or the new one whole. Writes run on a worker thread (a slow or full disk must
 not stall the event loop), at most one at a time and one per `min_interval_seconds`; a
 failure is logged once and retried at the next snapshot.
 """
@@ -26,6 +27,10 @@ def write_atomically(directory: Path, name: str, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as stream:
             stream.write(data)
+            stream.flush()
+            # The data reaches the disk before the rename does: without this, a crash soon
+            # after can leave the new name on an empty file (delayed allocation).
+            os.fsync(stream.fileno())
         Path(temporary).chmod(0o644)  # node_exporter runs as its own user
         Path(temporary).replace(directory / name)
     except BaseException:
