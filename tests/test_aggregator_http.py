@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import aggregator_support as msg
 from conftest import REPO, free_port
 from gpuagent.aggregator.ingest import Outgoing
+from gpuagent.aggregator.records import from_online_state
 from gpuagent.aggregator.service import Aggregator
 from gpuagent.fleet import schema
 
@@ -349,3 +351,34 @@ def test_without_a_token_only_this_host_may_send_commands(
     from gpuagent.aggregator.http import _loopback  # noqa: PLC0415
 
     assert _loopback(remote) is allowed
+
+
+async def test_nan_and_infinity_from_a_node_are_served_as_null(rig: Rig) -> None:
+    """Python's JSON reads NaN and Infinity, JSON itself has neither: one node's NaN must
+    not make the whole fleet's answer unreadable to a browser."""
+    evidence = {"temperature_c": float("nan"), "limits": [float("inf"), 1.5]}
+    bad = {**msg.finding("thermal", "WARN", "hot"), "evidence": evidence}
+    message = msg.state("n1", health="WARN", gpus=[msg.gpu_doc(0, "WARN", [bad])])
+    raw = json.dumps(message)  # as a node's JSON library may write it: NaN, Infinity
+    assert "NaN" in raw
+    # Straight into the state and the store, whatever the ingest would let through.
+    rig.agg.state.put(from_online_state(message, raw, rig.agg.clock()))
+    event = msg.event("n1")
+    event["data"]["value"] = float("-inf")
+    rig.agg.store.queue_event(event, json.dumps(event))
+    await rig.agg.store.flush()
+
+    async def strict(path: str) -> Any:
+        async with rig.session.get(rig.base + path) as response:
+            assert response.status == 200
+            text = await response.text()
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in {path}"))
+
+    cleaned = {"temperature_c": None, "limits": [None, 1.5]}
+    (node,) = (await strict("/api/v1/nodes"))["nodes"]
+    assert node["gpus"][0]["findings"][0]["evidence"] == cleaned
+    detail = await strict("/api/v1/nodes/n1")
+    assert detail["gpus"][0]["findings"][0]["evidence"] == cleaned
+    assert detail["status"]["gpus"][0]["findings"][0]["evidence"] == cleaned
+    (stored,) = (await strict("/api/v1/events"))["events"]
+    assert stored["data"]["value"] is None

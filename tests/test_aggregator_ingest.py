@@ -188,3 +188,56 @@ async def test_replies_are_kept_per_node(rig: Rig) -> None:
     assert len(replies) == 10
     await rig.store.flush()
     assert await rig.store.count("replies") == 12
+
+
+@pytest.mark.parametrize(
+    "when",
+    ["NaN", "Infinity", "-Infinity", "1e999", "1" + "0" * 400],
+    ids=["nan", "inf", "-inf", "1e999", "10**400"],
+)
+@pytest.mark.parametrize("channel", ["state", "events"])
+async def test_a_time_that_is_no_finite_number_is_rejected_not_raised(
+    rig: Rig, channel: str, when: str
+) -> None:
+    message = msg.state("n1") if channel == "state" else msg.event("n1")
+    # Python's JSON reads all of these: NaN, infinities, and integers of any length.
+    payload = schema.encode(message).replace(
+        f'"time":{message["time"]!r}'.encode(), f'"time":{when}'.encode()
+    )
+    assert f'"time":{when}'.encode() in payload
+    assert rig.ingest.handle(msg.topic("n1", channel), payload) == []
+    assert sum(rig.state.counters.rejected.values()) == 1
+    assert rig.state.counters.received == {}
+    assert rig.state.nodes == {}
+    assert rig.store.pending() == 0
+
+
+async def test_a_row_the_database_refuses_costs_only_itself(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    # n5's ids hold lone surrogates: valid JSON, valid Python text, but no UTF-8 exists
+    # for them, so SQLite cannot store the row. They share a batch with n6's rows.
+    rig.send("events", msg.event("n5", "n5:\udc80:1"))
+    rig.send("state", msg.state("n6", health="WARN"))
+    rig.send("events", msg.event("n6", "n6:boot:1"))
+    action = schema.envelope("action", "n6:audit:1", "n6", "c1")
+    action["record"] = {"action": "cordon"}
+    rig.send("actions", action)
+    rig.send("actions", msg.cordon_request("n6"))
+    rig.send("events", msg.event("n5", "n5:\udc80:2"))
+    with caplog.at_level(logging.ERROR, logger="gpuagent.aggregator.store"):
+        await rig.store.flush()
+    assert [e["id"] for e in await rig.store.events(node=None, since=None, limit=10)] == [
+        "n6:boot:1"
+    ]
+    assert [a["id"] for a in await rig.store.actions(node="n6", limit=10)] == ["n6:audit:1"]
+    assert [r.node for r in await rig.store.cordons()] == ["n6"]
+    assert [(r.node, r.health) for r in await rig.store.load_nodes()] == [("n6", "WARN")]
+    assert (rig.store.write_errors, rig.store.rows_dropped) == (1, {"events": 2})
+    (logged,) = caplog.records  # once per reason, not once per row
+    assert "UnicodeEncodeError" in logged.getMessage()
+    # A later batch of good rows goes in whole.
+    rig.send("events", msg.event("n6", "n6:boot:2"))
+    await rig.store.flush()
+    assert await rig.store.count("events") == 2
+    assert rig.store.write_errors == 1

@@ -211,9 +211,24 @@ def _loopback(remote: str | None) -> bool:
 
 
 def _json(doc: object, status: int = 200) -> web.Response:
-    return web.Response(
-        text=json.dumps(doc, separators=(",", ":")), status=status, content_type="application/json"
-    )
+    try:
+        text = json.dumps(doc, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        # A node sent NaN or Infinity (Python's JSON reads them): JSON has neither, and one
+        # such value would make the whole answer unreadable to a browser. They become null.
+        text = json.dumps(_finite(doc), separators=(",", ":"), allow_nan=False)
+    return web.Response(text=text, status=status, content_type="application/json")
+
+
+def _finite(value: object) -> object:
+    """``value`` with every NaN and infinity in it replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _error(status: int, problem: str) -> web.Response:

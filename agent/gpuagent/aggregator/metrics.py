@@ -53,10 +53,19 @@ class FleetCollector(Collector):
         yield pending
         errors = CounterMetricFamily(
             "gpuagent_fleet_store_write_errors",
-            "Failed write-behind transactions of the fleet database.",
+            "Write-behind transactions the fleet database refused; their rows were then "
+            "written one by one.",
         )
         errors.add_metric([], float(self.store.write_errors))
         yield errors
+        dropped = CounterMetricFamily(
+            "gpuagent_fleet_store_rows_dropped",
+            "Rows the fleet database refused even on their own, and dropped, by table.",
+            labels=["table"],
+        )
+        for table, count in sorted(self.store.rows_dropped.items()):
+            dropped.add_metric([table], float(count))
+        yield dropped
 
     def _nodes(self, now: float) -> Iterable[Metric]:
         health: Counter[tuple[str, str]] = Counter()

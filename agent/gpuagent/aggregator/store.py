@@ -2,9 +2,11 @@
 
 Handling a message only queues rows; a writer task commits everything queued in one
 transaction every `FLUSH_INTERVAL_SECONDS`, so thousands of messages a second cost a few
-transactions, not thousands. The node table is coalesced (only a node's latest record is
-written). All SQLite work runs on one worker thread, off the event loop. Message ids are
-primary keys, so a duplicate that slipped past the in-memory window is still stored once.
+transactions, not thousands. A batch the database refuses is written again row by row,
+so a bad row loses only itself. The node table is coalesced (only a node's latest record
+is written). All SQLite work runs on one worker thread, off the event loop. Message ids
+are primary keys, so a duplicate that slipped past the in-memory window is still stored
+once.
 """
 
 from __future__ import annotations
@@ -16,14 +18,15 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpuagent.aggregator.records import NodeRecord, from_online_state
+from gpuagent.aggregator.records import NodeRecord, from_online_state, report_time
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -104,6 +107,41 @@ class _Pending:
     def __len__(self) -> int:
         return len(self.nodes) + sum(len(r) for r in self.rows.values())
 
+    def statements(self) -> Iterator[tuple[str, str, list[tuple[Any, ...]]]]:
+        """(table, statement, rows) for each table with rows queued."""
+        if self.nodes:
+            yield "nodes", _UPSERT_NODE, [_node_row(r, stale) for r, stale in self.nodes.values()]
+        for table, rows in self.rows.items():
+            if rows:
+                yield table, _INSERT[table], rows
+
+
+def _node_row(r: NodeRecord, stale: bool) -> tuple[Any, ...]:
+    return (
+        r.cluster,
+        r.node,
+        r.online,
+        r.health,
+        r.reason,
+        r.last_seen,
+        r.agent_version,
+        r.fingerprint_id,
+        stale,
+        r.document,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Dropped:
+    """A row the database refused: its table, and why."""
+
+    table: str
+    error: Exception
+
+    @property
+    def reason(self) -> str:
+        return f"{self.table}: {type(self.error).__name__}"
+
 
 class FleetStore:
     def __init__(self, path: Path, *, retention_seconds: float, max_events: int) -> None:
@@ -113,7 +151,10 @@ class FleetStore:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleet-store")
         self._db: sqlite3.Connection | None = None
         self._pending = _Pending()
+        # Batches whose single transaction failed, and rows then refused, by table.
         self.write_errors = 0
+        self.rows_dropped: Counter[str] = Counter()
+        self._logged_reasons: set[str] = set()
 
     # --- life cycle (all SQLite calls run on the store's one thread) ------------------
 
@@ -162,18 +203,18 @@ class FleetStore:
                 message["id"],
                 message["cluster"],
                 message["node"],
-                float(message["time"]),
+                report_time(message),
                 message["category"],
                 raw,
             )
         )
 
     def queue_action(self, message: dict[str, Any], raw: str) -> None:
-        row = (message["id"], message["cluster"], message["node"], float(message["time"]), raw)
+        row = (message["id"], message["cluster"], message["node"], report_time(message), raw)
         self._pending.rows["actions"].append(row)
 
     def queue_reply(self, message: dict[str, Any], raw: str) -> None:
-        row = (message["id"], message["cluster"], message["node"], float(message["time"]), raw)
+        row = (message["id"], message["cluster"], message["node"], report_time(message), raw)
         self._pending.rows["replies"].append(row)
 
     def queue_command(self, message: dict[str, Any]) -> None:
@@ -181,7 +222,7 @@ class FleetStore:
             message["id"],
             message["cluster"],
             message["node"],
-            float(message["time"]),
+            report_time(message),
             message["command"],
             json.dumps(message),
         )
@@ -207,45 +248,49 @@ class FleetStore:
         if not self._pending:
             return
         batch, self._pending = self._pending, _Pending()
-        try:
-            await self._call(self._write, batch)
-        except sqlite3.Error as exc:
-            # Memory stays right; the next report of each node rewrites it. Counted.
-            self.write_errors += 1
-            log.error(  # noqa: TRY400 - no traceback needed
-                "fleet store: writing %d rows failed: %s", len(batch), exc
-            )
-
-    def _write(self, batch: _Pending) -> None:
-        db = self._conn()
-        db.execute("BEGIN")
-        try:
-            if batch.nodes:
-                db.executemany(
-                    _UPSERT_NODE,
-                    [
-                        (
-                            r.cluster,
-                            r.node,
-                            r.online,
-                            r.health,
-                            r.reason,
-                            r.last_seen,
-                            r.agent_version,
-                            r.fingerprint_id,
-                            stale,
-                            r.document,
-                        )
-                        for r, stale in batch.nodes.values()
-                    ],
+        failed, dropped = await self._call(self._write, batch)
+        self.write_errors += failed
+        for row in dropped:
+            self.rows_dropped[row.table] += 1
+            # Once per reason: one broken node can repeat the same bad row every second.
+            if row.reason not in self._logged_reasons:
+                self._logged_reasons.add(row.reason)
+                log.error(
+                    "fleet store: a row of %s was refused and dropped (%s: %s); further %r "
+                    "rows are only counted (gpuagent_fleet_store_rows_dropped_total)",
+                    row.table,
+                    type(row.error).__name__,
+                    row.error,
+                    row.reason,
                 )
-            for table, rows in batch.rows.items():
-                if rows:
-                    db.executemany(_INSERT[table], rows)
+
+    def _write(self, batch: _Pending) -> tuple[bool, list[_Dropped]]:
+        """Commit the batch in one transaction. If the database refuses it, write its rows
+        one by one, each in a transaction of its own, so that a bad row costs only itself,
+        not every other node's rows of the same batch. (Whether the batch failed, the rows
+        dropped.)"""
+        db = self._conn()
+        try:
+            db.execute("BEGIN")
+            for _, sql, rows in batch.statements():
+                db.executemany(sql, rows)
             db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
+        # Whatever the error (a constraint, a value SQLite cannot bind, a full disk), the
+        # writer must carry on; the rows are tried again one by one just below.
+        except Exception:  # noqa: BLE001
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+        else:
+            return False, []
+        dropped = []
+        for table, sql, rows in batch.statements():
+            for row in rows:
+                try:
+                    db.execute(sql, row)
+                except Exception as exc:  # noqa: BLE001 - as above: only this row is lost
+                    dropped.append(_Dropped(table, exc))
+        return True, dropped
 
     async def run_writer(self, stop: asyncio.Event) -> None:
         """Flush every FLUSH_INTERVAL_SECONDS, prune every PRUNE_INTERVAL_SECONDS."""
