@@ -241,3 +241,46 @@ async def test_a_row_the_database_refuses_costs_only_itself(
     await rig.store.flush()
     assert await rig.store.count("events") == 2
     assert rig.store.write_errors == 1
+
+
+@pytest.mark.parametrize("window", [200_000, 0], ids=["memory window", "database only"])
+async def test_a_node_cannot_pass_its_message_off_as_anothers(rig: Rig, window: int) -> None:
+    """Ids are the nodes' own, and audit ids are predictable: de-duplication is per node
+    (and cluster), in memory and in the database alike."""
+    rig.state.seen = type(rig.state.seen)(capacity=window)
+    forged = schema.envelope("action", "n6:audit:1", "n5", "c1")
+    forged["record"] = {"action": "forged"}
+    rig.send("actions", forged)
+    real = schema.envelope("action", "n6:audit:1", "n6", "c1")
+    real["record"] = {"action": "cordon"}
+    rig.send("actions", real)
+    rig.send("actions", real)  # a real duplicate is still stored once
+    # The same node name in two clusters, and the same (kernel-log) event id.
+    for cluster in ("a", "b"):
+        rig.send("events", msg.event("n1", "n1:kmsg:boot:1", cluster=cluster), cluster=cluster)
+    await rig.store.flush()
+    assert [a["record"]["action"] for a in await rig.store.actions(node="n6", limit=10)] == [
+        "cordon"
+    ]
+    assert await rig.store.count("actions") == 2
+    stored = await rig.store.events(node="n1", since=None, limit=10)
+    assert sorted(e["cluster"] for e in stored) == ["a", "b"]
+    if window:
+        assert rig.state.counters.duplicates == {"action": 1}
+
+
+async def test_a_node_cannot_take_over_anothers_cordon_request(rig: Rig) -> None:
+    real = msg.cordon_request("n6")
+    forged = {**real, "node": "n5"}
+    (to_n5,) = rig.send("actions", forged)
+    (to_n6,) = rig.send("actions", real)
+    answer = schema.decode(to_n6.payload)
+    assert (to_n6.topic, answer["node"], answer["request_id"]) == (
+        msg.topic("n6", "cmd"),
+        "n6",
+        real["id"],
+    )
+    assert to_n5.topic == msg.topic("n5", "cmd")
+    await rig.store.flush()
+    rows = await rig.store.cordons()
+    assert sorted((r.node, r.request_id) for r in rows) == [("n5", real["id"]), ("n6", real["id"])]

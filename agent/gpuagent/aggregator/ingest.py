@@ -19,7 +19,7 @@ from typing import Any, Final
 from gpuagent.aggregator.budget import CordonBudget
 from gpuagent.aggregator.records import from_online_state, report_time, with_offline
 from gpuagent.aggregator.state import FleetState
-from gpuagent.aggregator.store import CordonRow, FleetStore
+from gpuagent.aggregator.store import CordonRow, FleetStore, row_key
 from gpuagent.fleet import schema
 from gpuagent.fleet.topics import NodeTopics, ParsedTopic, TopicError, parse_topic
 
@@ -117,10 +117,11 @@ class Ingest:
         # State reports are not de-duplicated by id: they are idempotent, ordered by time
         # instead, and their ids repeat by design ("<node>:offline" each time the node goes
         # away; sequence numbers start over when an agent restarts).
-        if kind != "state" and self.state.seen.seen(message["id"]):
+        key = row_key(message["cluster"], message["node"], message["id"])
+        if kind != "state" and self.state.seen.seen(key):
             counters.duplicates[kind] += 1
             # The node did not get our answer (or re-sent before it came): same answer.
-            previous = self._decisions.get(message["id"])
+            previous = self._decisions.get(key)
             if previous is not None:
                 return [Outgoing(self._cmd_topic(message), previous)]
             return []
@@ -136,7 +137,7 @@ class Ingest:
             self.state.add_reply(message["cluster"], message["node"], message)
             self.store.queue_reply(message, raw)
         elif kind == "cordon_request":
-            return [self._cordon(message)]
+            return [self._cordon(message, key)]
         return []
 
     def _state(self, message: dict[str, Any], raw: str) -> None:
@@ -160,7 +161,7 @@ class Ingest:
     def _cmd_topic(self, message: dict[str, Any]) -> str:
         return NodeTopics(self.prefix, message["cluster"], message["node"]).topic("cmd")
 
-    def _cordon(self, message: dict[str, Any]) -> Outgoing:
+    def _cordon(self, message: dict[str, Any], key: str) -> Outgoing:
         now = self.clock()
         cluster, node, action = message["cluster"], message["node"], message["action"]
         known = self.state.cluster_size(cluster) + (0 if (cluster, node) in self.state.nodes else 1)
@@ -199,7 +200,7 @@ class Ingest:
                 retry_after_seconds=result.retry_after_seconds,
             )
         )
-        self._decisions[message["id"]] = payload
+        self._decisions[key] = payload
         if len(self._decisions) > _DECISIONS_KEPT:
             self._decisions.popitem(last=False)
         return Outgoing(self._cmd_topic(message), payload)

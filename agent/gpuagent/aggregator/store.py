@@ -4,9 +4,9 @@ Handling a message only queues rows; a writer task commits everything queued in 
 transaction every `FLUSH_INTERVAL_SECONDS`, so thousands of messages a second cost a few
 transactions, not thousands. A batch the database refuses is written again row by row,
 so a bad row loses only itself. The node table is coalesced (only a node's latest record
-is written). All SQLite work runs on one worker thread, off the event loop. Message ids
-are primary keys, so a duplicate that slipped past the in-memory window is still stored
-once.
+is written). All SQLite work runs on one worker thread, off the event loop. Message keys
+(`row_key`) are primary keys, so a duplicate that slipped past the in-memory window is
+still stored once.
 """
 
 from __future__ import annotations
@@ -71,6 +71,14 @@ _SELECT_NODES = (
     "SELECT cluster, node, online, health, reason, last_seen, agent_version, document FROM nodes"
 )
 _SELECT_BODIES = "SELECT body FROM {table}{where} ORDER BY time DESC LIMIT ?"
+
+
+def row_key(cluster: str, node: str, message_id: str) -> str:
+    """What identifies a message: its id within its node. Nodes choose their ids, and some
+    are predictable ("<node>:audit:<row>"), so a bare id would let one node's message pass
+    for another's duplicate, and two clusters may each have a node of the same name.
+    Cluster and node names never contain "/", so the key is unambiguous."""
+    return f"{cluster}/{node}/{message_id}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +208,7 @@ class FleetStore:
     def queue_event(self, message: dict[str, Any], raw: str) -> None:
         self._pending.rows["events"].append(
             (
-                message["id"],
+                _key(message),
                 message["cluster"],
                 message["node"],
                 report_time(message),
@@ -210,16 +218,16 @@ class FleetStore:
         )
 
     def queue_action(self, message: dict[str, Any], raw: str) -> None:
-        row = (message["id"], message["cluster"], message["node"], report_time(message), raw)
+        row = (_key(message), message["cluster"], message["node"], report_time(message), raw)
         self._pending.rows["actions"].append(row)
 
     def queue_reply(self, message: dict[str, Any], raw: str) -> None:
-        row = (message["id"], message["cluster"], message["node"], report_time(message), raw)
+        row = (_key(message), message["cluster"], message["node"], report_time(message), raw)
         self._pending.rows["replies"].append(row)
 
     def queue_command(self, message: dict[str, Any]) -> None:
         row = (
-            message["id"],
+            _key(message),
             message["cluster"],
             message["node"],
             report_time(message),
@@ -231,7 +239,7 @@ class FleetStore:
     def queue_cordon(self, row: CordonRow) -> None:
         self._pending.rows["cordons"].append(
             (
-                row.request_id,
+                row_key(row.cluster, row.node, row.request_id),
                 row.cluster,
                 row.node,
                 row.action,
@@ -337,7 +345,10 @@ class FleetStore:
         rows = self._conn().execute(
             _SELECT_CORDONS, (since if since is not None else float("-inf"), limit)
         )
-        return [CordonRow(*row) for row in rows]
+        return [
+            CordonRow(key.removeprefix(row_key(cluster, node, "")), cluster, node, *rest)
+            for key, cluster, node, *rest in rows
+        ]
 
     async def count(self, table: str) -> int:
         if table not in _INSERT and table != "nodes":
@@ -367,6 +378,10 @@ class FleetStore:
                 )
             records.append(base)
         return records
+
+
+def _key(message: dict[str, Any]) -> str:
+    return row_key(message["cluster"], message["node"], message["id"])
 
 
 def _filters(*, node: str | None, since: float | None) -> tuple[str, tuple[Any, ...]]:
