@@ -252,3 +252,25 @@ async def test_the_real_agent_reports_to_the_aggregator(
         await until(lambda: not agg.state.nodes[key_].online, timeout=10)
         assert agg.state.nodes[key_].reason == "connection lost"
         assert agg.state.counters.rejected == {}
+
+
+async def test_a_message_not_yet_stored_when_the_aggregator_dies_comes_again(
+    tmp_path: Path, mqtt_broker: Broker
+) -> None:
+    """Messages are acknowledged only once stored: one the aggregator received but had not
+    written when it died is delivered again to its next session, and stored then."""
+
+    async def lost() -> None:  # the writer never gets to it: as if killed first
+        return
+
+    async with aggregator(tmp_path, mqtt_broker, "a") as agg:
+        agg.store.flush = lost  # type: ignore[method-assign]
+        async with node_client(mqtt_broker, "n1") as n1:
+            await publish(n1, "events", msg.event("n1", "n1:boot:1"))
+            await until(lambda: agg.state.counters.events["kernel"] == 1)
+    async with aggregator(tmp_path, mqtt_broker, "a") as again:
+        await until(lambda: again.state.counters.events["kernel"] == 1)
+        await again.store.flush()
+        assert [e["id"] for e in await again.store.events(node=None, since=None, limit=10)] == [
+            "n1:boot:1"
+        ]

@@ -1,6 +1,6 @@
 """One MQTT message in: checked, de-duplicated, applied to the fleet state and queued for
 the store; what must go back to the node (a cordon decision) is returned, not sent, so
-this stays free of MQTT and easy to test.
+this stays free of MQTT and easy to test. The consumer sends it once the rows are written.
 
 Anything a node could get wrong is rejected and counted by reason, never raised: a
 broken or hostile node must not be able to stop the aggregator.
@@ -41,6 +41,9 @@ _DECISIONS_KEPT = 10_000
 class Outgoing:
     topic: str
     payload: bytes
+    # The key of the cordons row this decision is stored as: it is sent only once that
+    # row is committed, so a crash cannot forget an approval a node already acted on.
+    record: str | None = None
 
 
 class Ingest:
@@ -123,7 +126,7 @@ class Ingest:
             # The node did not get our answer (or re-sent before it came): same answer.
             previous = self._decisions.get(key)
             if previous is not None:
-                return [Outgoing(self._cmd_topic(message), previous)]
+                return [Outgoing(self._cmd_topic(message), previous, record=key)]
             return []
         raw = _text(payload, message)
         if kind == "state":
@@ -203,7 +206,7 @@ class Ingest:
         self._decisions[key] = payload
         if len(self._decisions) > _DECISIONS_KEPT:
             self._decisions.popitem(last=False)
-        return Outgoing(self._cmd_topic(message), payload)
+        return Outgoing(self._cmd_topic(message), payload, record=key)
 
 
 def _text(payload: bytes, message: dict[str, Any]) -> str:

@@ -53,7 +53,7 @@ class Aggregator:
             stale_after=config.stale_after_seconds,
             clock=clock,
         )
-        self.consumer = Consumer(config.broker, config.share_group, self.ingest.handle, self.state)
+        self.consumer = Consumer(config, self.ingest.handle, self.state, self.store)
         collector = FleetCollector(
             self.state, self.budget, self.store, stale_after=config.stale_after_seconds, clock=clock
         )

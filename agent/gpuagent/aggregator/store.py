@@ -18,7 +18,7 @@ import json
 import logging
 import sqlite3
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -33,6 +33,8 @@ T = TypeVar("T")
 
 FLUSH_INTERVAL_SECONDS = 0.05
 PRUNE_INTERVAL_SECONDS = 10.0
+# Keys of refused rows remembered for `FleetStore.refused`.
+REFUSED_KEPT = 10_000
 
 _UPSERT_NODE = """
 INSERT INTO nodes (cluster, node, online, health, reason, last_seen, agent_version,
@@ -111,6 +113,8 @@ class _Pending:
     rows: dict[str, list[tuple[Any, ...]]] = field(
         default_factory=lambda: {table: [] for table in _INSERT}
     )
+    # Run once the rows above are committed or dropped (`FleetStore.after_write`).
+    callbacks: list[Callable[[], None]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.nodes) + sum(len(r) for r in self.rows.values())
@@ -141,9 +145,11 @@ def _node_row(r: NodeRecord, stale: bool) -> tuple[Any, ...]:
 
 @dataclass(frozen=True, slots=True)
 class _Dropped:
-    """A row the database refused: its table, and why."""
+    """A row the database refused: its table, its key (`row_key`; None for a node row),
+    and why."""
 
     table: str
+    key: str | None
     error: Exception
 
     @property
@@ -163,6 +169,8 @@ class FleetStore:
         self.write_errors = 0
         self.rows_dropped: Counter[str] = Counter()
         self._logged_reasons: set[str] = set()
+        # Keys of the rows most recently dropped, for `refused`.
+        self._refused: OrderedDict[str, None] = OrderedDict()
 
     # --- life cycle (all SQLite calls run on the store's one thread) ------------------
 
@@ -252,14 +260,31 @@ class FleetStore:
 
     # --- writing --------------------------------------------------------------------------
 
+    def after_write(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on the event loop) once every row queued so far is committed,
+        or refused and dropped; callbacks run in the order they were given."""
+        self._pending.callbacks.append(callback)
+
+    def refused(self, key: str) -> bool:
+        """Whether the database refused the row with this key (`row_key`), among the last
+        `REFUSED_KEPT` rows it refused. Read in an `after_write` callback, it says
+        whether that row was stored."""
+        return key in self._refused
+
     async def flush(self) -> None:
-        if not self._pending:
+        if not self._pending and not self._pending.callbacks:
             return
         batch, self._pending = self._pending, _Pending()
+        # Through the store's thread even without rows: the callbacks of one batch must not
+        # run before those of a batch still being written.
         failed, dropped = await self._call(self._write, batch)
         self.write_errors += failed
         for row in dropped:
             self.rows_dropped[row.table] += 1
+            if row.key is not None:
+                self._refused[row.key] = None
+                if len(self._refused) > REFUSED_KEPT:
+                    self._refused.popitem(last=False)
             # Once per reason: one broken node can repeat the same bad row every second.
             if row.reason not in self._logged_reasons:
                 self._logged_reasons.add(row.reason)
@@ -271,6 +296,8 @@ class FleetStore:
                     row.error,
                     row.reason,
                 )
+        for callback in batch.callbacks:
+            callback()
 
     def _write(self, batch: _Pending) -> tuple[bool, list[_Dropped]]:
         """Commit the batch in one transaction. If the database refuses it, write its rows
@@ -278,6 +305,8 @@ class FleetStore:
         not every other node's rows of the same batch. (Whether the batch failed, the rows
         dropped.)"""
         db = self._conn()
+        if not batch:
+            return False, []
         try:
             db.execute("BEGIN")
             for _, sql, rows in batch.statements():
@@ -297,7 +326,7 @@ class FleetStore:
                 try:
                     db.execute(sql, row)
                 except Exception as exc:  # noqa: BLE001 - as above: only this row is lost
-                    dropped.append(_Dropped(table, exc))
+                    dropped.append(_Dropped(table, None if table == "nodes" else row[0], exc))
         return True, dropped
 
     async def run_writer(self, stop: asyncio.Event) -> None:
