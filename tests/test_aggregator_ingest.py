@@ -284,3 +284,19 @@ async def test_a_node_cannot_take_over_anothers_cordon_request(rig: Rig) -> None
     await rig.store.flush()
     rows = await rig.store.cordons()
     assert sorted((r.node, r.request_id) for r in rows) == [("n5", real["id"]), ("n6", real["id"])]
+
+
+async def test_an_aggregator_that_is_not_the_arbiter_decides_no_cordon(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig.budget.config = CordonBudgetSection(2, 100.0, 600.0, arbiter=False)
+    rig.send("state", msg.state("n1"))
+    with caplog.at_level(logging.WARNING, logger="gpuagent.aggregator.ingest"):
+        for node in ("n1", "n2"):
+            assert rig.send("actions", msg.cordon_request(node)) == []
+    assert rig.state.counters.decisions == {}
+    assert rig.budget.remaining("c1", 2, rig.clock.now) == 2
+    await rig.store.flush()
+    assert await rig.store.count("cordons") == 0
+    (logged,) = caplog.records
+    assert "not the cordon arbiter" in logged.getMessage()

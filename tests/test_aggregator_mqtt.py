@@ -166,46 +166,74 @@ async def test_a_share_group_gives_each_message_to_exactly_one_aggregator(
         assert got_b
 
 
+async def ask_for_cordons(broker: Broker, nodes: list[str]) -> dict[str, dict[str, Any]]:
+    """Every node reports, then all ask for a cordon at once; their decisions by node."""
+    decisions: dict[str, dict[str, Any]] = {}
+    clients = []
+    try:
+        for node in nodes:
+            client = aiomqtt.Client(**client_options(broker.connection(node), client_id=node))
+            await client.__aenter__()
+            clients.append(client)
+            await client.subscribe(msg.topic(node, "cmd"), qos=1)
+            await publish(client, "state", msg.state(node))
+        await asyncio.sleep(0.5)  # the reports are in before the requests
+        await asyncio.gather(
+            *(
+                publish(c, "actions", msg.cordon_request(n))
+                for c, n in zip(clients, nodes, strict=True)
+            )
+        )
+
+        async def receive(client: aiomqtt.Client, node: str) -> None:
+            async for message in client.messages:
+                assert isinstance(message.payload, bytes)
+                decisions[node] = schema.decode(message.payload)
+                return
+
+        await asyncio.wait_for(
+            asyncio.gather(*(receive(c, n) for c, n in zip(clients, nodes, strict=True))), 5
+        )
+    finally:
+        for client in clients:
+            await client.__aexit__(None, None, None)
+    assert all(d["type"] == "cordon_decision" for d in decisions.values())
+    assert all(d["node"] == node for node, d in decisions.items())
+    return decisions
+
+
 async def test_the_fleet_cordon_budget_end_to_end(tmp_path: Path, mqtt_broker: Broker) -> None:
     nodes = [f"gpu{i}" for i in range(5)]
     async with aggregator(tmp_path, mqtt_broker, max_nodes=2) as agg:
-        decisions: dict[str, dict[str, Any]] = {}
-        clients = []
-        try:
-            for node in nodes:
-                client = aiomqtt.Client(
-                    **client_options(mqtt_broker.connection(node), client_id=node)
-                )
-                await client.__aenter__()
-                clients.append(client)
-                await client.subscribe(msg.topic(node, "cmd"), qos=1)
-                await publish(client, "state", msg.state(node))
-            await until(lambda: len(agg.state.nodes) == 5)
-            await asyncio.gather(
-                *(
-                    publish(c, "actions", msg.cordon_request(n))
-                    for c, n in zip(clients, nodes, strict=True)
-                )
-            )
-
-            async def receive(client: aiomqtt.Client, node: str) -> None:
-                async for message in client.messages:
-                    assert isinstance(message.payload, bytes)
-                    decisions[node] = schema.decode(message.payload)
-                    return
-
-            await asyncio.wait_for(
-                asyncio.gather(*(receive(c, n) for c, n in zip(clients, nodes, strict=True))), 5
-            )
-        finally:
-            for client in clients:
-                await client.__aexit__(None, None, None)
+        decisions = await ask_for_cordons(mqtt_broker, nodes)
+        assert len(agg.state.nodes) == 5
     results = sorted(d["decision"] for d in decisions.values())
     assert results == ["approved", "approved", "denied", "denied", "denied"]
-    assert all(d["type"] == "cordon_decision" for d in decisions.values())
-    assert all(d["node"] == node for node, d in decisions.items())
     denied = [d for d in decisions.values() if d["decision"] == "denied"]
     assert all(d["retry_after_seconds"] > 3500 for d in denied)
+
+
+async def test_one_arbiter_decides_for_a_share_group(tmp_path: Path, mqtt_broker: Broker) -> None:
+    """Two aggregators split the fleet's messages; only the arbiter decides cordons, so the
+    budget holds for the group as a whole."""
+    nodes = [f"gpu{i}" for i in range(5)]
+    # "b" ran as the arbiter before: its session still holds that subscription.
+    async with aggregator(tmp_path, mqtt_broker, "b", share_group="fleet"):
+        pass
+    async with (
+        aggregator(tmp_path, mqtt_broker, "a", share_group="fleet", max_nodes=2) as a,
+        aggregator(tmp_path, mqtt_broker, "b", share_group="fleet", arbiter=False) as b,
+    ):
+        decisions = await ask_for_cordons(mqtt_broker, nodes)
+        # The reports were split between the two.
+        assert a.state.nodes
+        assert b.state.nodes
+        assert sum(b.state.counters.decisions.values()) == 0
+        assert b.state.counters.received["cordon_request"] == 0
+        assert (
+            sorted(d["decision"] for d in decisions.values()) == ["approved"] * 2 + ["denied"] * 3
+        )
+        assert a.state.counters.decisions == {("c1", "approved"): 2, ("c1", "denied"): 3}
 
 
 async def test_the_aggregator_reconnects_after_a_broker_outage(

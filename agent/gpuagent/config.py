@@ -481,6 +481,9 @@ class CordonBudgetSection:
     max_nodes: int = 2
     max_percent: float = 10.0
     window_seconds: float = 3600.0
+    # Whether this aggregator decides cordon requests. Exactly one of the aggregators in a
+    # share group must (docs/fleet.md): the budget lives in its memory.
+    arbiter: bool = True
 
 
 @dataclass(frozen=True)

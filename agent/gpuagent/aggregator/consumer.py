@@ -1,6 +1,7 @@
 """The aggregator's MQTT side (the only module that speaks aiomqtt): connect, subscribe to
-every node channel (shared subscriptions when a share group is set), hand each message
-to the ingest, publish what comes back; reconnect with jittered backoff.
+the node channels (shared subscriptions when a share group is set; `actions` only on the
+cordon arbiter), hand each message to the ingest, publish what comes back; reconnect with
+jittered backoff.
 
 A QoS 1 message is acknowledged only once the rows it caused are committed, and what it
 asks for (a cordon decision) is sent only then: if the aggregator dies first, the broker
@@ -68,6 +69,7 @@ class Consumer:
     ) -> None:
         self.connection = config.broker
         self.share_group = config.share_group
+        self.arbiter = config.cordon_budget.arbiter
         self.handler = handler
         self.state = state
         self.store = store
@@ -110,6 +112,22 @@ class Consumer:
             if connected:
                 backoff.reset()  # it worked for a while: start backing off afresh
             await asyncio.sleep(backoff.next_delay())
+
+    def subscriptions(self) -> tuple[list[str], list[str]]:
+        """(what to subscribe to, what not to hold). Every node channel, shared in the share
+        group, except ``actions``: cordon requests travel there beside action records, and
+        only one aggregator may decide them, since the budget lives in its memory. The
+        arbiter takes every node's ``actions`` outside the share group; the others none."""
+        prefix = self.connection.topic_prefix
+        wanted = [
+            subscription(prefix, channel, self.share_group)
+            for channel in NODE_CHANNELS
+            if channel != "actions"
+        ]
+        if self.arbiter:
+            wanted.append(subscription(prefix, "actions"))
+        actions = {subscription(prefix, "actions", group) for group in (self.share_group, "")}
+        return wanted, sorted(actions - set(wanted))
 
     def _deliver(self, message: aiomqtt.Message) -> None:
         try:
@@ -156,19 +174,20 @@ class Consumer:
         self._paho = client._client  # noqa: SLF001
         self._paho.manual_ack_set(on=True)
         async with client:
-            prefix = self.connection.topic_prefix
-            for channel in NODE_CHANNELS:
-                await client.subscribe(subscription(prefix, channel, self.share_group), qos=1)
+            wanted, unwanted = self.subscriptions()
+            # Our session persists: it may still hold what an earlier configuration wanted.
+            if unwanted:
+                await client.unsubscribe(unwanted)
+            for topic in wanted:
+                await client.subscribe(topic, qos=1)
             self._client = client
             self.state.connected = True
             log.info(
-                "MQTT: connected to %s:%d as %s, subscribed to %s/+/+/{%s}%s",
+                "MQTT: connected to %s:%d as %s, subscribed to %s",
                 self.connection.host,
                 self.connection.port,
                 self.client_id,
-                prefix,
-                ",".join(NODE_CHANNELS),
-                f" (share group {self.share_group})" if self.share_group else "",
+                ", ".join(wanted),
             )
             # Messages go to _deliver as they arrive; this only waits for the connection to
             # end, which the iterator reports as an MqttError.

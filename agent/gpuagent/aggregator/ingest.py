@@ -140,8 +140,21 @@ class Ingest:
             self.state.add_reply(message["cluster"], message["node"], message)
             self.store.queue_reply(message, raw)
         elif kind == "cordon_request":
-            return [self._cordon(message, key)]
+            if self.budget.config.arbiter:
+                return [self._cordon(message, key)]
+            self._not_arbiter(topic)
         return []
+
+    def _not_arbiter(self, topic: str) -> None:
+        # Cordon requests are the arbiter's alone (it answers this one too); only a
+        # subscription an earlier configuration left in the broker brings one here.
+        if "not_arbiter" not in self._logged_reasons:
+            self._logged_reasons.add("not_arbiter")
+            log.warning(
+                "a cordon request on %s reached an aggregator that is not the cordon arbiter "
+                "(aggregator.cordon_budget.arbiter = false): left to the arbiter",
+                topic,
+            )
 
     def _state(self, message: dict[str, Any], raw: str) -> None:
         now = self.clock()

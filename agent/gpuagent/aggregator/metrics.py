@@ -168,7 +168,8 @@ class FleetCollector(Collector):
             "Nodes that may still be cordoned in the current window, by cluster.",
             labels=["cluster"],
         )
-        for cluster in self.state.clusters():
+        # Only the arbiter's budget is the fleet's: the others have none to report.
+        for cluster in self.state.clusters() if self.budget.config.arbiter else ():
             left = self.budget.remaining(cluster, self.state.cluster_size(cluster), now)
             remaining.add_metric([cluster], float(left))
         yield remaining
