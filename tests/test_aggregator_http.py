@@ -23,9 +23,11 @@ from gpuagent.fleet import schema
 class Published:
     def __init__(self) -> None:
         self.messages: list[tuple[str, bytes, int]] = []
+        self.expiry: list[int] = []
 
-    async def publish(self, topic: str, payload: bytes, qos: int) -> None:
+    async def publish(self, topic: str, payload: bytes, qos: int, properties: Any) -> None:
         self.messages.append((topic, payload, qos))
+        self.expiry.append(properties.MessageExpiryInterval)
 
 
 class Rig:
@@ -169,7 +171,7 @@ async def test_commands_go_out_only_if_allowlisted(rig: Rig) -> None:
     assert status == 202
     ((topic, payload, qos),) = fake.messages
     sent = schema.decode(payload)
-    assert (topic, qos) == (msg.topic("n1", "cmd"), 1)
+    assert (topic, qos, fake.expiry) == (msg.topic("n1", "cmd"), 1, [300])
     assert (sent["type"], sent["command"], sent["args"]) == (
         "command",
         "run_checks",

@@ -302,3 +302,37 @@ async def test_a_message_not_yet_stored_when_the_aggregator_dies_comes_again(
         assert [e["id"] for e in await again.store.events(node=None, since=None, limit=10)] == [
             "n1:boot:1"
         ]
+
+
+async def test_a_command_expires_while_its_node_is_away(
+    tmp_path: Path, mqtt_broker: Broker
+) -> None:
+    """Nodes keep their session for a day: without an expiry, a command sent while a node is
+    away would be carried out whenever it comes back."""
+    options = client_options(mqtt_broker.connection("n1"), client_id="n1")  # a persistent session
+    async with aiomqtt.Client(**options) as n1:
+        await n1.subscribe(msg.topic("n1", "cmd"), qos=1)
+    async with (
+        aggregator(tmp_path, mqtt_broker, command_expiry_seconds=2) as agg,
+        aiohttp.ClientSession() as session,
+    ):
+        agg.ingest.handle(msg.topic("n1", "state"), schema.encode(msg.state("n1")))
+        url = f"http://{agg.config.listen}/api/v1/nodes/n1/commands"
+
+        async def send() -> str:
+            async with session.post(url, json={"command": "refresh"}) as response:
+                assert response.status == 202
+                command_id: str = (await response.json())["id"]
+                return command_id
+
+        await send()
+        await asyncio.sleep(3.0)  # the node is away past the expiry
+        fresh = await send()
+        async with aiomqtt.Client(**options) as n1:
+            message = await asyncio.wait_for(anext(aiter(n1.messages)), 5)
+            assert isinstance(message.payload, bytes)
+            assert schema.decode(message.payload)["id"] == fresh  # not the expired one
+            assert message.properties is not None
+            assert 0 < message.properties.MessageExpiryInterval <= 2
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(anext(aiter(n1.messages)), 1.0)

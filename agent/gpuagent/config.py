@@ -503,6 +503,10 @@ class AggregatorSection:
     # Sending commands to nodes (POST .../commands) needs "Authorization: Bearer <token>"
     # with the token in this file; empty: only clients on this host (loopback) may.
     command_token_file: str = ""
+    # MQTT 5 message expiry of commands and cordon decisions: the broker drops one that has
+    # waited this long for a node that is away, rather than deliver it when the node comes
+    # back (the node's session lasts a day).
+    command_expiry_seconds: int = 300
     broker: MqttConnection = field(default_factory=MqttConnection)
     cordon_budget: CordonBudgetSection = field(default_factory=CordonBudgetSection)
 
@@ -545,6 +549,7 @@ _POSITIVE = {
     "aggregator.stale_after_seconds",
     "aggregator.events_retention_seconds",
     "aggregator.max_events",
+    "aggregator.command_expiry_seconds",
     "aggregator.cordon_budget.window_seconds",
     *(
         f"{section}.{key}"

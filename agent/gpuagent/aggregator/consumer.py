@@ -19,6 +19,8 @@ from typing import Any
 
 import aiomqtt
 import paho.mqtt.client as paho
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from gpuagent.aggregator import paho_tables
 from gpuagent.aggregator.ingest import Outgoing
@@ -70,6 +72,7 @@ class Consumer:
         self.connection = config.broker
         self.share_group = config.share_group
         self.arbiter = config.cordon_budget.arbiter
+        self.command_expiry = config.command_expiry_seconds
         self.handler = handler
         self.state = state
         self.store = store
@@ -84,12 +87,15 @@ class Consumer:
         paho_tables.install()
 
     async def publish(self, out: Outgoing) -> None:
-        """Publish at QoS 1; ConnectionError while not connected."""
+        """Publish at QoS 1, expiring after `command_expiry_seconds`; ConnectionError while
+        not connected."""
         client = self._client
         if client is None:
             raise ConnectionError("not connected to the MQTT broker")
+        properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        properties.MessageExpiryInterval = self.command_expiry
         try:
-            await client.publish(out.topic, out.payload, qos=1)
+            await client.publish(out.topic, out.payload, qos=1, properties=properties)
         except aiomqtt.MqttError as exc:
             raise ConnectionError(str(exc)) from exc
 
