@@ -384,3 +384,50 @@ async def test_nan_and_infinity_from_a_node_are_served_as_null(rig: Rig) -> None
     assert detail["status"]["gpus"][0]["findings"][0]["evidence"] == cleaned
     (stored,) = (await strict("/api/v1/events"))["events"]
     assert stored["data"]["value"] is None
+
+
+@pytest.mark.parametrize(
+    ("content_type", "status"),
+    [
+        ("text/plain", 415),
+        ("application/x-www-form-urlencoded", 415),
+        ("multipart/form-data; boundary=x", 415),
+        (None, 415),
+        ("application/json; charset=utf-8", 202),
+    ],
+)
+async def test_commands_must_be_sent_as_json(
+    tmp_path: Path, content_type: str | None, status: int
+) -> None:
+    """A page in a browser on the aggregator's host may POST text/plain cross-origin without
+    a preflight; only JSON is taken."""
+    port = free_port()
+    agg = Aggregator(msg.config(tmp_path, port=port))
+    await agg.start()
+    sent: list[object] = []
+
+    async def publish(out: object) -> None:
+        sent.append(out)
+
+    object.__setattr__(agg.api, "publish", publish)  # no broker here: capture instead
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    try:
+        agg.ingest.handle(msg.topic("n1", "state"), schema.encode(msg.state("n1")))
+        async with (
+            aiohttp.ClientSession(skip_auto_headers=["Content-Type"]) as session,
+            session.post(
+                f"http://127.0.0.1:{port}/api/v1/nodes/n1/commands",
+                data=b'{"command": "refresh"}',
+                headers=headers,
+            ) as response,
+        ):
+            assert response.status == status
+            body = await response.json()
+    finally:
+        await agg.close()
+    if status == 415:
+        assert sent == []
+        assert "application/json" in body["error"]
+        assert agg.state.counters.bad_requests["commands"] == 1
+    else:
+        assert len(sent) == 1

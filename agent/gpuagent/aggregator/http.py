@@ -162,6 +162,11 @@ class Api:
 
     async def send_command(self, request: web.Request) -> web.Response:
         refusal = self._command_refusal(request)
+        if refusal is None and request.content_type != "application/json":
+            # A browser sends a cross-origin text/plain or form POST without asking first
+            # (no CORS preflight), so any page open on this host could reach a loopback-only
+            # aggregator; a JSON POST from another origin needs a preflight, which is refused.
+            refusal = _error(415, "commands must be sent with Content-Type: application/json")
         if refusal is not None:
             self.state.counters.bad_requests["commands"] += 1
             return refusal
