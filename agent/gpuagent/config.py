@@ -498,6 +498,8 @@ class AggregatorSection:
     # A node whose last report is older than this is shown as stale (offline comes from
     # its Last Will at once).
     stale_after_seconds: float = 120.0
+    # History (events, action records, replies, commands, cordon decisions) older than this
+    # is deleted; cordon decisions are kept at least for the cordon budget's window.
     events_retention_seconds: float = 7 * 86400.0
     max_events: int = 1_000_000
     # Sending commands to nodes (POST .../commands) needs "Authorization: Bearer <token>"

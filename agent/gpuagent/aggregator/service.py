@@ -42,6 +42,7 @@ class Aggregator:
             config.database,
             retention_seconds=config.events_retention_seconds,
             max_events=config.max_events,
+            budget_window_seconds=config.cordon_budget.window_seconds,
         )
         self.budget = CordonBudget(config.cordon_budget)
         prefix = config.broker.topic_prefix

@@ -61,7 +61,7 @@ _INSERT = {
 
 # Reads and prunes. Like the schema, every statement here is one SQLite and PostgreSQL
 # both run as written (`?` becomes the driver's placeholder); a test runs them on both.
-_PRUNE_BY_AGE = "DELETE FROM events WHERE time < ?"
+_PRUNE_BY_AGE = "DELETE FROM {table} WHERE time < ?"
 _PRUNE_BY_COUNT = (
     "DELETE FROM events WHERE time < (SELECT time FROM events ORDER BY time DESC LIMIT 1 OFFSET ?)"
 )
@@ -158,10 +158,20 @@ class _Dropped:
 
 
 class FleetStore:
-    def __init__(self, path: Path, *, retention_seconds: float, max_events: int) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        retention_seconds: float,
+        max_events: int,
+        budget_window_seconds: float = 0.0,
+    ) -> None:
         self.path = path
+        # Every history table (events, actions, replies, commands, cordons) keeps this long;
+        # events also at most max_events; cordon decisions at least the budget's window.
         self.retention_seconds = retention_seconds
         self.max_events = max_events
+        self.budget_window_seconds = budget_window_seconds
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleet-store")
         self._db: sqlite3.Connection | None = None
         self._pending = _Pending()
@@ -346,7 +356,13 @@ class FleetStore:
 
     def _prune(self, now: float) -> int:
         db = self._conn()
-        removed = db.execute(_PRUNE_BY_AGE, (now - self.retention_seconds,)).rowcount
+        removed = 0
+        for table in _INSERT:
+            keep = self.retention_seconds
+            if table == "cordons":
+                # A restart restores the budget from the approvals within its window.
+                keep = max(keep, self.budget_window_seconds)
+            removed += db.execute(_PRUNE_BY_AGE.format(table=table), (now - keep,)).rowcount
         removed += db.execute(_PRUNE_BY_COUNT, (self.max_events - 1,)).rowcount
         return int(removed)
 
