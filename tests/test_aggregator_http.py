@@ -82,6 +82,11 @@ async def test_nodes_lists_unhealthy_first_with_gpus(rig: Rig) -> None:
         "findings": [msg.finding("ecc", "CRITICAL", "DBE")],
     }
     assert body["nodes"][1]["reason"] == "connection lost"
+    assert body["counts"] == {"nodes": 3, "critical": 1, "warning": 0, "offline": 1, "stale": 0}
+    # The page asks for the rows it shows only; the counts are still the fleet's.
+    _, first = await rig.get("/api/v1/nodes?limit=2")
+    assert [n["name"] for n in first["nodes"]] == ["sick", "gone"]
+    assert first["counts"] == body["counts"]
 
 
 async def test_a_silent_node_turns_stale(rig: Rig) -> None:
@@ -142,6 +147,7 @@ async def test_events_actions_and_cordons(rig: Rig) -> None:
         "/api/v1/actions?limit=99999999",
         "/api/v1/cordons?since=x",
         "/api/v1/nodes/n1?cluster=%23",
+        "/api/v1/nodes?limit=0",
     ],
 )
 async def test_bad_query_parameters_are_400_and_counted(rig: Rig, path: str) -> None:

@@ -108,8 +108,18 @@ class Api:
 
     # --- handlers -----------------------------------------------------------------------
 
-    async def nodes(self, _: web.Request) -> web.Response:
-        return _json({"nodes": views.nodes_json(self.state, self.clock(), self.stale_after)})
+    async def nodes(self, request: web.Request) -> web.Response:
+        try:
+            limit = self._limit(request) if "limit" in request.query else None
+        except BadRequestError as exc:
+            return self._bad("nodes", str(exc))
+        now = self.clock()
+        return _json(
+            {
+                "nodes": views.nodes_json(self.state, now, self.stale_after, limit),
+                "counts": views.node_counts(self.state, now, self.stale_after),
+            }
+        )
 
     async def node(self, request: web.Request) -> web.Response:
         try:
