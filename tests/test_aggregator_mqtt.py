@@ -21,7 +21,7 @@ from fleet_support import aggregator, until
 from gpuagent.aggregator.service import Aggregator
 from gpuagent.fleet import schema
 from gpuagent.fleet.connection import client_options
-from mqtt_broker import Broker
+from mqtt_broker import Broker, shipped_settings
 
 pytestmark = pytest.mark.integration
 
@@ -336,3 +336,68 @@ async def test_a_command_expires_while_its_node_is_away(
             assert 0 < message.properties.MessageExpiryInterval <= 2
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(anext(aiter(n1.messages)), 1.0)
+
+
+def _worst_8_gpu_scenario() -> str:
+    """An 8-GPU node with about everything wrong at once: MIG on with seven instances per
+    GPU, every fault kind that adds to its report, all NVLinks down, 16 long-named processes
+    on every GPU. Its state report is the largest an 8-GPU node sends."""
+    lines = [
+        '[node]\ngpus = 8\nmodel = "NVIDIA H100 80GB HBM3"\nmig_mode = true',
+        f"mig_profiles = {json.dumps(['1g.10gb'] * 7)}",
+        'nvswitches = 4\nfabric_state = "completed"\npersistenced = "failed"',
+        'fabricmanager = "failed"\nmodule_version = "550.90.07"',
+    ]
+    reasons = ["sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "power_brake"]
+    for gpu in range(8):
+        faults = [
+            'kind = "ecc_dbe"\ncount = 3',
+            'kind = "ecc_sbe"\ncount = 500',
+            'kind = "retired_pages"\ncount = 5\npending = true',
+            'kind = "row_remap_pending"\nrows = 2',
+            'kind = "temperature"\ncelsius = 95',
+            f'kind = "throttle"\nreasons = {json.dumps(reasons)}',
+            'kind = "pcie_degrade"\ngen = 3\nwidth = 8',
+            'kind = "pcie_replay"\ncount = 1000',
+            'kind = "persistence_off"',
+            'kind = "power_limit"\nwatts = 300',
+            'kind = "app_clocks"\nmhz = 1000',
+            'kind = "fabric"\nstate = "completed"\nok = false',
+            'kind = "ecc_mode"\nenabled = false',
+            *(f'kind = "nvlink_down"\nlink = {link}' for link in range(18)),
+            *(
+                f'kind = "process"\npid = {1000 + 100 * gpu + p}\nused_mib = 4000\n'
+                f'name = "/opt/conda/envs/train/bin/python3.11 -m torch.distributed.run '
+                f'--nproc-per-node 8 /home/someone/experiments/train_{p}.py"'
+                for p in range(16)
+            ),
+        ]
+        lines += [f"[[fault]]\ngpu = {gpu}\n{fault}" for fault in faults]
+    return "\n".join(lines) + "\n"
+
+
+async def test_the_largest_8_gpu_state_report_fits_the_shipped_packet_limit(
+    tmp_path: Path, mqtt_broker: Broker
+) -> None:
+    scenario = tmp_path / "worst.toml"
+    scenario.write_text(_worst_8_gpu_scenario())
+    checked = subprocess.run(
+        [sys.executable, "-m", "gpuagent", "check", "--json", "--simulate", str(scenario)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    status = json.loads(checked.stdout)
+    assert len(status["gpus"]) == 8
+    assert all(len(g["processes"]) == 16 for g in status["gpus"])
+    assert status["node"]["inventory"]["gpus"][0]["mig"]["instances"] == ["1g.10gb"] * 7
+    message = msg.state("n1")
+    message["status"] = status
+    size = len(schema.encode(message))
+    (limit,) = [int(s.split()[1]) for s in shipped_settings()[0] if s.startswith("max_packet_")]
+    assert size * 5 < limit, f"{size} bytes: raise max_packet_size in gpuagent.conf"
+    async with aggregator(tmp_path, mqtt_broker) as agg, node_client(mqtt_broker, "n1") as n1:
+        await publish(n1, "state", message)
+        await until(lambda: ("c1", "n1") in agg.state.nodes)
+        assert agg.state.nodes[("c1", "n1")].health == "CRITICAL"

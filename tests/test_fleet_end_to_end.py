@@ -107,7 +107,7 @@ async def test_a_15_s_broker_outage_with_500_faults_delivers_each_exactly_once(
         )
         await until(lambda: ("default", "gpu-c") in agg.state.nodes, timeout=10)
         bus = daemon.status()["gpus"][2]["pci_bus_id"]
-        await asyncio.sleep(1.5)  # the broker saves the aggregator's session
+        await asyncio.to_thread(mqtt_broker.save)  # the aggregator's session survives
         await asyncio.to_thread(mqtt_broker.kill)
         outage = time.monotonic()
         daemon.write_kernel_log(*xid_records(5000, 500, bus))
@@ -134,7 +134,7 @@ async def test_an_agent_killed_with_its_spool_full_loses_nothing(
         daemon = await asyncio.to_thread(run_daemon, H100, config_extra=config, node_name="gpu-d")
         await until(lambda: ("default", "gpu-d") in agg.state.nodes, timeout=10)
         bus = daemon.status()["gpus"][0]["pci_bus_id"]
-        await asyncio.sleep(1.5)
+        await asyncio.to_thread(mqtt_broker.save)
         await asyncio.to_thread(mqtt_broker.kill)
         daemon.write_kernel_log(*xid_records(9000, 200, bus))
         await asyncio.to_thread(daemon.wait_for, lambda d: d["kmsg"]["records_read"] == 200, 20)
