@@ -90,6 +90,7 @@ def config(
     broker: MqttConnection | None = None,
     max_nodes: int = 2,
     window: float = 3600.0,
+    arbiter: bool = True,
     **overrides: Any,
 ) -> AggregatorSection:
     base = AggregatorSection(
@@ -97,7 +98,7 @@ def config(
         database=tmp_path / "fleet.sqlite",
         broker=broker or MqttConnection(host="127.0.0.1", port=1, tls=False),
         cordon_budget=CordonBudgetSection(
-            max_nodes=max_nodes, max_percent=100.0, window_seconds=window
+            max_nodes=max_nodes, max_percent=100.0, window_seconds=window, arbiter=arbiter
         ),
         share_group="",
     )

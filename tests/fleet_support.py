@@ -4,6 +4,7 @@ real broker, the page in headless Chromium, kernel-log faults in bulk."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import shutil
 import time
@@ -12,6 +13,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 import aggregator_support as msg
@@ -79,6 +81,62 @@ async def dump_dom(browser: str, url: str, home: Path) -> str:
     )
     stdout, _ = await asyncio.wait_for(process.communicate(), 60)
     return stdout.decode()
+
+
+class LivePage:
+    """A page open in headless Chromium, read through the DevTools protocol while it runs:
+    its timers run in real time (dump_dom's run in virtual time), so a test can watch it
+    refresh."""
+
+    def __init__(self, socket: aiohttp.ClientWebSocketResponse) -> None:
+        self._socket = socket
+        self._ids = itertools.count(1)
+
+    async def evaluate(self, expression: str) -> Any:
+        """The value of a JavaScript expression in the page."""
+        call = next(self._ids)
+        await self._socket.send_json(
+            {
+                "id": call,
+                "method": "Runtime.evaluate",
+                "params": {"expression": expression, "returnByValue": True},
+            }
+        )
+        while True:  # events may come in between
+            answer = await self._socket.receive_json()
+            if answer.get("id") == call:
+                return answer["result"]["result"].get("value")
+
+
+@asynccontextmanager
+async def live_page(browser: str, url: str, home: Path) -> AsyncIterator[LivePage]:
+    profile = home / "chromium-profile"
+    process = await asyncio.create_subprocess_exec(
+        browser,
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--remote-debugging-port=0",
+        f"--user-data-dir={profile}",
+        url,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+        env={**os.environ, "HOME": str(home)},
+    )
+    try:
+        # Chromium writes the port it chose, then a newline and the browser's own path.
+        active = profile / "DevToolsActivePort"
+        await until(lambda: "\n" in (active.read_text() if active.exists() else ""), 30)
+        port = int(active.read_text().split()[0])
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{port}/json/list") as response:
+                targets = await response.json()
+            (page,) = [t for t in targets if t["type"] == "page"]
+            async with session.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0) as ws:
+                yield LivePage(ws)
+    finally:
+        process.terminate()
+        await process.wait()
 
 
 def xid_records(first_seq: int, count: int, bus: str) -> list[str]:

@@ -1,10 +1,12 @@
 """A real mosquitto on loopback for the fleet tests.
 
-Two listeners on free ports of 127.0.0.1: a plain one (anonymous, no ACL) and a TLS one
-configured like production (docs/fleet.md): a test CA, `require_certificate`,
-`use_identity_as_username` and the project's own ACL file, deploy/mosquitto/gpuagent.acl.
-Certificates are made with the openssl command. The broker can be killed (SIGKILL) and
-restarted on the same ports and persistence file, for outage tests.
+It runs the shipped configuration, deploy/mosquitto/gpuagent.conf (persistence, autosave,
+packet and queue limits, and its TLS listener: `require_certificate`,
+`use_identity_as_username` and the project's own ACL file, deploy/mosquitto/gpuagent.acl),
+with a test CA and free ports of 127.0.0.1, plus a plain listener (anonymous, no ACL).
+Certificates are made with the openssl command. The broker can be made to save its
+database, killed (SIGKILL) and restarted on the same ports and persistence file, for
+outage tests.
 """
 
 from __future__ import annotations
@@ -33,8 +35,21 @@ from gpuagent.config import MqttConnection
 
 REPO = Path(__file__).resolve().parent.parent
 ACL = REPO / "deploy" / "mosquitto" / "gpuagent.acl"
+SHIPPED_CONF = REPO / "deploy" / "mosquitto" / "gpuagent.conf"
 _SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", os.defpath), "/usr/sbin", "/sbin"])
 STARTUP_SECONDS = 10.0
+
+
+def shipped_settings() -> tuple[list[str], list[str]]:
+    """The settings of the shipped broker configuration, comments left out: (those before
+    its listener, those of its listener)."""
+    settings = [
+        line.strip()
+        for line in SHIPPED_CONF.read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    first = next(i for i, line in enumerate(settings) if line.split()[0] == "listener")
+    return settings[:first], settings[first + 1 :]
 
 
 def mosquitto_path() -> str | None:
@@ -138,12 +153,14 @@ class Broker:
         return head + where + "reconnect_min_seconds = 0.2\nreconnect_max_seconds = 1.0\n"
 
     def _write_config(self) -> Path:
+        """The shipped configuration (deploy/mosquitto/gpuagent.conf) with this test's paths
+        and ports, and a plain listener beside its TLS one."""
         crt, key = self.root / "pki" / "broker.crt", self.root / "pki" / "broker.key"
+        paths = {"cafile": self.pki.ca_file, "certfile": crt, "keyfile": key, "acl_file": ACL}
+        shared, listener = shipped_settings()
         lines = [
-            "per_listener_settings true",
-            "persistence true",
+            *shared,
             f"persistence_location {self.root}/",
-            "autosave_interval 1",
             f"log_dest file {self.log}",
             "log_type error",
             "log_type warning",
@@ -152,19 +169,30 @@ class Broker:
             f"listener {self.port} 127.0.0.1",
             "allow_anonymous true",
             f"listener {self.tls_port} 127.0.0.1",
-            f"cafile {self.pki.ca_file}",
-            f"certfile {crt}",
-            f"keyfile {key}",
-            "require_certificate true",
-            "use_identity_as_username true",
-            "allow_anonymous false",
-            f"acl_file {ACL}",
+            *(
+                f"{name} {paths[name]}" if (name := line.split()[0]) in paths else line
+                for line in listener
+            ),
         ]
         if os.geteuid() == 0:
             lines.insert(0, "user root")  # else mosquitto drops to a user that can't read our files
         conf = self.root / "mosquitto.conf"
         conf.write_text("\n".join(lines) + "\n")
         return conf
+
+    def save(self) -> None:
+        """Have mosquitto write its database now (SIGUSR1), as its next autosave would, and
+        wait until it has: what a crash after this keeps."""
+        assert self.process is not None
+        database = self.root / "mosquitto.db"
+        before = database.stat().st_ino if database.exists() else None
+        self.process.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + STARTUP_SECONDS
+        # Written to a new file, then renamed over the old one: a new inode.
+        while not (database.exists() and database.stat().st_ino != before):
+            if time.monotonic() > deadline:
+                raise RuntimeError("mosquitto did not save its database")
+            time.sleep(0.02)
 
     def start(self) -> None:
         program = mosquitto_path()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import aggregator_support as msg
 from conftest import REPO, free_port
 from gpuagent.aggregator.ingest import Outgoing
+from gpuagent.aggregator.records import from_online_state
 from gpuagent.aggregator.service import Aggregator
 from gpuagent.fleet import schema
 
@@ -21,9 +23,11 @@ from gpuagent.fleet import schema
 class Published:
     def __init__(self) -> None:
         self.messages: list[tuple[str, bytes, int]] = []
+        self.expiry: list[int] = []
 
-    async def publish(self, topic: str, payload: bytes, qos: int) -> None:
+    async def publish(self, topic: str, payload: bytes, qos: int, properties: Any) -> None:
         self.messages.append((topic, payload, qos))
+        self.expiry.append(properties.MessageExpiryInterval)
 
 
 class Rig:
@@ -78,6 +82,11 @@ async def test_nodes_lists_unhealthy_first_with_gpus(rig: Rig) -> None:
         "findings": [msg.finding("ecc", "CRITICAL", "DBE")],
     }
     assert body["nodes"][1]["reason"] == "connection lost"
+    assert body["counts"] == {"nodes": 3, "critical": 1, "warning": 0, "offline": 1, "stale": 0}
+    # The page asks for the rows it shows only; the counts are still the fleet's.
+    _, first = await rig.get("/api/v1/nodes?limit=2")
+    assert [n["name"] for n in first["nodes"]] == ["sick", "gone"]
+    assert first["counts"] == body["counts"]
 
 
 async def test_a_silent_node_turns_stale(rig: Rig) -> None:
@@ -138,6 +147,7 @@ async def test_events_actions_and_cordons(rig: Rig) -> None:
         "/api/v1/actions?limit=99999999",
         "/api/v1/cordons?since=x",
         "/api/v1/nodes/n1?cluster=%23",
+        "/api/v1/nodes?limit=0",
     ],
 )
 async def test_bad_query_parameters_are_400_and_counted(rig: Rig, path: str) -> None:
@@ -167,7 +177,7 @@ async def test_commands_go_out_only_if_allowlisted(rig: Rig) -> None:
     assert status == 202
     ((topic, payload, qos),) = fake.messages
     sent = schema.decode(payload)
-    assert (topic, qos) == (msg.topic("n1", "cmd"), 1)
+    assert (topic, qos, fake.expiry) == (msg.topic("n1", "cmd"), 1, [300])
     assert (sent["type"], sent["command"], sent["args"]) == (
         "command",
         "run_checks",
@@ -349,3 +359,81 @@ def test_without_a_token_only_this_host_may_send_commands(
     from gpuagent.aggregator.http import _loopback  # noqa: PLC0415
 
     assert _loopback(remote) is allowed
+
+
+async def test_nan_and_infinity_from_a_node_are_served_as_null(rig: Rig) -> None:
+    """Python's JSON reads NaN and Infinity, JSON itself has neither: one node's NaN must
+    not make the whole fleet's answer unreadable to a browser."""
+    evidence = {"temperature_c": float("nan"), "limits": [float("inf"), 1.5]}
+    bad = {**msg.finding("thermal", "WARN", "hot"), "evidence": evidence}
+    message = msg.state("n1", health="WARN", gpus=[msg.gpu_doc(0, "WARN", [bad])])
+    raw = json.dumps(message)  # as a node's JSON library may write it: NaN, Infinity
+    assert "NaN" in raw
+    # Straight into the state and the store, whatever the ingest would let through.
+    rig.agg.state.put(from_online_state(message, raw, rig.agg.clock()))
+    event = msg.event("n1")
+    event["data"]["value"] = float("-inf")
+    rig.agg.store.queue_event(event, json.dumps(event))
+    await rig.agg.store.flush()
+
+    async def strict(path: str) -> Any:
+        async with rig.session.get(rig.base + path) as response:
+            assert response.status == 200
+            text = await response.text()
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in {path}"))
+
+    cleaned = {"temperature_c": None, "limits": [None, 1.5]}
+    (node,) = (await strict("/api/v1/nodes"))["nodes"]
+    assert node["gpus"][0]["findings"][0]["evidence"] == cleaned
+    detail = await strict("/api/v1/nodes/n1")
+    assert detail["gpus"][0]["findings"][0]["evidence"] == cleaned
+    assert detail["status"]["gpus"][0]["findings"][0]["evidence"] == cleaned
+    (stored,) = (await strict("/api/v1/events"))["events"]
+    assert stored["data"]["value"] is None
+
+
+@pytest.mark.parametrize(
+    ("content_type", "status"),
+    [
+        ("text/plain", 415),
+        ("application/x-www-form-urlencoded", 415),
+        ("multipart/form-data; boundary=x", 415),
+        (None, 415),
+        ("application/json; charset=utf-8", 202),
+    ],
+)
+async def test_commands_must_be_sent_as_json(
+    tmp_path: Path, content_type: str | None, status: int
+) -> None:
+    """A page in a browser on the aggregator's host may POST text/plain cross-origin without
+    a preflight; only JSON is taken."""
+    port = free_port()
+    agg = Aggregator(msg.config(tmp_path, port=port))
+    await agg.start()
+    sent: list[object] = []
+
+    async def publish(out: object) -> None:
+        sent.append(out)
+
+    object.__setattr__(agg.api, "publish", publish)  # no broker here: capture instead
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    try:
+        agg.ingest.handle(msg.topic("n1", "state"), schema.encode(msg.state("n1")))
+        async with (
+            aiohttp.ClientSession(skip_auto_headers=["Content-Type"]) as session,
+            session.post(
+                f"http://127.0.0.1:{port}/api/v1/nodes/n1/commands",
+                data=b'{"command": "refresh"}',
+                headers=headers,
+            ) as response,
+        ):
+            assert response.status == status
+            body = await response.json()
+    finally:
+        await agg.close()
+    if status == 415:
+        assert sent == []
+        assert "application/json" in body["error"]
+        assert agg.state.counters.bad_requests["commands"] == 1
+    else:
+        assert len(sent) == 1

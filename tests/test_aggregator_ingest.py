@@ -188,3 +188,115 @@ async def test_replies_are_kept_per_node(rig: Rig) -> None:
     assert len(replies) == 10
     await rig.store.flush()
     assert await rig.store.count("replies") == 12
+
+
+@pytest.mark.parametrize(
+    "when",
+    ["NaN", "Infinity", "-Infinity", "1e999", "1" + "0" * 400],
+    ids=["nan", "inf", "-inf", "1e999", "10**400"],
+)
+@pytest.mark.parametrize("channel", ["state", "events"])
+async def test_a_time_that_is_no_finite_number_is_rejected_not_raised(
+    rig: Rig, channel: str, when: str
+) -> None:
+    message = msg.state("n1") if channel == "state" else msg.event("n1")
+    # Python's JSON reads all of these: NaN, infinities, and integers of any length.
+    payload = schema.encode(message).replace(
+        f'"time":{message["time"]!r}'.encode(), f'"time":{when}'.encode()
+    )
+    assert f'"time":{when}'.encode() in payload
+    assert rig.ingest.handle(msg.topic("n1", channel), payload) == []
+    assert sum(rig.state.counters.rejected.values()) == 1
+    assert rig.state.counters.received == {}
+    assert rig.state.nodes == {}
+    assert rig.store.pending() == 0
+
+
+async def test_a_row_the_database_refuses_costs_only_itself(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    # n5's ids hold lone surrogates: valid JSON, valid Python text, but no UTF-8 exists
+    # for them, so SQLite cannot store the row. They share a batch with n6's rows.
+    rig.send("events", msg.event("n5", "n5:\udc80:1"))
+    rig.send("state", msg.state("n6", health="WARN"))
+    rig.send("events", msg.event("n6", "n6:boot:1"))
+    action = schema.envelope("action", "n6:audit:1", "n6", "c1")
+    action["record"] = {"action": "cordon"}
+    rig.send("actions", action)
+    rig.send("actions", msg.cordon_request("n6"))
+    rig.send("events", msg.event("n5", "n5:\udc80:2"))
+    with caplog.at_level(logging.ERROR, logger="gpuagent.aggregator.store"):
+        await rig.store.flush()
+    assert [e["id"] for e in await rig.store.events(node=None, since=None, limit=10)] == [
+        "n6:boot:1"
+    ]
+    assert [a["id"] for a in await rig.store.actions(node="n6", limit=10)] == ["n6:audit:1"]
+    assert [r.node for r in await rig.store.cordons()] == ["n6"]
+    assert [(r.node, r.health) for r in await rig.store.load_nodes()] == [("n6", "WARN")]
+    assert (rig.store.write_errors, rig.store.rows_dropped) == (1, {"events": 2})
+    (logged,) = caplog.records  # once per reason, not once per row
+    assert "UnicodeEncodeError" in logged.getMessage()
+    # A later batch of good rows goes in whole.
+    rig.send("events", msg.event("n6", "n6:boot:2"))
+    await rig.store.flush()
+    assert await rig.store.count("events") == 2
+    assert rig.store.write_errors == 1
+
+
+@pytest.mark.parametrize("window", [200_000, 0], ids=["memory window", "database only"])
+async def test_a_node_cannot_pass_its_message_off_as_anothers(rig: Rig, window: int) -> None:
+    """Ids are the nodes' own, and audit ids are predictable: de-duplication is per node
+    (and cluster), in memory and in the database alike."""
+    rig.state.seen = type(rig.state.seen)(capacity=window)
+    forged = schema.envelope("action", "n6:audit:1", "n5", "c1")
+    forged["record"] = {"action": "forged"}
+    rig.send("actions", forged)
+    real = schema.envelope("action", "n6:audit:1", "n6", "c1")
+    real["record"] = {"action": "cordon"}
+    rig.send("actions", real)
+    rig.send("actions", real)  # a real duplicate is still stored once
+    # The same node name in two clusters, and the same (kernel-log) event id.
+    for cluster in ("a", "b"):
+        rig.send("events", msg.event("n1", "n1:kmsg:boot:1", cluster=cluster), cluster=cluster)
+    await rig.store.flush()
+    assert [a["record"]["action"] for a in await rig.store.actions(node="n6", limit=10)] == [
+        "cordon"
+    ]
+    assert await rig.store.count("actions") == 2
+    stored = await rig.store.events(node="n1", since=None, limit=10)
+    assert sorted(e["cluster"] for e in stored) == ["a", "b"]
+    if window:
+        assert rig.state.counters.duplicates == {"action": 1}
+
+
+async def test_a_node_cannot_take_over_anothers_cordon_request(rig: Rig) -> None:
+    real = msg.cordon_request("n6")
+    forged = {**real, "node": "n5"}
+    (to_n5,) = rig.send("actions", forged)
+    (to_n6,) = rig.send("actions", real)
+    answer = schema.decode(to_n6.payload)
+    assert (to_n6.topic, answer["node"], answer["request_id"]) == (
+        msg.topic("n6", "cmd"),
+        "n6",
+        real["id"],
+    )
+    assert to_n5.topic == msg.topic("n5", "cmd")
+    await rig.store.flush()
+    rows = await rig.store.cordons()
+    assert sorted((r.node, r.request_id) for r in rows) == [("n5", real["id"]), ("n6", real["id"])]
+
+
+async def test_an_aggregator_that_is_not_the_arbiter_decides_no_cordon(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig.budget.config = CordonBudgetSection(2, 100.0, 600.0, arbiter=False)
+    rig.send("state", msg.state("n1"))
+    with caplog.at_level(logging.WARNING, logger="gpuagent.aggregator.ingest"):
+        for node in ("n1", "n2"):
+            assert rig.send("actions", msg.cordon_request(node)) == []
+    assert rig.state.counters.decisions == {}
+    assert rig.budget.remaining("c1", 2, rig.clock.now) == 2
+    await rig.store.flush()
+    assert await rig.store.count("cordons") == 0
+    (logged,) = caplog.records
+    assert "not the cordon arbiter" in logged.getMessage()

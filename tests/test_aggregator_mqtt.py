@@ -21,7 +21,7 @@ from fleet_support import aggregator, until
 from gpuagent.aggregator.service import Aggregator
 from gpuagent.fleet import schema
 from gpuagent.fleet.connection import client_options
-from mqtt_broker import Broker
+from mqtt_broker import Broker, shipped_settings
 
 pytestmark = pytest.mark.integration
 
@@ -166,46 +166,74 @@ async def test_a_share_group_gives_each_message_to_exactly_one_aggregator(
         assert got_b
 
 
+async def ask_for_cordons(broker: Broker, nodes: list[str]) -> dict[str, dict[str, Any]]:
+    """Every node reports, then all ask for a cordon at once; their decisions by node."""
+    decisions: dict[str, dict[str, Any]] = {}
+    clients = []
+    try:
+        for node in nodes:
+            client = aiomqtt.Client(**client_options(broker.connection(node), client_id=node))
+            await client.__aenter__()
+            clients.append(client)
+            await client.subscribe(msg.topic(node, "cmd"), qos=1)
+            await publish(client, "state", msg.state(node))
+        await asyncio.sleep(0.5)  # the reports are in before the requests
+        await asyncio.gather(
+            *(
+                publish(c, "actions", msg.cordon_request(n))
+                for c, n in zip(clients, nodes, strict=True)
+            )
+        )
+
+        async def receive(client: aiomqtt.Client, node: str) -> None:
+            async for message in client.messages:
+                assert isinstance(message.payload, bytes)
+                decisions[node] = schema.decode(message.payload)
+                return
+
+        await asyncio.wait_for(
+            asyncio.gather(*(receive(c, n) for c, n in zip(clients, nodes, strict=True))), 5
+        )
+    finally:
+        for client in clients:
+            await client.__aexit__(None, None, None)
+    assert all(d["type"] == "cordon_decision" for d in decisions.values())
+    assert all(d["node"] == node for node, d in decisions.items())
+    return decisions
+
+
 async def test_the_fleet_cordon_budget_end_to_end(tmp_path: Path, mqtt_broker: Broker) -> None:
     nodes = [f"gpu{i}" for i in range(5)]
     async with aggregator(tmp_path, mqtt_broker, max_nodes=2) as agg:
-        decisions: dict[str, dict[str, Any]] = {}
-        clients = []
-        try:
-            for node in nodes:
-                client = aiomqtt.Client(
-                    **client_options(mqtt_broker.connection(node), client_id=node)
-                )
-                await client.__aenter__()
-                clients.append(client)
-                await client.subscribe(msg.topic(node, "cmd"), qos=1)
-                await publish(client, "state", msg.state(node))
-            await until(lambda: len(agg.state.nodes) == 5)
-            await asyncio.gather(
-                *(
-                    publish(c, "actions", msg.cordon_request(n))
-                    for c, n in zip(clients, nodes, strict=True)
-                )
-            )
-
-            async def receive(client: aiomqtt.Client, node: str) -> None:
-                async for message in client.messages:
-                    assert isinstance(message.payload, bytes)
-                    decisions[node] = schema.decode(message.payload)
-                    return
-
-            await asyncio.wait_for(
-                asyncio.gather(*(receive(c, n) for c, n in zip(clients, nodes, strict=True))), 5
-            )
-        finally:
-            for client in clients:
-                await client.__aexit__(None, None, None)
+        decisions = await ask_for_cordons(mqtt_broker, nodes)
+        assert len(agg.state.nodes) == 5
     results = sorted(d["decision"] for d in decisions.values())
     assert results == ["approved", "approved", "denied", "denied", "denied"]
-    assert all(d["type"] == "cordon_decision" for d in decisions.values())
-    assert all(d["node"] == node for node, d in decisions.items())
     denied = [d for d in decisions.values() if d["decision"] == "denied"]
     assert all(d["retry_after_seconds"] > 3500 for d in denied)
+
+
+async def test_one_arbiter_decides_for_a_share_group(tmp_path: Path, mqtt_broker: Broker) -> None:
+    """Two aggregators split the fleet's messages; only the arbiter decides cordons, so the
+    budget holds for the group as a whole."""
+    nodes = [f"gpu{i}" for i in range(5)]
+    # "b" ran as the arbiter before: its session still holds that subscription.
+    async with aggregator(tmp_path, mqtt_broker, "b", share_group="fleet"):
+        pass
+    async with (
+        aggregator(tmp_path, mqtt_broker, "a", share_group="fleet", max_nodes=2) as a,
+        aggregator(tmp_path, mqtt_broker, "b", share_group="fleet", arbiter=False) as b,
+    ):
+        decisions = await ask_for_cordons(mqtt_broker, nodes)
+        # The reports were split between the two.
+        assert a.state.nodes
+        assert b.state.nodes
+        assert sum(b.state.counters.decisions.values()) == 0
+        assert b.state.counters.received["cordon_request"] == 0
+        assert (
+            sorted(d["decision"] for d in decisions.values()) == ["approved"] * 2 + ["denied"] * 3
+        )
+        assert a.state.counters.decisions == {("c1", "approved"): 2, ("c1", "denied"): 3}
 
 
 async def test_the_aggregator_reconnects_after_a_broker_outage(
@@ -252,3 +280,124 @@ async def test_the_real_agent_reports_to_the_aggregator(
         await until(lambda: not agg.state.nodes[key_].online, timeout=10)
         assert agg.state.nodes[key_].reason == "connection lost"
         assert agg.state.counters.rejected == {}
+
+
+async def test_a_message_not_yet_stored_when_the_aggregator_dies_comes_again(
+    tmp_path: Path, mqtt_broker: Broker
+) -> None:
+    """Messages are acknowledged only once stored: one the aggregator received but had not
+    written when it died is delivered again to its next session, and stored then."""
+
+    async def lost() -> None:  # the writer never gets to it: as if killed first
+        return
+
+    async with aggregator(tmp_path, mqtt_broker, "a") as agg:
+        agg.store.flush = lost  # type: ignore[method-assign]
+        async with node_client(mqtt_broker, "n1") as n1:
+            await publish(n1, "events", msg.event("n1", "n1:boot:1"))
+            await until(lambda: agg.state.counters.events["kernel"] == 1)
+    async with aggregator(tmp_path, mqtt_broker, "a") as again:
+        await until(lambda: again.state.counters.events["kernel"] == 1)
+        await again.store.flush()
+        assert [e["id"] for e in await again.store.events(node=None, since=None, limit=10)] == [
+            "n1:boot:1"
+        ]
+
+
+async def test_a_command_expires_while_its_node_is_away(
+    tmp_path: Path, mqtt_broker: Broker
+) -> None:
+    """Nodes keep their session for a day: without an expiry, a command sent while a node is
+    away would be carried out whenever it comes back."""
+    options = client_options(mqtt_broker.connection("n1"), client_id="n1")  # a persistent session
+    async with aiomqtt.Client(**options) as n1:
+        await n1.subscribe(msg.topic("n1", "cmd"), qos=1)
+    async with (
+        aggregator(tmp_path, mqtt_broker, command_expiry_seconds=2) as agg,
+        aiohttp.ClientSession() as session,
+    ):
+        agg.ingest.handle(msg.topic("n1", "state"), schema.encode(msg.state("n1")))
+        url = f"http://{agg.config.listen}/api/v1/nodes/n1/commands"
+
+        async def send() -> str:
+            async with session.post(url, json={"command": "refresh"}) as response:
+                assert response.status == 202
+                command_id: str = (await response.json())["id"]
+                return command_id
+
+        await send()
+        await asyncio.sleep(3.0)  # the node is away past the expiry
+        fresh = await send()
+        async with aiomqtt.Client(**options) as n1:
+            message = await asyncio.wait_for(anext(aiter(n1.messages)), 5)
+            assert isinstance(message.payload, bytes)
+            assert schema.decode(message.payload)["id"] == fresh  # not the expired one
+            assert message.properties is not None
+            assert 0 < message.properties.MessageExpiryInterval <= 2
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(anext(aiter(n1.messages)), 1.0)
+
+
+def _worst_8_gpu_scenario() -> str:
+    """An 8-GPU node with about everything wrong at once: MIG on with seven instances per
+    GPU, every fault kind that adds to its report, all NVLinks down, 16 long-named processes
+    on every GPU. Its state report is the largest an 8-GPU node sends."""
+    lines = [
+        '[node]\ngpus = 8\nmodel = "NVIDIA H100 80GB HBM3"\nmig_mode = true',
+        f"mig_profiles = {json.dumps(['1g.10gb'] * 7)}",
+        'nvswitches = 4\nfabric_state = "completed"\npersistenced = "failed"',
+        'fabricmanager = "failed"\nmodule_version = "550.90.07"',
+    ]
+    reasons = ["sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "power_brake"]
+    for gpu in range(8):
+        faults = [
+            'kind = "ecc_dbe"\ncount = 3',
+            'kind = "ecc_sbe"\ncount = 500',
+            'kind = "retired_pages"\ncount = 5\npending = true',
+            'kind = "row_remap_pending"\nrows = 2',
+            'kind = "temperature"\ncelsius = 95',
+            f'kind = "throttle"\nreasons = {json.dumps(reasons)}',
+            'kind = "pcie_degrade"\ngen = 3\nwidth = 8',
+            'kind = "pcie_replay"\ncount = 1000',
+            'kind = "persistence_off"',
+            'kind = "power_limit"\nwatts = 300',
+            'kind = "app_clocks"\nmhz = 1000',
+            'kind = "fabric"\nstate = "completed"\nok = false',
+            'kind = "ecc_mode"\nenabled = false',
+            *(f'kind = "nvlink_down"\nlink = {link}' for link in range(18)),
+            *(
+                f'kind = "process"\npid = {1000 + 100 * gpu + p}\nused_mib = 4000\n'
+                f'name = "/opt/conda/envs/train/bin/python3.11 -m torch.distributed.run '
+                f'--nproc-per-node 8 /home/someone/experiments/train_{p}.py"'
+                for p in range(16)
+            ),
+        ]
+        lines += [f"[[fault]]\ngpu = {gpu}\n{fault}" for fault in faults]
+    return "\n".join(lines) + "\n"
+
+
+async def test_the_largest_8_gpu_state_report_fits_the_shipped_packet_limit(
+    tmp_path: Path, mqtt_broker: Broker
+) -> None:
+    scenario = tmp_path / "worst.toml"
+    scenario.write_text(_worst_8_gpu_scenario())
+    checked = subprocess.run(
+        [sys.executable, "-m", "gpuagent", "check", "--json", "--simulate", str(scenario)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    status = json.loads(checked.stdout)
+    assert len(status["gpus"]) == 8
+    assert all(len(g["processes"]) == 16 for g in status["gpus"])
+    assert status["node"]["inventory"]["gpus"][0]["mig"]["instances"] == ["1g.10gb"] * 7
+    message = msg.state("n1")
+    message["status"] = status
+    size = len(schema.encode(message))
+    (limit,) = [int(s.split()[1]) for s in shipped_settings()[0] if s.startswith("max_packet_")]
+    assert size * 5 < limit, f"{size} bytes: raise max_packet_size in gpuagent.conf"
+    async with aggregator(tmp_path, mqtt_broker) as agg, node_client(mqtt_broker, "n1") as n1:
+        await publish(n1, "state", message)
+        await until(lambda: ("c1", "n1") in agg.state.nodes)
+        assert agg.state.nodes[("c1", "n1")].health == "CRITICAL"

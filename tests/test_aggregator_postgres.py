@@ -157,9 +157,11 @@ def test_reads_and_prunes_run(postgres: Postgres) -> None:
     )
     newest = store._SELECT_BODIES.format(table="events", where=" WHERE node = ? AND time >= ?")
     assert len(postgres.run(_prepared(newest, ("n2", 4.0, 10)))) == 2
-    postgres.run(_prepared(store._PRUNE_BY_AGE, (1.5,)))
-    assert postgres.count("events") == 4
-    postgres.run(_prepared(store._PRUNE_BY_COUNT, (1,)))  # keep the newest 2
-    assert postgres.run("SELECT id FROM events ORDER BY time;") == ["p4", "p5"]
     cordons = postgres.run(_prepared(store._SELECT_CORDONS, (float("-inf"), 10)))
     assert [line.split("|")[0] for line in cordons] == ["r1"] * len(cordons)
+    for table in store._INSERT:
+        postgres.run(_prepared(store._PRUNE_BY_AGE.format(table=table), (1.5,)))
+    assert postgres.count("events") == 4
+    assert [postgres.count(t) for t in store._INSERT if t != "events"] == [0, 0, 0, 0]
+    postgres.run(_prepared(store._PRUNE_BY_COUNT, (1,)))  # keep the newest 2
+    assert postgres.run("SELECT id FROM events ORDER BY time;") == ["p4", "p5"]

@@ -18,6 +18,7 @@ def store(tmp_path: Path, **kwargs: float) -> FleetStore:
         tmp_path / "db" / "fleet.sqlite",
         retention_seconds=kwargs.get("retention", 3600.0),
         max_events=int(kwargs.get("max_events", 1000)),
+        budget_window_seconds=kwargs.get("window", 0.0),
     )
 
 
@@ -64,6 +65,33 @@ async def test_events_are_pruned_by_age_and_by_count(tmp_path: Path) -> None:
     assert times == [900.0, 800.0, 700.0]
     assert [e["time"] for e in await s.events(node="n1", since=750.0, limit=10)] == [900.0, 800.0]
     assert await s.events(node="n2", since=None, limit=10) == []
+    await s.close()
+
+
+async def test_every_history_table_is_pruned_but_cordons_of_the_budget_window_stay(
+    tmp_path: Path,
+) -> None:
+    s = store(tmp_path, retention=100.0, window=1000.0)
+    await s.open()
+    now = 2000.0
+    for i, t in enumerate((500.0, 1500.0, 1950.0)):  # old, within the window, recent
+        action = schema.envelope("action", f"n1:audit:{i}", "n1", "c1", t)
+        action["record"] = {}
+        s.queue_action(action, "{}")
+        s.queue_reply(
+            schema.reply_message("n1", "c1", f"cmd{i}", ok=True, detail="") | {"time": t}, "{}"
+        )
+        s.queue_command(schema.command_message(f"cmd{i}", "n1", "c1", "refresh") | {"time": t})
+        s.queue_event(msg.event("n1", when=t), "{}")
+        s.queue_cordon(CordonRow(f"r{i}", "c1", "n1", "cordon", "approved", t, "ok", None))
+    await s.flush()
+    assert await s.prune(now) == 4 * 2 + 1
+    for table in ("events", "actions", "replies", "commands"):
+        assert await s.count(table) == 1, table
+    # The approval 500 s ago is older than the retention but within the budget's window:
+    # a restart must still count it.
+    assert [r.request_id for r in await s.cordons(since=now - 1000.0)] == ["r2", "r1"]
+    assert await s.count("cordons") == 2
     await s.close()
 
 

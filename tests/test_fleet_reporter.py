@@ -112,7 +112,7 @@ def test_broker_outage_loses_no_event(
 ) -> None:
     daemon = run_daemon(H100, config_extra=mqtt_broker.agent_config())
     listener.wait_for(lambda ms: any(s["online"] for s in _states(ms)))
-    time.sleep(1.5)  # the broker saves the listener's session (autosave_interval 1 s)
+    mqtt_broker.save()  # the listener's session survives the crash
     bus = daemon.status()["gpus"][1]["pci_bus_id"]
     mqtt_broker.kill()
     outage = time.monotonic()
@@ -140,7 +140,7 @@ def test_agent_killed_with_a_full_spool_sends_it_after_restart(
 ) -> None:
     daemon = run_daemon(H100, config_extra=mqtt_broker.agent_config())
     listener.wait_for(lambda ms: any(s["online"] for s in _states(ms)))
-    time.sleep(1.5)
+    mqtt_broker.save()
     bus = daemon.status()["gpus"][0]["pci_bus_id"]
     mqtt_broker.kill()
     daemon.write_kernel_log(*xid_records(1000, 200, bus))

@@ -494,6 +494,9 @@ class CordonBudgetSection:
     max_nodes: int = 2
     max_percent: float = 10.0
     window_seconds: float = 3600.0
+    # Whether this aggregator decides cordon requests. Exactly one of the aggregators in a
+    # share group must (docs/fleet.md): the budget lives in its memory.
+    arbiter: bool = True
 
 
 @dataclass(frozen=True)
@@ -508,11 +511,17 @@ class AggregatorSection:
     # A node whose last report is older than this is shown as stale (offline comes from
     # its Last Will at once).
     stale_after_seconds: float = 120.0
+    # History (events, action records, replies, commands, cordon decisions) older than this
+    # is deleted; cordon decisions are kept at least for the cordon budget's window.
     events_retention_seconds: float = 7 * 86400.0
     max_events: int = 1_000_000
     # Sending commands to nodes (POST .../commands) needs "Authorization: Bearer <token>"
     # with the token in this file; empty: only clients on this host (loopback) may.
     command_token_file: str = ""
+    # MQTT 5 message expiry of commands and cordon decisions: the broker drops one that has
+    # waited this long for a node that is away, rather than deliver it when the node comes
+    # back (the node's session lasts a day).
+    command_expiry_seconds: int = 300
     broker: MqttConnection = field(default_factory=MqttConnection)
     cordon_budget: CordonBudgetSection = field(default_factory=CordonBudgetSection)
 
@@ -556,6 +565,7 @@ _POSITIVE = {
     "aggregator.stale_after_seconds",
     "aggregator.events_retention_seconds",
     "aggregator.max_events",
+    "aggregator.command_expiry_seconds",
     "aggregator.cordon_budget.window_seconds",
     *(
         f"{section}.{key}"

@@ -1,26 +1,44 @@
 """The aggregator's MQTT side (the only module that speaks aiomqtt): connect, subscribe to
-every node channel (shared subscriptions when a share group is set), hand each message
-to the ingest, publish what comes back; reconnect with jittered backoff."""
+the node channels (shared subscriptions when a share group is set; `actions` only on the
+cordon arbiter), hand each message to the ingest, publish what comes back; reconnect with
+jittered backoff.
+
+A QoS 1 message is acknowledged only once the rows it caused are committed, and what it
+asks for (a cordon decision) is sent only then: if the aggregator dies first, the broker
+delivers the message again to its next session.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 from collections.abc import Callable
+from typing import Any
 
 import aiomqtt
+import paho.mqtt.client as paho
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from gpuagent.aggregator import paho_tables
 from gpuagent.aggregator.ingest import Outgoing
 from gpuagent.aggregator.state import FleetState
-from gpuagent.config import ConfigError, MqttConnection
+from gpuagent.aggregator.store import FleetStore
+from gpuagent.config import AggregatorSection, ConfigError
 from gpuagent.fleet.connection import Backoff, client_options
 from gpuagent.fleet.topics import NODE_CHANNELS, subscription
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[str, bytes], list[Outgoing]]
+
+# Messages the broker may send us before we acknowledge (MQTT 5 Receive Maximum; the most
+# the protocol allows). Acknowledging after the next commit holds each message up to
+# about 50 ms: without this, mosquitto's default of 20 unacknowledged messages would cap
+# the aggregator at a few hundred messages/s.
+RECEIVE_MAXIMUM = 65535
 
 
 def _direct_queue(
@@ -49,29 +67,35 @@ def _payload(value: object) -> bytes:
 
 class Consumer:
     def __init__(
-        self,
-        connection: MqttConnection,
-        share_group: str,
-        handler: Handler,
-        state: FleetState,
+        self, config: AggregatorSection, handler: Handler, state: FleetState, store: FleetStore
     ) -> None:
-        self.connection = connection
-        self.share_group = share_group
+        self.connection = config.broker
+        self.share_group = config.share_group
+        self.arbiter = config.cordon_budget.arbiter
+        self.command_expiry = config.command_expiry_seconds
         self.handler = handler
         self.state = state
-        self.client_id = connection.client_id or f"gpuagent-aggregator-{socket.gethostname()}"
+        self.store = store
+        self.client_id = self.connection.client_id or (
+            f"gpuagent-aggregator-{socket.gethostname()}"
+        )
         self._client: aiomqtt.Client | None = None
+        # The paho client of the current session: acknowledgements go only to it.
+        self._paho: paho.Client | None = None
         self._replies: set[asyncio.Task[None]] = set()
         # paho's per-message MQTT 5 property tables otherwise cap a core at ~1,500 msg/s.
         paho_tables.install()
 
     async def publish(self, out: Outgoing) -> None:
-        """Publish at QoS 1; ConnectionError while not connected."""
+        """Publish at QoS 1, expiring after `command_expiry_seconds`; ConnectionError while
+        not connected."""
         client = self._client
         if client is None:
             raise ConnectionError("not connected to the MQTT broker")
+        properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        properties.MessageExpiryInterval = self.command_expiry
         try:
-            await client.publish(out.topic, out.payload, qos=1)
+            await client.publish(out.topic, out.payload, qos=1, properties=properties)
         except aiomqtt.MqttError as exc:
             raise ConnectionError(str(exc)) from exc
 
@@ -89,10 +113,27 @@ class Consumer:
             finally:
                 connected = self._client is not None
                 self._client = None
+                self._paho = None
                 self.state.connected = False
             if connected:
                 backoff.reset()  # it worked for a while: start backing off afresh
             await asyncio.sleep(backoff.next_delay())
+
+    def subscriptions(self) -> tuple[list[str], list[str]]:
+        """(what to subscribe to, what not to hold). Every node channel, shared in the share
+        group, except ``actions``: cordon requests travel there beside action records, and
+        only one aggregator may decide them, since the budget lives in its memory. The
+        arbiter takes every node's ``actions`` outside the share group; the others none."""
+        prefix = self.connection.topic_prefix
+        wanted = [
+            subscription(prefix, channel, self.share_group)
+            for channel in NODE_CHANNELS
+            if channel != "actions"
+        ]
+        if self.arbiter:
+            wanted.append(subscription(prefix, "actions"))
+        actions = {subscription(prefix, "actions", group) for group in (self.share_group, "")}
+        return wanted, sorted(actions - set(wanted))
 
     def _deliver(self, message: aiomqtt.Message) -> None:
         try:
@@ -100,9 +141,26 @@ class Consumer:
         # A bug in handling one message must not end the session for every node.
         except Exception:
             log.exception("MQTT: handling a message on %s failed", message.topic.value)
-            return
+            outgoing = []
+        self.store.after_write(
+            functools.partial(self._written, self._paho, message.mid, message.qos, outgoing)
+        )
+
+    def _written(
+        self, session: paho.Client | None, mid: int, qos: int, outgoing: list[Outgoing]
+    ) -> None:
+        """The message's rows are committed (or refused): acknowledge it, send its answers."""
+        # A message of an earlier session is not ours to acknowledge any more: the broker
+        # sends it again on this one (our session persists), and it is handled again.
+        if qos > 0 and session is not None and session is self._paho:
+            session.ack(mid, qos)
         for out in outgoing:
-            # Sent from a task: this runs inside paho's read callback, which cannot wait.
+            if out.record is not None and self.store.refused(out.record):
+                # Unstored, an approval would be forgotten by a restart; the node's request
+                # times out instead, and it asks again.
+                log.error("MQTT: not sending to %s: its record could not be stored", out.topic)
+                continue
+            # Sent from a task: this runs inside the store's flush, which must not wait.
             task = asyncio.get_running_loop().create_task(self._send(out))
             self._replies.add(task)
             task.add_done_callback(self._replies.discard)
@@ -114,22 +172,28 @@ class Consumer:
             # The node re-sends its request, and gets the same decision then.
             log.warning("MQTT: could not send to %s: %s", out.topic, exc)
 
-    async def _session(self, kwargs: dict[str, object]) -> None:
-        kwargs = {**kwargs, "queue_type": _direct_queue(self._deliver)}
-        async with aiomqtt.Client(**kwargs) as client:  # type: ignore[arg-type]
-            prefix = self.connection.topic_prefix
-            for channel in NODE_CHANNELS:
-                await client.subscribe(subscription(prefix, channel, self.share_group), qos=1)
+    async def _session(self, options: dict[str, Any]) -> None:
+        options["properties"].ReceiveMaximum = RECEIVE_MAXIMUM
+        client = aiomqtt.Client(**options, queue_type=_direct_queue(self._deliver))
+        # paho acknowledges a message when the handler returns, before its rows are
+        # written; `_written` acknowledges instead.
+        self._paho = client._client  # noqa: SLF001
+        self._paho.manual_ack_set(on=True)
+        async with client:
+            wanted, unwanted = self.subscriptions()
+            # Our session persists: it may still hold what an earlier configuration wanted.
+            if unwanted:
+                await client.unsubscribe(unwanted)
+            for topic in wanted:
+                await client.subscribe(topic, qos=1)
             self._client = client
             self.state.connected = True
             log.info(
-                "MQTT: connected to %s:%d as %s, subscribed to %s/+/+/{%s}%s",
+                "MQTT: connected to %s:%d as %s, subscribed to %s",
                 self.connection.host,
                 self.connection.port,
                 self.client_id,
-                prefix,
-                ",".join(NODE_CHANNELS),
-                f" (share group {self.share_group})" if self.share_group else "",
+                ", ".join(wanted),
             )
             # Messages go to _deliver as they arrive; this only waits for the connection to
             # end, which the iterator reports as an MqttError.

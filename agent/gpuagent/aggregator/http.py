@@ -108,8 +108,18 @@ class Api:
 
     # --- handlers -----------------------------------------------------------------------
 
-    async def nodes(self, _: web.Request) -> web.Response:
-        return _json({"nodes": views.nodes_json(self.state, self.clock(), self.stale_after)})
+    async def nodes(self, request: web.Request) -> web.Response:
+        try:
+            limit = self._limit(request) if "limit" in request.query else None
+        except BadRequestError as exc:
+            return self._bad("nodes", str(exc))
+        now = self.clock()
+        return _json(
+            {
+                "nodes": views.nodes_json(self.state, now, self.stale_after, limit),
+                "counts": views.node_counts(self.state, now, self.stale_after),
+            }
+        )
 
     async def node(self, request: web.Request) -> web.Response:
         try:
@@ -162,6 +172,11 @@ class Api:
 
     async def send_command(self, request: web.Request) -> web.Response:
         refusal = self._command_refusal(request)
+        if refusal is None and request.content_type != "application/json":
+            # A browser sends a cross-origin text/plain or form POST without asking first
+            # (no CORS preflight), so any page open on this host could reach a loopback-only
+            # aggregator; a JSON POST from another origin needs a preflight, which is refused.
+            refusal = _error(415, "commands must be sent with Content-Type: application/json")
         if refusal is not None:
             self.state.counters.bad_requests["commands"] += 1
             return refusal
@@ -211,9 +226,24 @@ def _loopback(remote: str | None) -> bool:
 
 
 def _json(doc: object, status: int = 200) -> web.Response:
-    return web.Response(
-        text=json.dumps(doc, separators=(",", ":")), status=status, content_type="application/json"
-    )
+    try:
+        text = json.dumps(doc, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        # A node sent NaN or Infinity (Python's JSON reads them): JSON has neither, and one
+        # such value would make the whole answer unreadable to a browser. They become null.
+        text = json.dumps(_finite(doc), separators=(",", ":"), allow_nan=False)
+    return web.Response(text=text, status=status, content_type="application/json")
+
+
+def _finite(value: object) -> object:
+    """``value`` with every NaN and infinity in it replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _error(status: int, problem: str) -> web.Response:

@@ -1,6 +1,6 @@
 """One MQTT message in: checked, de-duplicated, applied to the fleet state and queued for
 the store; what must go back to the node (a cordon decision) is returned, not sent, so
-this stays free of MQTT and easy to test.
+this stays free of MQTT and easy to test. The consumer sends it once the rows are written.
 
 Anything a node could get wrong is rejected and counted by reason, never raised: a
 broken or hostile node must not be able to stop the aggregator.
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from gpuagent.aggregator.budget import CordonBudget
-from gpuagent.aggregator.records import from_online_state, with_offline
+from gpuagent.aggregator.records import from_online_state, report_time, with_offline
 from gpuagent.aggregator.state import FleetState
-from gpuagent.aggregator.store import CordonRow, FleetStore
+from gpuagent.aggregator.store import CordonRow, FleetStore, row_key
 from gpuagent.fleet import schema
 from gpuagent.fleet.topics import NodeTopics, ParsedTopic, TopicError, parse_topic
 
@@ -41,6 +41,9 @@ _DECISIONS_KEPT = 10_000
 class Outgoing:
     topic: str
     payload: bytes
+    # The key of the cordons row this decision is stored as: it is sent only once that
+    # row is committed, so a crash cannot forget an approval a node already acted on.
+    record: str | None = None
 
 
 class Ingest:
@@ -99,6 +102,11 @@ class Ingest:
         if message["type"] not in CHANNEL_TYPES.get(where.channel, frozenset()):
             self.reject("invalid", topic, f"type {message['type']!r} on {where.channel!r}")
             return None
+        try:
+            report_time(message)
+        except ValueError as exc:
+            self.reject("invalid", topic, str(exc))
+            return None
         return where, message
 
     def handle(self, topic: str, payload: bytes) -> list[Outgoing]:
@@ -112,12 +120,13 @@ class Ingest:
         # State reports are not de-duplicated by id: they are idempotent, ordered by time
         # instead, and their ids repeat by design ("<node>:offline" each time the node goes
         # away; sequence numbers start over when an agent restarts).
-        if kind != "state" and self.state.seen.seen(message["id"]):
+        key = row_key(message["cluster"], message["node"], message["id"])
+        if kind != "state" and self.state.seen.seen(key):
             counters.duplicates[kind] += 1
             # The node did not get our answer (or re-sent before it came): same answer.
-            previous = self._decisions.get(message["id"])
+            previous = self._decisions.get(key)
             if previous is not None:
-                return [Outgoing(self._cmd_topic(message), previous)]
+                return [Outgoing(self._cmd_topic(message), previous, record=key)]
             return []
         raw = _text(payload, message)
         if kind == "state":
@@ -131,8 +140,21 @@ class Ingest:
             self.state.add_reply(message["cluster"], message["node"], message)
             self.store.queue_reply(message, raw)
         elif kind == "cordon_request":
-            return [self._cordon(message)]
+            if self.budget.config.arbiter:
+                return [self._cordon(message, key)]
+            self._not_arbiter(topic)
         return []
+
+    def _not_arbiter(self, topic: str) -> None:
+        # Cordon requests are the arbiter's alone (it answers this one too); only a
+        # subscription an earlier configuration left in the broker brings one here.
+        if "not_arbiter" not in self._logged_reasons:
+            self._logged_reasons.add("not_arbiter")
+            log.warning(
+                "a cordon request on %s reached an aggregator that is not the cordon arbiter "
+                "(aggregator.cordon_budget.arbiter = false): left to the arbiter",
+                topic,
+            )
 
     def _state(self, message: dict[str, Any], raw: str) -> None:
         now = self.clock()
@@ -155,7 +177,7 @@ class Ingest:
     def _cmd_topic(self, message: dict[str, Any]) -> str:
         return NodeTopics(self.prefix, message["cluster"], message["node"]).topic("cmd")
 
-    def _cordon(self, message: dict[str, Any]) -> Outgoing:
+    def _cordon(self, message: dict[str, Any], key: str) -> Outgoing:
         now = self.clock()
         cluster, node, action = message["cluster"], message["node"], message["action"]
         known = self.state.cluster_size(cluster) + (0 if (cluster, node) in self.state.nodes else 1)
@@ -194,10 +216,10 @@ class Ingest:
                 retry_after_seconds=result.retry_after_seconds,
             )
         )
-        self._decisions[message["id"]] = payload
+        self._decisions[key] = payload
         if len(self._decisions) > _DECISIONS_KEPT:
             self._decisions.popitem(last=False)
-        return Outgoing(self._cmd_topic(message), payload)
+        return Outgoing(self._cmd_topic(message), payload, record=key)
 
 
 def _text(payload: bytes, message: dict[str, Any]) -> str:

@@ -53,10 +53,19 @@ class FleetCollector(Collector):
         yield pending
         errors = CounterMetricFamily(
             "gpuagent_fleet_store_write_errors",
-            "Failed write-behind transactions of the fleet database.",
+            "Write-behind transactions the fleet database refused; their rows were then "
+            "written one by one.",
         )
         errors.add_metric([], float(self.store.write_errors))
         yield errors
+        dropped = CounterMetricFamily(
+            "gpuagent_fleet_store_rows_dropped",
+            "Rows the fleet database refused even on their own, and dropped, by table.",
+            labels=["table"],
+        )
+        for table, count in sorted(self.store.rows_dropped.items()):
+            dropped.add_metric([table], float(count))
+        yield dropped
 
     def _nodes(self, now: float) -> Iterable[Metric]:
         health: Counter[tuple[str, str]] = Counter()
@@ -159,7 +168,8 @@ class FleetCollector(Collector):
             "Nodes that may still be cordoned in the current window, by cluster.",
             labels=["cluster"],
         )
-        for cluster in self.state.clusters():
+        # Only the arbiter's budget is the fleet's: the others have none to report.
+        for cluster in self.state.clusters() if self.budget.config.arbiter else ():
             left = self.budget.remaining(cluster, self.state.cluster_size(cluster), now)
             remaining.add_metric([cluster], float(left))
         yield remaining

@@ -19,7 +19,9 @@ CREATE TABLE IF NOT EXISTS nodes (
     PRIMARY KEY (cluster, node)
 );
 
--- Primary keys are message ids: a message delivered twice is stored once.
+-- The id columns, and cordons.request_id, hold "<cluster>/<node>/<message id>" (store.row_key):
+-- a message delivered twice is stored once, and one node's message never passes for
+-- another's, nor a node's for that of a namesake in another cluster.
 CREATE TABLE IF NOT EXISTS events (
     id VARCHAR(512) PRIMARY KEY,
     cluster VARCHAR(128) NOT NULL,

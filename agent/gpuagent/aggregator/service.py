@@ -42,6 +42,7 @@ class Aggregator:
             config.database,
             retention_seconds=config.events_retention_seconds,
             max_events=config.max_events,
+            budget_window_seconds=config.cordon_budget.window_seconds,
         )
         self.budget = CordonBudget(config.cordon_budget)
         prefix = config.broker.topic_prefix
@@ -53,7 +54,7 @@ class Aggregator:
             stale_after=config.stale_after_seconds,
             clock=clock,
         )
-        self.consumer = Consumer(config.broker, config.share_group, self.ingest.handle, self.state)
+        self.consumer = Consumer(config, self.ingest.handle, self.state, self.store)
         collector = FleetCollector(
             self.state, self.budget, self.store, stale_after=config.stale_after_seconds, clock=clock
         )

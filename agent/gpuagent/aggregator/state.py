@@ -18,9 +18,10 @@ REPLIES_PER_NODE = 10
 
 
 class RecentIds:
-    """The last ``capacity`` message ids: at-least-once delivery repeats a message soon
-    after the first copy, so a bounded window catches the duplicates without growing
-    forever (the store's primary keys catch any older ones)."""
+    """The last ``capacity`` message keys (`store.row_key`: cluster, node and id):
+    at-least-once delivery repeats a message soon after the first copy, so a bounded window
+    catches the duplicates without growing forever (the store's primary keys catch any
+    older ones)."""
 
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity

@@ -2,9 +2,11 @@
 
 Handling a message only queues rows; a writer task commits everything queued in one
 transaction every `FLUSH_INTERVAL_SECONDS`, so thousands of messages a second cost a few
-transactions, not thousands. The node table is coalesced (only a node's latest record is
-written). All SQLite work runs on one worker thread, off the event loop. Message ids are
-primary keys, so a duplicate that slipped past the in-memory window is still stored once.
+transactions, not thousands. A batch the database refuses is written again row by row,
+so a bad row loses only itself. The node table is coalesced (only a node's latest record
+is written). All SQLite work runs on one worker thread, off the event loop. Message keys
+(`row_key`) are primary keys, so a duplicate that slipped past the in-memory window is
+still stored once.
 """
 
 from __future__ import annotations
@@ -16,20 +18,23 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import Callable
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpuagent.aggregator.records import NodeRecord, from_online_state
+from gpuagent.aggregator.records import NodeRecord, from_online_state, report_time
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 FLUSH_INTERVAL_SECONDS = 0.05
 PRUNE_INTERVAL_SECONDS = 10.0
+# Keys of refused rows remembered for `FleetStore.refused`.
+REFUSED_KEPT = 10_000
 
 _UPSERT_NODE = """
 INSERT INTO nodes (cluster, node, online, health, reason, last_seen, agent_version,
@@ -56,7 +61,7 @@ _INSERT = {
 
 # Reads and prunes. Like the schema, every statement here is one SQLite and PostgreSQL
 # both run as written (`?` becomes the driver's placeholder); a test runs them on both.
-_PRUNE_BY_AGE = "DELETE FROM events WHERE time < ?"
+_PRUNE_BY_AGE = "DELETE FROM {table} WHERE time < ?"
 _PRUNE_BY_COUNT = (
     "DELETE FROM events WHERE time < (SELECT time FROM events ORDER BY time DESC LIMIT 1 OFFSET ?)"
 )
@@ -68,6 +73,14 @@ _SELECT_NODES = (
     "SELECT cluster, node, online, health, reason, last_seen, agent_version, document FROM nodes"
 )
 _SELECT_BODIES = "SELECT body FROM {table}{where} ORDER BY time DESC LIMIT ?"
+
+
+def row_key(cluster: str, node: str, message_id: str) -> str:
+    """What identifies a message: its id within its node. Nodes choose their ids, and some
+    are predictable ("<node>:audit:<row>"), so a bare id would let one node's message pass
+    for another's duplicate, and two clusters may each have a node of the same name.
+    Cluster and node names never contain "/", so the key is unambiguous."""
+    return f"{cluster}/{node}/{message_id}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,20 +113,74 @@ class _Pending:
     rows: dict[str, list[tuple[Any, ...]]] = field(
         default_factory=lambda: {table: [] for table in _INSERT}
     )
+    # Run once the rows above are committed or dropped (`FleetStore.after_write`).
+    callbacks: list[Callable[[], None]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.nodes) + sum(len(r) for r in self.rows.values())
 
+    def statements(self) -> Iterator[tuple[str, str, list[tuple[Any, ...]]]]:
+        """(table, statement, rows) for each table with rows queued."""
+        if self.nodes:
+            yield "nodes", _UPSERT_NODE, [_node_row(r, stale) for r, stale in self.nodes.values()]
+        for table, rows in self.rows.items():
+            if rows:
+                yield table, _INSERT[table], rows
+
+
+def _node_row(r: NodeRecord, stale: bool) -> tuple[Any, ...]:
+    return (
+        r.cluster,
+        r.node,
+        r.online,
+        r.health,
+        r.reason,
+        r.last_seen,
+        r.agent_version,
+        r.fingerprint_id,
+        stale,
+        r.document,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Dropped:
+    """A row the database refused: its table, its key (`row_key`; None for a node row),
+    and why."""
+
+    table: str
+    key: str | None
+    error: Exception
+
+    @property
+    def reason(self) -> str:
+        return f"{self.table}: {type(self.error).__name__}"
+
 
 class FleetStore:
-    def __init__(self, path: Path, *, retention_seconds: float, max_events: int) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        retention_seconds: float,
+        max_events: int,
+        budget_window_seconds: float = 0.0,
+    ) -> None:
         self.path = path
+        # Every history table (events, actions, replies, commands, cordons) keeps this long;
+        # events also at most max_events; cordon decisions at least the budget's window.
         self.retention_seconds = retention_seconds
         self.max_events = max_events
+        self.budget_window_seconds = budget_window_seconds
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleet-store")
         self._db: sqlite3.Connection | None = None
         self._pending = _Pending()
+        # Batches whose single transaction failed, and rows then refused, by table.
         self.write_errors = 0
+        self.rows_dropped: Counter[str] = Counter()
+        self._logged_reasons: set[str] = set()
+        # Keys of the rows most recently dropped, for `refused`.
+        self._refused: OrderedDict[str, None] = OrderedDict()
 
     # --- life cycle (all SQLite calls run on the store's one thread) ------------------
 
@@ -159,29 +226,29 @@ class FleetStore:
     def queue_event(self, message: dict[str, Any], raw: str) -> None:
         self._pending.rows["events"].append(
             (
-                message["id"],
+                _key(message),
                 message["cluster"],
                 message["node"],
-                float(message["time"]),
+                report_time(message),
                 message["category"],
                 raw,
             )
         )
 
     def queue_action(self, message: dict[str, Any], raw: str) -> None:
-        row = (message["id"], message["cluster"], message["node"], float(message["time"]), raw)
+        row = (_key(message), message["cluster"], message["node"], report_time(message), raw)
         self._pending.rows["actions"].append(row)
 
     def queue_reply(self, message: dict[str, Any], raw: str) -> None:
-        row = (message["id"], message["cluster"], message["node"], float(message["time"]), raw)
+        row = (_key(message), message["cluster"], message["node"], report_time(message), raw)
         self._pending.rows["replies"].append(row)
 
     def queue_command(self, message: dict[str, Any]) -> None:
         row = (
-            message["id"],
+            _key(message),
             message["cluster"],
             message["node"],
-            float(message["time"]),
+            report_time(message),
             message["command"],
             json.dumps(message),
         )
@@ -190,7 +257,7 @@ class FleetStore:
     def queue_cordon(self, row: CordonRow) -> None:
         self._pending.rows["cordons"].append(
             (
-                row.request_id,
+                row_key(row.cluster, row.node, row.request_id),
                 row.cluster,
                 row.node,
                 row.action,
@@ -203,49 +270,74 @@ class FleetStore:
 
     # --- writing --------------------------------------------------------------------------
 
+    def after_write(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on the event loop) once every row queued so far is committed,
+        or refused and dropped; callbacks run in the order they were given."""
+        self._pending.callbacks.append(callback)
+
+    def refused(self, key: str) -> bool:
+        """Whether the database refused the row with this key (`row_key`), among the last
+        `REFUSED_KEPT` rows it refused. Read in an `after_write` callback, it says
+        whether that row was stored."""
+        return key in self._refused
+
     async def flush(self) -> None:
-        if not self._pending:
+        if not self._pending and not self._pending.callbacks:
             return
         batch, self._pending = self._pending, _Pending()
-        try:
-            await self._call(self._write, batch)
-        except sqlite3.Error as exc:
-            # Memory stays right; the next report of each node rewrites it. Counted.
-            self.write_errors += 1
-            log.error(  # noqa: TRY400 - no traceback needed
-                "fleet store: writing %d rows failed: %s", len(batch), exc
-            )
-
-    def _write(self, batch: _Pending) -> None:
-        db = self._conn()
-        db.execute("BEGIN")
-        try:
-            if batch.nodes:
-                db.executemany(
-                    _UPSERT_NODE,
-                    [
-                        (
-                            r.cluster,
-                            r.node,
-                            r.online,
-                            r.health,
-                            r.reason,
-                            r.last_seen,
-                            r.agent_version,
-                            r.fingerprint_id,
-                            stale,
-                            r.document,
-                        )
-                        for r, stale in batch.nodes.values()
-                    ],
+        # Through the store's thread even without rows: the callbacks of one batch must not
+        # run before those of a batch still being written.
+        failed, dropped = await self._call(self._write, batch)
+        self.write_errors += failed
+        for row in dropped:
+            self.rows_dropped[row.table] += 1
+            if row.key is not None:
+                self._refused[row.key] = None
+                if len(self._refused) > REFUSED_KEPT:
+                    self._refused.popitem(last=False)
+            # Once per reason: one broken node can repeat the same bad row every second.
+            if row.reason not in self._logged_reasons:
+                self._logged_reasons.add(row.reason)
+                log.error(
+                    "fleet store: a row of %s was refused and dropped (%s: %s); further %r "
+                    "rows are only counted (gpuagent_fleet_store_rows_dropped_total)",
+                    row.table,
+                    type(row.error).__name__,
+                    row.error,
+                    row.reason,
                 )
-            for table, rows in batch.rows.items():
-                if rows:
-                    db.executemany(_INSERT[table], rows)
+        for callback in batch.callbacks:
+            callback()
+
+    def _write(self, batch: _Pending) -> tuple[bool, list[_Dropped]]:
+        """Commit the batch in one transaction. If the database refuses it, write its rows
+        one by one, each in a transaction of its own, so that a bad row costs only itself,
+        not every other node's rows of the same batch. (Whether the batch failed, the rows
+        dropped.)"""
+        db = self._conn()
+        if not batch:
+            return False, []
+        try:
+            db.execute("BEGIN")
+            for _, sql, rows in batch.statements():
+                db.executemany(sql, rows)
             db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
+        # Whatever the error (a constraint, a value SQLite cannot bind, a full disk), the
+        # writer must carry on; the rows are tried again one by one just below.
+        except Exception:  # noqa: BLE001
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+        else:
+            return False, []
+        dropped = []
+        for table, sql, rows in batch.statements():
+            for row in rows:
+                try:
+                    db.execute(sql, row)
+                except Exception as exc:  # noqa: BLE001 - as above: only this row is lost
+                    dropped.append(_Dropped(table, None if table == "nodes" else row[0], exc))
+        return True, dropped
 
     async def run_writer(self, stop: asyncio.Event) -> None:
         """Flush every FLUSH_INTERVAL_SECONDS, prune every PRUNE_INTERVAL_SECONDS."""
@@ -264,7 +356,13 @@ class FleetStore:
 
     def _prune(self, now: float) -> int:
         db = self._conn()
-        removed = db.execute(_PRUNE_BY_AGE, (now - self.retention_seconds,)).rowcount
+        removed = 0
+        for table in _INSERT:
+            keep = self.retention_seconds
+            if table == "cordons":
+                # A restart restores the budget from the approvals within its window.
+                keep = max(keep, self.budget_window_seconds)
+            removed += db.execute(_PRUNE_BY_AGE.format(table=table), (now - keep,)).rowcount
         removed += db.execute(_PRUNE_BY_COUNT, (self.max_events - 1,)).rowcount
         return int(removed)
 
@@ -292,7 +390,10 @@ class FleetStore:
         rows = self._conn().execute(
             _SELECT_CORDONS, (since if since is not None else float("-inf"), limit)
         )
-        return [CordonRow(*row) for row in rows]
+        return [
+            CordonRow(key.removeprefix(row_key(cluster, node, "")), cluster, node, *rest)
+            for key, cluster, node, *rest in rows
+        ]
 
     async def count(self, table: str) -> int:
         if table not in _INSERT and table != "nodes":
@@ -322,6 +423,10 @@ class FleetStore:
                 )
             records.append(base)
         return records
+
+
+def _key(message: dict[str, Any]) -> str:
+    return row_key(message["cluster"], message["node"], message["id"])
 
 
 def _filters(*, node: str | None, since: float | None) -> tuple[str, tuple[Any, ...]]:

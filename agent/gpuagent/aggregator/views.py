@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 from typing import Any
 
 from gpuagent.aggregator.records import NodeRecord, status_of
@@ -48,6 +49,27 @@ def sort_key(record: NodeRecord, now: float, stale_after: float) -> tuple[int, i
     return (group, _HEALTH_RANK.get(record.health, 2), record.cluster, record.node)
 
 
-def nodes_json(state: FleetState, now: float, stale_after: float) -> list[dict[str, Any]]:
-    records = sorted(state.nodes.values(), key=lambda r: sort_key(r, now, stale_after))
-    return [node_json(r, now, stale_after) for r in records]
+def nodes_json(
+    state: FleetState, now: float, stale_after: float, limit: int | None = None
+) -> list[dict[str, Any]]:
+    """Every node in `sort_key` order, or the first ``limit`` of them: the page shows only
+    the first few hundred, and every node of a large fleet is megabytes of JSON."""
+
+    def key(record: NodeRecord) -> tuple[int, int, str, str]:
+        return sort_key(record, now, stale_after)
+
+    records = state.nodes.values()
+    ordered = sorted(records, key=key) if limit is None else heapq.nsmallest(limit, records, key)
+    return [node_json(r, now, stale_after) for r in ordered]
+
+
+def node_counts(state: FleetState, now: float, stale_after: float) -> dict[str, int]:
+    """How many nodes there are, and how many are critical, warning, offline and stale."""
+    counts = dict.fromkeys(("nodes", "critical", "warning", "offline", "stale"), 0)
+    for record in state.nodes.values():
+        counts["nodes"] += 1
+        counts["critical"] += record.health == "CRITICAL"
+        counts["warning"] += record.health == "WARN"
+        counts["offline"] += not record.online
+        counts["stale"] += record.online and record.is_stale(now, stale_after)
+    return counts
