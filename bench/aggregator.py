@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO / "agent"))
 
 from gpuagent.aggregator import paho_tables  # noqa: E402
 from gpuagent.fleet import schema  # noqa: E402
-from report import Row, report  # noqa: E402 - bench/ is the script's directory
+from report import Row, free_port, percentile, report  # noqa: E402 - bench/ is the script's directory
 
 PREFIX = "gpuagent/v1"
 NODES = 10_000
@@ -45,17 +45,6 @@ CLUSTERS = 4
 STATE_INTERVAL = 30.0
 # The aggregator gets CPU 1; mosquitto, the generator and the prober share CPU 0.
 AGGREGATOR_CPU = 1
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def percentile(samples: list[float], pct: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))]
 
 
 def pin(pid: int, cpu: int) -> None:

@@ -20,7 +20,8 @@ sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH.parent / "agent"))
 
 from gpuagent.client import call  # noqa: E402
-from run import daemon, percentile  # noqa: E402
+from report import percentile  # noqa: E402
+from run import daemon  # noqa: E402
 
 _POLL_SECONDS = 0.0005
 

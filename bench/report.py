@@ -1,9 +1,11 @@
-"""What every benchmark prints and keeps: a table of rows, and bench/results/<name>.json."""
+"""What every benchmark prints and keeps: a table of rows, and bench/results/<name>.json;
+and the small helpers they share."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -11,6 +13,17 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def percentile(samples: list[float], pct: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))]
 
 
 @dataclass

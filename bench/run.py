@@ -30,19 +30,7 @@ GPUAGENT = [sys.executable, "-m", "gpuagent"]
 sys.path.insert(0, str(REPO / "agent"))
 
 from gpuagent.client import call  # noqa: E402
-from report import Row, report  # noqa: E402 - bench/ is the script's directory
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def percentile(samples: list[float], pct: float) -> float:
-    ordered = sorted(samples)
-    index = min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))
-    return ordered[index]
+from report import Row, free_port, percentile, report  # noqa: E402 - bench/ is the script's directory
 
 
 class Daemon:

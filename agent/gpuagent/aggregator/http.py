@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import json
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -24,6 +23,7 @@ from gpuagent.aggregator.page import PAGE
 from gpuagent.aggregator.records import NodeRecord
 from gpuagent.aggregator.state import FleetState
 from gpuagent.aggregator.store import FleetStore
+from gpuagent.fleet import schema
 from gpuagent.fleet.topics import TopicError, check_name
 
 DEFAULT_LIMIT = 100
@@ -226,24 +226,8 @@ def _loopback(remote: str | None) -> bool:
 
 
 def _json(doc: object, status: int = 200) -> web.Response:
-    try:
-        text = json.dumps(doc, separators=(",", ":"), allow_nan=False)
-    except ValueError:
-        # A node sent NaN or Infinity (Python's JSON reads them): JSON has neither, and one
-        # such value would make the whole answer unreadable to a browser. They become null.
-        text = json.dumps(_finite(doc), separators=(",", ":"), allow_nan=False)
-    return web.Response(text=text, status=status, content_type="application/json")
-
-
-def _finite(value: object) -> object:
-    """``value`` with every NaN and infinity in it replaced by None."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
+    # Strict JSON: a node's NaN would otherwise make the whole answer unreadable to a browser.
+    return web.Response(text=schema.dumps(doc), status=status, content_type="application/json")
 
 
 def _error(status: int, problem: str) -> web.Response:

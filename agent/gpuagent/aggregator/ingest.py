@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from gpuagent.aggregator.budget import CordonBudget
-from gpuagent.aggregator.records import from_online_state, report_time, with_offline
+from gpuagent.aggregator.records import from_online_state, with_offline
 from gpuagent.aggregator.state import FleetState
 from gpuagent.aggregator.store import CordonRow, FleetStore, row_key
 from gpuagent.fleet import schema
@@ -101,11 +101,6 @@ class Ingest:
             return None
         if message["type"] not in CHANNEL_TYPES.get(where.channel, frozenset()):
             self.reject("invalid", topic, f"type {message['type']!r} on {where.channel!r}")
-            return None
-        try:
-            report_time(message)
-        except ValueError as exc:
-            self.reject("invalid", topic, str(exc))
             return None
         return where, message
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,19 +60,6 @@ class NodeRecord:
         return now - self.last_seen > stale_after
 
 
-def report_time(message: dict[str, Any]) -> float:
-    """The envelope's ``time`` as a float; ValueError if it is not finite or does not fit
-    in one (JSON allows NaN, Infinity and integers of any length, and the database and
-    the API take none of them)."""
-    try:
-        when = float(message["time"])
-    except OverflowError:
-        raise ValueError("time is too large for a float") from None
-    if not math.isfinite(when):
-        raise ValueError(f"time is {when!r}, not a finite number")
-    return when
-
-
 def _text(value: object, default: str = "") -> str:
     return value if isinstance(value, str) else default
 
@@ -122,7 +108,7 @@ def from_online_state(message: dict[str, Any], raw: str, received_at: float) -> 
         online=True,
         health=_text(node.get("health"), "UNKNOWN"),
         reason="",
-        last_seen=min(report_time(message), received_at),
+        last_seen=min(float(message["time"]), received_at),
         agent_version=_text(message.get("agent_version")),
         gpus=tuple(_gpu(g) for g in _dicts(status.get("gpus"))),
         findings=_dicts(node.get("findings")),
@@ -144,7 +130,7 @@ def with_offline(
             online=False,
             health="UNKNOWN",
             reason=reason,
-            last_seen=min(report_time(message), received_at),
+            last_seen=min(float(message["time"]), received_at),
             agent_version="",
         )
     return dataclasses.replace(previous, online=False, reason=reason)

@@ -26,7 +26,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpuagent.aggregator.records import NodeRecord, from_online_state, report_time
+from gpuagent.aggregator.records import NodeRecord, from_online_state
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -229,18 +229,18 @@ class FleetStore:
                 _key(message),
                 message["cluster"],
                 message["node"],
-                report_time(message),
+                float(message["time"]),
                 message["category"],
                 raw,
             )
         )
 
     def queue_action(self, message: dict[str, Any], raw: str) -> None:
-        row = (_key(message), message["cluster"], message["node"], report_time(message), raw)
+        row = (_key(message), message["cluster"], message["node"], float(message["time"]), raw)
         self._pending.rows["actions"].append(row)
 
     def queue_reply(self, message: dict[str, Any], raw: str) -> None:
-        row = (_key(message), message["cluster"], message["node"], report_time(message), raw)
+        row = (_key(message), message["cluster"], message["node"], float(message["time"]), raw)
         self._pending.rows["replies"].append(row)
 
     def queue_command(self, message: dict[str, Any]) -> None:
@@ -248,7 +248,7 @@ class FleetStore:
             _key(message),
             message["cluster"],
             message["node"],
-            report_time(message),
+            float(message["time"]),
             message["command"],
             json.dumps(message),
         )

@@ -181,13 +181,16 @@ def cordon_decision_message(
 
 
 def encode(message: dict[str, Any]) -> bytes:
-    """Compact JSON; a non-finite number (NaN from a broken sensor) becomes null, since
-    strict JSON readers (a browser's) reject the whole document over one."""
+    return dumps(message).encode()
+
+
+def dumps(doc: object) -> str:
+    """Compact, strict JSON; a non-finite number (NaN from a broken sensor) becomes null,
+    since strict JSON readers (a browser's) reject the whole document over one."""
     try:
-        text = json.dumps(message, separators=(",", ":"), default=str, allow_nan=False)
+        return json.dumps(doc, separators=(",", ":"), default=str, allow_nan=False)
     except ValueError:
-        text = json.dumps(_finite(message), separators=(",", ":"), default=str)
-    return text.encode()
+        return json.dumps(_finite(doc), separators=(",", ":"), default=str)
 
 
 def _finite(value: Any) -> Any:

@@ -486,26 +486,24 @@ def _max_clock(_gpu: SimGpu, _now: float, clock_type: Any, out: Any) -> int:
     return codes.SUCCESS
 
 
-def _applications_clock(gpu: SimGpu, _now: float, clock_type: Any, out: Any) -> int:
+def _clock_setting(graphics_mhz: int, clock_type: Any, out: Any) -> int:
+    """An applications clock: ``graphics_mhz`` for graphics and SM, the fixed memory clock."""
     which = _int(clock_type)
     if which in (codes.CLOCK_GRAPHICS, codes.CLOCK_SM):
-        _out(out).value = gpu.applications_clock_mhz
+        _out(out).value = graphics_mhz
     elif which == codes.CLOCK_MEM:
         _out(out).value = hardware.MEMORY_CLOCK_MHZ
     else:
         return codes.ERROR_INVALID_ARGUMENT
     return codes.SUCCESS
+
+
+def _applications_clock(gpu: SimGpu, _now: float, clock_type: Any, out: Any) -> int:
+    return _clock_setting(gpu.applications_clock_mhz, clock_type, out)
 
 
 def _default_applications_clock(_gpu: SimGpu, _now: float, clock_type: Any, out: Any) -> int:
-    which = _int(clock_type)
-    if which in (codes.CLOCK_GRAPHICS, codes.CLOCK_SM):
-        _out(out).value = hardware.APPLICATIONS_CLOCK_DEFAULT_MHZ
-    elif which == codes.CLOCK_MEM:
-        _out(out).value = hardware.MEMORY_CLOCK_MHZ
-    else:
-        return codes.ERROR_INVALID_ARGUMENT
-    return codes.SUCCESS
+    return _clock_setting(hardware.APPLICATIONS_CLOCK_DEFAULT_MHZ, clock_type, out)
 
 
 def _fabric_info(gpu: SimGpu, _now: float, out: Any) -> int:
