@@ -217,6 +217,12 @@ class ThermalCheck:
     # Used when NVML does not report thresholds (H100 SXM defaults).
     fallback_slowdown_c: float = 87.0
     fallback_shutdown_c: float = 92.0
+    # Throttling is a finding only while it costs performance: the GPU at least this busy,
+    # and heat or the power brake holding its clocks back for at least
+    # throttle_min_fraction of the last throttle_window_seconds (NVML's duration counters).
+    throttle_window_seconds: float = 300.0
+    throttle_min_fraction: float = 0.25
+    throttle_min_utilization_pct: float = 50.0
 
 
 @dataclass(frozen=True)
@@ -573,6 +579,7 @@ _POSITIVE = {
         for key in ("keepalive_seconds", "reconnect_min_seconds", "reconnect_max_seconds")
     ),
     "inventory.refresh_seconds",
+    "checks.thermal.throttle_window_seconds",
 }
 _NON_NEGATIVE = {
     "checks.ecc.sbe_rate_per_hour",
@@ -580,6 +587,7 @@ _NON_NEGATIVE = {
     "checks.thermal.shutdown_margin_c",
     "checks.pcie.degraded_hold_seconds",
     "checks.pcie.degraded_min_utilization_pct",
+    "checks.thermal.throttle_min_utilization_pct",
     "checks.pcie.replay_rate_per_minute",
     "outputs.textfile.min_interval_seconds",
     "checks.xid.app_error_hold_seconds",
@@ -607,6 +615,8 @@ def _check_value(key: str, value: object) -> str | None:
         return "must be greater than 0"
     if key in _NON_NEGATIVE and isinstance(value, int | float) and value < 0:
         return "must not be negative"
+    if key.endswith("_fraction") and isinstance(value, int | float) and not 0 < value <= 1:
+        return "must be greater than 0 and at most 1"
     if key.endswith(".port") and isinstance(value, int) and not 0 < value < 65536:
         return "must be a port number, 1 to 65535"
     return _check_text(key, value)

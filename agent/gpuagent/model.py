@@ -79,6 +79,7 @@ class GpuIdentity:
     inforom_version: str | None = None  # the InfoROM image version
     gsp_firmware_version: str | None = None  # None: no GSP firmware, or not reported
     applications_clock_default_mhz: int | None = None  # graphics
+    sm_clock_max_mhz: int | None = None  # what the SM clock reaches when nothing holds it back
 
     @property
     def device(self) -> str:
@@ -148,6 +149,20 @@ class GpuReadings:
     nvlink_replay_errors: int | None = None
     nvlink_recovery_errors: int | None = None
     processes: tuple[GpuProcess, ...] = ()
+    performance_state: int | None = None  # P-state: 0 (fastest) to 15; None: not reported
+    # How long NVML has held the clocks back, per cause, in ns since the driver loaded
+    # (nvmlDeviceGetViolationStatus's perf policy counters, the fields DCGM exports as
+    # *_VIOLATION); None where the GPU or driver does not count that cause.
+    violation_power_ns: int | None = None
+    violation_thermal_ns: int | None = None
+    violation_sync_boost_ns: int | None = None
+    violation_board_limit_ns: int | None = None
+    violation_low_utilization_ns: int | None = None
+    violation_reliability_ns: int | None = None
+    # The same for single clock event reasons (drivers 550 and later).
+    throttle_sw_thermal_ns: int | None = None
+    throttle_hw_thermal_ns: int | None = None
+    throttle_hw_power_brake_ns: int | None = None
 
 
 GpuStatus = Literal["ok", "lost", "timeout", "error"]

@@ -40,7 +40,7 @@ from gpuagent.checks.persistence import check_persistence
 from gpuagent.checks.retired_pages import check_retired_pages
 from gpuagent.checks.row_remap import check_row_remap
 from gpuagent.checks.sxid import check_sxid
-from gpuagent.checks.thermal import check_thermal
+from gpuagent.checks.thermal import check_thermal, remember_throttle
 from gpuagent.checks.xid import check_xid
 from gpuagent.config import ChecksSection, ExpectedGpu, InventoryExpected
 from gpuagent.inventory.model import GpuInventory
@@ -184,6 +184,8 @@ def _remember(
         memory = remember_bridges(memory, path, readings, config.pcie, now)
     if config.aer.enabled:
         memory = remember_aer(memory, path, config.aer, now)
+    if config.thermal.enabled:
+        memory = remember_throttle(memory, readings, config.thermal, now)
     return memory
 
 

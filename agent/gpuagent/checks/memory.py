@@ -92,6 +92,9 @@ class GpuMemory:
     # Corrected AER errors summed over the GPU and its bridges (sysfs totals); the source
     # names the functions summed, so a function appearing or vanishing starts a new series.
     aer_corrected: CounterSeries = field(default_factory=CounterSeries)
+    # NVML's throttle-duration counters for heat and the power brake (ns, summed), sampled
+    # only while the GPU is busy: an idle poll ends the series, so only busy time counts.
+    throttle: CounterSeries = field(default_factory=CounterSeries)
     # Uncorrectable (non-fatal + fatal) AER totals per function when first seen, or after
     # the counter went down: anything above this was seen while the agent watched.
     aer_uncorrectable_baseline: tuple[tuple[str, int], ...] = ()

@@ -171,6 +171,17 @@ DCGM_GPU_METRICS: tuple[GpuMetric, ...] = (
         "Total number of NVLink recovery errors.",
         "nvlink_recovery_errors",
     ),
+    *(
+        _dcgm(f"{name}_VIOLATION", _C, f"Throttling duration due to {cause} (in ns).", field)
+        for name, cause, field in (
+            ("POWER", "power constraints", "violation_power_ns"),
+            ("THERMAL", "thermal constraints", "violation_thermal_ns"),
+            ("SYNC_BOOST", "sync-boost constraints", "violation_sync_boost_ns"),
+            ("BOARD_LIMIT", "board limit constraints", "violation_board_limit_ns"),
+            ("LOW_UTIL", "low utilization", "violation_low_utilization_ns"),
+            ("RELIABILITY", "reliability constraints", "violation_reliability_ns"),
+        )
+    ),
 )
 
 # Values dcgm-exporter has no default name for, under gpuagent's own names.
@@ -240,6 +251,31 @@ AGENT_GPU_METRICS: tuple[GpuMetric, ...] = (
         _G,
         "Number of processes using the GPU.",
         _process_count,
+    ),
+    GpuMetric(
+        "gpuagent_gpu_performance_state",
+        _G,
+        "Performance state (P-state): 0 is the fastest, 15 the slowest.",
+        _reading("performance_state"),
+    ),
+    GpuMetric(
+        "gpuagent_gpu_sm_clock_max_mhz",
+        _G,
+        "Highest SM clock the GPU reaches when nothing holds it back (in MHz).",
+        _static("sm_clock_max_mhz"),
+    ),
+    *(
+        GpuMetric(
+            f"gpuagent_gpu_{reason}_slowdown_ns",
+            _C,
+            f"Time the clocks were held back by {what} since the driver loaded (in ns).",
+            _reading(field),
+        )
+        for reason, what, field in (
+            ("sw_thermal", "software thermal slowdown", "throttle_sw_thermal_ns"),
+            ("hw_thermal", "hardware thermal slowdown", "throttle_hw_thermal_ns"),
+            ("hw_power_brake", "the hardware power brake", "throttle_hw_power_brake_ns"),
+        )
     ),
 )
 

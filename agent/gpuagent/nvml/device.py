@@ -44,6 +44,16 @@ _COUNTER_FIELDS: dict[int, str] = {
     pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: "nvlink_crc_data_errors",
     pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: "nvlink_replay_errors",
     pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: "nvlink_recovery_errors",
+    # Throttle durations (ns): in the same batch, so judging throttling costs no extra call.
+    pynvml.NVML_FI_DEV_PERF_POLICY_POWER: "violation_power_ns",
+    pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL: "violation_thermal_ns",
+    pynvml.NVML_FI_DEV_PERF_POLICY_SYNC_BOOST: "violation_sync_boost_ns",
+    pynvml.NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT: "violation_board_limit_ns",
+    pynvml.NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION: "violation_low_utilization_ns",
+    pynvml.NVML_FI_DEV_PERF_POLICY_RELIABILITY: "violation_reliability_ns",
+    pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN: "throttle_sw_thermal_ns",
+    pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN: "throttle_hw_thermal_ns",
+    pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN: "throttle_hw_power_brake_ns",
 }
 _BOOL_ATTRS = {"retired_pages_pending", "row_remap_pending", "row_remap_failure"}
 _MILLIWATT_ATTRS = {"power_w", "power_limit_w"}
@@ -201,6 +211,9 @@ class Device:
                 pynvml.nvmlDeviceGetDefaultApplicationsClock,
                 pynvml.NVML_CLOCK_GRAPHICS,
             ),
+            sm_clock_max_mhz=self._get(
+                "nvmlDeviceGetMaxClockInfo", pynvml.nvmlDeviceGetMaxClockInfo, pynvml.NVML_CLOCK_SM
+            ),
             **{k: None if v is None else float(v) for k, v in thresholds.items()},
         )
 
@@ -268,6 +281,9 @@ class Device:
                 pynvml.nvmlDeviceGetCurrentClocksEventReasons,
             ),
             "processes": tuple(self._process(p) for p in procs or ()),
+            "performance_state": _pstate(
+                self._get("nvmlDeviceGetPerformanceState", pynvml.nvmlDeviceGetPerformanceState)
+            ),
         }
 
     def _read_slow(self) -> dict[str, Any]:
@@ -363,6 +379,11 @@ class Device:
             name=self._process_name(int(info.pid)) or f"pid {info.pid}",
             used_mib=None if used is None else used / _MIB,
         )
+
+
+def _pstate(value: int | None) -> int | None:
+    # NVML_PSTATE_UNKNOWN (32) means the driver could not tell: as good as not reported.
+    return value if value is not None and 0 <= value <= pynvml.NVML_PSTATE_15 else None
 
 
 def _link_state(value: float | None) -> bool | None:
