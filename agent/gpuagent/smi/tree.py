@@ -1,0 +1,221 @@
+"""The tree both capture formats become, and the readers that turn its values into numbers.
+
+The text and the XML parser each build this tree (an indented `Key : Value` line, or an
+element, per node, with the line it came from) and then map it into the model. Keeping the
+value readers here means "N/A", units and malformed numbers are handled, and reported,
+the same way for both formats.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gpuagent.smi.model import CaptureError
+
+# What nvidia-smi prints where it has no value: NVML answered NOT_SUPPORTED, NO_PERMISSION,
+# an unknown error, or the field does not apply. Older drivers wrap them in brackets.
+_UNAVAILABLE = frozenset(
+    {
+        "",
+        "n/a",
+        "not supported",
+        "not available",
+        "not found",
+        "unknown",
+        "unknown error",
+        "insufficient permissions",
+    }
+)
+_TRUE = frozenset({"enabled", "active", "yes", "true", "on"})
+_FALSE = frozenset({"disabled", "not active", "no", "false", "off"})
+_NUMBER = re.compile(r"([+-]?[0-9]+(?:\.[0-9]+)?)\s*(.*)")
+_INTEGER = re.compile(r"([+-]?[0-9]+)\s*(.*)")
+_PSTATE = re.compile(r"P([0-9]{1,2})")
+_HEX = re.compile(r"(?:0[xX])?([0-9A-Fa-f]{1,16})")
+
+
+class Node:
+    """One entry of a capture: a key, its value (None for a section header), its children.
+
+    Lookups are by key, case-insensitively (drivers have changed the case of a few keys:
+    "GPU instance ID" under Processes, "GPU Instance ID" under a MIG device), and the first
+    entry of a repeated key wins; ``children`` keeps every entry in file order.
+    """
+
+    __slots__ = ("_index", "children", "key", "line", "parent", "value")
+
+    def __init__(self, key: str, value: str | None, line: int, parent: Node | None) -> None:
+        self.key = key
+        self.value = value
+        self.line = line
+        self.parent = parent
+        self.children: list[Node] = []
+        self._index: dict[str, Node] = {}
+
+    def add(self, child: Node) -> None:
+        self.children.append(child)
+        self._index.setdefault(child.key.lower(), child)
+
+    def get(self, *path: str) -> Node | None:
+        """The node at ``path`` below this one, or None where any step is missing."""
+        node: Node | None = self
+        for key in path:
+            if node is None:
+                return None
+            node = node._index.get(key.lower())  # noqa: SLF001 - same class
+        return node
+
+    def first(self, *keys: str) -> Node | None:
+        """The first of ``keys`` (alternative wordings of one field) that is present."""
+        for key in keys:
+            node = self._index.get(key.lower())
+            if node is not None:
+                return node
+        return None
+
+    def last_line(self) -> int:
+        """The last line of this node's block."""
+        node = self
+        while node.children:
+            node = node.children[-1]
+        return node.line
+
+    def label(self) -> str:
+        """Where this entry sits, for messages: "GPU 00000000:19:00.0 / PCI / Bus Id"."""
+        keys: list[str] = []
+        node: Node | None = self
+        while node is not None and node.parent is not None:
+            keys.append(node.key)
+            node = node.parent
+        return " / ".join(reversed(keys))
+
+
+def at(node: Node | None, *path: str) -> Node | None:
+    """``node.get(*path)``, None when the section itself is missing."""
+    return None if node is None else node.get(*path)
+
+
+def pick(node: Node | None, *keys: str) -> Node | None:
+    """``node.first(*keys)``, None when the section itself is missing."""
+    return None if node is None else node.first(*keys)
+
+
+def entries(node: Node | None, key: str) -> list[Node]:
+    """The children of ``node`` called ``key`` (a repeated entry), in file order."""
+    if node is None:
+        return []
+    key = key.lower()
+    return [child for child in node.children if child.key.lower() == key]
+
+
+@dataclass(frozen=True, slots=True)
+class EccCounts:
+    """One ECC error block (volatile or aggregate), as the model keeps it."""
+
+    corrected: int | None = None
+    uncorrected: int | None = None
+    sram_corrected: int | None = None
+    sram_uncorrected: int | None = None
+    sram_threshold_exceeded: bool | None = None
+
+
+def _invalid(node: Node, value: str, expected: str) -> CaptureError:
+    return CaptureError(f'{node.label()}: expected {expected}, got "{value}"', node.line)
+
+
+def string(node: Node | None) -> str | None:
+    """The value as printed, or None where the capture has none (N/A, or missing)."""
+    if node is None or node.value is None:
+        return None
+    value = node.value
+    folded = value.lower()
+    if folded.startswith("[") and folded.endswith("]"):
+        folded = folded[1:-1].strip()
+    return None if folded in _UNAVAILABLE else value
+
+
+def number(node: Node | None, unit: str = "") -> float | None:
+    """A decimal value, with ``unit`` after it or none: "67.74 W" → 67.74."""
+    value = string(node)
+    if node is None or value is None:
+        return None
+    match = _NUMBER.fullmatch(value)
+    if match is None or match[2] not in ("", unit):
+        raise _invalid(node, value, f"a number{' in ' + unit if unit else ''}")
+    return float(match[1])
+
+
+def integer(node: Node | None, unit: str = "") -> int | None:
+    """A whole number, with ``unit`` after it or none: "16x" → 16, "2560 bank(s)" → 2560."""
+    value = string(node)
+    if node is None or value is None:
+        return None
+    match = _INTEGER.fullmatch(value)
+    if match is None or match[2] not in ("", unit):
+        raise _invalid(node, value, f"a whole number{' in ' + unit if unit else ''}")
+    return int(match[1])
+
+
+def hexadecimal(node: Node | None) -> int | None:
+    """A PCI id as either format prints it: "0x233010DE" (text) or "233010DE" (XML)."""
+    value = string(node)
+    if node is None or value is None:
+        return None
+    match = _HEX.fullmatch(value)
+    if match is None:
+        raise _invalid(node, value, "a hexadecimal number")
+    return int(match[1], 16)
+
+
+def flag(node: Node | None) -> bool | None:
+    """Enabled/Disabled, Active/Not Active, Yes/No."""
+    value = string(node)
+    if node is None or value is None:
+        return None
+    folded = value.lower()
+    if folded in _TRUE:
+        return True
+    if folded in _FALSE:
+        return False
+    raise _invalid(node, value, "Yes/No, Enabled/Disabled or Active/Not Active")
+
+
+def pstate(node: Node | None) -> int | None:
+    """A performance state: "P8" → 8."""
+    value = string(node)
+    if node is None or value is None:
+        return None
+    match = _PSTATE.fullmatch(value)
+    if match is None:
+        raise _invalid(node, value, "a performance state (P0 to P15)")
+    return int(match[1])
+
+
+def required(node: Node | None, where: Node, message: str) -> str:
+    """A value the model cannot do without: without it the capture is cut short or is not
+    what nvidia-smi writes. The error names the entry's line, or the block's."""
+    value = string(node)
+    if value is None:
+        raise CaptureError(message, where.line if node is None else node.line)
+    return value
+
+
+def summed(*values: int | None) -> int | None:
+    """The sum of the counts present, None when none is (H100 splits SRAM uncorrectable
+    into parity and SEC-DED counts; the model keeps their total)."""
+    present = [value for value in values if value is not None]
+    return sum(present) if present else None
+
+
+def histogram(
+    section: Node | None, keys: tuple[str, str, str, str, str]
+) -> tuple[int, int, int, int, int] | None:
+    """The bank remap availability histogram (max, high, partial, low, none), or None
+    unless all five buckets are readable."""
+    if section is None:
+        return None
+    top, high, partial, low, none = (integer(section.get(key), "bank(s)") for key in keys)
+    if top is None or high is None or partial is None or low is None or none is None:
+        return None
+    return (top, high, partial, low, none)
