@@ -6,7 +6,7 @@ import pytest
 
 from gpuagent.config import EccCheck
 from gpuagent.model import Severity
-from test_checks_support import check_once, check_series, with_checks
+from test_checks_support import check_once, check_series, identity, with_checks
 
 HOURLY_100 = with_checks(ecc=EccCheck(sbe_rate_per_hour=100.0, rate_window_seconds=3600.0))
 
@@ -191,3 +191,15 @@ def test_sbe_rate_over_polls(
     if severity is Severity.WARN:
         assert (last.action, last.runbook) == ("investigate", "gpu-ecc-sbe-rate")
         assert "corrected ECC errors per hour" in last.reason
+
+
+@pytest.mark.parametrize("brand", ["GeForce", "Titan"])
+def test_ecc_off_on_a_consumer_board_is_how_it_ships(brand: str) -> None:
+    # RTX 4090 captures: ECC mode Disabled on every GPU of a healthy node.
+    found = check_once("ecc", ident=identity(brand=brand), ecc_enabled=False)
+    assert (found.severity, found.reason) == (Severity.OK, f"ECC off, as {brand} boards ship")
+
+
+def test_ecc_off_on_a_data_centre_board_is_still_warn() -> None:
+    found = check_once("ecc", ident=identity(brand="NVIDIA"), ecc_enabled=False)
+    assert (found.severity, found.runbook) == (Severity.WARN, "gpu-ecc-disabled")

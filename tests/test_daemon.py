@@ -83,7 +83,6 @@ def test_healthy_node_ready_status_metrics_and_clean_stop(run_daemon: Run) -> No
 FAULTS: list[tuple[str, dict[str, Any], str, str]] = [
     ("ecc_dbe", {"count": 1}, "ecc", "CRITICAL"),
     ("ecc_sbe", {"count": 100000}, "ecc", "WARN"),
-    ("retired_pages", {"count": 2, "pending": True}, "retired_pages", "WARN"),
     ("row_remap_pending", {}, "row_remap", "WARN"),
     ("row_remap_failure", {}, "row_remap", "CRITICAL"),
     ("temperature", {"celsius": 84}, "thermal", "WARN"),
@@ -95,14 +94,20 @@ FAULTS: list[tuple[str, dict[str, Any], str, str]] = [
     ("persistence_off", {}, "persistence", "WARN"),
     ("nvlink_down", {"link": 3}, "nvlink", "CRITICAL"),
 ]
+# Throttling is a finding only on a busy GPU whose throttle-duration counters grew for a
+# good share of the window: the GPU that gets the throttle fault runs a job from the start,
+# and the window is short enough for a test.
+THROTTLED = next(i for i, fault in enumerate(FAULTS) if fault[0] == "throttle")
+JOB = '[[fault]]\ngpu = {gpu}\nkind = "process"\npid = 4100\nname = "train.py"\nused_mib = 4096\n'
 
 
 @pytest.fixture(scope="module")
 def sixteen_gpus(tmp_path_factory: pytest.TempPathFactory) -> Any:
     daemon = start_daemon(
         tmp_path_factory.mktemp("faults"),
-        H100.format(gpus=16),
-        config_extra="[checks.pcie]\ndegraded_hold_seconds = 0\n",
+        H100.format(gpus=16) + JOB.format(gpu=THROTTLED),
+        config_extra="[checks.pcie]\ndegraded_hold_seconds = 0\n"
+        "[checks.thermal]\nthrottle_window_seconds = 2\n",
     )
     yield daemon
     daemon.stop()
@@ -138,6 +143,17 @@ def test_each_fault_kind_turns_into_its_finding(
         if s.labels["check"] == check and s.labels["pci_bus_id"].lower().endswith(bus[4:])
     ]
     assert health == [{"WARN": 1.0, "CRITICAL": 2.0}[severity]]
+
+
+def test_retired_pages_on_a_gpu_that_retires_them(run_daemon: Run) -> None:
+    # Hopper and Ampere remap rows instead (Retired Pages N/A): page retirement is Volta's.
+    daemon = run_daemon('[node]\ngpus = 2\nmodel = "v100-sxm2"\n')
+    daemon.wait_for(lambda d: _gpu(d, 1)["health"] == "OK")
+    daemon.inject("retired_pages", 1, count=2, pending=True)
+    doc = daemon.wait_for(lambda d: _severity(d, 1, "retired_pages") == "WARN")
+    finding = next(f for f in _gpu(doc, 1)["findings"] if f["check"] == "retired_pages")
+    assert finding["reason"]
+    assert _gpu(doc, 0)["health"] == "OK"
 
 
 def test_lost_gpu_serves_no_stale_values(sixteen_gpus: DaemonProcess) -> None:

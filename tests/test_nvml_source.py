@@ -113,7 +113,7 @@ async def test_identity_matches_what_nvml_reports(node: SimulatedNode) -> None:
     assert identity.pci_bus_id == "0000:18:00.0"
     assert identity.device == "nvidia0"
     assert identity.temperature_slowdown_c == 87.0
-    assert identity.temperature_shutdown_c == 92.0
+    assert identity.temperature_shutdown_c == 93.0  # T.Limit -8 in the H100 captures
     assert identity.power_default_limit_w == 700.0
     assert (identity.pcie_max_generation, identity.pcie_max_width) == (5, 16)
     assert identity.nvlink_count == 18

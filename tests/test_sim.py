@@ -269,7 +269,7 @@ def test_temperature_thresholds(node: SimulatedNode) -> None:
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
     get = pynvml.nvmlDeviceGetTemperatureThreshold
     assert get(handle, pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN) == 87
-    assert get(handle, pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN) == 92
+    assert get(handle, pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN) == 93
     assert get(handle, pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX) == 85
     assert get(handle, pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX) == 95
     with pytest.raises(pynvml.NVMLError_NotSupported):
@@ -281,10 +281,9 @@ def test_temperature_thresholds(node: SimulatedNode) -> None:
 def test_tlimit_fields_convert_to_the_thresholds(node: SimulatedNode) -> None:
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
     ids = {
-        pynvml.NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT: 92,
+        pynvml.NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT: 93,
         pynvml.NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT: 87,
         pynvml.NVML_FI_DEV_TEMPERATURE_GPU_MAX_TLIMIT: 85,
-        pynvml.NVML_FI_DEV_TEMPERATURE_MEM_MAX_TLIMIT: 95,
     }
     values = pynvml.nvmlDeviceGetFieldValues(handle, list(ids))
     temperature = pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)
@@ -293,19 +292,30 @@ def test_tlimit_fields_convert_to_the_thresholds(node: SimulatedNode) -> None:
         assert value.nvmlReturn == pynvml.NVML_SUCCESS
         assert value.valueType == pynvml.NVML_VALUE_TYPE_SIGNED_INT
         assert temperature + margin - value.value.siVal == threshold
-    assert [v.value.siVal for v in values] == [-7, -2, 0, -10]
+    # As the H100 captures print them: shutdown -8, slowdown -2, max operating 0.
+    assert [v.value.siVal for v in values] == [-8, -2, 0]
+    # The memory's max operating point is on its own scale: 0, as the captures show.
+    (memory,) = pynvml.nvmlDeviceGetFieldValues(
+        handle, [pynvml.NVML_FI_DEV_TEMPERATURE_MEM_MAX_TLIMIT]
+    )
+    assert (memory.nvmlReturn, memory.value.siVal) == (pynvml.NVML_SUCCESS, 0)
 
 
 # --- readings -----------------------------------------------------------------------------
 
-COUNTER_FIELDS = [
+ECC_FIELDS = [
     pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL,
     pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL,
     pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL,
     pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL,
+]
+RETIRED_FIELDS = [
     pynvml.NVML_FI_DEV_RETIRED_SBE,
     pynvml.NVML_FI_DEV_RETIRED_DBE,
     pynvml.NVML_FI_DEV_RETIRED_PENDING,
+]
+COUNTER_FIELDS = [
+    *ECC_FIELDS,
     pynvml.NVML_FI_DEV_REMAPPED_COR,
     pynvml.NVML_FI_DEV_REMAPPED_UNC,
     pynvml.NVML_FI_DEV_REMAPPED_PENDING,
@@ -339,14 +349,17 @@ def test_field_values_of_a_healthy_gpu(node: SimulatedNode) -> None:
     assert energy > 1_000_000
     memory_temp = values[(pynvml.NVML_FI_DEV_MEMORY_TEMP, 0)][1]
     gpu_temp = pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)
-    assert memory_temp == gpu_temp + 6
+    assert memory_temp in (gpu_temp + 8, gpu_temp + 9, gpu_temp + 10)  # HBM, as captured
     power = values[(pynvml.NVML_FI_DEV_POWER_INSTANT, 0)][1]
     assert isinstance(power, int)
-    assert 100_000 < power < 260_000
+    assert 66_000 <= power <= 72_000  # an idle H100 SXM, as captured: 67.7-72.0 W
     assert values[(pynvml.NVML_FI_DEV_POWER_CURRENT_LIMIT, 0)] == (0, 700_000)
     assert values[(pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, 0)] == (0, 18)
     assert all(values[(pynvml.NVML_FI_DEV_NVLINK_GET_STATE, n)] == (0, 1) for n in range(18))
     assert values[(pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, 4)] == (0, 0)
+    # Hopper remaps rows and never retires pages: nvidia-smi shows Retired Pages N/A.
+    retired = field_values(handle, RETIRED_FIELDS)
+    assert {code for code, _ in retired.values()} == {pynvml.NVML_ERROR_NOT_SUPPORTED}
 
 
 def test_field_value_types(node: SimulatedNode) -> None:
@@ -356,7 +369,7 @@ def test_field_value_types(node: SimulatedNode) -> None:
     expected = {
         pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: ull,
         pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL: ull,
-        pynvml.NVML_FI_DEV_RETIRED_DBE: ull,
+        pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL: ull,
         pynvml.NVML_FI_DEV_REMAPPED_UNC: uint,
         pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: ull,
         pynvml.NVML_FI_DEV_POWER_INSTANT: uint,
@@ -370,7 +383,7 @@ def test_field_value_types(node: SimulatedNode) -> None:
 def test_unknown_field_and_bad_link_fail_only_their_entry(node: SimulatedNode) -> None:
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
     ids = [
-        pynvml.NVML_FI_DEV_PERF_POLICY_POWER,
+        pynvml.NVML_FI_DEV_PERF_POLICY_TOTAL_APP_CLOCKS,
         (pynvml.NVML_FI_DEV_NVLINK_GET_STATE, 18),
         pynvml.NVML_FI_DEV_MEMORY_TEMP,
     ]
@@ -387,55 +400,85 @@ def test_ecc_off_makes_ecc_counters_unsupported(make_node: MakeNode) -> None:
     make_node("[node]\necc = false\n")
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
     assert pynvml.nvmlDeviceGetEccMode(handle) == [0, 0]
-    values = field_values(handle, COUNTER_FIELDS[:7])
+    values = field_values(handle, ECC_FIELDS)
+    assert {code for code, _ in values.values()} == {pynvml.NVML_ERROR_NOT_SUPPORTED}
+    # Row remapping does not need ECC: the counts stay (the RTX 4090 captures show them).
+    assert pynvml.nvmlDeviceGetRemappedRows(handle) == (0, 0, 0, 0)
+
+
+def test_ecc_off_makes_retired_pages_unsupported_too(make_node: MakeNode) -> None:
+    make_node('[node]\nmodel = "v100-sxm2"\necc = false\n')
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    values = field_values(handle, [*ECC_FIELDS, *RETIRED_FIELDS])
     assert {code for code, _ in values.values()} == {pynvml.NVML_ERROR_NOT_SUPPORTED}
     with pytest.raises(pynvml.NVMLError_NotSupported):
         pynvml.nvmlDeviceGetRetiredPagesPendingStatus(handle)
 
 
-def test_per_poll_readings(node: SimulatedNode) -> None:
+def test_per_poll_readings_of_an_idle_gpu(node: SimulatedNode) -> None:
+    # What the idle H100 SXM captures show (535.183.01): 0 %, Idle active, P0, SM 345 MHz.
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
     temperature = pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)
-    assert 30 <= temperature <= 45
+    assert 27 <= temperature <= 33
     util = pynvml.nvmlDeviceGetUtilizationRates(handle)
-    assert 10 <= util.gpu <= 40
-    assert util.memory < util.gpu
+    assert (util.gpu, util.memory) == (0, 0)
     assert pynvml.nvmlDeviceGetEncoderUtilization(handle) == [0, 167_000]
     assert pynvml.nvmlDeviceGetDecoderUtilization(handle) == [0, 167_000]
-    assert pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM) == 1980
-    assert pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_GRAPHICS) == 1980
+    assert pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM) == 345
+    assert pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_GRAPHICS) == 345
     assert pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM) == 2619
-    assert pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_VIDEO) == 1755
+    assert pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_VIDEO) == 765
     assert pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM) == 1980
+    assert pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_VIDEO) == 1545
     with pytest.raises(pynvml.NVMLError_InvalidArgument):
         pynvml.nvmlDeviceGetClockInfo(handle, 42)
     with pytest.raises(pynvml.NVMLError_InvalidArgument):
         pynvml.nvmlDeviceGetTemperature(handle, 5)
-    assert pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle) == 0
-    assert pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle) == 0
+    idle = pynvml.nvmlClocksEventReasonGpuIdle
+    assert pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle) == idle
+    assert pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle) == idle
+    assert pynvml.nvmlDeviceGetPerformanceState(handle) == pynvml.NVML_PSTATE_0
     assert pynvml.nvmlDeviceGetComputeRunningProcesses(handle) == []
     assert pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle) == []
-    assert pynvml.nvmlDeviceGetCurrPcieLinkGeneration(handle) == 5
+    assert pynvml.nvmlDeviceGetCurrPcieLinkGeneration(handle) == 5  # no idle downshift
     assert pynvml.nvmlDeviceGetCurrPcieLinkWidth(handle) == 16
     assert pynvml.nvmlDeviceGetPcieReplayCounter(handle) == 0
     assert pynvml.nvmlDeviceGetPersistenceMode(handle) == pynvml.NVML_FEATURE_ENABLED
     assert pynvml.nvmlDeviceGetMigMode(handle) == [0, 0]
     assert pynvml.nvmlDeviceGetEccMode(handle) == [1, 1]
-    assert 100_000 < pynvml.nvmlDeviceGetPowerUsage(handle) < 260_000
+    assert 66_000 <= pynvml.nvmlDeviceGetPowerUsage(handle) <= 72_000
     assert pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) == 700_000
     assert pynvml.nvmlDeviceGetPowerManagementLimit(handle) == 700_000
     assert pynvml.nvmlDeviceGetRemappedRows(handle) == (0, 0, 0, 0)
-    assert pynvml.nvmlDeviceGetRetiredPagesPendingStatus(handle) == 0
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetRetiredPagesPendingStatus(handle)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetFanSpeed(handle)  # cooled by the chassis
     assert pynvml.nvmlDeviceGetNvLinkState(handle, 17) == 1
     with pytest.raises(pynvml.NVMLError_InvalidArgument):
         pynvml.nvmlDeviceGetNvLinkState(handle, 18)
+
+
+def test_per_poll_readings_of_a_busy_gpu(node: SimulatedNode) -> None:
+    handle = pynvml.nvmlDeviceGetHandleByIndex(2)
+    node.inject("process", 2, {"pid": 40, "name": "train.py", "used_mib": 70_000})
+    util = pynvml.nvmlDeviceGetUtilizationRates(handle)
+    assert 88 <= util.gpu <= 96
+    assert 0 < util.memory < util.gpu
+    assert pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle) == 0
+    assert pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM) == 1980
+    assert pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_VIDEO) == 1545
+    assert pynvml.nvmlDeviceGetPerformanceState(handle) == pynvml.NVML_PSTATE_0
+    assert 400_000 < pynvml.nvmlDeviceGetPowerUsage(handle) < 500_000
+    assert 50 <= pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU) <= 60
+    assert pynvml.nvmlDeviceGetCurrPcieLinkGeneration(handle) == 5
 
 
 def test_memory_info_v1_counts_reserved_as_used_and_v2_does_not(node: SimulatedNode) -> None:
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
     v2 = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
     assert v2.total == 81559 * MIB
-    assert v2.reserved == 527 * MIB
+    assert v2.reserved == 551 * MIB
     assert v2.used == 0
     assert v2.free == v2.total - v2.reserved
     v1 = pynvml.nvmlDeviceGetMemoryInfo(handle)
@@ -458,7 +501,8 @@ def test_mig_mode_hides_whole_gpu_utilization(make_node: MakeNode) -> None:
 
 def test_readings_drift_slowly_and_deterministically(make_node: MakeNode) -> None:
     clock = FakeClock()
-    make_node(clock=clock)
+    busy = '[[fault]]\ngpu = 0\nkind = "process"\npid = 9\nname = "job"\nused_mib = 1\n'
+    make_node(busy, clock=clock)
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
 
     def sample() -> tuple[int, int, int]:
@@ -473,9 +517,10 @@ def test_readings_drift_slowly_and_deterministically(make_node: MakeNode) -> Non
         samples.append(sample())
         clock.advance(50)
     assert len({s[1] for s in samples}) > 6  # power moves
+    assert len({s[2] for s in samples}) > 3  # and so does the load
     assert max(s[0] for s in samples) - min(s[0] for s in samples) <= 8
     other_clock = FakeClock()
-    make_node(clock=other_clock)
+    make_node(busy, clock=other_clock)
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
     replay = []
     for _ in range(12):

@@ -23,6 +23,7 @@ from gpuagent.sim import (
 )
 
 MIB = 1024 * 1024
+V100 = '[node]\nmodel = "v100-sxm2"\n'
 
 
 def handle(index: int) -> Any:
@@ -71,13 +72,26 @@ def test_ecc_errors_add_to_volatile_and_aggregate_counts(node: SimulatedNode) ->
     assert ecc(3) == (0, 0, 0, 0)
 
 
-def test_retired_pages(node: SimulatedNode) -> None:
+def test_retired_pages(make_node: MakeNode) -> None:
+    node = make_node(V100)  # page retirement is Volta's; later GPUs remap rows
     node.inject("retired_pages", 1, {"count": 2, "pending": True})
     node.inject("retired_pages", 1, {"count": 3, "cause": "sbe"})
     assert field(1, pynvml.NVML_FI_DEV_RETIRED_DBE) == 2
     assert field(1, pynvml.NVML_FI_DEV_RETIRED_SBE) == 3
     assert field(1, pynvml.NVML_FI_DEV_RETIRED_PENDING) == 1
     assert pynvml.nvmlDeviceGetRetiredPagesPendingStatus(handle(1)) == 1
+    node.reset_gpu(1)  # the retirement takes effect
+    assert field(1, pynvml.NVML_FI_DEV_RETIRED_PENDING) == 0
+    assert field(1, pynvml.NVML_FI_DEV_RETIRED_DBE) == 2
+    node.inject("retired_pages", 1, {"pending": True})
+    node.inject("clear", 1, {})  # the retired pages stay, the pending one goes
+    assert field(1, pynvml.NVML_FI_DEV_RETIRED_PENDING) == 0
+    assert field(1, pynvml.NVML_FI_DEV_RETIRED_DBE) == 3
+
+
+def test_retired_pages_are_refused_on_a_gpu_that_remaps_rows(node: SimulatedNode) -> None:
+    with pytest.raises(ValueError, match="H100 80GB HBM3 does not retire pages"):
+        node.inject("retired_pages", 1, {"count": 2})
 
 
 def test_row_remap_pending_and_failure(node: SimulatedNode) -> None:
@@ -89,10 +103,16 @@ def test_row_remap_pending_and_failure(node: SimulatedNode) -> None:
     assert pynvml.nvmlDeviceGetRemappedRows(handle(4)) == (0, 1, 1, 1)
 
 
+def busy(node: SimulatedNode, index: int) -> None:
+    """Start a job on GPU ``index``: a busy GPU raises no idle reason of its own."""
+    node.inject("process", index, {"pid": 1000 + index, "name": "job", "used_mib": 1024})
+
+
 def test_temperature_hold_and_the_reasons_a_hot_gpu_raises(node: SimulatedNode) -> None:
+    busy(node, 6)
     node.inject("temperature", 6, {"celsius": 84})
     assert temperature(6) == 84
-    assert field(6, pynvml.NVML_FI_DEV_MEMORY_TEMP) == 90
+    assert field(6, pynvml.NVML_FI_DEV_MEMORY_TEMP) == 93  # HBM runs 9 °C above
     assert reasons(6) == 0
     node.inject("temperature", 6, {"celsius": 85.4})
     assert reasons(6) == pynvml.nvmlClocksEventReasonSwThermalSlowdown
@@ -108,17 +128,32 @@ def test_temperature_hold_and_the_reasons_a_hot_gpu_raises(node: SimulatedNode) 
 
 
 def test_throttle_sets_the_reason_bitmask(node: SimulatedNode) -> None:
-    node.inject("throttle", 0, {"reasons": ["hw_slowdown", "power_brake"]})
-    expected = pynvml.nvmlClocksEventReasonHwSlowdown | (
-        pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown
-    )
-    assert reasons(0) == expected
+    busy(node, 0)
+    node.inject("throttle", 0, {"reasons": ["hw_slowdown"]})
+    assert reasons(0) == pynvml.nvmlClocksEventReasonHwSlowdown
     assert pynvml.nvmlDeviceGetClockInfo(handle(0), pynvml.NVML_CLOCK_SM) == 1095
+    node.inject("throttle", 0, {"reasons": ["sw_power_cap"]})
+    assert pynvml.nvmlDeviceGetClockInfo(handle(0), pynvml.NVML_CLOCK_SM) == 1665
     node.inject("throttle", 0, {"reasons": ["gpu_idle"]})
     assert reasons(0) == pynvml.nvmlClocksEventReasonGpuIdle
     assert pynvml.nvmlDeviceGetClockInfo(handle(0), pynvml.NVML_CLOCK_SM) == 345
     node.inject("throttle", 0, {"reasons": []})
     assert reasons(0) == 0
+    assert pynvml.nvmlDeviceGetClockInfo(handle(0), pynvml.NVML_CLOCK_SM) == 1980
+
+
+def test_hw_slowdown_and_power_brake_on_an_idle_h100_as_captured(node: SimulatedNode) -> None:
+    # h100-sxm-x8.535.161.08: every idle GPU shows HW Slowdown and HW Power Brake active,
+    # Idle not active, P0, SM at 86 MHz, the video clock at its idle 765 MHz.
+    node.inject("throttle", 0, {"reasons": ["hw_slowdown", "power_brake"]})
+    assert reasons(0) == (
+        pynvml.nvmlClocksEventReasonHwSlowdown | pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown
+    )
+    assert pynvml.nvmlDeviceGetClockInfo(handle(0), pynvml.NVML_CLOCK_SM) == 86
+    assert pynvml.nvmlDeviceGetClockInfo(handle(0), pynvml.NVML_CLOCK_VIDEO) == 765
+    assert pynvml.nvmlDeviceGetPerformanceState(handle(0)) == pynvml.NVML_PSTATE_0
+    assert pynvml.nvmlDeviceGetUtilizationRates(handle(0)).gpu == 0
+    assert 66_000 <= pynvml.nvmlDeviceGetPowerUsage(handle(0)) <= 72_000
 
 
 @pytest.mark.parametrize(
@@ -135,6 +170,7 @@ def test_throttle_sets_the_reason_bitmask(node: SimulatedNode) -> None:
     ],
 )
 def test_each_throttle_reason_name(node: SimulatedNode, name: str, bit: int) -> None:
+    busy(node, 1)
     node.inject("throttle", 1, {"reasons": [name]})
     assert reasons(1) == bit
 
@@ -277,7 +313,6 @@ def test_clear_returns_the_gpu_to_healthy_and_keeps_lifetime_counters(
     for kind, params in [
         ("ecc_sbe", {"count": 3}),
         ("ecc_dbe", {}),
-        ("retired_pages", {"pending": True}),
         ("row_remap_pending", {}),
         ("row_remap_failure", {}),
         ("temperature", {"celsius": 95}),
@@ -294,11 +329,9 @@ def test_clear_returns_the_gpu_to_healthy_and_keeps_lifetime_counters(
     node.inject("clear", 3, {})
     h = handle(3)
     assert ecc(3) == (0, 0, 3, 1)
-    assert field(3, pynvml.NVML_FI_DEV_RETIRED_DBE) == 1
-    assert field(3, pynvml.NVML_FI_DEV_RETIRED_PENDING) == 0
     assert pynvml.nvmlDeviceGetRemappedRows(h) == (0, 1, 0, 0)
     assert temperature(3) < 50
-    assert reasons(3) == 0
+    assert reasons(3) == pynvml.nvmlClocksEventReasonGpuIdle  # no process left: idle
     assert pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h) == 5
     assert pynvml.nvmlDeviceGetPcieReplayCounter(h) == 9
     assert pynvml.nvmlDeviceGetPersistenceMode(h) == 1
@@ -455,7 +488,12 @@ def test_every_kind_has_a_test_here() -> None:
         ("nvml_hang", 0, {"seconds": 0}, "seconds: must be at least 0.001"),
         ("retired_pages", 0, {"cause": "tbe"}, "cause: expected one of 'sbe', 'dbe'"),
         ("retired_pages", 0, {"pending": 1}, "pending: expected true or false, got int 1"),
-        ("mig_instances", 0, {"profiles": ["1g.5gb"]}, "profiles: unknown '1g.5gb' (known: 1g."),
+        (
+            "mig_instances",
+            0,
+            {"profiles": ["1g.5gb"]},
+            "profiles: unknown profile '1g.5gb' (known: 1g.",
+        ),
         (
             "mig_instances",
             0,
@@ -467,6 +505,22 @@ def test_every_kind_has_a_test_here() -> None:
             0,
             {"profiles": ["4g.40gb", "3g.40gb", "1g.10gb"]},
             "profiles: 8 slices do not fit on one GPU of 7",
+        ),
+        (
+            "retired_pages",
+            0,
+            {},
+            "kind: the NVIDIA H100 80GB HBM3 does not retire pages (use row_remap_pending",
+        ),
+        ("power_limit", 0, {"watts": 701}, "watts: must be at most 700 on this GPU model"),
+        ("power_limit", 0, {"watts": 150}, "watts: must be at least 200 on this GPU model"),
+        ("app_clocks", 0, {"mhz": 2000}, "mhz: must be at most 1980 on this GPU model"),
+        ("pcie_degrade", 0, {"gen": 6}, "gen: must be at most 5 on this GPU model"),
+        (
+            "process",
+            0,
+            {"pid": 1, "name": "x", "used_mib": 81009},
+            "used_mib: must be at most 81008 on this GPU model",
         ),
     ],
 )
@@ -620,15 +674,12 @@ def test_gpu_lost_during_a_hang_fails_the_blocked_call(node: SimulatedNode) -> N
 def test_reset_applies_pending_repairs_and_clears_volatile_counts(node: SimulatedNode) -> None:
     node.inject("ecc_sbe", 2, {"count": 4})
     node.inject("ecc_dbe", 2, {})
-    node.inject("retired_pages", 2, {"pending": True})
     node.inject("row_remap_pending", 2, {})
     node.inject("row_remap_failure", 2, {})
     node.inject("temperature", 2, {"celsius": 88})
     node.inject("persistence_off", 2, {})
     node.reset_gpu(2)
     assert ecc(2) == (0, 0, 4, 1)
-    assert field(2, pynvml.NVML_FI_DEV_RETIRED_PENDING) == 0
-    assert field(2, pynvml.NVML_FI_DEV_RETIRED_DBE) == 1
     # The remap took effect; a failed remap and the heat are not fixed by a reset.
     assert pynvml.nvmlDeviceGetRemappedRows(handle(2)) == (0, 1, 0, 1)
     assert temperature(2) == 88

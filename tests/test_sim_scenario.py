@@ -138,7 +138,7 @@ def test_unknown_fault_kind_names_key_and_line() -> None:
         ("[node]\ngpus = 0\n", "node.gpus (line 2): must be 1..16"),
         ("[node]\nnvlinks = 19\n", "node.nvlinks (line 2): must be 0..18"),
         ("[node]\necc = 1\n", "node.ecc (line 2): expected true or false, got int 1"),
-        ('[node]\nmodel = ""\n', "node.model (line 2): must be 1..95 bytes"),
+        ('[node]\nmodel = ""\n', "node.model (line 2): unknown GPU model '' (known: h100-sxm"),
         (
             '[node]\ndriver_version = "latest"\n',
             'node.driver_version (line 2): must look like "550',
@@ -247,15 +247,30 @@ def test_demo_scenario_plays_out_on_its_timeline() -> None:
             result: int = value.value.ullVal
             return result
 
+        def thermal_throttle_ns(index: int) -> int:
+            (value,) = pynvml.nvmlDeviceGetFieldValues(
+                handles[index], [pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL]
+            )
+            result: int = value.value.ullVal
+            return result
+
         assert temperature(6) < 50
         assert dbe(3) == 0
+        assert pynvml.nvmlDeviceGetUtilizationRates(handles[6]).gpu == 0
+        clock[0] = 26.0
+        assert pynvml.nvmlDeviceGetUtilizationRates(handles[6]).gpu >= 88
+        clock[0] = 30.0
+        assert thermal_throttle_ns(6) == 0
         clock[0] = 35.0
         assert temperature(6) == 89
+        assert thermal_throttle_ns(6) == 5_000_000_000
         assert pynvml.nvmlDeviceGetRemappedRows(handles[4])[2] == 1
         clock[0] = 46.0
         assert dbe(3) == 1
         clock[0] = 60.0
         assert temperature(6) < 50
+        assert pynvml.nvmlDeviceGetUtilizationRates(handles[6]).gpu == 0
+        assert thermal_throttle_ns(6) == 20_000_000_000  # from 30 s until the clear at 50 s
 
 
 def test_docs_describe_every_fault_kind_and_node_key() -> None:

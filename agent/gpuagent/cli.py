@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from gpuagent.config import Config
     from gpuagent.model import KernelLine
+    from gpuagent.sim import Scenario
 
 DEFAULT_CONFIG = Path("/etc/gpuagent/config.toml")
 EXIT_CONFIG_ERROR = 2
@@ -93,9 +94,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replayed_host(path: Path) -> Scenario:
+    """The scenario that serves the host a `nvidia-smi -q` capture describes."""
+    from gpuagent.sim import replay_scenario  # noqa: PLC0415
+    from gpuagent.smi import CaptureError, load_capture  # noqa: PLC0415
+
+    try:
+        return replay_scenario(load_capture(path), source=str(path))
+    except CaptureError as exc:
+        _fail(f"cannot replay {path}: {exc}", EXIT_CONFIG_ERROR)
+
+
+def _read_kernel_log(path: Path | None) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        _fail(f"cannot read {path}: {exc.strerror or exc}", EXIT_CONFIG_ERROR)
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     config = _load_config(args.config)
+    if args.simulate is not None and args.from_nvidia_smi is not None:
+        _fail("--simulate and --from-nvidia-smi cannot be combined", EXIT_CONFIG_ERROR)
     _check_scenario(args.simulate)
+    simulate: Path | Scenario | None = args.simulate
+    if args.from_nvidia_smi is not None:
+        simulate = _replayed_host(args.from_nvidia_smi)
+    kernel_log = _read_kernel_log(args.dmesg)
     _setup_logging("ERROR")
 
     import asyncio  # noqa: PLC0415
@@ -104,7 +131,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from gpuagent.render import render_status  # noqa: PLC0415
     from gpuagent.statusview import status_document  # noqa: PLC0415
 
-    snapshot = asyncio.run(Agent(config, simulate=args.simulate).collect_once())
+    snapshot = asyncio.run(Agent(config, simulate=simulate).collect_once(kernel_log))
     doc = status_document(snapshot)
     print(json.dumps(doc, indent=2) if args.json else render_status(doc))
     return int(snapshot.health.severity.value)
@@ -441,6 +468,18 @@ def _add_daemon_commands(add: Add) -> None:
     )
     _config_option(check)
     check.add_argument("--simulate", type=Path, metavar="SCENARIO", help="simulate the GPUs")
+    check.add_argument(
+        "--from-nvidia-smi",
+        type=Path,
+        metavar="FILE",
+        help="judge the host an `nvidia-smi -q` (or `-q -x`) capture describes",
+    )
+    check.add_argument(
+        "--dmesg",
+        type=Path,
+        metavar="FILE",
+        help="add a captured kernel log (dmesg or journalctl -k output) to the judgement",
+    )
     check.add_argument("--json", action="store_true", help="print the status document")
     check.set_defaults(func=cmd_check)
 

@@ -51,7 +51,7 @@ from gpuagent.remediation.executor import Remediator
 from gpuagent.remediation.gpu_ops import GpuOps
 from gpuagent.remediation.types import PlannedAction
 from gpuagent.sdnotify import Notifier
-from gpuagent.sim import SimulatedNode, load_scenario
+from gpuagent.sim import Scenario, SimulatedNode, load_scenario
 from gpuagent.sources.kmsg import KmsgSource
 from gpuagent.sources.nvml import NvmlObservation, NvmlSource, host_process_name
 from gpuagent.sources.nvml_events import NvmlEventWatcher
@@ -79,11 +79,12 @@ _UDEV_KINDS = {
 
 
 class Agent:
-    def __init__(self, config: Config, *, simulate: Path | None = None) -> None:
+    def __init__(self, config: Config, *, simulate: Path | Scenario | None = None) -> None:
         self.config = config
         self.simulator: SimulatedNode | None = None
         if simulate is not None:
-            self.simulator = SimulatedNode(load_scenario(simulate))
+            scenario = load_scenario(simulate) if isinstance(simulate, Path) else simulate
+            self.simulator = SimulatedNode(scenario)
         self.store = SnapshotStore()
         self.events = EventLog(config.events)
         self.notifier = Notifier()
@@ -159,9 +160,15 @@ class Agent:
         if self.simulator is not None:
             self.simulator.uninstall()
 
-    async def collect_once(self) -> NodeSnapshot:
-        """One poll and one evaluation without serving anything (`gpuagent check`)."""
+    async def collect_once(self, kernel_log: bytes | None = None) -> NodeSnapshot:
+        """One poll and one evaluation without serving anything (`gpuagent check`).
+
+        ``kernel_log``: captured kernel-log text (dmesg, `journalctl -k`) judged as if its
+        lines had just been read from /dev/kmsg.
+        """
         self._open_sources()
+        if kernel_log is not None:
+            KmsgSource(self.config.sources.kmsg, self.on_event).feed(kernel_log + b"\n")
         try:
             if self.config.inventory.enabled:
                 self._load_baseline()

@@ -57,6 +57,9 @@ class Finding:
         return dict(self.evidence)
 
 
+CONSUMER_BRANDS = frozenset({"GeForce", "Titan", "GeForce RTX", "Titan RTX"})
+
+
 @dataclass(frozen=True, slots=True)
 class GpuIdentity:
     """What does not change while the driver is loaded: read once per NVML session."""
@@ -80,6 +83,12 @@ class GpuIdentity:
     gsp_firmware_version: str | None = None  # None: no GSP firmware, or not reported
     applications_clock_default_mhz: int | None = None  # graphics
     sm_clock_max_mhz: int | None = None  # what the SM clock reaches when nothing holds it back
+    brand: str | None = None  # "Product Brand": "NVIDIA", "GeForce", "Titan", ...
+
+    @property
+    def consumer(self) -> bool:
+        """A GeForce or Titan board: ECC, when it has it at all, ships switched off."""
+        return self.brand in CONSUMER_BRANDS
 
     @property
     def device(self) -> str:

@@ -6,7 +6,20 @@ from __future__ import annotations
 import time
 from typing import Any
 
-_COLUMNS = ("GPU", "BUS ID", "MODEL", "TEMP", "POWER", "ECC SBE/DBE", "HEALTH", "REASON")
+_COLUMNS = (
+    "GPU",
+    "BUS ID",
+    "MODEL",
+    "TEMP",
+    "POWER",
+    "UTIL",
+    "P",
+    "ECC SBE/DBE",
+    "HEALTH",
+    "REASON",
+)
+# Clock event reasons that are normal operation, not worth a line on a healthy GPU.
+_ROUTINE_CLOCK_EVENTS = {"gpu_idle", "applications_clocks", "sw_power_cap"}
 
 
 def _fmt(value: object, unit: str = "", digits: int = 0) -> str:
@@ -20,6 +33,12 @@ def _fmt(value: object, unit: str = "", digits: int = 0) -> str:
 def _gpu_row(gpu: dict[str, Any]) -> tuple[str, ...]:
     findings = gpu.get("findings") or []
     reason = findings[0]["reason"] if findings else ("" if gpu["status"] == "ok" else gpu["status"])
+    # Throttle reasons asserted without a finding (e.g. HW Slowdown on an idle H100): shown,
+    # so nobody wonders why the metric says so while the health says OK.
+    asserted = [r for r in gpu.get("clock_event_reasons") or [] if r not in _ROUTINE_CLOCK_EVENTS]
+    if not findings and asserted:
+        reason = f"clock events asserted: {', '.join(asserted)}"
+    pstate = gpu.get("performance_state")
     ecc = (
         "-"
         if gpu.get("ecc_sbe_volatile") is None and gpu.get("ecc_dbe_volatile") is None
@@ -31,6 +50,8 @@ def _gpu_row(gpu: dict[str, Any]) -> tuple[str, ...]:
         (gpu.get("model") or "?").removeprefix("NVIDIA "),
         _fmt(gpu.get("temperature_c"), "C"),
         _fmt(gpu.get("power_w"), "W"),
+        _fmt(gpu.get("utilization_gpu_pct"), "%"),
+        "-" if pstate is None else f"P{pstate}",
         ecc,
         gpu["health"],
         reason,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuagent.metrics.names import clock_event_reason_names
 from gpuagent.model import Finding, GpuEvent, GpuState, NodeSnapshot, SourceStatus
 
 SCHEMA_VERSION = 1
@@ -51,6 +52,9 @@ def _gpu_json(snapshot: NodeSnapshot, gpu: GpuState) -> dict[str, Any]:
             pcie_generation=readings.pcie_generation,
             pcie_width=readings.pcie_width,
             persistence_mode=readings.persistence_mode,
+            performance_state=readings.performance_state,
+            # Shown whether or not they cost anything: the thermal check decides that.
+            clock_event_reasons=clock_event_reason_names(readings.clock_event_reasons),
             processes=[
                 {"pid": p.pid, "name": p.name, "used_mib": p.used_mib} for p in readings.processes
             ],

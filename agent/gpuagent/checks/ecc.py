@@ -66,8 +66,10 @@ def _sbe_rate_problem(rate: Rate | None, limit_per_hour: float) -> Problem | Non
     )
 
 
-def _disabled_problem(enabled: bool | None) -> Problem | None:
-    if enabled is not False:
+def _disabled_problem(enabled: bool | None, consumer: bool) -> Problem | None:
+    # GeForce and Titan boards ship with ECC off (and most have none): off is their
+    # normal state, not a setting someone forgot.
+    if enabled is not False or consumer:
         return None
     return Problem(Severity.WARN, "ECC is disabled", Action.ENABLE_ECC, Runbook.GPU_ECC_DISABLED)
 
@@ -92,7 +94,9 @@ def check_ecc(view: GpuView) -> Outcome:
     found = (
         _dbe_problem(readings.ecc_dbe_volatile),
         _sbe_rate_problem(rate, config.sbe_rate_per_hour),
-        _disabled_problem(readings.ecc_enabled),
+        _disabled_problem(readings.ecc_enabled, view.identity.consumer),
     )
     problems = tuple(p for p in found if p is not None)
+    if readings.ecc_enabled is False:
+        return Outcome(f"ECC off, as {view.identity.brand} boards ship", evidence, problems)
     return Outcome("no uncorrectable ECC errors; corrected error rate normal", evidence, problems)

@@ -292,6 +292,13 @@ CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = (
 )
 
 
+def clock_event_reason_names(mask: int | None) -> list[str] | None:
+    """The active reasons' names, in bit order; None when NVML did not report them."""
+    if mask is None:
+        return None
+    return [name for name, bit in CLOCK_EVENT_REASONS if mask & bit]
+
+
 @dataclass(frozen=True, slots=True)
 class MetricSpec:
     """A family whose samples the collector builds by hand (labels beyond the GPU's)."""

@@ -73,6 +73,20 @@ _FABRIC_STATES = {
     pynvml.NVML_GPU_FABRIC_STATE_COMPLETED: "completed",
 }
 
+# nvmlBrandType_t, named as nvidia-smi prints "Product Brand".
+_BRANDS: dict[int | None, str] = {
+    pynvml.NVML_BRAND_QUADRO: "Quadro",
+    pynvml.NVML_BRAND_TESLA: "Tesla",
+    pynvml.NVML_BRAND_NVS: "NVS",
+    pynvml.NVML_BRAND_GEFORCE: "GeForce",
+    pynvml.NVML_BRAND_TITAN: "Titan",
+    pynvml.NVML_BRAND_QUADRO_RTX: "Quadro RTX",
+    pynvml.NVML_BRAND_NVIDIA_RTX: "NVIDIA RTX",
+    pynvml.NVML_BRAND_NVIDIA: "NVIDIA",
+    pynvml.NVML_BRAND_GEFORCE_RTX: "GeForce RTX",
+    pynvml.NVML_BRAND_TITAN_RTX: "Titan RTX",
+}
+
 _VALUE_MEMBER = {
     pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
     pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
@@ -211,6 +225,7 @@ class Device:
                 pynvml.nvmlDeviceGetDefaultApplicationsClock,
                 pynvml.NVML_CLOCK_GRAPHICS,
             ),
+            brand=_BRANDS.get(self._get("nvmlDeviceGetBrand", pynvml.nvmlDeviceGetBrand)),
             sm_clock_max_mhz=self._get(
                 "nvmlDeviceGetMaxClockInfo", pynvml.nvmlDeviceGetMaxClockInfo, pynvml.NVML_CLOCK_SM
             ),

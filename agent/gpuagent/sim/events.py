@@ -8,17 +8,21 @@ import pynvml
 
 from gpuagent.sim import codes
 from gpuagent.sim.gpu import SimGpu
+from gpuagent.sim.profiles import GpuProfile
 
-# The event types an H100 supports (nvmlDeviceGetSupportedEventTypes).
-SUPPORTED_EVENT_TYPES = (
-    codes.EVENT_SINGLE_BIT_ECC
-    | codes.EVENT_DOUBLE_BIT_ECC
-    | codes.EVENT_PSTATE
-    | codes.EVENT_XID
-    | codes.EVENT_CLOCK
-    | codes.EVENT_POWER_SOURCE_CHANGE
-    | codes.EVENT_MIG_CONFIG_CHANGE
+_EVERY_MODEL = (
+    codes.EVENT_PSTATE | codes.EVENT_XID | codes.EVENT_CLOCK | codes.EVENT_POWER_SOURCE_CHANGE
 )
+
+
+def supported_event_types(profile: GpuProfile) -> int:
+    """nvmlDeviceGetSupportedEventTypes: ECC events need ECC, MIG events need MIG."""
+    types = _EVERY_MODEL
+    if profile.ecc:
+        types |= codes.EVENT_SINGLE_BIT_ECC | codes.EVENT_DOUBLE_BIT_ECC
+    if profile.mig:
+        types |= codes.EVENT_MIG_CONFIG_CHANGE
+    return types
 
 
 class EventSet:

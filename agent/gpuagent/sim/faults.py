@@ -1,7 +1,9 @@
 """Fault kinds: what parameters each takes, how they are checked, what each does to a GPU.
 
 Scenario files and `SimulatedNode.inject` share this table, so a fault means the same
-thing whether it is scheduled or injected by a test. Application runs under the node lock.
+thing whether it is scheduled or injected by a test. Faults are checked against the GPU
+model: one the model cannot have (a retired page on a GPU that remaps rows instead, an
+ECC error on a GPU without ECC) is refused. Application runs under the node lock.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Literal
 
 from gpuagent.sim import codes, hardware
 from gpuagent.sim.gpu import SimGpu, SimProcess, make_instances
+from gpuagent.sim.profiles import GpuProfile
 
 ParamValue = int | float | bool | str | tuple[str, ...]
 Params = Mapping[str, ParamValue]
@@ -44,6 +47,7 @@ class Param:
     name: str
     type: Literal["int", "number", "bool", "str", "names"]
     required: bool = False
+    # None on an optional parameter: the default depends on the GPU model (`pcie_degrade`).
     default: ParamValue | None = None
     minimum: float | None = None
     maximum: float | None = None
@@ -114,7 +118,7 @@ def _throttle(gpu: SimGpu, params: Params, _at: float) -> Events:
 
 
 def _pcie_degrade(gpu: SimGpu, params: Params, _at: float) -> Events:
-    gpu.pcie_generation = _int(params["gen"])
+    gpu.pcie_generation_limit = _int(params["gen"])
     gpu.pcie_width = _int(params["width"])
     return ()
 
@@ -191,7 +195,7 @@ def _mig_mode(gpu: SimGpu, params: Params, _at: float) -> Events:
 def _mig_instances(gpu: SimGpu, params: Params, _at: float) -> Events:
     # `nvidia-smi mig -dgi` / `-cgi`: the GPU's instances become exactly these (MIG mode on).
     if gpu.mig_mode:
-        gpu.mig_instances = make_instances(_names(params["profiles"]))
+        gpu.mig_instances = make_instances(gpu.profile, _names(params["profiles"]))
     return ()
 
 
@@ -217,6 +221,7 @@ def _clear(gpu: SimGpu, _params: Params, _at: float) -> Events:
 
 
 _COUNT = Param("count", "int", default=1, minimum=1)
+_PID = Param("pid", "int", required=True, minimum=1, maximum=2**32 - 1)
 _LINK = Param("link", "int", required=True, minimum=0, maximum=hardware.MAX_NVLINKS - 1)
 _ERRORS = tuple(Param(n, "int", default=0, minimum=0) for n in ("crc_flit", "crc_data"))
 _MORE_ERRORS = tuple(Param(n, "int", default=0, minimum=0) for n in ("replay", "recovery"))
@@ -252,10 +257,8 @@ KINDS: dict[str, FaultKind] = {
         FaultKind(
             "pcie_degrade",
             (
-                Param("gen", "int", default=hardware.PCIE_MAX_GENERATION, minimum=1, maximum=5),
-                Param(
-                    "width", "int", default=hardware.PCIE_MAX_WIDTH, choices=hardware.PCIE_WIDTHS
-                ),
+                Param("gen", "int", minimum=1),
+                Param("width", "int", choices=hardware.PCIE_WIDTHS),
             ),
             _pcie_degrade,
         ),
@@ -273,49 +276,19 @@ KINDS: dict[str, FaultKind] = {
         FaultKind(
             "process",
             (
-                Param("pid", "int", required=True, minimum=1, maximum=2**32 - 1),
+                _PID,
                 Param("name", "str", required=True),
-                Param(
-                    "used_mib",
-                    "number",
-                    required=True,
-                    minimum=0,
-                    maximum=hardware.MEMORY_TOTAL_MIB - hardware.MEMORY_RESERVED_MIB,
-                ),
+                Param("used_mib", "number", required=True, minimum=0),
             ),
             _process,
         ),
-        FaultKind(
-            "process_exit",
-            (Param("pid", "int", required=True, minimum=1, maximum=2**32 - 1),),
-            _process_exit,
-        ),
+        FaultKind("process_exit", (_PID,), _process_exit),
         FaultKind("xid", (Param("xid", "int", required=True, minimum=1, maximum=999),), _xid),
         FaultKind("ecc_mode", (Param("enabled", "bool", required=True),), _ecc_mode),
         FaultKind("mig_mode", (Param("enabled", "bool", required=True),), _mig_mode),
-        FaultKind(
-            "mig_instances",
-            (Param("profiles", "names", required=True, choices=hardware.MIG_PROFILE_NAMES),),
-            _mig_instances,
-        ),
-        FaultKind(
-            "power_limit",
-            (
-                Param(
-                    "watts",
-                    "number",
-                    required=True,
-                    minimum=hardware.POWER_MIN_LIMIT_MW / 1000,
-                    maximum=hardware.POWER_MAX_LIMIT_MW / 1000,
-                ),
-            ),
-            _power_limit,
-        ),
-        FaultKind(
-            "app_clocks",
-            (Param("mhz", "int", required=True, minimum=210, maximum=hardware.SM_CLOCK_MAX_MHZ),),
-            _app_clocks,
-        ),
+        FaultKind("mig_instances", (Param("profiles", "names", required=True),), _mig_instances),
+        FaultKind("power_limit", (Param("watts", "number", required=True),), _power_limit),
+        FaultKind("app_clocks", (Param("mhz", "int", required=True),), _app_clocks),
         FaultKind(
             "fabric",
             (
@@ -332,8 +305,11 @@ KINDS: dict[str, FaultKind] = {
 # --- validation --------------------------------------------------------------------------
 
 
-def check_params(kind: str, given: Mapping[str, object], *, nvlinks: int) -> dict[str, ParamValue]:
-    """Validated parameters of a ``kind`` fault, defaults filled in; raises FaultError."""
+def check_params(
+    kind: str, given: Mapping[str, object], *, profile: GpuProfile, nvlinks: int
+) -> dict[str, ParamValue]:
+    """Validated parameters of a ``kind`` fault on a GPU of model ``profile`` with
+    ``nvlinks`` links, defaults filled in; raises FaultError."""
     spec = KINDS.get(kind)
     if spec is None:
         raise FaultError(f"unknown fault kind {kind!r} (known: {', '.join(KINDS)})", key="kind")
@@ -344,29 +320,77 @@ def check_params(kind: str, given: Mapping[str, object], *, nvlinks: int) -> dic
             raise FaultError(f"unknown key for fault kind {kind!r} (known: {known})", key=key)
     checked: dict[str, ParamValue] = {}
     for param in spec.params:
-        if param.name not in given:
-            if param.required:
-                raise FaultError(f"required by fault kind {kind!r}", key=param.name)
-            assert param.default is not None  # every optional parameter has a default
+        if param.name in given:
+            checked[param.name] = _check_value(param, given[param.name])
+        elif param.required:
+            raise FaultError(f"required by fault kind {kind!r}", key=param.name)
+        elif param.default is not None:
             checked[param.name] = param.default
-            continue
-        checked[param.name] = _check_value(param, given[param.name])
-    _check_together(kind, given, checked, nvlinks)
+    missing = _MISSING_FEATURE.get(kind)
+    if missing is not None and not missing[0](profile):
+        raise FaultError(f"the {profile.name} {missing[1]}", key="kind")
+    _check_for_model(kind, given, checked, profile, nvlinks)
     return checked
 
 
-def _check_together(
-    kind: str, given: Mapping[str, object], checked: Mapping[str, ParamValue], nvlinks: int
+# Fault kinds a model can only have with a feature: (has it, what to say when it has not).
+_MISSING_FEATURE: dict[str, tuple[Callable[[GpuProfile], bool], str]] = {
+    "ecc_sbe": (lambda p: p.ecc, "has no ECC"),
+    "ecc_dbe": (lambda p: p.ecc, "has no ECC"),
+    "ecc_mode": (lambda p: p.ecc, "has no ECC"),
+    "retired_pages": (
+        lambda p: p.retired_pages,
+        "does not retire pages (use row_remap_pending on GPUs that remap rows)",
+    ),
+    "row_remap_pending": (lambda p: p.row_remapping, "does not remap rows"),
+    "row_remap_failure": (lambda p: p.row_remapping, "does not remap rows"),
+    "mig_mode": (lambda p: p.mig, "has no MIG"),
+    "mig_instances": (lambda p: p.mig, "has no MIG"),
+    "app_clocks": (
+        lambda p: p.applications_clock_mhz is not None,
+        "has no applications clocks",
+    ),
+    "fabric": (lambda p: p.fabric, "is not in an NVSwitch fabric"),
+}
+
+
+def _check_for_model(
+    kind: str,
+    given: Mapping[str, object],
+    checked: dict[str, ParamValue],
+    profile: GpuProfile,
+    nvlinks: int,
 ) -> None:
-    """Rules about parameters together, or about the node they apply to."""
-    if kind == "pcie_degrade" and not given:
-        raise FaultError("give gen, width or both", key="gen")
-    if kind == "mig_instances":
-        problem = hardware.mig_layout_problem(_names(checked["profiles"]))
+    """Rules about parameters together, or about the GPU model they apply to; fills in the
+    defaults that depend on the model."""
+    if kind == "pcie_degrade":
+        if not given:
+            raise FaultError("give gen, width or both", key="gen")
+        checked.setdefault("gen", profile.pcie_max_generation)
+        checked.setdefault("width", profile.pcie_max_width)
+        _within(checked, "gen", 1, profile.pcie_max_generation)
+        _within(checked, "width", 1, profile.pcie_max_width)
+    elif kind == "mig_instances":
+        problem = profile.mig_layout_problem(_names(checked["profiles"]))
         if problem is not None:
             raise FaultError(problem, key="profiles")
+    elif kind == "process":
+        usable = profile.memory_total_mib - profile.memory_reserved_mib
+        _within(checked, "used_mib", 0, usable)
+    elif kind == "power_limit":
+        _within(checked, "watts", profile.power_min_limit_w, profile.power_max_limit_w)
+    elif kind == "app_clocks":
+        _within(checked, "mhz", profile.sm_clock_idle_mhz, profile.sm_clock_max_mhz)
     if "link" in checked and _int(checked["link"]) >= nvlinks:
         raise FaultError(f"no such NVLink: this GPU has {nvlinks} links", key="link")
+
+
+def _within(checked: Mapping[str, ParamValue], name: str, low: float, high: float) -> None:
+    value = _number(checked[name])
+    if value < low:
+        raise FaultError(f"must be at least {low:g} on this GPU model", key=name)
+    if value > high:
+        raise FaultError(f"must be at most {high:g} on this GPU model", key=name)
 
 
 def _check_value(param: Param, value: object) -> ParamValue:
@@ -376,7 +400,7 @@ def _check_value(param: Param, value: object) -> ParamValue:
         shown = f"{type(value).__name__} {value!r}"
         raise FaultError(f"expected {expected}, got {shown}", key=param.name)
     if isinstance(converted, tuple):
-        unknown = [name for name in converted if name not in param.choices]
+        unknown = [name for name in converted if param.choices and name not in param.choices]
         if unknown:
             known = ", ".join(str(c) for c in param.choices)
             raise FaultError(f"unknown {unknown[0]!r} (known: {known})", key=param.name)

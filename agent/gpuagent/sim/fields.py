@@ -1,7 +1,8 @@
 """nvmlDeviceGetFieldValues: one reader per supported field id.
 
 A reader returns (nvmlReturn, valueType, value); the value lands in the union member that
-matches the type, as NVML does. Ids without a reader are answered NOT_SUPPORTED per entry.
+matches the type, as NVML does. Ids without a reader, and values the GPU's model does not
+have, are answered NOT_SUPPORTED per entry.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import pynvml
 
-from gpuagent.sim import codes, hardware
+from gpuagent.sim import codes
 from gpuagent.sim.gpu import SimGpu
 
 Result = tuple[int, int, int | float]
@@ -30,11 +31,38 @@ _UNION_MEMBER = {
 }
 
 
+def _ecc_mode(mode: Callable[[SimGpu], bool]) -> Reader:
+    def read(gpu: SimGpu, _now: float, _scope: int) -> Result:
+        if not gpu.profile.ecc:
+            return NOT_SUPPORTED
+        return codes.SUCCESS, codes.VALUE_UINT, int(mode(gpu))
+
+    return read
+
+
 def _ecc(count: Callable[[SimGpu], int]) -> Reader:
     def read(gpu: SimGpu, _now: float, _scope: int) -> Result:
         if not gpu.ecc_enabled:
             return NOT_SUPPORTED  # nvidia-smi shows N/A for ECC counts with ECC off
         return codes.SUCCESS, codes.VALUE_ULONGLONG, count(gpu)
+
+    return read
+
+
+def _retired(count: Callable[[SimGpu], int]) -> Reader:
+    def read(gpu: SimGpu, _now: float, _scope: int) -> Result:
+        if not gpu.retired_pages_supported():
+            return NOT_SUPPORTED  # Ampere and later remap rows instead; or ECC is off
+        return codes.SUCCESS, codes.VALUE_ULONGLONG, count(gpu)
+
+    return read
+
+
+def _remapped(value: Callable[[SimGpu], int]) -> Reader:
+    def read(gpu: SimGpu, _now: float, _scope: int) -> Result:
+        if not gpu.remapped_rows_supported():
+            return NOT_SUPPORTED
+        return codes.SUCCESS, codes.VALUE_UINT, value(gpu)
 
     return read
 
@@ -67,23 +95,36 @@ def _nvlink_state(gpu: SimGpu, _now: float, scope: int) -> Result:
     return codes.SUCCESS, codes.VALUE_UINT, int(gpu.nvlink_up[scope])
 
 
-def _tlimit(threshold_c: int) -> Reader:
+def _tlimit(threshold: Callable[[SimGpu], int | None]) -> Reader:
     """A threshold on NVML's T.Limit scale, not in degrees Celsius.
 
     T.Limit counts degrees below the GPU's limit point (its max operating temperature),
-    so thresholds above that point are negative: slowdown -2, shutdown -7. The absolute
-    threshold is ``temperature + nvmlDeviceGetMarginTemperature - value``.
+    so thresholds above that point are negative: slowdown -2, shutdown -8 on an H100. The
+    absolute threshold is ``temperature + nvmlDeviceGetMarginTemperature - value``.
     """
-    result: Result = (codes.SUCCESS, codes.VALUE_SINT, hardware.TEMPERATURE_GPU_MAX_C - threshold_c)
 
-    def read(_gpu: SimGpu, _now: float, _scope: int) -> Result:
-        return result
+    def read(gpu: SimGpu, _now: float, _scope: int) -> Result:
+        value = threshold(gpu)
+        if not gpu.tlimit_fields or value is None:
+            return NOT_SUPPORTED
+        return codes.SUCCESS, codes.VALUE_SINT, gpu.profile.temperature_gpu_max_c - value
 
     return read
 
 
+def _memory_tlimit(gpu: SimGpu, _now: float, _scope: int) -> Result:
+    # The memory's limit is on its own scale: its max operating point is 0, as the H100
+    # captures show ("Memory Max Operating T.Limit Temp : 0 C").
+    if not gpu.tlimit_fields or gpu.profile.temperature_memory_max_c is None:
+        return NOT_SUPPORTED
+    return codes.SUCCESS, codes.VALUE_SINT, 0
+
+
 def _memory_temp(gpu: SimGpu, now: float, _scope: int) -> Result:
-    return codes.SUCCESS, codes.VALUE_UINT, round(gpu.memory_temperature(now))
+    temperature = gpu.readings.memory_temperature(now)
+    if temperature is None:
+        return NOT_SUPPORTED  # GDDR boards have no memory sensor
+    return codes.SUCCESS, codes.VALUE_UINT, round(temperature)
 
 
 def _energy(gpu: SimGpu, now: float, _scope: int) -> Result:
@@ -91,23 +132,35 @@ def _energy(gpu: SimGpu, now: float, _scope: int) -> Result:
 
 
 def _power(gpu: SimGpu, now: float, _scope: int) -> Result:
-    return codes.SUCCESS, codes.VALUE_UINT, gpu.power_mw(now)
+    return codes.SUCCESS, codes.VALUE_UINT, gpu.readings.power_mw(now)
+
+
+def _violation(name: str, *, per_reason: bool = False) -> Reader:
+    """A throttle-duration counter (ns); ``per_reason``: one of the R550 fields 269-271."""
+
+    def read(gpu: SimGpu, now: float, _scope: int) -> Result:
+        supported = gpu.throttle_reason_fields if per_reason else gpu.profile.violation_counters
+        if not supported:
+            return NOT_SUPPORTED
+        return codes.SUCCESS, codes.VALUE_ULONGLONG, gpu.violation_ns_at(now, name)
+
+    return read
 
 
 READERS: dict[int, Reader] = {
-    codes.FI_ECC_CURRENT: _uint(lambda g: int(g.ecc_enabled)),
-    codes.FI_ECC_PENDING: _uint(lambda g: int(g.ecc_enabled)),
+    codes.FI_ECC_CURRENT: _ecc_mode(lambda g: g.ecc_enabled),
+    codes.FI_ECC_PENDING: _ecc_mode(lambda g: g.ecc_pending),
     codes.FI_ECC_SBE_VOL_TOTAL: _ecc(lambda g: g.ecc_sbe_volatile),
     codes.FI_ECC_DBE_VOL_TOTAL: _ecc(lambda g: g.ecc_dbe_volatile),
     codes.FI_ECC_SBE_AGG_TOTAL: _ecc(lambda g: g.ecc_sbe_aggregate),
     codes.FI_ECC_DBE_AGG_TOTAL: _ecc(lambda g: g.ecc_dbe_aggregate),
-    codes.FI_RETIRED_SBE: _ecc(lambda g: g.retired_sbe),
-    codes.FI_RETIRED_DBE: _ecc(lambda g: g.retired_dbe),
-    codes.FI_RETIRED_PENDING: _ecc(lambda g: int(g.retired_pending)),
-    codes.FI_REMAPPED_COR: _uint(lambda g: g.remapped_correctable),
-    codes.FI_REMAPPED_UNC: _uint(lambda g: g.remapped_uncorrectable),
-    codes.FI_REMAPPED_PENDING: _uint(lambda g: int(g.remap_pending)),
-    codes.FI_REMAPPED_FAILURE: _uint(lambda g: int(g.remap_failure)),
+    codes.FI_RETIRED_SBE: _retired(lambda g: g.retired_sbe),
+    codes.FI_RETIRED_DBE: _retired(lambda g: g.retired_dbe),
+    codes.FI_RETIRED_PENDING: _retired(lambda g: int(g.retired_pending)),
+    codes.FI_REMAPPED_COR: _remapped(lambda g: g.remapped_correctable),
+    codes.FI_REMAPPED_UNC: _remapped(lambda g: g.remapped_uncorrectable),
+    codes.FI_REMAPPED_PENDING: _remapped(lambda g: int(g.remap_pending)),
+    codes.FI_REMAPPED_FAILURE: _remapped(lambda g: int(g.remap_failure)),
     codes.FI_PCIE_REPLAY_COUNTER: _uint(lambda g: g.pcie_replays),
     codes.FI_TOTAL_ENERGY_CONSUMPTION: _energy,
     codes.FI_MEMORY_TEMP: _memory_temp,
@@ -119,10 +172,19 @@ READERS: dict[int, Reader] = {
     codes.FI_NVLINK_CRC_DATA_TOTAL: _per_link(lambda g: g.nvlink_crc_data),
     codes.FI_NVLINK_REPLAY_TOTAL: _per_link(lambda g: g.nvlink_replay),
     codes.FI_NVLINK_RECOVERY_TOTAL: _per_link(lambda g: g.nvlink_recovery),
-    codes.FI_TEMPERATURE_SHUTDOWN_TLIMIT: _tlimit(hardware.TEMPERATURE_SHUTDOWN_C),
-    codes.FI_TEMPERATURE_SLOWDOWN_TLIMIT: _tlimit(hardware.TEMPERATURE_SLOWDOWN_C),
-    codes.FI_TEMPERATURE_GPU_MAX_TLIMIT: _tlimit(hardware.TEMPERATURE_GPU_MAX_C),
-    codes.FI_TEMPERATURE_MEM_MAX_TLIMIT: _tlimit(hardware.TEMPERATURE_MEM_MAX_C),
+    codes.FI_TEMPERATURE_SHUTDOWN_TLIMIT: _tlimit(lambda g: g.profile.temperature_shutdown_c),
+    codes.FI_TEMPERATURE_SLOWDOWN_TLIMIT: _tlimit(lambda g: g.profile.temperature_slowdown_c),
+    codes.FI_TEMPERATURE_GPU_MAX_TLIMIT: _tlimit(lambda g: g.profile.temperature_gpu_max_c),
+    codes.FI_TEMPERATURE_MEM_MAX_TLIMIT: _memory_tlimit,
+    codes.FI_PERF_POLICY_POWER: _violation("power"),
+    codes.FI_PERF_POLICY_THERMAL: _violation("thermal"),
+    codes.FI_PERF_POLICY_SYNC_BOOST: _violation("sync_boost"),
+    codes.FI_PERF_POLICY_BOARD_LIMIT: _violation("board_limit"),
+    codes.FI_PERF_POLICY_LOW_UTILIZATION: _violation("low_utilization"),
+    codes.FI_PERF_POLICY_RELIABILITY: _violation("reliability"),
+    codes.FI_CLOCKS_EVENT_REASON_SW_THERMAL: _violation("sw_thermal", per_reason=True),
+    codes.FI_CLOCKS_EVENT_REASON_HW_THERMAL: _violation("hw_thermal", per_reason=True),
+    codes.FI_CLOCKS_EVENT_REASON_POWER_BRAKE: _violation("power_brake", per_reason=True),
 }
 
 

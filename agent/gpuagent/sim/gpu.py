@@ -1,27 +1,43 @@
-"""The state of one simulated GPU and the readings derived from it.
+"""The state of one simulated GPU: identity, modes, counters and fault state.
 
-Readings that real hardware varies continuously (load, power, temperature) are pure
-functions of the elapsed time, so a scenario replays identically; counters and modes are
-plain attributes that faults, setters and resets change. Callers hold the node lock.
+Counters and modes are plain attributes that faults, setters and resets change; what
+follows the load (utilization, power, heat, clocks) is `readings`. Counters that grow
+with time (energy, throttle durations) are integrated: `settle` accounts them up to a
+time, and is called before anything that changes the GPU's load or limits, and on read.
+Callers hold the node lock.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import pynvml
 
 from gpuagent.sim import codes, hardware
 from gpuagent.sim.hardware import BoardIdentity
+from gpuagent.sim.profiles import GpuProfile, MigProfile
+from gpuagent.sim.readings import LiveReadings
 
-_TWO_PI = 2.0 * math.pi
-_SLOWDOWN_REASONS = (
-    codes.REASON_HW_SLOWDOWN
-    | codes.REASON_HW_THERMAL
-    | codes.REASON_SW_THERMAL
-    | codes.REASON_POWER_BRAKE
-)
+# The driver releases that brought what the simulator answers (its assumptions; see
+# docs/simulation.md): the *_TLIMIT fields and the margin temperature from R535, the
+# per-reason throttle-duration fields (ids 269-271) from R550.
+TLIMIT_DRIVER_MAJOR = 535
+THROTTLE_REASON_FIELDS_DRIVER_MAJOR = 550
+
+# What each throttle-duration counter counts: the clock event reasons that make it grow
+# (0: a cause the simulator never raises, so the counter stays at 0).
+VIOLATION_REASONS: dict[str, int] = {
+    "power": codes.REASON_SW_POWER_CAP,
+    "thermal": codes.REASON_SW_THERMAL | codes.REASON_HW_THERMAL,
+    "sync_boost": codes.REASON_SYNC_BOOST,
+    "board_limit": 0,
+    "low_utilization": codes.REASON_GPU_IDLE,
+    "reliability": 0,
+    "sw_thermal": codes.REASON_SW_THERMAL,
+    "hw_thermal": codes.REASON_HW_THERMAL,
+    "power_brake": codes.REASON_POWER_BRAKE,
+}
+_NS_PER_SECOND = 1_000_000_000
 
 
 @dataclass(slots=True)
@@ -35,23 +51,25 @@ class SimProcess:
 class SimGpuInstance:
     """A MIG GPU instance; NVML hands out a pointer to ``handle``."""
 
-    profile: hardware.MigProfile
+    profile: MigProfile
     handle: pynvml.struct_c_nvmlGpuInstance_t
 
 
-def make_instances(profiles: tuple[str, ...]) -> list[SimGpuInstance]:
-    by_name = {p.name: p for p in hardware.MIG_PROFILES}
-    return [SimGpuInstance(by_name[n], pynvml.struct_c_nvmlGpuInstance_t()) for n in profiles]
+def make_instances(profile: GpuProfile, names: tuple[str, ...]) -> list[SimGpuInstance]:
+    found = [profile.mig_profile(name) for name in names]
+    return [SimGpuInstance(p, pynvml.struct_c_nvmlGpuInstance_t()) for p in found if p]
 
 
 class SimGpu:
-    """One GPU: identity, modes, counters and fault state."""
+    """One GPU of model ``profile``."""
 
     def __init__(
         self,
         board: BoardIdentity,
         *,
-        model: str,
+        profile: GpuProfile,
+        name: str,
+        driver_major: int,
         nvlinks: int,
         ecc: bool,
         persistence: bool,
@@ -59,8 +77,9 @@ class SimGpu:
         mig_profiles: tuple[str, ...] = (),
     ) -> None:
         self.board = board
+        self.profile = profile
         self.index = board.index
-        self.name = model.encode()
+        self.name = name.encode()
         self.uuid = board.uuid.encode()
         self.serial = board.serial.encode()
         self.bus_id = board.bus_id.encode()
@@ -70,6 +89,10 @@ class SimGpu:
         self.handle = pynvml.c_nvmlDevice_t(self.device)
         self.nvlinks = nvlinks
         self.default_persistence = persistence
+        self.tlimit_fields = profile.tlimit_fields and driver_major >= TLIMIT_DRIVER_MAJOR
+        self.throttle_reason_fields = (
+            profile.violation_counters and driver_major >= THROTTLE_REASON_FIELDS_DRIVER_MAJOR
+        )
 
         self.ecc_enabled = ecc
         self.persistence = persistence
@@ -79,13 +102,34 @@ class SimGpu:
         self.mig_pending = mig_mode
         # The GPU instances MIG mode carries at start (and after `clear`).
         self.default_mig_profiles = mig_profiles
-        self.mig_instances = make_instances(mig_profiles) if mig_mode else []
-        self.power_limit_mw = hardware.POWER_DEFAULT_LIMIT_MW
-        self.applications_clock_mhz = hardware.APPLICATIONS_CLOCK_DEFAULT_MHZ
+        self.mig_instances = make_instances(profile, mig_profiles) if mig_mode else []
+        self.power_limit_mw = round(profile.power_default_limit_w * 1000)
+        self.applications_clock_mhz = profile.applications_clock_mhz
         # nvmlGpuFabricState_t and the registration's nvmlReturn_t (NVSwitch systems).
         self.fabric_state = codes.FABRIC_STATE_NOT_SUPPORTED
         self.fabric_status = codes.SUCCESS
 
+        self._init_counters()
+        # The highest generation the link can train to (a `pcie_degrade` lowers it).
+        self.pcie_generation_limit = profile.pcie_max_generation
+        self.pcie_width = profile.pcie_max_width
+        self.nvlink_up = [True] * nvlinks
+
+        self.temperature_override: float | None = None
+        self.throttle_reasons = 0
+        self.lost = False
+        # Listed in the simulated PCI tree (host facts); `pci_remove` takes it off.
+        self.on_pci_bus = True
+        self.hang_until = 0.0  # elapsed seconds; calls before this block
+        self.processes: dict[int, SimProcess] = {}
+
+        self.readings = LiveReadings(self)
+        self.energy_mj = float(board.initial_energy_mj)
+        self.violation_ns = dict.fromkeys(VIOLATION_REASONS, 0)
+        self.settled_at = 0.0
+
+    def _init_counters(self) -> None:
+        """The error counters of a new GPU: all zero, nothing pending."""
         self.ecc_sbe_volatile = 0
         self.ecc_dbe_volatile = 0
         self.ecc_sbe_aggregate = 0
@@ -97,92 +141,53 @@ class SimGpu:
         self.remapped_uncorrectable = 0
         self.remap_pending = False
         self.remap_failure = False
-        self.pcie_generation = hardware.PCIE_MAX_GENERATION
-        self.pcie_width = hardware.PCIE_MAX_WIDTH
         self.pcie_replays = 0
-        self.nvlink_up = [True] * nvlinks
-        self.nvlink_crc_flit = [0] * nvlinks
-        self.nvlink_crc_data = [0] * nvlinks
-        self.nvlink_replay = [0] * nvlinks
-        self.nvlink_recovery = [0] * nvlinks
+        self.nvlink_crc_flit = [0] * self.nvlinks
+        self.nvlink_crc_data = [0] * self.nvlinks
+        self.nvlink_replay = [0] * self.nvlinks
+        self.nvlink_recovery = [0] * self.nvlinks
 
-        self.temperature_override: float | None = None
-        self.throttle_reasons = 0
-        self.lost = False
-        # Listed in the simulated PCI tree (host facts); `pci_remove` takes it off.
-        self.on_pci_bus = True
-        self.hang_until = 0.0  # elapsed seconds; calls before this block
-        self.processes: dict[int, SimProcess] = {}
+    # --- what the model has -------------------------------------------------------------
 
-        self.energy_mj = float(board.initial_energy_mj)
-        self.energy_at = 0.0
+    def remapped_rows_supported(self) -> bool:
+        profile = self.profile
+        return profile.row_remapping and (profile.row_remapping_under_mig or not self.mig_mode)
 
-    # --- continuous readings ----------------------------------------------------------
+    def retired_pages_supported(self) -> bool:
+        # Page retirement needs ECC on, as nvidia-smi's N/A with ECC off shows.
+        return self.profile.retired_pages and self.ecc_enabled
 
-    def utilization(self, now: float) -> float:
-        """GPU utilization percent: a light background load, busy while processes run."""
-        wave = math.sin(_TWO_PI * now / hardware.LOAD_PERIOD_SECONDS + self.board.phase)
-        if self.processes:
-            return 88.0 + 8.0 * wave
-        return self.board.base_utilization + 10.0 * wave
+    # --- integrated counters -------------------------------------------------------------
 
-    def memory_utilization(self, now: float) -> float:
-        return self.utilization(now) * 0.45
-
-    def power_demand_mw(self, now: float) -> float:
-        return hardware.POWER_IDLE_MW + self.utilization(now) * hardware.POWER_PER_UTIL_PCT_MW
-
-    def power_mw(self, now: float) -> int:
-        return int(min(self.power_demand_mw(now), self.power_limit_mw))
-
-    def temperature(self, now: float) -> float:
-        if self.temperature_override is not None:
-            return self.temperature_override
-        return 27.0 + self.power_mw(now) * 0.000055 + self.board.temperature_offset
-
-    def memory_temperature(self, now: float) -> float:
-        return self.temperature(now) + hardware.MEMORY_TEMPERATURE_OFFSET_C
-
-    def clock_event_reasons(self, now: float) -> int:
-        """Injected reasons plus those the GPU would raise itself at this heat and power."""
-        reasons = self.throttle_reasons
-        if self.applications_clock_mhz != hardware.APPLICATIONS_CLOCK_DEFAULT_MHZ:
-            reasons |= codes.REASON_APPLICATIONS_CLOCKS
-        temperature = self.temperature(now)
-        if temperature >= hardware.TEMPERATURE_GPU_MAX_C:
-            reasons |= codes.REASON_SW_THERMAL
-        if temperature >= hardware.TEMPERATURE_SLOWDOWN_C:
-            reasons |= codes.REASON_HW_SLOWDOWN | codes.REASON_HW_THERMAL
-        if self.power_demand_mw(now) > self.power_limit_mw:
-            reasons |= codes.REASON_SW_POWER_CAP
-        return reasons
-
-    def sm_clock_mhz(self, now: float) -> int:
-        reasons = self.clock_event_reasons(now)
-        if reasons & _SLOWDOWN_REASONS:
-            return hardware.SM_CLOCK_SLOWDOWN_MHZ
-        if reasons & codes.REASON_SW_POWER_CAP:
-            return hardware.SM_CLOCK_POWER_CAPPED_MHZ
-        if reasons & codes.REASON_GPU_IDLE:
-            return hardware.SM_CLOCK_IDLE_MHZ
-        return hardware.SM_CLOCK_MAX_MHZ
+    def settle(self, now: float) -> None:
+        """Account energy and throttle durations up to ``now`` at the current state."""
+        if now <= self.settled_at:
+            return
+        seconds = now - self.settled_at
+        self.energy_mj += self.readings.power_mw(now) * seconds  # mW x s = mJ
+        reasons = self.readings.clock_event_reasons(now)
+        nanoseconds = round(seconds * _NS_PER_SECOND)
+        for name, mask in VIOLATION_REASONS.items():
+            if reasons & mask:
+                self.violation_ns[name] += nanoseconds
+        self.settled_at = now
 
     def energy_mj_at(self, now: float) -> int:
         """Energy since the driver loaded: integrates power over time, never decreases."""
-        self.settle_energy(now)
+        self.settle(now)
         return int(self.energy_mj)
 
-    def settle_energy(self, now: float) -> None:
-        """Account energy up to ``now``; call before anything that changes the power draw."""
-        if now > self.energy_at:
-            self.energy_mj += self.power_mw(now) * (now - self.energy_at)  # mW x s = mJ
-            self.energy_at = now
+    def violation_ns_at(self, now: float, name: str) -> int:
+        """Nanoseconds the clocks were held back for ``name`` (see VIOLATION_REASONS)."""
+        self.settle(now)
+        return self.violation_ns[name]
 
     # --- memory -----------------------------------------------------------------------
 
     def memory_used_bytes(self) -> int:
         used = sum(p.used_bytes for p in self.processes.values())
-        return min(used, (hardware.MEMORY_TOTAL_MIB - hardware.MEMORY_RESERVED_MIB) * hardware.MIB)
+        usable = self.profile.memory_total_mib - self.profile.memory_reserved_mib
+        return min(used, usable * hardware.MIB)
 
     # --- recovery ---------------------------------------------------------------------
 
@@ -206,13 +211,15 @@ class SimGpu:
         self.remap_failure = False
         self.temperature_override = None
         self.throttle_reasons = 0
-        self.pcie_generation = hardware.PCIE_MAX_GENERATION
-        self.pcie_width = hardware.PCIE_MAX_WIDTH
+        self.pcie_generation_limit = self.profile.pcie_max_generation
+        self.pcie_width = self.profile.pcie_max_width
         self.persistence = self.default_persistence
-        self.applications_clock_mhz = hardware.APPLICATIONS_CLOCK_DEFAULT_MHZ
-        self.power_limit_mw = hardware.POWER_DEFAULT_LIMIT_MW
+        self.applications_clock_mhz = self.profile.applications_clock_mhz
+        self.power_limit_mw = round(self.profile.power_default_limit_w * 1000)
         self.ecc_pending = self.ecc_enabled
         self.mig_pending = self.mig_mode
-        self.mig_instances = make_instances(self.default_mig_profiles) if self.mig_mode else []
+        self.mig_instances = (
+            make_instances(self.profile, self.default_mig_profiles) if self.mig_mode else []
+        )
         self.nvlink_up = [True] * self.nvlinks
         self.processes.clear()

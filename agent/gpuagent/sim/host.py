@@ -17,37 +17,46 @@ from gpuagent.inventory.model import (
     Service,
 )
 from gpuagent.sim import hardware
+from gpuagent.sim.profiles import GpuProfile, PciSlot
 from gpuagent.sim.scenario import NodeSpec
 
-_GPU_DEVICE_ID = hardware.PCI_DEVICE_ID >> 16
+
+def _address(slot: PciSlot) -> str:
+    return f"0000:{slot[0]:02x}:{slot[1]:02x}.0"
 
 
-def pci_functions(spec: NodeSpec, off_bus: frozenset[int] = frozenset()) -> tuple[PciFunction, ...]:
+def pci_functions(
+    spec: NodeSpec, profile: GpuProfile, off_bus: frozenset[int] = frozenset()
+) -> tuple[PciFunction, ...]:
     """The GPUs NVML lists (but those of ``off_bus``, the GPU indices a `pci_remove` took
     off the bus), the GPUs only PCI sees (no driver bound), the NVSwitches."""
-    buses = hardware.bus_numbers(spec.gpus)
-    listed = [bus for index, bus in enumerate(buses) if index not in off_bus]
-    wider = hardware.bus_numbers(spec.gpus + spec.pci_only_gpus)
-    unlisted = [bus for bus in wider if bus not in buses][: spec.pci_only_gpus]
-    if len(unlisted) < spec.pci_only_gpus:  # the 16-slot layout reuses the 8-slot buses
-        spare = [bus for bus in hardware.WIDE_BUSES if bus not in buses and bus not in unlisted]
+    slots = profile.slots(spec.gpus)
+    listed = [slot for index, slot in enumerate(slots) if index not in off_bus]
+    wider = profile.slots(spec.gpus + spec.pci_only_gpus)
+    unlisted = [slot for slot in wider if slot not in slots][: spec.pci_only_gpus]
+    if len(unlisted) < spec.pci_only_gpus:  # the wide layout may reuse the narrow slots
+        spare = [slot for slot in profile.wide_buses if slot not in slots and slot not in unlisted]
         unlisted += spare[: spec.pci_only_gpus - len(unlisted)]
+    device_id = profile.pci_device_id >> 16
     functions = [
-        *(PciFunction(f"0000:{bus:02x}:00.0", "gpu", _GPU_DEVICE_ID, "nvidia") for bus in listed),
-        *(PciFunction(f"0000:{bus:02x}:00.0", "gpu", _GPU_DEVICE_ID, None) for bus in unlisted),
-        *(
-            PciFunction(f"0000:{bus:02x}:00.0", "nvswitch", hardware.NVSWITCH_DEVICE_ID, "nvidia")
-            for bus in hardware.NVSWITCH_BUSES[: spec.nvswitches]
-        ),
+        *(PciFunction(_address(slot), "gpu", device_id, "nvidia") for slot in listed),
+        *(PciFunction(_address(slot), "gpu", device_id, None) for slot in unlisted),
     ]
+    if profile.nvswitch_device_id is not None:
+        functions += [
+            PciFunction(_address((bus, 0)), "nvswitch", profile.nvswitch_device_id, "nvidia")
+            for bus in hardware.NVSWITCH_BUSES[: spec.nvswitches]
+        ]
     return tuple(sorted(functions, key=lambda f: f.address))
 
 
-def host_facts(spec: NodeSpec, off_bus: frozenset[int] = frozenset()) -> HostFacts:
+def host_facts(
+    spec: NodeSpec, profile: GpuProfile, off_bus: frozenset[int] = frozenset()
+) -> HostFacts:
     loaded = set(spec.modules)
     names = (*KNOWN_MODULES, *sorted(loaded - set(KNOWN_MODULES)))
     return HostFacts(
-        pci=pci_functions(spec, off_bus),
+        pci=pci_functions(spec, profile, off_bus),
         modules=tuple((name, name in loaded) for name in names),
         module_version=spec.resolved_module_version if "nvidia" in loaded else None,
         # The user-space driver is driver_version's, unless it is not installed at all.

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import ctypes
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pynvml
 
 from gpuagent.sim import codes, hardware
-from gpuagent.sim.events import SUPPORTED_EVENT_TYPES, EventSet
+from gpuagent.sim.events import EventSet, supported_event_types
 from gpuagent.sim.fields import fill_field_values
 from gpuagent.sim.gpu import SimGpu
 from gpuagent.sim.state import NodeState
@@ -27,18 +28,14 @@ _ERROR_STRINGS: dict[int, bytes] = {
 }
 _ERROR_STRINGS[codes.SUCCESS] = b"Success"
 _BUS_ID_RE = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
-_THRESHOLDS = {
-    codes.THRESHOLD_SHUTDOWN: hardware.TEMPERATURE_SHUTDOWN_C,
-    codes.THRESHOLD_SLOWDOWN: hardware.TEMPERATURE_SLOWDOWN_C,
-    codes.THRESHOLD_MEM_MAX: hardware.TEMPERATURE_MEM_MAX_C,
-    codes.THRESHOLD_GPU_MAX: hardware.TEMPERATURE_GPU_MAX_C,
-}
-_MAX_CLOCKS = {
-    codes.CLOCK_GRAPHICS: hardware.SM_CLOCK_MAX_MHZ,
-    codes.CLOCK_SM: hardware.SM_CLOCK_MAX_MHZ,
-    codes.CLOCK_MEM: hardware.MEMORY_CLOCK_MHZ,
-    codes.CLOCK_VIDEO: hardware.VIDEO_CLOCK_MAX_MHZ,
-}
+# nvmlDeviceGetViolationStatus's policies, by the counter each reads (gpu.VIOLATION_REASONS).
+_POLICY_COUNTERS = dict(
+    zip(
+        codes.PERF_POLICIES,
+        ("power", "thermal", "sync_boost", "board_limit", "low_utilization", "reliability"),
+        strict=True,
+    )
+)
 
 
 def _int(value: Any) -> int:
@@ -224,7 +221,7 @@ class SimulatedLibrary:
         if wanted is None:
             return codes.ERROR_INVALID_ARGUMENT
         for gpu in self._state.gpus:
-            if wanted == (0, gpu.board.bus, 0):
+            if wanted == (0, gpu.board.bus, gpu.board.device):
                 return self._hand_out(gpu, out)
         return codes.ERROR_NOT_FOUND
 
@@ -264,29 +261,36 @@ class SimulatedLibrary:
     # --- devices -------------------------------------------------------------------------
 
     def _device_functions(self) -> dict[str, Entry]:
+        vbios = self._state.hardware.vbios_version.encode()
         return {
             "nvmlDeviceGetName": lambda g, _n, buf, size: _put_string(buf, size, g.name),
             "nvmlDeviceGetUUID": lambda g, _n, buf, size: _put_string(buf, size, g.uuid),
-            "nvmlDeviceGetSerial": lambda g, _n, buf, size: _put_string(buf, size, g.serial),
-            "nvmlDeviceGetVbiosVersion": lambda _g, _n, buf, size: _put_string(
-                buf, size, self._state.spec.vbios_version.encode()
-            ),
+            "nvmlDeviceGetSerial": _serial,
+            "nvmlDeviceGetBrand": _reply(lambda g, _n: g.profile.brand),
+            "nvmlDeviceGetVbiosVersion": lambda _g, _n, buf, size: _put_string(buf, size, vbios),
             "nvmlDeviceGetPciInfo_v3": _pci_info,
             "nvmlDeviceGetMinorNumber": _reply(lambda g, _n: g.index),
             "nvmlDeviceGetIndex": _reply(lambda g, _n: g.index),
             "nvmlDeviceGetPowerManagementDefaultLimit": _reply(
-                lambda _g, _n: hardware.POWER_DEFAULT_LIMIT_MW
+                lambda g, _n: round(g.profile.power_default_limit_w * 1000)
             ),
             "nvmlDeviceGetPowerManagementLimit": _reply(lambda g, _n: g.power_limit_mw),
             "nvmlDeviceGetEnforcedPowerLimit": _reply(lambda g, _n: g.power_limit_mw),
             "nvmlDeviceGetPowerManagementLimitConstraints": _power_constraints,
-            "nvmlDeviceGetPowerUsage": _reply(lambda g, now: g.power_mw(now)),
+            "nvmlDeviceGetPowerUsage": _reply(lambda g, now: g.readings.power_mw(now)),
             "nvmlDeviceGetTotalEnergyConsumption": _reply(lambda g, now: g.energy_mj_at(now)),
-            "nvmlDeviceGetMaxPcieLinkGeneration": _reply(
-                lambda _g, _n: hardware.PCIE_MAX_GENERATION
+            "nvmlDeviceGetPerformanceState": _reply(
+                lambda g, now: g.readings.performance_state(now)
             ),
-            "nvmlDeviceGetMaxPcieLinkWidth": _reply(lambda _g, _n: hardware.PCIE_MAX_WIDTH),
-            "nvmlDeviceGetCurrPcieLinkGeneration": _reply(lambda g, _n: g.pcie_generation),
+            "nvmlDeviceGetViolationStatus": _violation_status,
+            "nvmlDeviceGetFanSpeed": _fan_speed,
+            "nvmlDeviceGetMaxPcieLinkGeneration": _reply(
+                lambda g, _n: g.profile.pcie_max_generation
+            ),
+            "nvmlDeviceGetMaxPcieLinkWidth": _reply(lambda g, _n: g.profile.pcie_max_width),
+            "nvmlDeviceGetCurrPcieLinkGeneration": _reply(
+                lambda g, now: g.readings.pcie_generation(now)
+            ),
             "nvmlDeviceGetCurrPcieLinkWidth": _reply(lambda g, _n: g.pcie_width),
             "nvmlDeviceGetPcieReplayCounter": _reply(lambda g, _n: g.pcie_replays),
             "nvmlDeviceGetTemperatureThreshold": _temperature_threshold,
@@ -301,20 +305,24 @@ class SimulatedLibrary:
             "nvmlDeviceGetClockInfo": _clock,
             "nvmlDeviceGetMaxClockInfo": _max_clock,
             "nvmlDeviceGetCurrentClocksEventReasons": _reply(
-                lambda g, now: g.clock_event_reasons(now)
+                lambda g, now: g.readings.clock_event_reasons(now)
             ),
             "nvmlDeviceGetCurrentClocksThrottleReasons": _reply(
-                lambda g, now: g.clock_event_reasons(now)
+                lambda g, now: g.readings.clock_event_reasons(now)
             ),
             "nvmlDeviceGetComputeRunningProcesses_v3": _compute_processes,
             "nvmlDeviceGetGraphicsRunningProcesses_v3": _no_processes,
             "nvmlDeviceGetPersistenceMode": _reply(lambda g, _n: int(g.persistence)),
-            "nvmlDeviceGetMigMode": _pair(lambda g: (int(g.mig_mode), int(g.mig_pending))),
-            "nvmlDeviceGetEccMode": _pair(lambda g: (int(g.ecc_enabled), int(g.ecc_pending))),
+            "nvmlDeviceGetMigMode": _pair(
+                lambda g: g.profile.mig, lambda g: (int(g.mig_mode), int(g.mig_pending))
+            ),
+            "nvmlDeviceGetEccMode": _pair(
+                lambda g: g.profile.ecc, lambda g: (int(g.ecc_enabled), int(g.ecc_pending))
+            ),
             "nvmlDeviceGetGpuInstanceProfileInfoV": _gpu_instance_profile_info,
             "nvmlDeviceGetGpuInstances": _gpu_instances,
-            "nvmlDeviceGetInforomImageVersion": lambda _g, _n, buf, size: _put_string(
-                buf, size, hardware.INFOROM_VERSION.encode()
+            "nvmlDeviceGetInforomImageVersion": lambda g, _n, buf, size: _put_string(
+                buf, size, g.profile.inforom_version.encode()
             ),
             "nvmlDeviceGetGspFirmwareVersion": self._gsp_firmware_version,
             "nvmlDeviceGetApplicationsClock": _applications_clock,
@@ -325,12 +333,14 @@ class SimulatedLibrary:
             "nvmlDeviceGetNvLinkState": _nvlink_state,
             "nvmlDeviceSetPersistenceMode": _set_persistence,
             "nvmlDeviceSetPowerManagementLimit": _set_power_limit,
-            "nvmlDeviceGetSupportedEventTypes": _reply(lambda _g, _n: SUPPORTED_EVENT_TYPES),
+            "nvmlDeviceGetSupportedEventTypes": _reply(
+                lambda g, _n: supported_event_types(g.profile)
+            ),
             "nvmlDeviceRegisterEvents": self._register_events,
         }
 
     def _gsp_firmware_version(self, _gpu: SimGpu, _now: float, buffer: Any) -> int:
-        version = self._state.spec.resolved_gsp_firmware_version
+        version = self._state.hardware.gsp_firmware_version
         if version is None:
             return codes.ERROR_NOT_SUPPORTED  # GSP firmware off (or a pre-Turing GPU)
         # The C function takes no length: the caller's buffer is NVML_GSP_FIRMWARE_VERSION_BUF_SIZE.
@@ -341,7 +351,7 @@ class SimulatedLibrary:
         if event_set is None:
             return codes.ERROR_INVALID_ARGUMENT
         wanted = _int(event_types)
-        if wanted & ~SUPPORTED_EVENT_TYPES:
+        if wanted & ~supported_event_types(gpu.profile):
             return codes.ERROR_NOT_SUPPORTED
         event_set.masks[gpu.index] = event_set.masks.get(gpu.index, 0) | wanted
         return codes.SUCCESS
@@ -360,14 +370,24 @@ def _reply(value: Callable[[SimGpu, float], int]) -> Entry:
     return impl
 
 
-def _pair(values: Callable[[SimGpu], tuple[int, int]]) -> Entry:
+def _pair(
+    supported: Callable[[SimGpu], bool], values: Callable[[SimGpu], tuple[int, int]]
+) -> Entry:
     """A getter with current and pending outputs (MIG mode, ECC mode)."""
 
     def impl(gpu: SimGpu, _now: float, current: Any, pending: Any) -> int:
+        if not supported(gpu):
+            return codes.ERROR_NOT_SUPPORTED  # the model has no such mode: N/A
         _out(current).value, _out(pending).value = values(gpu)
         return codes.SUCCESS
 
     return impl
+
+
+def _serial(gpu: SimGpu, _now: float, buffer: Any, length: Any) -> int:
+    if not gpu.profile.serial_number:
+        return codes.ERROR_NOT_SUPPORTED
+    return _put_string(buffer, length, gpu.serial)
 
 
 def _pci_info(gpu: SimGpu, _now: float, out: Any) -> int:
@@ -375,27 +395,53 @@ def _pci_info(gpu: SimGpu, _now: float, out: Any) -> int:
     info.busIdLegacy = gpu.bus_id_legacy
     info.domain = 0
     info.bus = gpu.board.bus
-    info.device = 0
-    info.pciDeviceId = hardware.PCI_DEVICE_ID
-    info.pciSubSystemId = hardware.PCI_SUBSYSTEM_ID
+    info.device = gpu.board.device
+    info.pciDeviceId = gpu.profile.pci_device_id
+    info.pciSubSystemId = gpu.profile.pci_subsystem_id
     info.busId = gpu.bus_id
     return codes.SUCCESS
 
 
 def _power_constraints(gpu: SimGpu, _now: float, minimum: Any, maximum: Any) -> int:
-    del gpu
-    _out(minimum).value = hardware.POWER_MIN_LIMIT_MW
-    _out(maximum).value = hardware.POWER_MAX_LIMIT_MW
+    _out(minimum).value = round(gpu.profile.power_min_limit_w * 1000)
+    _out(maximum).value = round(gpu.profile.power_max_limit_w * 1000)
     return codes.SUCCESS
 
 
-def _temperature_threshold(_gpu: SimGpu, _now: float, threshold: Any, out: Any) -> int:
+def _violation_status(gpu: SimGpu, now: float, policy: Any, out: Any) -> int:
+    which = _int(policy)
+    if not 0 <= which < codes.PERF_POLICY_COUNT:
+        return codes.ERROR_INVALID_ARGUMENT
+    counter = _POLICY_COUNTERS.get(which)
+    if counter is None or not gpu.profile.violation_counters:
+        return codes.ERROR_NOT_SUPPORTED
+    status = _out(out)
+    status.referenceTime = int(time.time() * 1_000_000)  # wall-clock µs, as NVML stamps it
+    status.violationTime = gpu.violation_ns_at(now, counter)
+    return codes.SUCCESS
+
+
+def _fan_speed(gpu: SimGpu, now: float, out: Any) -> int:
+    speed = gpu.readings.fan_speed_pct(now)
+    if speed is None:
+        return codes.ERROR_NOT_SUPPORTED  # cooled by the chassis: no fan of its own
+    _out(out).value = speed
+    return codes.SUCCESS
+
+
+def _temperature_threshold(gpu: SimGpu, _now: float, threshold: Any, out: Any) -> int:
     which = _int(threshold)
     if not 0 <= which < codes.THRESHOLD_COUNT:
         return codes.ERROR_INVALID_ARGUMENT
-    value = _THRESHOLDS.get(which)
+    profile = gpu.profile
+    value = {
+        codes.THRESHOLD_SHUTDOWN: profile.temperature_shutdown_c,
+        codes.THRESHOLD_SLOWDOWN: profile.temperature_slowdown_c,
+        codes.THRESHOLD_MEM_MAX: profile.temperature_memory_max_c,
+        codes.THRESHOLD_GPU_MAX: profile.temperature_gpu_max_c,
+    }.get(which)
     if value is None:
-        return codes.ERROR_NOT_SUPPORTED  # acoustic limits: not on a data-centre GPU
+        return codes.ERROR_NOT_SUPPORTED  # acoustic limits, or no memory sensor
     _out(out).value = value
     return codes.SUCCESS
 
@@ -403,16 +449,19 @@ def _temperature_threshold(_gpu: SimGpu, _now: float, threshold: Any, out: Any) 
 def _temperature(gpu: SimGpu, now: float, sensor: Any, out: Any) -> int:
     if _int(sensor) != codes.TEMPERATURE_GPU:
         return codes.ERROR_INVALID_ARGUMENT
-    _out(out).value = round(gpu.temperature(now))
+    _out(out).value = round(gpu.readings.temperature(now))
     return codes.SUCCESS
 
 
 def _margin_temperature(gpu: SimGpu, now: float, out: Any) -> int:
     # Degrees left before the T.Limit point (the max operating temperature).
+    if not gpu.tlimit_fields:
+        return codes.ERROR_NOT_SUPPORTED  # nvidia-smi's "GPU T.Limit Temp: N/A"
     margin = _out(out)
     if margin.version != codes.MARGIN_TEMPERATURE_V1:
         return codes.ERROR_ARGUMENT_VERSION_MISMATCH
-    margin.marginTemperature = hardware.TEMPERATURE_GPU_MAX_C - round(gpu.temperature(now))
+    temperature = round(gpu.readings.temperature(now))
+    margin.marginTemperature = gpu.profile.temperature_gpu_max_c - temperature
     return codes.SUCCESS
 
 
@@ -429,13 +478,13 @@ def _utilization(gpu: SimGpu, now: float, out: Any) -> int:
     if gpu.mig_mode:
         return codes.ERROR_NOT_SUPPORTED  # NVML has no whole-GPU utilization under MIG
     rates = _out(out)
-    rates.gpu = round(gpu.utilization(now))
-    rates.memory = round(gpu.memory_utilization(now))
+    rates.gpu = round(gpu.readings.utilization(now))
+    rates.memory = round(gpu.readings.memory_utilization(now))
     return codes.SUCCESS
 
 
 def _codec_utilization(gpu: SimGpu, _now: float, utilization: Any, period_us: Any) -> int:
-    if gpu.mig_mode:
+    if gpu.mig_mode or not gpu.profile.codec_utilization:
         return codes.ERROR_NOT_SUPPORTED
     _out(utilization).value = 0
     _out(period_us).value = hardware.ENCODER_SAMPLING_PERIOD_US
@@ -445,8 +494,8 @@ def _codec_utilization(gpu: SimGpu, _now: float, utilization: Any, period_us: An
 def _memory_v1(gpu: SimGpu, _now: float, out: Any) -> int:
     # The v1 struct counts the driver's reserved memory as used.
     memory = _out(out)
-    total = hardware.MEMORY_TOTAL_MIB * hardware.MIB
-    used = hardware.MEMORY_RESERVED_MIB * hardware.MIB + gpu.memory_used_bytes()
+    total = gpu.profile.memory_total_mib * hardware.MIB
+    used = gpu.profile.memory_reserved_mib * hardware.MIB + gpu.memory_used_bytes()
     memory.total, memory.used, memory.free = total, used, total - used
     return codes.SUCCESS
 
@@ -455,8 +504,8 @@ def _memory_v2(gpu: SimGpu, _now: float, out: Any) -> int:
     memory = _out(out)
     if memory.version != codes.MEMORY_V2:
         return codes.ERROR_ARGUMENT_VERSION_MISMATCH
-    total = hardware.MEMORY_TOTAL_MIB * hardware.MIB
-    reserved = hardware.MEMORY_RESERVED_MIB * hardware.MIB
+    total = gpu.profile.memory_total_mib * hardware.MIB
+    reserved = gpu.profile.memory_reserved_mib * hardware.MIB
     used = gpu.memory_used_bytes()
     memory.total, memory.reserved, memory.used = total, reserved, used
     memory.free = total - reserved - used
@@ -465,45 +514,52 @@ def _memory_v2(gpu: SimGpu, _now: float, out: Any) -> int:
 
 def _clock(gpu: SimGpu, now: float, clock_type: Any, out: Any) -> int:
     which = _int(clock_type)
+    readings = gpu.readings
     if which in (codes.CLOCK_GRAPHICS, codes.CLOCK_SM):
-        _out(out).value = gpu.sm_clock_mhz(now)
+        _out(out).value = readings.sm_clock_mhz(now)
     elif which == codes.CLOCK_MEM:
-        _out(out).value = hardware.MEMORY_CLOCK_MHZ
+        _out(out).value = readings.memory_clock_mhz(now)
     elif which == codes.CLOCK_VIDEO:
-        # The video clock follows the SM clock down when the GPU slows.
-        sm_share = gpu.sm_clock_mhz(now) / hardware.SM_CLOCK_MAX_MHZ
-        _out(out).value = round(hardware.VIDEO_CLOCK_MAX_MHZ * sm_share)
+        _out(out).value = readings.video_clock_mhz(now)
     else:
         return codes.ERROR_INVALID_ARGUMENT
     return codes.SUCCESS
 
 
-def _max_clock(_gpu: SimGpu, _now: float, clock_type: Any, out: Any) -> int:
-    value = _MAX_CLOCKS.get(_int(clock_type))
+def _max_clock(gpu: SimGpu, _now: float, clock_type: Any, out: Any) -> int:
+    profile = gpu.profile
+    value = {
+        codes.CLOCK_GRAPHICS: profile.sm_clock_max_mhz,
+        codes.CLOCK_SM: profile.sm_clock_max_mhz,
+        codes.CLOCK_MEM: profile.memory_clock_max_mhz,
+        codes.CLOCK_VIDEO: profile.video_clock_max_mhz,
+    }.get(_int(clock_type))
     if value is None:
         return codes.ERROR_INVALID_ARGUMENT
     _out(out).value = value
     return codes.SUCCESS
 
 
-def _clock_setting(graphics_mhz: int, clock_type: Any, out: Any) -> int:
-    """An applications clock: ``graphics_mhz`` for graphics and SM, the fixed memory clock."""
+def _clock_setting(gpu: SimGpu, graphics_mhz: int | None, clock_type: Any, out: Any) -> int:
+    """An applications clock: ``graphics_mhz`` for graphics and SM, the memory's maximum."""
+    if graphics_mhz is None:
+        return codes.ERROR_NOT_SUPPORTED  # GeForce: no applications clocks
     which = _int(clock_type)
     if which in (codes.CLOCK_GRAPHICS, codes.CLOCK_SM):
         _out(out).value = graphics_mhz
     elif which == codes.CLOCK_MEM:
-        _out(out).value = hardware.MEMORY_CLOCK_MHZ
+        _out(out).value = gpu.profile.memory_clock_max_mhz
     else:
         return codes.ERROR_INVALID_ARGUMENT
     return codes.SUCCESS
 
 
 def _applications_clock(gpu: SimGpu, _now: float, clock_type: Any, out: Any) -> int:
-    return _clock_setting(gpu.applications_clock_mhz, clock_type, out)
+    return _clock_setting(gpu, gpu.applications_clock_mhz, clock_type, out)
 
 
-def _default_applications_clock(_gpu: SimGpu, _now: float, clock_type: Any, out: Any) -> int:
-    return _clock_setting(hardware.APPLICATIONS_CLOCK_DEFAULT_MHZ, clock_type, out)
+def _default_applications_clock(gpu: SimGpu, _now: float, clock_type: Any, out: Any) -> int:
+    return _clock_setting(gpu, gpu.profile.applications_clock_mhz, clock_type, out)
 
 
 def _fabric_info(gpu: SimGpu, _now: float, out: Any) -> int:
@@ -515,10 +571,6 @@ def _fabric_info(gpu: SimGpu, _now: float, out: Any) -> int:
     return codes.SUCCESS
 
 
-_PROFILES_BY_INDEX = {p.index: p for p in hardware.MIG_PROFILES}
-_PROFILES_BY_ID = {p.profile_id: p for p in hardware.MIG_PROFILES}
-
-
 def _gpu_instance_profile_info(gpu: SimGpu, _now: float, profile: Any, out: Any) -> int:
     which = _int(profile)
     if not 0 <= which < codes.GPU_INSTANCE_PROFILE_COUNT:
@@ -526,14 +578,14 @@ def _gpu_instance_profile_info(gpu: SimGpu, _now: float, profile: Any, out: Any)
     info = _out(out)
     if info.version != codes.GPU_INSTANCE_PROFILE_INFO_V2:
         return codes.ERROR_ARGUMENT_VERSION_MISMATCH
-    spec = _PROFILES_BY_INDEX.get(which)
+    spec = gpu.profile.mig_by_index(which)
     if not gpu.mig_mode or spec is None:
         return codes.ERROR_NOT_SUPPORTED  # MIG off, or a profile this GPU does not offer
     info.id = spec.profile_id
     info.isP2pSupported = 0
     info.sliceCount = spec.slices
     info.instanceCount = spec.max_instances
-    info.multiprocessorCount = spec.slices * hardware.MIG_SMS_PER_SLICE
+    info.multiprocessorCount = spec.slices * gpu.profile.mig_sms_per_slice
     info.copyEngineCount = spec.slices
     info.memorySizeMB = spec.memory_mib
     info.name = f"MIG {spec.name}".encode()
@@ -541,7 +593,7 @@ def _gpu_instance_profile_info(gpu: SimGpu, _now: float, profile: Any, out: Any)
 
 
 def _gpu_instances(gpu: SimGpu, _now: float, profile_id: Any, instances: Any, count: Any) -> int:
-    spec = _PROFILES_BY_ID.get(_int(profile_id))
+    spec = gpu.profile.mig_by_id(_int(profile_id))
     if not gpu.mig_mode:
         return codes.ERROR_NOT_SUPPORTED
     if spec is None:
@@ -580,6 +632,8 @@ def _no_processes(_gpu: SimGpu, _now: float, count: Any, _infos: Any) -> int:
 def _remapped_rows(
     gpu: SimGpu, _now: float, correctable: Any, uncorrectable: Any, pending: Any, failure: Any
 ) -> int:
+    if not gpu.remapped_rows_supported():
+        return codes.ERROR_NOT_SUPPORTED
     _out(correctable).value = gpu.remapped_correctable
     _out(uncorrectable).value = gpu.remapped_uncorrectable
     _out(pending).value = int(gpu.remap_pending)
@@ -588,7 +642,7 @@ def _remapped_rows(
 
 
 def _retired_pending(gpu: SimGpu, _now: float, out: Any) -> int:
-    if not gpu.ecc_enabled:
+    if not gpu.retired_pages_supported():
         return codes.ERROR_NOT_SUPPORTED
     _out(out).value = int(gpu.retired_pending)
     return codes.SUCCESS
@@ -614,8 +668,10 @@ def _set_persistence(gpu: SimGpu, _now: float, mode: Any) -> int:
 
 def _set_power_limit(gpu: SimGpu, now: float, limit: Any) -> int:
     wanted = _int(limit)
-    if not hardware.POWER_MIN_LIMIT_MW <= wanted <= hardware.POWER_MAX_LIMIT_MW:
+    low = round(gpu.profile.power_min_limit_w * 1000)
+    high = round(gpu.profile.power_max_limit_w * 1000)
+    if not low <= wanted <= high:
         return codes.ERROR_INVALID_ARGUMENT
-    gpu.settle_energy(now)
+    gpu.settle(now)
     gpu.power_limit_mw = wanted
     return codes.SUCCESS

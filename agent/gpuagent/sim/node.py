@@ -14,7 +14,8 @@ from gpuagent.inventory.model import HostFacts
 from gpuagent.sim.faults import FaultError, check_params
 from gpuagent.sim.host import host_facts
 from gpuagent.sim.library import SimulatedLibrary
-from gpuagent.sim.scenario import INIT_ERRORS, Fault, NodeSpec, Scenario, check_node
+from gpuagent.sim.replay import unknown_host_facts
+from gpuagent.sim.scenario import INIT_ERRORS, Fault, NodeHardware, Scenario, check_node
 from gpuagent.sim.state import INIT_ERROR_CODES, NodeState
 
 
@@ -31,11 +32,13 @@ class SimulatedNode:
     """
 
     def __init__(self, scenario: Scenario, *, clock: Callable[[], float] = time.monotonic) -> None:
-        check_node(scenario.node)
+        resolved = check_node(scenario)
         self.scenario = scenario
         # Scenarios built in code get the same checks and defaults as parsed ones.
-        faults = tuple(self._checked(fault, scenario.node) for fault in scenario.faults)
-        self._state = NodeState(dataclasses.replace(scenario, faults=faults), clock)
+        faults = tuple(
+            self._checked(fault, scenario.node.gpus, resolved) for fault in scenario.faults
+        )
+        self._state = NodeState(dataclasses.replace(scenario, faults=faults), resolved, clock)
         self._library = SimulatedLibrary(self._state)
         self._previous_library: object = None
         self._installed = False
@@ -47,6 +50,11 @@ class SimulatedNode:
     @property
     def library(self) -> SimulatedLibrary:
         return self._library
+
+    @property
+    def hardware(self) -> NodeHardware:
+        """The node's GPU model, and its node keys resolved against the model."""
+        return self._state.hardware
 
     # --- installing beneath pynvml -----------------------------------------------------
 
@@ -87,8 +95,9 @@ class SimulatedNode:
     def inject(self, kind: str, gpu: int, params: Mapping[str, object]) -> None:
         """Apply a fault to GPU ``gpu`` now; ValueError if it is not a valid fault."""
         self._check_gpu(gpu, self.gpu_count, f"cannot inject {kind!r}")
+        resolved = self._state.hardware
         try:
-            checked = check_params(kind, params, nvlinks=self._state.spec.nvlinks)
+            checked = check_params(kind, params, profile=resolved.profile, nvlinks=resolved.nvlinks)
         except FaultError as exc:
             raise ValueError(f"cannot inject {kind!r} on GPU {gpu}: {exc}") from None
         state = self._state
@@ -123,17 +132,19 @@ class SimulatedNode:
             if gpu.processes:
                 pids = ", ".join(str(pid) for pid in gpu.processes)
                 raise GpuResetError(f"GPU {index} is in use by processes {pids}")
-            gpu.settle_energy(now)
+            gpu.settle(now)
             gpu.reset()
             state.cond.notify_all()  # callers waiting out a hang may go on
 
     def host_facts(self) -> HostFacts:
         """What sysfs, procfs and systemd would say about this node (for the inventory),
         without the GPUs a `pci_remove` fault took off the bus."""
+        if self.scenario.capture is not None:
+            return unknown_host_facts()  # a capture holds no sysfs, modules or services
         with self._state.cond:
             self._tick()
             off_bus = frozenset(g.index for g in self._state.gpus if not g.on_pci_bus)
-        return host_facts(self.scenario.node, off_bus)
+        return host_facts(self.scenario.node, self._state.hardware.profile, off_bus)
 
     # --- introspection -------------------------------------------------------------------
 
@@ -178,10 +189,12 @@ class SimulatedNode:
         return now
 
     @classmethod
-    def _checked(cls, fault: Fault, node: NodeSpec) -> Fault:
-        cls._check_gpu(fault.gpu, node.gpus, f"fault {fault.kind!r}")
+    def _checked(cls, fault: Fault, gpus: int, resolved: NodeHardware) -> Fault:
+        cls._check_gpu(fault.gpu, gpus, f"fault {fault.kind!r}")
         try:
-            params = check_params(fault.kind, fault.param_dict(), nvlinks=node.nvlinks)
+            params = check_params(
+                fault.kind, fault.param_dict(), profile=resolved.profile, nvlinks=resolved.nvlinks
+            )
         except FaultError as exc:
             raise ValueError(f"fault {fault.kind!r} on GPU {fault.gpu}: {exc}") from None
         return dataclasses.replace(fault, params=tuple(params.items()))

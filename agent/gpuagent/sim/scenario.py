@@ -2,6 +2,8 @@
 
 Validation matches the agent configuration: unknown keys and wrong types are rejected with
 a `ConfigError` naming the dotted key (``fault[2].kind``, faults counted from 0) and line.
+The node's GPU model (`[node] model`, a key or product name of `gpuagent.sim.catalog`)
+decides what its GPUs report; node keys left out take the model's values.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ from typing import Any, Literal
 
 from gpuagent.config import ConfigError, build_dataclass, find_line, parse_toml, read_text
 from gpuagent.inventory.model import ServiceState
-from gpuagent.sim import hardware
+from gpuagent.sim import catalog, hardware
 from gpuagent.sim.faults import FaultError, ParamValue, check_params
+from gpuagent.sim.profiles import GpuProfile
+from gpuagent.sim.replay import profile_for
+from gpuagent.smi import Capture, CaptureError, load_capture
 
 InitError = Literal[
     "driver_not_loaded",
@@ -27,28 +32,30 @@ InitError = Literal[
 ]
 INIT_ERRORS: tuple[InitError, ...] = typing.get_args(InitError)
 
-_NAME_BUFFER = 96  # NVML_DEVICE_NAME_V2_BUFFER_SIZE, with its terminating NUL
 _VERSION_BUFFER = 80  # NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE
 _DRIVER_VERSION_RE = re.compile(r"^\d{3}\.\d{2,3}(\.\d{2,3})?$")
+_CUDA_RE = re.compile(r"^(\d+)\.(\d+)")
 
 
 @dataclass(frozen=True)
 class NodeSpec:
     gpus: int = 8
-    model: str = "NVIDIA H100 80GB HBM3"
+    # A catalog key ("h100-sxm") or the product name NVML reports ("NVIDIA H100 80GB HBM3").
+    model: str = catalog.DEFAULT.key
     driver_version: str = "550.54.15"
     cuda_driver_version: int = 12040
     nvml_version: str = ""  # empty: "<CUDA major>.<driver_version>", e.g. "12.550.54.15"
     init_error: InitError | None = None
     seed: int = 0
-    nvlinks: int = hardware.MAX_NVLINKS
+    nvlinks: int | None = None  # None: the model's
     mig_mode: bool = False
     # GPU instances on every GPU while MIG mode is on, by profile name ("1g.10gb").
     mig_profiles: list[str] = field(default_factory=list)
-    ecc: bool = True
+    ecc: bool | None = None  # None: the mode the model ships with
     persistence: bool = True
-    vbios_version: str = hardware.VBIOS_VERSION
-    # Empty: the driver version (GSP firmware ships with the driver); "none": no GSP.
+    vbios_version: str = ""  # empty: the model's
+    # Empty: the driver version (GSP firmware ships with the driver) on models that run
+    # GSP firmware, not supported on the others; "none": not supported (GSP off).
     gsp_firmware_version: str = ""
     # The host side (sysfs, procfs, systemd), for the inventory.
     module_version: str = ""  # /sys/module/nvidia/version; empty: driver_version
@@ -62,6 +69,9 @@ class NodeSpec:
     fabricmanager: ServiceState = "not_installed"
     kernel_release: str = "6.1.0-18-amd64"
     os_release: str = "Debian GNU/Linux 12 (bookworm)"
+    # An `nvidia-smi -q` (or `-q -x`) capture to serve instead (relative to the scenario
+    # file): the capture describes the node, so no other [node] key may be set with it.
+    nvidia_smi: str = ""
 
     @property
     def resolved_nvml_version(self) -> str:
@@ -72,10 +82,20 @@ class NodeSpec:
         return self.module_version or self.driver_version
 
     @property
-    def resolved_gsp_firmware_version(self) -> str | None:
-        if self.gsp_firmware_version == "none":
-            return None
-        return self.gsp_firmware_version or self.driver_version
+    def driver_major(self) -> int:
+        return int(self.driver_version.split(".", 1)[0])
+
+
+@dataclass(frozen=True)
+class NodeHardware:
+    """What the node's GPUs are: the model, and the node keys resolved against it."""
+
+    profile: GpuProfile
+    name: str  # what nvmlDeviceGetName returns
+    nvlinks: int
+    ecc: bool
+    vbios_version: str
+    gsp_firmware_version: str | None  # None: not supported
 
 
 @dataclass(frozen=True)
@@ -95,13 +115,83 @@ class Fault:
 class Scenario:
     node: NodeSpec = field(default_factory=NodeSpec)
     faults: tuple[Fault, ...] = ()
+    # A GPU model built in code (for example from a capture): used instead of node.model.
+    profile: GpuProfile | None = None
+    # A captured host to serve (see gpuagent.sim.replay): its GPUs, values and N/As.
+    capture: Capture | None = None
+
+
+def replay_scenario(
+    capture: Capture, faults: tuple[Fault, ...] = (), *, source: str = ""
+) -> Scenario:
+    """The scenario that serves ``capture``'s host (read from ``source``), with ``faults``."""
+    first = capture.gpus[0]
+    profile = profile_for(first)
+    found = catalog.find_profile(first.product_name)
+    node = NodeSpec(
+        gpus=len(capture.gpus),
+        model=(found[0] if found else catalog.DEFAULT).key,
+        driver_version=capture.driver_version,
+        cuda_driver_version=_cuda_version(capture.cuda_version),
+        nvlinks=0,
+        ecc=bool(first.ecc_current) if first.ecc_current is not None else None,
+        persistence=bool(first.persistence_mode),
+        vbios_version=first.vbios_version or "",
+        gsp_firmware_version=first.gsp_firmware_version or "none",
+        fabric_state="not_supported",
+        nvidia_smi=source,
+    )
+    return Scenario(node=node, faults=faults, profile=profile, capture=capture)
+
+
+def _cuda_version(text: str | None) -> int:
+    """CUDA's integer form ("12.2" → 12020); a capture without one gets 12.0."""
+    match = _CUDA_RE.match(text or "")
+    return int(match[1]) * 1000 + int(match[2]) * 10 if match else 12000
+
+
+def node_hardware(scenario: Scenario) -> NodeHardware:
+    """The scenario's GPU model and node keys resolved against it; ConfigError naming
+    ``node.model`` for a model the catalog does not know."""
+    return _hardware(scenario.node, scenario.profile, "")
+
+
+def _hardware(node: NodeSpec, profile: GpuProfile | None, text: str) -> NodeHardware:
+    if profile is None:
+        found = catalog.find_profile(node.model)
+        if found is None:
+            raise ConfigError(
+                f"unknown GPU model {node.model!r} (known: {', '.join(catalog.KEYS)}, or a"
+                " model's product name)",
+                key="node.model",
+                line=find_line(text, "node.model") if text else None,
+            )
+        profile, name = found
+    else:
+        name = profile.name
+    if node.gsp_firmware_version == "none":
+        gsp: str | None = None
+    elif node.gsp_firmware_version:
+        gsp = node.gsp_firmware_version
+    else:
+        gsp = node.driver_version if profile.gsp_firmware else None
+    return NodeHardware(
+        profile=profile,
+        name=name,
+        nvlinks=profile.nvlinks if node.nvlinks is None else node.nvlinks,
+        ecc=profile.ecc_default if node.ecc is None else node.ecc,
+        vbios_version=node.vbios_version or profile.vbios_version,
+        gsp_firmware_version=gsp,
+    )
 
 
 def load_scenario(path: Path) -> Scenario:
-    return parse_scenario(read_text(path))
+    return parse_scenario(read_text(path), base=path.parent)
 
 
-def parse_scenario(text: str) -> Scenario:
+def parse_scenario(text: str, base: Path | None = None) -> Scenario:
+    """A scenario from its TOML; ``base`` is where a relative `node.nvidia_smi` is found
+    (the scenario file's directory; else the working directory)."""
     data = parse_toml(text)
     for key in data:
         if key not in ("node", "fault"):
@@ -112,27 +202,55 @@ def parse_scenario(text: str) -> Scenario:
     if not isinstance(node_table, dict):
         raise ConfigError("expected a table", key="node", line=find_line(text, "node"))
     node = build_dataclass(NodeSpec, node_table, text, prefix="node.")
-    _check_node(node, text)
+    scenario = Scenario(node=node)
+    if node.nvidia_smi:
+        scenario = _replayed(node_table, text, base or Path())
+    node = scenario.node
+    hardware_ = _hardware(node, scenario.profile, text)
+    _check_node(node, hardware_, text)
     fault_tables = data.get("fault", [])
     if not isinstance(fault_tables, list) or not all(isinstance(t, dict) for t in fault_tables):
         raise ConfigError("expected [[fault]] tables", key="fault", line=find_line(text, "fault"))
-    faults = tuple(_parse_fault(i, t, node, text) for i, t in enumerate(fault_tables))
-    return Scenario(node=node, faults=faults)
+    faults = tuple(_parse_fault(i, t, node, hardware_, text) for i, t in enumerate(fault_tables))
+    return Scenario(node=node, faults=faults, profile=scenario.profile, capture=scenario.capture)
 
 
-def check_node(node: NodeSpec) -> None:
-    """Raise ConfigError (naming the ``node.`` key) when ``node`` cannot be simulated."""
-    _check_node(node, "")
+def _replayed(table: dict[str, Any], text: str, base: Path) -> Scenario:
+    """`[node] nvidia_smi = FILE`: the node is the captured host, and nothing else."""
+    others = sorted(key for key in table if key != "nvidia_smi")
+    if others:
+        key = f"node.{others[0]}"
+        raise ConfigError(
+            "cannot be set with node.nvidia_smi: the capture describes the node",
+            key=key,
+            line=find_line(text, key),
+        )
+    path = base / str(table["nvidia_smi"])
+    try:
+        capture = load_capture(path)
+    except CaptureError as exc:
+        raise ConfigError(
+            f"{path}: {exc}", key="node.nvidia_smi", line=find_line(text, "node.nvidia_smi")
+        ) from None
+    return replay_scenario(capture, source=str(path))
 
 
-def _check_node(node: NodeSpec, text: str) -> None:
-    layout_problem = hardware.mig_layout_problem(node.mig_profiles)
+def check_node(scenario: Scenario) -> NodeHardware:
+    """The node's hardware; ConfigError (naming the ``node.`` key) when the scenario's
+    node cannot be simulated."""
+    resolved = node_hardware(scenario)
+    _check_node(scenario.node, resolved, "")
+    return resolved
+
+
+def _check_node(node: NodeSpec, resolved: NodeHardware, text: str) -> None:
+    profile = resolved.profile
+    most = profile.max_gpus
     problems = (
-        ("gpus", not 1 <= node.gpus <= hardware.MAX_GPUS, f"must be 1..{hardware.MAX_GPUS}"),
-        ("nvlinks", not 0 <= node.nvlinks <= hardware.MAX_NVLINKS,
+        ("gpus", not 1 <= node.gpus <= most,
+         f"must be 1..{most} ({profile.key} layouts)"),
+        ("nvlinks", not 0 <= resolved.nvlinks <= hardware.MAX_NVLINKS,
          f"must be 0..{hardware.MAX_NVLINKS}"),
-        ("model", not 0 < len(node.model.encode()) < _NAME_BUFFER,
-         f"must be 1..{_NAME_BUFFER - 1} bytes"),
         ("driver_version", not _DRIVER_VERSION_RE.match(node.driver_version),
          'must look like "550.54.15"'),
         ("cuda_driver_version", not 1000 <= node.cuda_driver_version <= 99999,
@@ -142,11 +260,18 @@ def _check_node(node: NodeSpec, text: str) -> None:
         ("seed", node.seed < 0, "must not be negative"),
         ("module_version", bool(node.module_version)
          and not _DRIVER_VERSION_RE.match(node.module_version), 'must look like "550.54.15"'),
-        ("pci_only_gpus", not 0 <= node.pci_only_gpus <= hardware.MAX_GPUS - node.gpus,
-         f"must be 0..{hardware.MAX_GPUS} minus node.gpus"),
+        ("pci_only_gpus", not 0 <= node.pci_only_gpus <= most - node.gpus,
+         f"must be 0..{most} minus node.gpus"),
         ("nvswitches", not 0 <= node.nvswitches <= len(hardware.NVSWITCH_BUSES),
          f"must be 0..{len(hardware.NVSWITCH_BUSES)}"),
-        ("mig_profiles", layout_problem is not None, layout_problem or ""),
+        ("nvswitches", node.nvswitches > 0 and profile.nvswitch_device_id is None,
+         f"the {profile.name} is not on an NVSwitch baseboard"),
+        ("ecc", resolved.ecc and not profile.ecc, f"the {profile.name} has no ECC"),
+        ("mig_mode", node.mig_mode and not profile.mig, f"the {profile.name} has no MIG"),
+        ("mig_profiles", (problem := profile.mig_layout_problem(node.mig_profiles)) is not None,
+         problem or ""),
+        ("fabric_state", node.fabric_state != "not_supported" and not profile.fabric,
+         f"the {profile.name} is not in an NVSwitch fabric"),
     )  # fmt: skip
     for key, bad, message in problems:
         if bad:
@@ -154,7 +279,9 @@ def _check_node(node: NodeSpec, text: str) -> None:
             raise ConfigError(message, key=dotted, line=find_line(text, dotted) if text else None)
 
 
-def _parse_fault(index: int, table: dict[str, Any], node: NodeSpec, text: str) -> Fault:
+def _parse_fault(
+    index: int, table: dict[str, Any], node: NodeSpec, resolved: NodeHardware, text: str
+) -> Fault:
     prefix = f"fault[{index}]"
 
     def error(key: str, message: str) -> ConfigError:
@@ -179,7 +306,7 @@ def _parse_fault(index: int, table: dict[str, Any], node: NodeSpec, text: str) -
         raise error("at", "must not be negative")
     given = {k: v for k, v in table.items() if k not in ("kind", "gpu", "at")}
     try:
-        params = check_params(kind, given, nvlinks=node.nvlinks)
+        params = check_params(kind, given, profile=resolved.profile, nvlinks=resolved.nvlinks)
     except FaultError as exc:
         raise error(exc.key, exc.problem) from None
     return Fault(kind=kind, gpu=gpu, at=float(at), params=tuple(params.items()))

@@ -18,7 +18,8 @@ from gpuagent.sim import codes, hardware
 from gpuagent.sim.events import EventSet
 from gpuagent.sim.faults import KINDS, ParamValue
 from gpuagent.sim.gpu import SimGpu
-from gpuagent.sim.scenario import Scenario
+from gpuagent.sim.replay import replayed_gpu
+from gpuagent.sim.scenario import NodeHardware, Scenario
 
 INIT_ERROR_CODES: dict[str, int] = {
     "driver_not_loaded": codes.ERROR_DRIVER_NOT_LOADED,
@@ -38,24 +39,33 @@ _WAIT_SLICE_SECONDS = 0.1
 
 
 class NodeState:
-    def __init__(self, scenario: Scenario, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, scenario: Scenario, resolved: NodeHardware, clock: Callable[[], float]
+    ) -> None:
         spec = scenario.node
         self.spec = spec
+        self.hardware = resolved
         self.clock = clock
         self.start = clock()
         self.cond = threading.Condition(threading.Lock())
-        self.gpus = [
-            SimGpu(
-                hardware.make_identity(spec.seed, index, bus),
-                model=spec.model,
-                nvlinks=spec.nvlinks,
-                ecc=spec.ecc,
-                persistence=spec.persistence,
-                mig_mode=spec.mig_mode,
-                mig_profiles=tuple(spec.mig_profiles),
-            )
-            for index, bus in enumerate(hardware.bus_numbers(spec.gpus))
-        ]
+        self.gpus = (
+            self._replayed(scenario)
+            if scenario.capture
+            else [
+                SimGpu(
+                    hardware.make_identity(spec.seed, index, bus, device),
+                    profile=resolved.profile,
+                    name=resolved.name,
+                    driver_major=spec.driver_major,
+                    nvlinks=resolved.nvlinks,
+                    ecc=resolved.ecc,
+                    persistence=spec.persistence,
+                    mig_mode=spec.mig_mode,
+                    mig_profiles=tuple(spec.mig_profiles),
+                )
+                for index, (bus, device) in enumerate(resolved.profile.slots(spec.gpus))
+            ]
+        )
         for gpu in self.gpus:
             gpu.fabric_state = codes.FABRIC_STATES[spec.fabric_state]
         self.by_address = {ctypes.addressof(g.device): g for g in self.gpus}
@@ -67,6 +77,12 @@ class NodeState:
         self.counts: dict[str, int] = {}
         self.per_device = [0] * len(self.gpus)
         self.event_sets: dict[int, EventSet] = {}
+
+    @staticmethod
+    def _replayed(scenario: Scenario) -> list[SimGpu]:
+        capture, spec = scenario.capture, scenario.node
+        assert capture is not None
+        return [replayed_gpu(gpu, index, spec) for index, gpu in enumerate(capture.gpus)]
 
     def elapsed(self) -> float:
         return self.clock() - self.start
@@ -86,10 +102,14 @@ class NodeState:
     def apply(
         self, kind: str, gpu: SimGpu, params: Mapping[str, ParamValue], at: float, now: float
     ) -> None:
-        gpu.settle_energy(now)  # energy so far was drawn at the old load
+        # Energy and throttle time so far accrued at the old state. A scheduled fault
+        # applied late still changes the state from its own time: nothing read the GPU
+        # in between, since every call applies the faults due first.
+        gpu.settle(min(at, now))
         for event_type, data in KINDS[kind].apply(gpu, params, at):
             for event_set in self.event_sets.values():
                 event_set.offer(gpu, event_type, data)
+        gpu.readings = gpu.readings.after_fault(kind)
         self.cond.notify_all()  # waiters re-check: a hang may be over, an event queued
 
     # --- call gates (lock held) ---------------------------------------------------------

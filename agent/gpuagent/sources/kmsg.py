@@ -130,7 +130,7 @@ class KmsgSource:
             except BlockingIOError:
                 await _readable(fd)
                 continue
-            self._lines(data)
+            self.feed(data)
 
     # --- regular file: followed like `tail -f` ---------------------------------------------
 
@@ -139,14 +139,16 @@ class KmsgSource:
             while True:
                 data = stream.read(_READ_SIZE)
                 if data:
-                    self._lines(data)
+                    self.feed(data)
                     continue
                 if ready is not None:
                     ready()
                     ready = None
                 await asyncio.sleep(_FILE_FOLLOW_SECONDS)
 
-    def _lines(self, data: bytes) -> None:
+    def feed(self, data: bytes) -> None:
+        """Turn a chunk of kernel-log text (records or plain lines) into events; a line
+        left incomplete waits for the next chunk."""
         self._buffer += data
         *lines, self._buffer = self._buffer.split(b"\n")
         for line in lines:

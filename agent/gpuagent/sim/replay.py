@@ -1,0 +1,324 @@
+"""A captured host, served beneath NVML: the simulated GPUs answer what `nvidia-smi -q` said.
+
+Each captured GPU becomes a simulated GPU of its own profile: the catalog's model of the
+same name (or the default one, for a model the catalog lacks) with everything the capture
+shows put in its place, and every value the capture shows as N/A marked unsupported, so
+NVML answers NOT_SUPPORTED for it, never an invented value. Counters, modes, the PCIe
+link, MIG instances, the fabric state and the processes start as captured; temperatures,
+power, utilization, clocks, P-state and clock event reasons stay exactly as captured
+(`CapturedReadings`) until a fault changes what they depend on, when the profile's live
+model takes over. What the capture cannot say is not invented either: it shows no
+NVLinks and no throttle-duration counters (`nvidia-smi -q` prints neither), and the
+host's services, PCI tree and kernel modules are unknown (`unknown_host_facts`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from typing import TYPE_CHECKING
+
+import pynvml
+
+from gpuagent.inventory.model import FABRIC_MANAGER, KNOWN_MODULES, PERSISTENCED, HostFacts, Service
+from gpuagent.sim import catalog, codes, hardware
+from gpuagent.sim.gpu import SimGpu, SimGpuInstance, SimProcess, make_instances
+from gpuagent.sim.readings import LiveReadings
+
+if TYPE_CHECKING:
+    from gpuagent.sim.profiles import GpuProfile
+    from gpuagent.sim.scenario import NodeSpec
+    from gpuagent.smi import CapturedGpu, ClockEventReasons
+
+_BUS_ID_RE = re.compile(r"^[0-9a-fA-F]{4,8}:([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.[0-7]$")
+# Faults that change what the captured readings depend on (load, heat, clocks, limits):
+# after one, the GPU's readings follow the profile's live model.
+LIVE_AFTER = frozenset(
+    {"process", "process_exit", "throttle", "app_clocks", "power_limit", "clear", "temperature"}
+)
+_REASON_BITS = (
+    ("idle", codes.REASON_GPU_IDLE),
+    ("applications_clocks", codes.REASON_APPLICATIONS_CLOCKS),
+    ("sw_power_cap", codes.REASON_SW_POWER_CAP),
+    ("hw_slowdown", codes.REASON_HW_SLOWDOWN),
+    ("sync_boost", codes.REASON_SYNC_BOOST),
+    ("sw_thermal_slowdown", codes.REASON_SW_THERMAL),
+    ("hw_thermal_slowdown", codes.REASON_HW_THERMAL),
+    ("hw_power_brake_slowdown", codes.REASON_POWER_BRAKE),
+    ("display_clocks", pynvml.nvmlClocksEventReasonDisplayClockSetting),
+)
+
+
+def _mib(value: float | None, fallback: int) -> int:
+    return fallback if value is None else round(value)
+
+
+def _thresholds(gpu: CapturedGpu, base: GpuProfile) -> dict[str, object]:
+    """Absolute thresholds; a T.Limit capture gives them as degrees beyond the max
+    operating point, which is the current temperature plus the margin."""
+    limits = gpu.thresholds
+    if not limits.tlimit:
+        return {
+            "temperature_shutdown_c": _degrees(limits.shutdown, base.temperature_shutdown_c),
+            "temperature_slowdown_c": _degrees(limits.slowdown, base.temperature_slowdown_c),
+            "temperature_gpu_max_c": _degrees(limits.gpu_max, base.temperature_gpu_max_c),
+            "temperature_memory_max_c": None
+            if limits.memory_max is None
+            else round(limits.memory_max),
+            "tlimit_fields": False,
+        }
+    point = base.temperature_gpu_max_c
+    if limits.margin is not None and gpu.temperature_c is not None:
+        point = round(gpu.temperature_c + limits.margin)
+
+    def beyond(value: float | None, fallback: int) -> int:
+        return fallback if value is None else round(point - value)
+
+    return {
+        "temperature_shutdown_c": beyond(limits.shutdown, base.temperature_shutdown_c),
+        "temperature_slowdown_c": beyond(limits.slowdown, base.temperature_slowdown_c),
+        "temperature_gpu_max_c": beyond(limits.gpu_max, base.temperature_gpu_max_c),
+        # The memory's T.Limit point is its own, which the capture does not give.
+        "temperature_memory_max_c": base.temperature_memory_max_c,
+        "tlimit_fields": True,
+    }
+
+
+def _degrees(value: float | None, fallback: int) -> int:
+    return fallback if value is None else round(value)
+
+
+def profile_for(gpu: CapturedGpu) -> GpuProfile:
+    """The catalog's model of this GPU with what the capture shows put in its place."""
+    found = catalog.find_profile(gpu.product_name)
+    base = found[0] if found else catalog.DEFAULT
+    power_limit = gpu.power_limit_w
+    memory_offset = None
+    if gpu.memory_temperature_c is not None and gpu.temperature_c is not None:
+        memory_offset = gpu.memory_temperature_c - gpu.temperature_c
+    return dataclasses.replace(
+        base,
+        key=base.key if found else f"captured:{gpu.product_name}",
+        name=gpu.product_name,
+        architecture=gpu.architecture or base.architecture,
+        pci_device_id=gpu.pci_device_id if gpu.pci_device_id is not None else base.pci_device_id,
+        pci_subsystem_id=gpu.pci_subsystem_id
+        if gpu.pci_subsystem_id is not None
+        else base.pci_subsystem_id,
+        vbios_version=gpu.vbios_version or base.vbios_version,
+        inforom_version=gpu.inforom_image_version or base.inforom_version,
+        memory_total_mib=_mib(gpu.fb_total_mib, base.memory_total_mib),
+        memory_reserved_mib=_mib(gpu.fb_reserved_mib, base.memory_reserved_mib),
+        power_default_limit_w=gpu.power_default_limit_w
+        or power_limit
+        or base.power_default_limit_w,
+        power_min_limit_w=gpu.power_min_limit_w or base.power_min_limit_w,
+        power_max_limit_w=gpu.power_max_limit_w or power_limit or base.power_max_limit_w,
+        memory_temperature_offset_c=memory_offset,
+        **_thresholds(gpu, base),  # type: ignore[arg-type]
+        sm_clock_max_mhz=gpu.max_clock_sm_mhz or base.sm_clock_max_mhz,
+        memory_clock_max_mhz=gpu.max_clock_memory_mhz or base.memory_clock_max_mhz,
+        video_clock_max_mhz=gpu.max_clock_video_mhz or base.video_clock_max_mhz,
+        applications_clock_mhz=gpu.default_applications_clock_graphics_mhz,
+        pcie_max_generation=gpu.pcie_generation_max or base.pcie_max_generation,
+        pcie_max_width=gpu.pcie_width_max or base.pcie_max_width,
+        nvlinks=0,
+        ecc=gpu.ecc_current is not None,
+        ecc_default=bool(gpu.ecc_current),
+        retired_pages=gpu.retired_pages_sbe is not None,
+        row_remapping=gpu.remapped_rows_correctable is not None,
+        # The capture already says whether rows are N/A under its MIG mode.
+        row_remapping_under_mig=True,
+        gsp_firmware=gpu.gsp_firmware_version is not None,
+        fabric=gpu.fabric_state is not None,
+        violation_counters=False,
+        codec_utilization=gpu.utilization_encoder_pct is not None,
+        serial_number=gpu.serial is not None,
+        brand=codes.BRANDS.get((gpu.product_brand or "").strip().casefold(), base.brand),
+        fan_idle_pct=None if gpu.fan_speed_pct is None else round(gpu.fan_speed_pct),
+    )
+
+
+def reason_mask(reasons: ClockEventReasons | None) -> int | None:
+    """The NVML bitmask of the captured clock event reasons; None when not captured."""
+    if reasons is None:
+        return None
+    return sum(bit for name, bit in _REASON_BITS if getattr(reasons, name))
+
+
+class CapturedReadings(LiveReadings):
+    """The readings as captured; the live model answers what the capture does not give."""
+
+    def __init__(self, gpu: SimGpu, captured: CapturedGpu) -> None:
+        super().__init__(gpu)
+        self._captured = captured
+        self._reasons = reason_mask(captured.clock_event_reasons)
+
+    def after_fault(self, kind: str) -> LiveReadings:
+        return LiveReadings(self._gpu) if kind in LIVE_AFTER else self
+
+    def utilization(self, now: float) -> float:
+        value = self._captured.utilization_gpu_pct
+        return super().utilization(now) if value is None else value
+
+    def memory_utilization(self, now: float) -> float:
+        value = self._captured.utilization_memory_pct
+        return super().memory_utilization(now) if value is None else value
+
+    def power_demand_mw(self, now: float) -> float:
+        value = self._captured.power_draw_w
+        return super().power_demand_mw(now) if value is None else value * 1000.0
+
+    def temperature(self, now: float) -> float:
+        value = self._captured.temperature_c
+        return super().temperature(now) if value is None else value
+
+    def memory_temperature(self, now: float) -> float | None:
+        value = self._captured.memory_temperature_c
+        return super().memory_temperature(now) if value is None else value
+
+    def fan_speed_pct(self, now: float) -> int | None:
+        value = self._captured.fan_speed_pct
+        return super().fan_speed_pct(now) if value is None else round(value)
+
+    def clock_event_reasons(self, now: float) -> int:
+        return super().clock_event_reasons(now) if self._reasons is None else self._reasons
+
+    def sm_clock_mhz(self, now: float) -> int:
+        value = self._captured.clock_sm_mhz
+        return super().sm_clock_mhz(now) if value is None else value
+
+    def memory_clock_mhz(self, now: float) -> int:
+        value = self._captured.clock_memory_mhz
+        return super().memory_clock_mhz(now) if value is None else value
+
+    def video_clock_mhz(self, now: float) -> int:
+        value = self._captured.clock_video_mhz
+        return super().video_clock_mhz(now) if value is None else value
+
+    def performance_state(self, now: float) -> int:
+        value = self._captured.performance_state
+        return super().performance_state(now) if value is None else value
+
+    def pcie_generation(self, now: float) -> int:
+        value = self._captured.pcie_generation_current
+        live = super().pcie_generation(now)
+        return live if value is None else min(value, self._gpu.pcie_generation_limit)
+
+
+def _slot(bus_id: str, index: int) -> tuple[int, int]:
+    match = _BUS_ID_RE.match(bus_id)
+    if match is None:  # the parser checked it; a made-up slot beats a crash
+        return index + 1, 0
+    return int(match[1], 16), int(match[2], 16)
+
+
+def replayed_gpu(
+    captured: CapturedGpu, index: int, spec: NodeSpec, profile: GpuProfile | None = None
+) -> SimGpu:
+    """A simulated GPU that starts exactly as ``captured``."""
+    profile = profile or profile_for(captured)
+    bus, device = _slot(captured.bus_id, index)
+    board = dataclasses.replace(
+        hardware.make_identity(spec.seed, index, bus, device),
+        uuid=captured.uuid or hardware.make_identity(spec.seed, index, bus, device).uuid,
+        serial=captured.serial or "",
+        temperature_offset=0.0,
+    )
+    gpu = SimGpu(
+        board,
+        profile=profile,
+        name=captured.product_name,
+        driver_major=spec.driver_major,
+        nvlinks=0,
+        ecc=bool(captured.ecc_current),
+        persistence=bool(captured.persistence_mode),
+        mig_mode=bool(captured.mig_current),
+    )
+    _start_state(gpu, captured)
+    gpu.readings = CapturedReadings(gpu, captured)
+    return gpu
+
+
+def _start_state(gpu: SimGpu, captured: CapturedGpu) -> None:
+    gpu.ecc_pending = bool(
+        captured.ecc_pending if captured.ecc_pending is not None else gpu.ecc_enabled
+    )
+    gpu.mig_pending = bool(
+        captured.mig_pending if captured.mig_pending is not None else gpu.mig_mode
+    )
+    gpu.ecc_sbe_volatile = captured.ecc_corrected_volatile or 0
+    gpu.ecc_dbe_volatile = captured.ecc_uncorrected_volatile or 0
+    gpu.ecc_sbe_aggregate = captured.ecc_corrected_aggregate or 0
+    gpu.ecc_dbe_aggregate = captured.ecc_uncorrected_aggregate or 0
+    gpu.retired_sbe = captured.retired_pages_sbe or 0
+    gpu.retired_dbe = captured.retired_pages_dbe or 0
+    gpu.retired_pending = bool(captured.retired_pages_pending)
+    gpu.remapped_correctable = captured.remapped_rows_correctable or 0
+    gpu.remapped_uncorrectable = captured.remapped_rows_uncorrectable or 0
+    gpu.remap_pending = bool(captured.remapped_rows_pending)
+    gpu.remap_failure = bool(captured.remapped_rows_failure)
+    gpu.pcie_replays = captured.pcie_replays or 0
+    if captured.pcie_width_current is not None:
+        gpu.pcie_width = captured.pcie_width_current
+    if captured.power_limit_w is not None:
+        gpu.power_limit_mw = round(captured.power_limit_w * 1000)
+    gpu.applications_clock_mhz = captured.applications_clock_graphics_mhz
+    gpu.fabric_state, gpu.fabric_status = _fabric(captured)
+    gpu.mig_instances = _mig_instances(gpu, captured)
+    gpu.default_mig_profiles = tuple(i.profile.name for i in gpu.mig_instances)
+    gpu.processes = {
+        p.pid: SimProcess(p.pid, p.name, round((p.used_mib or 0) * hardware.MIB))
+        for p in captured.processes
+    }
+
+
+_FABRIC_STATES = {
+    "not started": codes.FABRIC_STATES["not_started"],
+    "in progress": codes.FABRIC_STATES["in_progress"],
+    "completed": codes.FABRIC_STATES["completed"],
+}
+
+
+def _fabric(captured: CapturedGpu) -> tuple[int, int]:
+    state = _FABRIC_STATES.get((captured.fabric_state or "").strip().lower())
+    if state is None:
+        return codes.FABRIC_STATE_NOT_SUPPORTED, codes.SUCCESS
+    ok = (captured.fabric_status or "success").strip().lower() == "success"
+    return state, codes.SUCCESS if ok else codes.ERROR_UNKNOWN
+
+
+def _mig_instances(gpu: SimGpu, captured: CapturedGpu) -> list[SimGpuInstance]:
+    """The captured MIG devices' GPU instances, by the profile whose memory and slice count
+    match (an instance the model's table does not have is left out)."""
+    profile = gpu.profile
+    names: list[str] = []
+    for device in captured.mig_devices:
+        per_slice = profile.mig_sms_per_slice or 1
+        slices = round((device.multiprocessor_count or per_slice) / per_slice)
+        match = next(
+            (
+                p
+                for p in profile.mig_profiles
+                if p.slices == slices
+                and (
+                    device.memory_total_mib is None
+                    or abs(p.memory_mib - device.memory_total_mib) < 512
+                )
+            ),
+            None,
+        )
+        if match is not None:
+            names.append(match.name)
+    return make_instances(profile, tuple(names)) if gpu.mig_mode else []
+
+
+def unknown_host_facts() -> HostFacts:
+    """A captured host's side the capture does not show: every fact unknown."""
+    return HostFacts(
+        pci=None,
+        modules=tuple((name, None) for name in KNOWN_MODULES),
+        services=(Service(PERSISTENCED, "unknown"), Service(FABRIC_MANAGER, "unknown")),
+        collected_at=time.time(),
+    )

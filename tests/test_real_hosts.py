@@ -1,0 +1,256 @@
+"""Real hosts: every `nvidia-smi -q` capture in tests/data/real-hosts replayed and judged.
+
+What a person reading each capture would conclude is what the agent must say: nothing on
+the healthy idle H100 and RTX 4090 hosts (whatever throttle bits and PCIe replay counts
+they carry), persistence mode where it is off, the A10's pending row remap; and a replayed
+host exports only the values that host supports.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from conftest import DaemonProcess, run_cli
+from gpuagent.model import Finding, NodeSnapshot, Severity
+from gpuagent.statusview import status_document
+from hardware_profiles_doc import CAPTURES, REAL_HOSTS, collect, judge
+
+# capture → (exit code, {(GPU index or None for the node, check): severity} of every
+# finding that is not OK).
+EXPECTED: dict[str, tuple[int, dict[tuple[int | None, str], str]]] = {
+    "h100-sxm-x8.535.161.08.nvidia-smi-q.txt": (0, {}),
+    "h100-sxm-x8.535.183.01.nvidia-smi-q.txt": (0, {}),
+    "a10.535.129.03.nvidia-smi-q.txt": (1, {(0, "row_remap"): "WARN"}),
+    "a100-sxm4-x4-mig.535.54.03.nvidia-smi-q.xml": (1, {(0, "persistence"): "WARN"}),
+    "a10g.nvidia-smi-q.xml": (1, {(0, "persistence"): "WARN"}),
+    "rtx4090-x8.535.154.05.nvidia-smi-q.txt": (0, {}),
+    "rtx4090-x8-busy.535.154.05.nvidia-smi-q.txt": (0, {}),
+    "titan-v.560.35.03.nvidia-smi-q.txt": (1, {(0, "persistence"): "WARN"}),
+}
+
+
+def test_every_capture_has_an_expectation() -> None:
+    assert sorted(EXPECTED) == sorted(p.name for p in CAPTURES)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_replayed_capture_gets_the_judgement_a_person_would_give(name: str) -> None:
+    code, problems = EXPECTED[name]
+    verdict = judge(REAL_HOSTS / name)
+    assert (verdict.exit_code, verdict.problems) == (code, problems)
+
+
+def _finding(snapshot: NodeSnapshot, index: int, check: str) -> Finding:
+    bus_id = snapshot.gpus[index].identity.pci_bus_id
+    return next(f for f in snapshot.health.for_gpu(bus_id) if f.check == check)
+
+
+def test_idle_h100_throttle_bits_are_shown_but_not_a_finding() -> None:
+    snapshot = collect(REAL_HOSTS / "h100-sxm-x8.535.161.08.nvidia-smi-q.txt")
+    for index in range(8):
+        thermal = _finding(snapshot, index, "thermal")
+        assert thermal.severity is Severity.OK
+        assert "hw_slowdown, hw_power_brake asserted, not costing performance" in thermal.reason
+    # 67 PCIe replays since boot: a count, not a rate, so nothing to judge from one capture.
+    pcie = _finding(snapshot, 0, "pcie")
+    assert pcie.severity is Severity.OK
+    assert pcie.evidence_dict()["replay_count"] == 67
+    status = status_document(snapshot)
+    assert status["gpus"][0]["clock_event_reasons"] == ["hw_slowdown", "power_brake"]
+
+
+def test_a10_pending_remap_is_found_from_the_capture() -> None:
+    remap = _finding(collect(REAL_HOSTS / "a10.535.129.03.nvidia-smi-q.txt"), 0, "row_remap")
+    assert (remap.severity, remap.action) == (Severity.WARN, "reset_gpu")
+    assert remap.evidence_dict()["remapped_rows_uncorrectable"] == 4
+
+
+def test_mig_gpu_without_utilization_is_still_judged() -> None:
+    snapshot = collect(REAL_HOSTS / "a100-sxm4-x4-mig.535.54.03.nvidia-smi-q.xml")
+    readings = snapshot.gpus[0].readings
+    assert readings is not None
+    assert readings.utilization_gpu_pct is None
+    assert readings.mig_mode_current is True
+    assert readings.remapped_rows_correctable is None  # N/A under MIG in the capture
+    assert readings.mig_instances == ("1g.20gb",) * 4
+    checks = {f.check: f.severity for f in snapshot.health.for_gpu("0000:01:00.0")}
+    assert {"ecc", "thermal", "pcie", "mig", "persistence"} <= set(checks)
+    assert checks["mig"] is Severity.OK
+    assert checks["persistence"] is Severity.WARN
+
+
+def test_host_facts_a_capture_does_not_hold_are_unknown_not_invented() -> None:
+    snapshot = collect(REAL_HOSTS / "h100-sxm-x8.535.161.08.nvidia-smi-q.txt")
+    assert snapshot.inventory is not None
+    host = snapshot.inventory.host
+    assert (host.pci, host.kernel_release, host.module_version) == (None, None, None)
+    assert host.loaded_modules() is None
+    node = {f.check: f for f in snapshot.health.node_findings()}
+    assert {check: f.severity for check, f in node.items()} == dict.fromkeys(node, Severity.OK)
+
+
+def test_dmesg_adds_a_captured_kernel_log_to_the_judgement() -> None:
+    kernel_log = (
+        b"[    5.123456] nvidia: loading out-of-tree module taints kernel.\n"
+        b"[ 8123.000001] NVRM: Xid (PCI:0000:19:00): 79, pid=4242, name=python,"
+        b" GPU has fallen off the bus.\n"
+    )
+    snapshot = collect(REAL_HOSTS / "h100-sxm-x8.535.161.08.nvidia-smi-q.txt", kernel_log)
+    assert _finding(snapshot, 0, "xid").severity is Severity.CRITICAL
+    assert "79" in _finding(snapshot, 0, "xid").reason
+    assert _finding(snapshot, 1, "xid").severity is Severity.OK
+
+
+def test_check_from_nvidia_smi_with_dmesg_on_the_command_line(tmp_path: Path) -> None:
+    dmesg = tmp_path / "dmesg.txt"
+    dmesg.write_text(
+        "Jul 31 11:22:39 gpu-node-17 kernel: NVRM: Xid (PCI:0000:07:00): 48, pid=77, name=python,"
+        " An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer.\n"
+    )
+    capture = REAL_HOSTS / "a10.535.129.03.nvidia-smi-q.txt"
+    result = run_cli("check", "--json", "--from-nvidia-smi", str(capture), "--dmesg", str(dmesg))
+    assert "Traceback" not in result.stderr
+    assert result.returncode == 2
+    doc = json.loads(result.stdout)
+    assert doc["node"]["simulated"] is True
+    findings = {f["check"]: f["severity"] for f in doc["gpus"][0]["findings"]}
+    assert findings == {"xid": "CRITICAL", "row_remap": "WARN"}
+
+
+@pytest.mark.parametrize(
+    ("content", "line"),
+    [
+        pytest.param("", 1, id="empty"),
+        pytest.param("hello\nworld\n", 1, id="not-a-capture"),
+        pytest.param('{"gpus": []}\n', 1, id="json"),
+    ],
+)
+def test_a_file_that_is_not_a_capture_exits_2_naming_the_line(
+    tmp_path: Path, content: str, line: int
+) -> None:
+    path = tmp_path / "bad.txt"
+    path.write_text(content)
+    result = run_cli("check", "--from-nvidia-smi", str(path))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert f"line {line}:" in result.stderr
+
+
+def test_a_truncated_capture_exits_2_naming_the_line(tmp_path: Path) -> None:
+    text = (REAL_HOSTS / "h100-sxm-x8.535.161.08.nvidia-smi-q.txt").read_text()
+    cut = "\n".join(text.splitlines()[:300]) + "\n"
+    path = tmp_path / "cut.txt"
+    path.write_text(cut)
+    result = run_cli("check", "--from-nvidia-smi", str(path))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert re.search(r"line \d+:", result.stderr)
+
+
+def test_simulate_and_a_capture_cannot_be_combined(tmp_path: Path) -> None:
+    scenario = tmp_path / "s.toml"
+    scenario.write_text("[node]\ngpus = 1\n")
+    capture = REAL_HOSTS / "a10.535.129.03.nvidia-smi-q.txt"
+    result = run_cli("check", "--simulate", str(scenario), "--from-nvidia-smi", str(capture))
+    assert result.returncode == 2
+    assert "cannot be combined" in result.stderr
+
+
+# --- the daemon serving a replayed host -------------------------------------------------
+
+
+def _series(text: str) -> dict[str, list[Sample]]:
+    found: dict[str, list[Sample]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found.setdefault(sample.name, []).append(sample)
+    return found
+
+
+def _gpu0(samples: list[Sample]) -> float:
+    return next(s.value for s in samples if s.labels["gpu"] == "0")
+
+
+def test_daemon_on_a_replayed_h100_exports_only_what_that_host_supports(
+    run_daemon: Callable[..., DaemonProcess],
+) -> None:
+    capture = REAL_HOSTS / "h100-sxm-x8.535.161.08.nvidia-smi-q.txt"
+    daemon = run_daemon(f'[node]\nnvidia_smi = "{capture}"\n')
+    doc = daemon.wait_for(lambda d: len(d["gpus"]) == 8)
+    assert doc["node"]["health"] == "OK"
+    series = _series(daemon.metrics())
+    # As captured: GPU 0 at 29 °C, 67.74 W, SM at 86 MHz, 67 replays, P0, fabric done.
+    assert _gpu0(series["DCGM_FI_DEV_GPU_TEMP"]) == 29
+    assert _gpu0(series["DCGM_FI_DEV_POWER_USAGE"]) == pytest.approx(67.74)
+    assert _gpu0(series["DCGM_FI_DEV_SM_CLOCK"]) == 86
+    assert _gpu0(series["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"]) == 67
+    assert _gpu0(series["DCGM_FI_DEV_MEMORY_TEMP"]) == 39
+    assert _gpu0(series["gpuagent_gpu_performance_state"]) == 0
+    assert len(series["DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"]) == 8
+    # Retired pages are N/A on Hopper; NVLink and the throttle-duration counters are not
+    # in a capture at all: no series, never a 0.
+    absent = [name for name in series if "RETIRED" in name or "NVLINK" in name]
+    absent += [name for name in series if name.endswith(("_VIOLATION", "_slowdown_ns"))]
+    assert absent == []
+    reasons = {
+        s.labels["reason"]: s.value
+        for s in series["gpuagent_gpu_clock_event_reasons"]
+        if s.labels["gpu"] == "0"
+    }
+    assert (reasons["hw_slowdown"], reasons["power_brake"], reasons["gpu_idle"]) == (1, 1, 0)
+
+
+def test_daemon_on_a_replayed_geforce_host_has_no_ecc_or_memory_temperature(
+    run_daemon: Callable[..., DaemonProcess],
+) -> None:
+    capture = REAL_HOSTS / "rtx4090-x8-busy.535.154.05.nvidia-smi-q.txt"
+    daemon = run_daemon(f'[node]\nnvidia_smi = "{capture}"\n')
+    assert daemon.wait_for(lambda d: len(d["gpus"]) == 8)["node"]["health"] == "OK"
+    series = _series(daemon.metrics())
+    assert [n for n in series if "ECC" in n or n == "DCGM_FI_DEV_MEMORY_TEMP"] == []
+    busy = {s.labels["gpu"]: s.value for s in series["DCGM_FI_DEV_GPU_UTIL"]}
+    assert (busy["1"], busy["4"], busy["0"]) == (97, 100, 0)
+
+
+def test_faults_on_top_of_a_replayed_host(run_daemon: Callable[..., DaemonProcess]) -> None:
+    capture = REAL_HOSTS / "h100-sxm-x8.535.161.08.nvidia-smi-q.txt"
+    daemon = run_daemon(
+        f'[node]\nnvidia_smi = "{capture}"\n'
+        '[[fault]]\nkind = "row_remap_pending"\ngpu = 3\nrows = 2\n'
+    )
+    doc = daemon.wait_for(lambda d: d["node"]["health"] == "WARN")
+    assert [f["check"] for f in doc["gpus"][3]["findings"]] == ["row_remap"]
+    # A job on GPU 5 ends the capture's frozen readings there: the live model takes over.
+    daemon.inject("process", 5, pid=4242, name="train", used_mib=60000)
+    doc = daemon.wait_for(lambda d: (d["gpus"][5]["utilization_gpu_pct"] or 0) > 50)
+    assert doc["gpus"][5]["processes"][0]["name"] == "train"
+    assert doc["gpus"][0]["utilization_gpu_pct"] == 0  # the others stay as captured
+
+
+@pytest.mark.parametrize(
+    ("scenario", "key"),
+    [
+        pytest.param('[node]\nnvidia_smi = "{capture}"\ngpus = 2\n', "node.gpus", id="other-key"),
+        pytest.param('[node]\nnvidia_smi = "missing.txt"\n', "node.nvidia_smi", id="missing"),
+        pytest.param('[node]\nnvidia_smi = "{bad}"\n', "node.nvidia_smi", id="not-a-capture"),
+    ],
+)
+def test_a_bad_replay_scenario_exits_2_naming_the_key(
+    tmp_path: Path, scenario: str, key: str
+) -> None:
+    bad = tmp_path / "bad.txt"
+    bad.write_text("not a capture\n")
+    capture = REAL_HOSTS / "a10.535.129.03.nvidia-smi-q.txt"
+    path = tmp_path / "replay.toml"
+    path.write_text(scenario.format(capture=capture, bad=bad))
+    result = run_cli("check", "--simulate", str(path))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert key in result.stderr
