@@ -8,7 +8,6 @@ says about every real-host capture. `test_hardware_profiles_doc` holds the file 
 from __future__ import annotations
 
 import asyncio
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +36,6 @@ class Verdict:
 
 def collect(capture: Path, kernel_log: bytes | None = None) -> NodeSnapshot:
     """One `gpuagent check` of the replayed capture (and kernel log), in this process."""
-    logging.getLogger("gpuagent").setLevel(logging.ERROR)
     agent = Agent(Config(), simulate=replay_scenario(load_capture(capture)))
     return asyncio.run(agent.collect_once(kernel_log))
 

@@ -198,6 +198,14 @@ def replays(count: int | None) -> dict[str, Any]:
         pytest.param(
             [(0.0, replays(None)), (60.0, replays(None))], Severity.OK, None, id="not-supported"
         ),
+        pytest.param(
+            # A healthy H100 carries 40-120 replays since boot (real captures); an agent
+            # started on it sees the count, not a rate, and it stays flat.
+            [(0.0, replays(120)), (60.0, replays(120)), (240.0, replays(120))],
+            Severity.OK,
+            0.0,
+            id="count-since-boot-after-an-agent-restart",
+        ),
     ],
 )
 def test_replay_rate(

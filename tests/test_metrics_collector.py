@@ -239,6 +239,7 @@ def test_unsupported_values_are_absent_not_zero():
         "gpuagent_gpu_pcie_link_generation_max",
         "gpuagent_gpu_pcie_link_width_max",
         "gpuagent_gpu_processes",
+        "gpuagent_gpu_sm_clock_max_mhz",
     }
     assert values(found, "gpuagent_gpu_processes") == {"0": 0.0}
 

@@ -62,6 +62,8 @@ def identity(index: int) -> GpuIdentity:
         pcie_max_generation=5,
         pcie_max_width=16,
         nvlink_count=18,
+        sm_clock_max_mhz=1980,
+        brand="NVIDIA",
     )
 
 
@@ -107,6 +109,16 @@ def readings(index: int) -> GpuReadings:
         nvlink_replay_errors=index,
         nvlink_recovery_errors=0,
         processes=(GpuProcess(pid=4242 + index, name="python3", used_mib=1024.0),),
+        performance_state=0,
+        violation_power_ns=1_000 + index,
+        violation_thermal_ns=2_000 + index,
+        violation_sync_boost_ns=0,
+        violation_board_limit_ns=0,
+        violation_low_utilization_ns=3_000 + index,
+        violation_reliability_ns=0,
+        throttle_sw_thermal_ns=4_000 + index,
+        throttle_hw_thermal_ns=5_000 + index,
+        throttle_hw_power_brake_ns=6_000 + index,
     )
 
 

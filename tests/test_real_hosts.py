@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -197,7 +198,7 @@ def test_daemon_on_a_replayed_h100_exports_only_what_that_host_supports(
     # Retired pages are N/A on Hopper; NVLink and the throttle-duration counters are not
     # in a capture at all: no series, never a 0.
     absent = [name for name in series if "RETIRED" in name or "NVLINK" in name]
-    absent += [name for name in series if name.endswith(("_VIOLATION", "_slowdown_ns"))]
+    absent += [name for name in series if name.endswith(("_VIOLATION", "_slowdown_seconds"))]
     assert absent == []
     reasons = {
         s.labels["reason"]: s.value
@@ -254,3 +255,26 @@ def test_a_bad_replay_scenario_exits_2_naming_the_key(
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert key in result.stderr
+
+
+def test_a_link_below_its_maximum_is_found_only_while_the_gpu_is_busy(
+    run_daemon: Callable[..., DaemonProcess],
+) -> None:
+    # RTX 4090s train their link down to Gen1 at idle (both captures show it): not a fault.
+    # Busy, a link held at Gen1 is one.
+    daemon = run_daemon(
+        '[node]\nmodel = "rtx-4090"\ngpus = 2\n'
+        '[[fault]]\nkind = "pcie_degrade"\ngpu = 1\ngen = 1\n',
+        config_extra="[checks.pcie]\ndegraded_hold_seconds = 1.0\n",
+    )
+    doc = daemon.wait_for(lambda d: all(g["sampled_at"] for g in d["gpus"]))
+    time.sleep(1.5)  # past the hold time, idle: nothing to find
+    doc = daemon.status()
+    assert [g["pcie_generation"] for g in doc["gpus"]] == [1, 1]
+    assert doc["node"]["health"] == "OK"
+    for gpu in (0, 1):
+        daemon.inject("process", gpu, pid=100 + gpu, name="train", used_mib=20000)
+    doc = daemon.wait_for(lambda d: d["gpus"][1]["health"] == "WARN", timeout=15)
+    assert doc["gpus"][1]["findings"][0]["check"] == "pcie"
+    assert "Gen1 of Gen4" in doc["gpus"][1]["findings"][0]["reason"]
+    assert (doc["gpus"][0]["pcie_generation"], doc["gpus"][0]["health"]) == (4, "OK")

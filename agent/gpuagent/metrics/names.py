@@ -56,6 +56,16 @@ def _static(field: str) -> ValueOf:
     return value
 
 
+def _seconds(field: str) -> ValueOf:
+    """A nanosecond reading in seconds, Prometheus's unit of time."""
+
+    def value(_identity: GpuIdentity, readings: GpuReadings) -> object:
+        nanoseconds = getattr(readings, field)
+        return None if nanoseconds is None else nanoseconds / 1e9
+
+    return value
+
+
 def _process_count(_identity: GpuIdentity, readings: GpuReadings) -> object:
     return len(readings.processes)
 
@@ -266,10 +276,10 @@ AGENT_GPU_METRICS: tuple[GpuMetric, ...] = (
     ),
     *(
         GpuMetric(
-            f"gpuagent_gpu_{reason}_slowdown_ns",
+            f"gpuagent_gpu_{reason}_slowdown_seconds",
             _C,
-            f"Time the clocks were held back by {what} since the driver loaded (in ns).",
-            _reading(field),
+            f"Time the clocks were held back by {what} since the driver loaded.",
+            _seconds(field),
         )
         for reason, what, field in (
             ("sw_thermal", "software thermal slowdown", "throttle_sw_thermal_ns"),
