@@ -195,6 +195,12 @@ def test_daemon_on_a_replayed_h100_exports_only_what_that_host_supports(
     assert _gpu0(series["DCGM_FI_DEV_MEMORY_TEMP"]) == 39
     assert _gpu0(series["gpuagent_gpu_performance_state"]) == 0
     assert len(series["DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"]) == 8
+    banks = {
+        s.labels["availability"]: s.value
+        for s in series["gpuagent_gpu_row_remap_banks"]
+        if s.labels["gpu"] == "0"
+    }
+    assert banks == {"max": 2560, "high": 0, "partial": 0, "low": 0, "none": 0}
     # Retired pages are N/A on Hopper; NVLink and the throttle-duration counters are not
     # in a capture at all: no series, never a 0.
     absent = [name for name in series if "RETIRED" in name or "NVLINK" in name]

@@ -99,8 +99,13 @@ def test_row_remap_pending_and_failure(node: SimulatedNode) -> None:
     assert field(4, pynvml.NVML_FI_DEV_REMAPPED_UNC) == 1
     assert field(4, pynvml.NVML_FI_DEV_REMAPPED_PENDING) == 1
     assert field(4, pynvml.NVML_FI_DEV_REMAPPED_FAILURE) == 0
+    histogram = pynvml.nvmlDeviceGetRowRemapperHistogram(handle(4))
+    assert (histogram.max, histogram.none) == (2560, 0)  # the H100 captures' 2560 banks
     node.inject("row_remap_failure", 4, {})
     assert pynvml.nvmlDeviceGetRemappedRows(handle(4)) == (0, 1, 1, 1)
+    # A failed remap is a bank out of spare rows.
+    histogram = pynvml.nvmlDeviceGetRowRemapperHistogram(handle(4))
+    assert (histogram.max, histogram.none) == (2559, 1)
 
 
 def busy(node: SimulatedNode, index: int) -> None:

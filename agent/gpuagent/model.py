@@ -136,6 +136,9 @@ class GpuReadings:
     remapped_rows_uncorrectable: int | None = None
     row_remap_pending: bool | None = None
     row_remap_failure: bool | None = None
+    # The row remapper's bank availability histogram: banks with max, high, partial, low
+    # and no spare rows left (nvmlDeviceGetRowRemapperHistogram; read on the slow cadence).
+    remap_banks: tuple[int, int, int, int, int] | None = None
     pcie_generation: int | None = None
     pcie_width: int | None = None
     pcie_replay_count: int | None = None

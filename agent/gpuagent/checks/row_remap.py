@@ -6,14 +6,14 @@ bank has no spare rows left, which no reset fixes: the board needs service.
 
 from __future__ import annotations
 
-from gpuagent.checks.common import GpuView, Outcome, Problem
+from gpuagent.checks.common import Evidence, GpuView, Outcome, Problem
 from gpuagent.checks.vocabulary import Action, Runbook
 from gpuagent.model import Severity
 
 
 def check_row_remap(view: GpuView) -> Outcome:
     readings = view.readings
-    evidence = (
+    evidence: Evidence = (
         ("remapped_rows_correctable", readings.remapped_rows_correctable),
         ("remapped_rows_uncorrectable", readings.remapped_rows_uncorrectable),
         ("row_remap_pending", readings.row_remap_pending),
@@ -21,6 +21,12 @@ def check_row_remap(view: GpuView) -> Outcome:
     )
     if all(value is None for _, value in evidence):
         return Outcome("row remapping not supported", evidence)
+    banks = readings.remap_banks
+    # Banks with few or no spare rows left: how close the next failed remap is.
+    evidence += (
+        ("remap_banks_low", None if banks is None else banks[3]),
+        ("remap_banks_none", None if banks is None else banks[4]),
+    )
     problems: list[Problem] = []
     if readings.row_remap_failure:
         problems.append(

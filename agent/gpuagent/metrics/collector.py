@@ -141,6 +141,7 @@ class _Builder:
             *(self._table_family(m, dcgm=False) for m in names.AGENT_GPU_METRICS),
             self._clock_event_reasons(),
             self._nvlink_up(),
+            self._row_remap_banks(),
             *self._pcie(),
             *self._remediation(),
             *self._mqtt(),
@@ -295,6 +296,16 @@ class _Builder:
                 continue
             for reason, bit in names.CLOCK_EVENT_REASONS:
                 family.add_metric([*gpu.labels, reason], float(bool(mask & bit)))
+        return family
+
+    def _row_remap_banks(self) -> Metric:
+        family = _gauge(names.GPU_ROW_REMAP_BANKS)
+        for gpu, _identity, readings in self.answering:
+            if readings.remap_banks is not None:
+                for availability, banks in zip(
+                    names.REMAP_AVAILABILITY, readings.remap_banks, strict=True
+                ):
+                    family.add_metric([*gpu.labels, availability], banks)
         return family
 
     def _nvlink_up(self) -> Metric:

@@ -338,6 +338,13 @@ GPU_CLOCK_EVENT_REASONS = MetricSpec(
     "1 if NVML reports this clock event (throttle) reason as active.",
     (*GPU_LABELS, "reason"),
 )
+GPU_ROW_REMAP_BANKS = MetricSpec(
+    "gpuagent_gpu_row_remap_banks",
+    "Memory banks by the row remapping resources they have left (the bank remap "
+    "availability histogram): max, high, partial, low, none.",
+    (*GPU_LABELS, "availability"),
+)
+REMAP_AVAILABILITY = ("max", "high", "partial", "low", "none")
 GPU_NVLINK_UP = MetricSpec(
     "gpuagent_gpu_nvlink_up",
     "1 if the NVLink is active, 0 if it is down.",

@@ -328,6 +328,14 @@ class Device:
                 "nvmlDeviceGetCurrPcieLinkWidth", pynvml.nvmlDeviceGetCurrPcieLinkWidth
             ),
         }
+        histogram = self._get(
+            "nvmlDeviceGetRowRemapperHistogram", pynvml.nvmlDeviceGetRowRemapperHistogram
+        )
+        slow["remap_banks"] = (
+            None
+            if histogram is None
+            else (histogram.max, histogram.high, histogram.partial, histogram.low, histogram.none)
+        )
         slow.update(self._read_fabric())
         slow["mig_instances"] = self._read_mig_instances() if slow["mig_mode_current"] else None
         if not self._power_field_supported:

@@ -309,6 +309,7 @@ A100_SXM4 = GpuProfile(
 
 L40S = GpuProfile(
     key="l40s",
+    remap_banks=192,
     name="NVIDIA L40S",
     architecture="Ada Lovelace",
     pci_device_id=0x26B910DE,
@@ -361,6 +362,7 @@ L40S = GpuProfile(
 A10 = GpuProfile(
     # Capture: a10.535.129.03 (a VM's passed-through GPU, idle, a row remap pending).
     key="a10",
+    remap_banks=192,
     name="NVIDIA A10",
     architecture="Ampere",
     pci_device_id=0x223610DE,
@@ -415,6 +417,7 @@ A10G = GpuProfile(
     # Capture: a10g (XML, driver 515.105.01, an AWS instance). The capture's PCI ids are
     # zeroed by the hypervisor; these are the A10G's own.
     key="a10g",
+    remap_banks=192,
     name="NVIDIA A10G",
     architecture="Ampere",
     pci_device_id=0x223710DE,
@@ -469,6 +472,7 @@ RTX_4090 = GpuProfile(
     # Captures: rtx4090-x8.535.154.05 (idle) and rtx4090-x8-busy (four GPUs busy, each
     # at P2, power-capped at ~446 W, SM 2520-2640 MHz, 72-76 °C, fans 86-98 %).
     key="rtx-4090",
+    remap_banks=192,
     name="NVIDIA GeForce RTX 4090",
     brand=codes.BRAND_GEFORCE,
     architecture="Ada Lovelace",

@@ -101,6 +101,10 @@ def _row_remap_pending(gpu: SimGpu, params: Params, _at: float) -> Events:
 
 def _row_remap_failure(gpu: SimGpu, _params: Params, _at: float) -> Events:
     gpu.remap_failure = True
+    # A failed remap means a bank ran out of spare rows: one bank moves to "none".
+    if gpu.remap_histogram[0] > 0:
+        gpu.remap_histogram[0] -= 1
+        gpu.remap_histogram[4] += 1
     return ()
 
 

@@ -141,6 +141,8 @@ class SimGpu:
         self.remapped_uncorrectable = 0
         self.remap_pending = False
         self.remap_failure = False
+        # Banks by remapping resources left: max, high, partial, low, none (InfoROM).
+        self.remap_histogram = [self.profile.remap_banks, 0, 0, 0, 0]
         self.pcie_replays = 0
         self.nvlink_crc_flit = [0] * self.nvlinks
         self.nvlink_crc_data = [0] * self.nvlinks

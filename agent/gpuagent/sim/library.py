@@ -329,6 +329,7 @@ class SimulatedLibrary:
             "nvmlDeviceGetDefaultApplicationsClock": _default_applications_clock,
             "nvmlDeviceGetGpuFabricInfo": _fabric_info,
             "nvmlDeviceGetRemappedRows": _remapped_rows,
+            "nvmlDeviceGetRowRemapperHistogram": _remap_histogram,
             "nvmlDeviceGetRetiredPagesPendingStatus": _retired_pending,
             "nvmlDeviceGetNvLinkState": _nvlink_state,
             "nvmlDeviceSetPersistenceMode": _set_persistence,
@@ -626,6 +627,14 @@ def _compute_processes(gpu: SimGpu, _now: float, count: Any, infos: Any) -> int:
 
 def _no_processes(_gpu: SimGpu, _now: float, count: Any, _infos: Any) -> int:
     _out(count).value = 0
+    return codes.SUCCESS
+
+
+def _remap_histogram(gpu: SimGpu, _now: float, out: Any) -> int:
+    if not gpu.remapped_rows_supported():
+        return codes.ERROR_NOT_SUPPORTED
+    values = _out(out)
+    values.max, values.high, values.partial, values.low, values.none = gpu.remap_histogram
     return codes.SUCCESS
 
 

@@ -109,6 +109,9 @@ class GpuProfile:
     row_remapping: bool
     # A100 with MIG on shows remapped rows as N/A.
     row_remapping_under_mig: bool = True
+    # Memory banks the row remapper tracks (its availability histogram's total): 2560 on
+    # the H100 captures, 192 on the A10, A10G and RTX 4090 ones.
+    remap_banks: int = 2560
     gsp_firmware: bool  # GSP firmware runs by default on this model with its drivers
     fabric: bool  # nvmlDeviceGetGpuFabricInfo (NVSwitch fabric, Hopper and later)
     # nvmlDeviceGetViolationStatus and the throttle-duration fields: NVML gives them on

@@ -128,6 +128,7 @@ def profile_for(gpu: CapturedGpu) -> GpuProfile:
         ecc_default=bool(gpu.ecc_current),
         retired_pages=gpu.retired_pages_sbe is not None,
         row_remapping=gpu.remapped_rows_correctable is not None,
+        remap_banks=gpu.remap_histogram[0] if gpu.remap_histogram else base.remap_banks,
         # The capture already says whether rows are N/A under its MIG mode.
         row_remapping_under_mig=True,
         gsp_firmware=gpu.gsp_firmware_version is not None,
@@ -259,6 +260,8 @@ def _start_state(gpu: SimGpu, captured: CapturedGpu) -> None:
     gpu.remapped_uncorrectable = captured.remapped_rows_uncorrectable or 0
     gpu.remap_pending = bool(captured.remapped_rows_pending)
     gpu.remap_failure = bool(captured.remapped_rows_failure)
+    if captured.remap_histogram is not None:
+        gpu.remap_histogram = list(captured.remap_histogram)
     gpu.pcie_replays = captured.pcie_replays or 0
     if captured.pcie_width_current is not None:
         gpu.pcie_width = captured.pcie_width_current
