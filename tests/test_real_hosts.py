@@ -14,12 +14,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pynvml
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from conftest import DaemonProcess, run_cli
+from conftest import REPO, DaemonProcess, run_cli
 from gpuagent.model import Finding, NodeSnapshot, Severity
+from gpuagent.sim import SimulatedNode, load_scenario
 from gpuagent.statusview import status_document
 from hardware_profiles_doc import CAPTURES, REAL_HOSTS, collect, judge
 
@@ -284,3 +286,18 @@ def test_a_link_below_its_maximum_is_found_only_while_the_gpu_is_busy(
     assert doc["gpus"][1]["findings"][0]["check"] == "pcie"
     assert "Gen1 of Gen4" in doc["gpus"][1]["findings"][0]["reason"]
     assert (doc["gpus"][0]["pcie_generation"], doc["gpus"][0]["health"]) == (4, "OK")
+
+
+def test_the_shipped_real_host_drill_starts_from_the_capture_and_fires_at_20_s() -> None:
+    scenario = load_scenario(REPO / "scenarios" / "real-h100-drill.toml")
+    assert scenario.capture is not None
+    assert scenario.capture.gpus[0].uuid == "GPU-ee7954ec-da95-fd7a-ddfd-c6b32cc2f8aa"
+    clock = [0.0]
+    with SimulatedNode(scenario, clock=lambda: clock[0]):
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(3)
+        dbe = pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL
+        assert pynvml.nvmlDeviceGetFieldValues(handle, [dbe])[0].value.ullVal == 0
+        clock[0] = 20.0
+        assert pynvml.nvmlDeviceGetFieldValues(handle, [dbe])[0].value.ullVal == 1
+        pynvml.nvmlShutdown()
