@@ -58,7 +58,15 @@ def _field_strategy(hint: Any) -> st.SearchStrategy[Any]:
         tuple[bool | None, ...]: st.lists(MAYBE_BOOL, max_size=18).map(tuple),
         FabricState | None: st.none() | st.sampled_from(typing.get_args(FabricState)),
         tuple[str, ...] | None: st.none() | st.lists(st.text(max_size=10), max_size=8).map(tuple),
-        tuple[GpuProcess, ...]: st.just(()),  # no check reads processes
+        tuple[int, int, int, int, int] | None: st.none()
+        | st.tuples(COUNTER, COUNTER, COUNTER, COUNTER, COUNTER),
+        # The thermal check asks only whether any process runs (busy under MIG).
+        tuple[GpuProcess, ...]: st.lists(
+            st.builds(
+                GpuProcess, pid=st.integers(1, 2**22), name=st.just("job"), used_mib=st.none()
+            ),
+            max_size=2,
+        ).map(tuple),
     }
     # A field without a strategy would make every drawn reading invalid: fail instead.
     assert hint in strategies, f"no strategy for GpuReadings field type {hint}"
