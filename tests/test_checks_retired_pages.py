@@ -150,10 +150,13 @@ def test_row_remap_evidence() -> None:
         remapped_rows_uncorrectable=1,
         row_remap_pending=True,
         row_remap_failure=False,
+        remap_banks=(2555, 3, 1, 1, 0),
     )
     assert found.evidence_dict() == {
         "remapped_rows_correctable": 2,
         "remapped_rows_uncorrectable": 1,
         "row_remap_pending": True,
         "row_remap_failure": False,
+        "remap_banks_low": 1,
+        "remap_banks_none": 0,
     }
