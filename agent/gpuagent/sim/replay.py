@@ -54,39 +54,31 @@ def _mib(value: float | None, fallback: int) -> int:
     return fallback if value is None else round(value)
 
 
-def _thresholds(gpu: CapturedGpu, base: GpuProfile) -> dict[str, object]:
-    """Absolute thresholds; a T.Limit capture gives them as degrees beyond the max
-    operating point, which is the current temperature plus the margin."""
+def _with_thresholds(profile: GpuProfile, gpu: CapturedGpu) -> GpuProfile:
+    """The thresholds in degrees Celsius, as the profile holds them. An absolute capture
+    gives them as they are; a T.Limit one as degrees beyond the max operating point, which
+    is the current temperature plus the margin ("GPU T.Limit Temp")."""
     limits = gpu.thresholds
-    if not limits.tlimit:
-        return {
-            "temperature_shutdown_c": _degrees(limits.shutdown, base.temperature_shutdown_c),
-            "temperature_slowdown_c": _degrees(limits.slowdown, base.temperature_slowdown_c),
-            "temperature_gpu_max_c": _degrees(limits.gpu_max, base.temperature_gpu_max_c),
-            "temperature_memory_max_c": None
-            if limits.memory_max is None
-            else round(limits.memory_max),
-            "tlimit_fields": False,
-        }
-    point = base.temperature_gpu_max_c
-    if limits.margin is not None and gpu.temperature_c is not None:
+    point = profile.temperature_gpu_max_c
+    if limits.tlimit and limits.margin is not None and gpu.temperature_c is not None:
         point = round(gpu.temperature_c + limits.margin)
 
-    def beyond(value: float | None, fallback: int) -> int:
-        return fallback if value is None else round(point - value)
+    def celsius(value: float | None, fallback: int) -> int:
+        if value is None:
+            return fallback
+        return round(point - value) if limits.tlimit else round(value)
 
-    return {
-        "temperature_shutdown_c": beyond(limits.shutdown, base.temperature_shutdown_c),
-        "temperature_slowdown_c": beyond(limits.slowdown, base.temperature_slowdown_c),
-        "temperature_gpu_max_c": beyond(limits.gpu_max, base.temperature_gpu_max_c),
-        # The memory's T.Limit point is its own, which the capture does not give.
-        "temperature_memory_max_c": base.temperature_memory_max_c,
-        "tlimit_fields": True,
-    }
-
-
-def _degrees(value: float | None, fallback: int) -> int:
-    return fallback if value is None else round(value)
+    memory_max = profile.temperature_memory_max_c
+    if not limits.tlimit:  # on the T.Limit scale the memory's point is its own: unknown
+        memory_max = None if limits.memory_max is None else round(limits.memory_max)
+    return dataclasses.replace(
+        profile,
+        temperature_shutdown_c=celsius(limits.shutdown, profile.temperature_shutdown_c),
+        temperature_slowdown_c=celsius(limits.slowdown, profile.temperature_slowdown_c),
+        temperature_gpu_max_c=celsius(limits.gpu_max, profile.temperature_gpu_max_c),
+        temperature_memory_max_c=memory_max,
+        tlimit_fields=limits.tlimit,
+    )
 
 
 def profile_for(gpu: CapturedGpu) -> GpuProfile:
@@ -97,7 +89,7 @@ def profile_for(gpu: CapturedGpu) -> GpuProfile:
     memory_offset = None
     if gpu.memory_temperature_c is not None and gpu.temperature_c is not None:
         memory_offset = gpu.memory_temperature_c - gpu.temperature_c
-    return dataclasses.replace(
+    captured = dataclasses.replace(
         base,
         key=base.key if found else f"captured:{gpu.product_name}",
         name=gpu.product_name,
@@ -116,7 +108,6 @@ def profile_for(gpu: CapturedGpu) -> GpuProfile:
         power_min_limit_w=gpu.power_min_limit_w or base.power_min_limit_w,
         power_max_limit_w=gpu.power_max_limit_w or power_limit or base.power_max_limit_w,
         memory_temperature_offset_c=memory_offset,
-        **_thresholds(gpu, base),  # type: ignore[arg-type]
         sm_clock_max_mhz=gpu.max_clock_sm_mhz or base.sm_clock_max_mhz,
         memory_clock_max_mhz=gpu.max_clock_memory_mhz or base.memory_clock_max_mhz,
         video_clock_max_mhz=gpu.max_clock_video_mhz or base.video_clock_max_mhz,
@@ -128,7 +119,7 @@ def profile_for(gpu: CapturedGpu) -> GpuProfile:
         ecc_default=bool(gpu.ecc_current),
         retired_pages=gpu.retired_pages_sbe is not None,
         row_remapping=gpu.remapped_rows_correctable is not None,
-        remap_banks=gpu.remap_histogram[0] if gpu.remap_histogram else base.remap_banks,
+        remap_banks=sum(gpu.remap_histogram) if gpu.remap_histogram else base.remap_banks,
         # The capture already says whether rows are N/A under its MIG mode.
         row_remapping_under_mig=True,
         gsp_firmware=gpu.gsp_firmware_version is not None,
@@ -139,6 +130,7 @@ def profile_for(gpu: CapturedGpu) -> GpuProfile:
         brand=codes.BRANDS.get((gpu.product_brand or "").strip().casefold(), base.brand),
         fan_idle_pct=None if gpu.fan_speed_pct is None else round(gpu.fan_speed_pct),
     )
+    return _with_thresholds(captured, gpu)
 
 
 def reason_mask(reasons: ClockEventReasons | None) -> int | None:
