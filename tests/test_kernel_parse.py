@@ -209,6 +209,43 @@ CASES: list[Case] = [
     case("NVRM: GPU4 RPC history (CPU -> GSP):", "gsp"),
     case("NVRM: kgspInitRm_IMPL: cannot bootstrap GSP-RM", "gsp"),
     case("NVRM: RmFetchGspRmImages: No firmware image found", "gsp"),
+    # the kernel's firmware loader (drivers/base/firmware_loader) missing the driver's GSP
+    # firmware: with the device dev_warn() names, without one, and Debian's wording
+    case(
+        "nvidia 0000:3b:00.0: Direct firmware load for nvidia/535.161.08/gsp_ga10x.bin failed"
+        " with error -2",
+        *("gsp", None, "0000:3b:00.0"),
+    ),
+    case(
+        "[    5.123456] nvidia 0000:c1:00.0: Direct firmware load for"
+        " nvidia/550.54.15/gsp_tu10x.bin failed with error -2",
+        *("gsp", None, "0000:c1:00.0"),
+    ),
+    case("Direct firmware load for nvidia/535.161.08/gsp_ga10x.bin failed with error -2", "gsp"),
+    case(
+        "(NULL device *): Direct firmware load for nvidia/510.47.03/gsp.bin failed with error -2",
+        "gsp",
+    ),
+    case(
+        "nvidia 0000:3b:00.0: firmware: failed to load nvidia/535.161.08/gsp_ga10x.bin (-2)",
+        *("gsp", None, "0000:3b:00.0"),
+    ),
+    # ...but other firmware is not the NVIDIA driver's GSP firmware
+    case(
+        "iwlwifi 0000:00:14.3: Direct firmware load for iwlwifi-so-a0-gf-a0-86.ucode failed with"
+        " error -2",
+        "noise",
+    ),
+    case(
+        "nouveau 0000:01:00.0: Direct firmware load for nvidia/tu102/gsp/gsp-535.113.01.bin"
+        " failed with error -2",
+        "noise",
+    ),
+    case(
+        "i915 0000:00:02.0: Direct firmware load for i915/adlp_dmc.bin failed with error -2",
+        "noise",
+    ),
+    case("firmware_class: See https://wiki.debian.org/Firmware for information about", "noise"),
     # an Xid about GSP is an Xid
     case(
         "NVRM: Xid (PCI:0000:9b:00): 119, pid=28098, name=gpu-feature-dis, Timeout after 45s of"
@@ -224,6 +261,37 @@ CASES: list[Case] = [
         "driver_mismatch",
         pid=1005,
         process="kwin_wayland",
+    ),
+    # the wording that names no client spreads the sentence over two records, one version
+    # in each: both are the mismatch (either may be all the log still holds)
+    case("NVRM: API mismatch: the client has the version 535.104.05, but", "driver_mismatch"),
+    case("NVRM: this kernel module has the version 535.86.10.  Please", "driver_mismatch"),
+    case(
+        "Aug 14 13:29:34 node7 kernel: [1401266.786900] NVRM: this kernel module has the version"
+        " 169.12.  Please",
+        "driver_mismatch",
+    ),
+    # ...the trailing records carry no version and stay other driver messages
+    case("NVRM: make sure that this kernel module and all NVIDIA driver", "other_nvrm"),
+    case("NVRM: components have the same version.", "other_nvrm"),
+    # the same message as one record (a journal entry, or a log that joined the lines)
+    case(
+        "[Sat Apr 13 23:38:47 2024] NVRM: API mismatch: the client has the version 535.171.04,"
+        " but\n                           NVRM: this kernel module has the version 535.161.07."
+        "  Please",
+        "driver_mismatch",
+    ),
+    case(
+        "NVRM: API mismatch: the client has the version 535.104.05, but this kernel module has"
+        " the version 535.86.10.  Please make sure that this kernel module and all NVIDIA driver"
+        " components have the same version.",
+        "driver_mismatch",
+    ),
+    case(
+        "NVRM: API mismatch: the client 'nvidia-smi' (pid 4242)",
+        "driver_mismatch",
+        pid=4242,
+        process="nvidia-smi",
     ),
     case("NVRM: A GPU crash dump has been created. If possible, please run", "crash_dump"),
     # other driver messages, with the GPU when they name one
@@ -367,6 +435,18 @@ PREFIXES = [
     "192.168.11.119: kern: warning: [2026-04-22T21:30:51.526447914Z]: ",  # Talos
     "kernel: ",
     "               ",  # a multi-line journal entry's indent
+    # CONFIG_PRINTK_CALLER: the caller (thread or CPU) after the time, with a blank as
+    # util-linux dmesg prints it, without as the console and syslog(2) do
+    "[   36.712345] [  T291] ",
+    "[   36.712345][  T291] ",
+    "[ 1234.5] [    C3] ",
+    "[    0.000000] [    T0] ",
+    "[ 1234.567890] [C123456] ",
+    "[Wed Jul 31 11:22:39 2024] [  T291] ",  # dmesg -T
+    "<4>[   36.712345][  T291] ",  # dmesg -r
+    "Jul 31 11:22:39 host kernel: [   36.712345][  T291] ",  # syslog of the console format
+    "Jul 31 11:22:39 host kernel: ",  # journalctl -k
+    "[Wed Jul 31 11:22:39 2024] ",  # dmesg -T
 ]
 
 
@@ -378,10 +458,49 @@ def test_prefixes_are_stripped(prefix: str) -> None:
     )
 
 
+# One line of each kind, to be read the same under a caller id as without one.
+CALLER_PREFIXED = [
+    ("NVRM: Xid (PCI:0000:3b:00): 79, pid=291, name=python, GPU has fallen off the bus.", "xid"),
+    ("nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress", "sxid"),
+    ("NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.", "fallen_off_bus"),
+    ("pcieport 0000:00:01.0: AER: Corrected error received: 0000:01:00.0", "aer"),
+    ("pcieport 0000:00:1c.0:   device [8086:9d10] error status/mask=00002001/00002000", "aer"),
+    ("nvidia 0000:3b:00.0:    [ 0] RxErr                  (First)", "aer"),
+    ("NVRM: GPU0 _kgspRpcRecvPoll: GSP RM heartbeat timed out", "gsp"),
+    (
+        (
+            "nvidia 0000:3b:00.0: Direct firmware load for nvidia/535.161.08/gsp_ga10x.bin"
+            " failed with error -2"
+        ),
+        "gsp",
+    ),
+    ("NVRM: this kernel module has the version 535.86.10.  Please", "driver_mismatch"),
+    ("NVRM: A GPU crash dump has been created. If possible, please run", "crash_dump"),
+    ("nvidia: probe of 0000:5d:00.0 failed with error -1", "other_nvrm"),
+    ("usb 1-4: new high-speed USB device number 3 using xhci_hcd", "noise"),
+]
+CALLERS = ["[   36.712345] [  T291] ", "[ 1234.5] [    C3] ", "[   36.712345][  T291] "]
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+@pytest.mark.parametrize(("message", "kind"), CALLER_PREFIXED)
+def test_caller_id_is_stripped_for_every_kind(caller: str, message: str, kind: str) -> None:
+    bare = parse_message(message)
+    parsed = parse_message(caller + message)
+    assert parsed.kind == kind
+    assert parsed == bare
+    assert parsed.text == message
+
+
+def test_caller_examples_cover_every_kind() -> None:
+    assert {kind for _, kind in CALLER_PREFIXED} == KINDS
+
+
 @pytest.mark.parametrize(
     ("line", "text"),
     [
         ("Oct 03 17:59:22 mnemosyne systemd[1]: bluetooth.service skipped", "systemd[1]: "),
+        ("[ 1234.5] [    C3] EDAC MC0: 1 CE memory read error", "EDAC MC0: "),
         ("6,3973,227986636,-;IPv6: ADDRCONF(NETDEV_CHANGE): eth0: link becomes ready", "IPv6: "),
         (" DEVICE=+acpi:PNP0A03:00", "DEVICE=+acpi:PNP0A03:00"),
         ("[Sun Feb 23 16:24:18 2025]  os_dump_stack+0xe/0x14 [nvidia]", "os_dump_stack+"),

@@ -23,7 +23,9 @@ _ISO_TIME = (
     r"(?:Z|[+-][0-9]{2}:?[0-9]{2})?"
 )
 # One pass strips every prefix in any order and number: `journalctl` lines carry a syslog
-# header *and* the kernel's own timestamp, Talos adds a host and a level, and so on. Every
+# header *and* the kernel's own timestamp, Talos adds a host and a level, a kernel built
+# with CONFIG_PRINTK_CALLER puts the caller (thread T<pid> or CPU C<n>) after the time,
+# with a blank (util-linux dmesg) or without (the console, syslog(2)), and so on. Every
 # alternative consumes at least one character and nothing follows the repetition, so the
 # match simply stops at the first position no alternative fits: it never backtracks over
 # the prefixes already taken, and its cost stays linear in the line's length.
@@ -33,6 +35,7 @@ _PREFIXES = re.compile(
       | <[0-9]{{1,3}}>                                   # dmesg -r: <6>
       | [0-9]{{1,3}},[0-9]{{1,20}},[0-9]{{1,20}}(?:,[^;]{{0,64}})?;   # /dev/kmsg record header
       | \[\s*[+-]?[0-9]{{1,12}}(?:[.,][0-9]{{1,9}})?(?:\s*<[^>]{{0,24}}>)?\]:?   # [ 12.345678]
+      | \[\s{{0,8}}[TC][0-9]{{1,10}}\]                   # CONFIG_PRINTK_CALLER: [  T291], [ C3]
       | \[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)\s[^\]]{{1,40}}\]:?   # dmesg -T
       | \[?{_ISO_TIME}\]?:?                              # dmesg --time-format iso, short-iso
       | [^\W\d_]{{3,5}}\.?\s{{1,2}}[0-9]{{1,2}}\s[0-9]{{2}}:[0-9]{{2}}:[0-9]{{2}}(?:\.[0-9]{{1,9}})?
@@ -88,13 +91,33 @@ _FALLEN = re.compile(
 )
 _CRASH_DUMP = "crash dump has been created"
 # NVRM: API mismatch: the client has the version 570.153.02, but
+# NVRM: this kernel module has the version 535.86.10.  Please
 # NVRM: API mismatch: the client 'kwin_wayland' (pid 1005)
-_MISMATCH = re.compile(r"API mismatch|[Vv]ersion mismatch")
+# The wording that names no client (old drivers print only it, current ones still do on
+# some paths) splits one sentence over two records, each naming one of the versions.
+# The second is a mismatch by itself: the first may have been overwritten in the ring
+# buffer, fallen before the look-back, or be filtered out by whatever fed us the log, and
+# the kernel module's version is the half an operator needs to see.
+_MISMATCH = re.compile(r"API mismatch|[Vv]ersion mismatch|this kernel module has the version\b")
 _MISMATCH_CLIENT = re.compile(r"client '(?P<name>[^']{1,64})' \(pid (?P<pid>[0-9]{1,10})\)")
 # GSP firmware and its RPC channel: "GSP", "kgsp..."/"...Gsp..." in function names, and the
 # RPC plumbing ("_issueRpcAndWait", "rpcSendMessage", "RPC history"). Case matters: a
 # case-insensitive "gsp" would match inside unrelated identifiers.
 _GSP = re.compile(r"GSP|Gsp|kgsp|\bgsp|RPC|Rpc|\brpc")
+# The kernel's firmware loader failing to find the driver's GSP firmware (r510 and later
+# request nvidia/<driver version>/gsp*.bin when RM boots on GSP): the installed driver
+# lacks its firmware, so no GPU it drives will initialise.
+#   nvidia 0000:3b:00.0: Direct firmware load for nvidia/535.161.08/gsp_ga10x.bin failed
+#     with error -2
+#   (NULL device *): Direct firmware load for ...      (no device: dev_warn(NULL, ...))
+#   nvidia 0000:3b:00.0: firmware: failed to load nvidia/.../gsp_tu10x.bin (-2)   (Debian)
+# The bus id is the device prefix dev_warn() prints, when it names a PCI device. Other
+# firmware (Wi-Fi .ucode, nouveau's nvidia/<chip>/gsp/...) is not the NVIDIA driver's.
+_GSP_FIRMWARE = re.compile(
+    rf"(?:(?P<pci>{_BUS_ID}): )?"
+    r"(?:Direct firmware load for|firmware: failed to load)"
+    r" nvidia/[0-9][0-9.]{0,30}/gsp\w{0,32}\.bin\b"
+)
 # nvidia: probe of 0000:5d:00.0 failed with error -1   (the PCI driver, not RM: no "NVRM")
 _PROBE_FAILED = re.compile(rf"nvidia: probe of (?P<pci>{_BUS_ID}) failed")
 
@@ -136,6 +159,10 @@ def parse_message(message: str) -> KernelLine:
         aer = _aer(text)
         if aer is not None:
             return aer
+    if "/gsp" in text:
+        firmware = _GSP_FIRMWARE.search(text)
+        if firmware is not None:
+            return KernelLine(kind="gsp", pci=firmware["pci"], text=text)
     if "probe of" in text:
         probe = _PROBE_FAILED.search(text)
         if probe is not None:
