@@ -252,6 +252,11 @@ class MigCheck:
 @dataclass(frozen=True)
 class NvlinkCheck:
     enabled: bool = True
+    # CRC errors (flit + data, summed over the links) per second above which the GPU is
+    # WARN; DCGM's health watch fails a GPU at 100/s.
+    crc_rate_per_second: float = 100.0
+    # Window over which the CRC rate is measured and replay or recovery errors count as new.
+    rate_window_seconds: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -559,6 +564,7 @@ _POSITIVE = {
     "sources.nvml.init_retry_seconds",
     "checks.ecc.rate_window_seconds",
     "checks.aer.rate_window_seconds",
+    "checks.nvlink.rate_window_seconds",
     "sources.sysfs.interval_seconds",
     "events.retention_seconds",
     "events.max_events",
@@ -593,6 +599,7 @@ _NON_NEGATIVE = {
     "checks.xid.app_error_hold_seconds",
     "checks.xid.app_error_rate_per_hour",
     "checks.aer.corrected_rate_per_hour",
+    "checks.nvlink.crc_rate_per_second",
     "sources.kmsg.lookback_seconds",
     "events.dedup_window_seconds",
     "aggregator.cordon_budget.max_nodes",

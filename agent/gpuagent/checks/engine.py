@@ -33,7 +33,7 @@ from gpuagent.checks.inventory import (
 from gpuagent.checks.kernel import check_kernel
 from gpuagent.checks.memory import GpuMemory, HealthMemory
 from gpuagent.checks.mig import check_mig
-from gpuagent.checks.nvlink import check_nvlink
+from gpuagent.checks.nvlink import check_nvlink, remember_nvlink
 from gpuagent.checks.nvml import check_nvml
 from gpuagent.checks.pcie import check_pcie, remember_bridges, remember_link
 from gpuagent.checks.persistence import check_persistence
@@ -186,6 +186,8 @@ def _remember(
         memory = remember_aer(memory, path, config.aer, now)
     if config.thermal.enabled:
         memory = remember_throttle(memory, readings, config.thermal, now)
+    if config.nvlink.enabled:
+        memory = remember_nvlink(memory, readings, config.nvlink, now)
     return memory
 
 

@@ -98,6 +98,12 @@ class GpuMemory:
     # Uncorrectable (non-fatal + fatal) AER totals per function when first seen, or after
     # the counter went down: anything above this was seen while the agent watched.
     aer_uncorrectable_baseline: tuple[tuple[str, int], ...] = ()
+    # NVLink error totals summed over the GPU's links. The CRC series sums the flit and data
+    # counters (its source names which of the two the GPU reports, so a counter appearing
+    # or vanishing starts a new series); replays and recoveries are judged on their own.
+    nvlink_crc: CounterSeries = field(default_factory=CounterSeries)
+    nvlink_replay: CounterSeries = field(default_factory=CounterSeries)
+    nvlink_recovery: CounterSeries = field(default_factory=CounterSeries)
 
 
 @dataclass(frozen=True)

@@ -1,34 +1,133 @@
-"""``nvlink``: every NVLink the GPU has should be up.
+"""``nvlink``: every NVLink the GPU has should be up, and its links should not be erring.
 
 A down link halves (or worse) the bandwidth of collective operations and usually hangs
 multi-GPU jobs that expect the full fabric.
+
+The error counters (summed over the GPU's links) count since the driver loaded, so a
+healthy node may carry old errors: only growth while the agent watches is judged, never
+the totals, and an agent restart starts from fresh samples. As in DCGM's health watch,
+any replay or recovery error is a problem (a replay retransmits a flit the receiver
+rejected, a recovery retrains the link), while CRC errors only are one when they come
+faster than ``crc_rate_per_second``: a few are absorbed by replays.
 """
 
 from __future__ import annotations
 
-from gpuagent.checks.common import GpuView, Outcome, Problem
+from dataclasses import replace
+
+from gpuagent.checks.common import Evidence, GpuView, Outcome, Problem, fmt, plural
+from gpuagent.checks.memory import CounterSeries, GpuMemory, Rate
 from gpuagent.checks.vocabulary import Action, Runbook
-from gpuagent.model import Severity
+from gpuagent.config import NvlinkCheck
+from gpuagent.model import GpuReadings, Severity
 
 
-def check_nvlink(view: GpuView) -> Outcome:
-    links = view.readings.nvlink_up
-    down = [index for index, up in enumerate(links) if up is False]
-    up_count = sum(1 for up in links if up is True)
-    evidence = (
-        ("links", len(links)),
-        ("links_up", up_count),
-        ("links_down", ",".join(str(i) for i in down)),
+def _crc_sample(readings: GpuReadings) -> tuple[int | None, str]:
+    """The flit and data CRC totals summed, and which of the two the GPU reports."""
+    counters = (
+        ("flit", readings.nvlink_crc_flit_errors),
+        ("data", readings.nvlink_crc_data_errors),
     )
-    if not links:
-        return Outcome("no NVLink", evidence)
+    reported = [(name, value) for name, value in counters if value is not None]
+    if not reported:
+        return None, ""
+    return sum(value for _, value in reported), "+".join(name for name, _ in reported)
+
+
+def remember_nvlink(
+    memory: GpuMemory, readings: GpuReadings | None, config: NvlinkCheck, now: float
+) -> GpuMemory:
+    """Add this poll's error samples; an unread GPU (``readings`` None) only ages old ones."""
+    window = config.rate_window_seconds
+    if readings is None:
+        # A missing value never starts a new series, whatever source it is given.
+        crc, source, replay, recovery = None, "", None, None
+    else:
+        crc, source = _crc_sample(readings)
+        replay, recovery = readings.nvlink_replay_errors, readings.nvlink_recovery_errors
+    return replace(
+        memory,
+        nvlink_crc=memory.nvlink_crc.observe(now, crc, source, window),
+        nvlink_replay=memory.nvlink_replay.observe(now, replay, "replay", window),
+        nvlink_recovery=memory.nvlink_recovery.observe(now, recovery, "recovery", window),
+    )
+
+
+def _per_second(value: float) -> str:
+    # fmt's one decimal would turn a single error in a minute into "0 per second".
+    return fmt(value) if value >= 1 else f"{value:.2g}"
+
+
+def _crc_problem(series: CounterSeries, rate: Rate | None, limit: float) -> Problem | None:
+    if rate is None or rate.per_second <= limit:
+        return None
+    reason = (
+        f"{_per_second(rate.per_second)} NVLink CRC errors ({series.source}) per second "
+        f"({rate.increase} in {fmt(rate.span_seconds)} s), above {fmt(limit)}"
+    )
+    return Problem(Severity.WARN, reason, Action.INVESTIGATE, Runbook.GPU_NVLINK_ERRORS)
+
+
+def _growth_problem(kind: str, rate: Rate | None) -> Problem | None:
+    """Any replay or recovery error between samples, however few."""
+    if rate is None or rate.increase <= 0:
+        return None
+    reason = (
+        f"{plural(rate.increase, f'new NVLink {kind} error')} in {fmt(rate.span_seconds)} s "
+        f"({_per_second(rate.per_second)} per second)"
+    )
+    return Problem(Severity.WARN, reason, Action.INVESTIGATE, Runbook.GPU_NVLINK_ERRORS)
+
+
+def _down_problem(links: tuple[bool | None, ...], down: list[int]) -> Problem | None:
     if not down:
-        return Outcome(f"{up_count} of {len(links)} NVLinks up, none down", evidence)
+        return None
     noun = "NVLink" if len(down) == 1 else "NVLinks"
-    problem = Problem(
+    return Problem(
         Severity.CRITICAL,
         f"{noun} {', '.join(str(i) for i in down)} down ({len(down)} of {len(links)})",
         Action.DRAIN_AND_REBOOT,
         Runbook.GPU_NVLINK_DOWN,
     )
-    return Outcome("", evidence, (problem,))
+
+
+def _per_second_or_none(rate: Rate | None) -> float | None:
+    return None if rate is None else rate.per_second
+
+
+def check_nvlink(view: GpuView) -> Outcome:
+    readings, config, memory = view.readings, view.config.nvlink, view.memory
+    window = config.rate_window_seconds
+    links = readings.nvlink_up
+    down = [index for index, up in enumerate(links) if up is False]
+    up_count = sum(1 for up in links if up is True)
+    crc = memory.nvlink_crc.rate(window)
+    replay = memory.nvlink_replay.rate(window)
+    recovery = memory.nvlink_recovery.rate(window)
+    evidence: Evidence = (
+        ("links", len(links)),
+        ("links_up", up_count),
+        ("links_down", ",".join(str(i) for i in down)),
+        ("crc_flit_errors", readings.nvlink_crc_flit_errors),
+        ("crc_data_errors", readings.nvlink_crc_data_errors),
+        ("replay_errors", readings.nvlink_replay_errors),
+        ("recovery_errors", readings.nvlink_recovery_errors),
+        ("crc_errors_in_window", None if crc is None else crc.increase),
+        ("crc_rate_per_second", _per_second_or_none(crc)),
+        ("crc_rate_limit_per_second", config.crc_rate_per_second),
+        ("replay_errors_in_window", None if replay is None else replay.increase),
+        ("replay_rate_per_second", _per_second_or_none(replay)),
+        ("recovery_errors_in_window", None if recovery is None else recovery.increase),
+        ("recovery_rate_per_second", _per_second_or_none(recovery)),
+        ("rate_window_seconds", window),
+    )
+    found = (
+        _down_problem(links, down),
+        _crc_problem(memory.nvlink_crc, crc, config.crc_rate_per_second),
+        _growth_problem("replay", replay),
+        _growth_problem("recovery", recovery),
+    )
+    problems = tuple(p for p in found if p is not None)
+    if not links:
+        return Outcome("no NVLink", evidence, problems)
+    return Outcome(f"{up_count} of {len(links)} NVLinks up, none down", evidence, problems)

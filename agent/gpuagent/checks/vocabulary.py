@@ -59,6 +59,7 @@ class Runbook(enum.StrEnum):
     GPU_MIG_MISMATCH = "gpu-mig-mismatch"
     GPU_MIG_PENDING = "gpu-mig-pending"
     GPU_NVLINK_DOWN = "gpu-nvlink-down"
+    GPU_NVLINK_ERRORS = "gpu-nvlink-errors"
     GPU_XID_RESET_REQUIRED = "gpu-xid-reset-required"
     GPU_XID_REBOOT_REQUIRED = "gpu-xid-reboot-required"
     GPU_XID_APP_ERROR = "gpu-xid-app-error"

@@ -1,0 +1,204 @@
+"""nvlink: the error counters, judged by their growth while the agent watches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpuagent.checks import HealthMemory
+from gpuagent.config import ConfigError, NvlinkCheck, parse_config
+from gpuagent.model import Severity
+from test_checks_support import check_series, finding, gpu, run, with_checks
+
+LINKS = (True,) * 18
+# Totals a healthy node may carry since boot: judged alone they would alarm.
+SINCE_BOOT = {
+    "nvlink_crc_flit_errors": 100_000,
+    "nvlink_crc_data_errors": 5,
+    "nvlink_replay_errors": 40,
+    "nvlink_recovery_errors": 3,
+}
+OK_REASON = "18 of 18 NVLinks up, none down"
+
+
+def poll(**counters: Any) -> dict[str, Any]:
+    return {"nvlink_up": LINKS, **SINCE_BOOT, **counters}
+
+
+Steps = list[tuple[float, dict[str, Any]]]
+
+CASES = [
+    pytest.param(
+        [(t, poll()) for t in (0.0, 10.0, 30.0, 60.0, 90.0)],
+        Severity.OK,
+        OK_REASON,
+        id="flat-counters-since-boot",
+    ),
+    pytest.param(
+        [(0.0, poll()), (10.0, poll()), (20.0, poll(nvlink_replay_errors=43))],
+        Severity.WARN,
+        "3 new NVLink replay errors in 20 s (0.05 per second)",
+        id="replay-growth",
+    ),
+    pytest.param(
+        [(0.0, poll()), (30.0, poll(nvlink_recovery_errors=4))],
+        Severity.WARN,
+        "1 new NVLink recovery error in 30 s (0.017 per second)",
+        id="recovery-growth",
+    ),
+    pytest.param(
+        [(0.0, poll()), (60.0, poll(nvlink_crc_flit_errors=100_000 + 6000))],
+        Severity.OK,
+        OK_REASON,
+        id="crc-at-the-rate",
+    ),
+    pytest.param(
+        [
+            (0.0, poll()),
+            (60.0, poll(nvlink_crc_flit_errors=150_000, nvlink_crc_data_errors=10_005)),
+        ],
+        Severity.WARN,
+        "1000 NVLink CRC errors (flit+data) per second (60000 in 60 s), above 100",
+        id="crc-above-the-rate",
+    ),
+    pytest.param(
+        # A burst early on is counted against the whole window, not extrapolated.
+        [(0.0, poll()), (5.0, poll(nvlink_crc_flit_errors=100_000 + 3000))],
+        Severity.OK,
+        OK_REASON,
+        id="crc-burst-below-the-window-rate",
+    ),
+    pytest.param(
+        [
+            (0.0, poll()),
+            # A driver reload zeroes every counter; the next polls measure from there.
+            (10.0, poll(**dict.fromkeys(SINCE_BOOT, 0))),
+            (20.0, poll(**dict.fromkeys(SINCE_BOOT, 0))),
+        ],
+        Severity.OK,
+        OK_REASON,
+        id="counter-reset-goes-down",
+    ),
+    pytest.param(
+        [
+            (0.0, poll()),
+            (10.0, poll(nvlink_replay_errors=41)),
+            (80.0, poll(nvlink_replay_errors=41)),
+        ],
+        Severity.OK,
+        OK_REASON,
+        id="replay-growth-out-of-the-window",
+    ),
+    pytest.param(
+        [(t, {"nvlink_up": LINKS, **dict.fromkeys(SINCE_BOOT)}) for t in (0.0, 10.0, 20.0)],
+        Severity.OK,
+        OK_REASON,
+        id="unsupported-counters",
+    ),
+    pytest.param(
+        [(0.0, {**SINCE_BOOT}), (30.0, {**SINCE_BOOT, "nvlink_replay_errors": 41})],
+        Severity.WARN,
+        "1 new NVLink replay error in 30 s (0.017 per second)",
+        id="errors-without-link-states",
+    ),
+]
+
+
+@pytest.mark.parametrize(("steps", "severity", "reason"), CASES)
+def test_nvlink_errors(steps: Steps, severity: Severity, reason: str) -> None:
+    last = check_series("nvlink", steps)[-1]
+    assert (last.severity, last.reason) == (severity, reason)
+    if severity is Severity.WARN:
+        assert (last.action, last.runbook) == ("investigate", "gpu-nvlink-errors")
+
+
+def test_first_poll_never_alarms() -> None:
+    # An agent (re)start sees only totals: nothing to compare them with yet.
+    first = check_series("nvlink", [(0.0, poll(nvlink_crc_flit_errors=10**9))])[0]
+    assert first.severity is Severity.OK
+
+
+def test_down_link_outranks_errors() -> None:
+    links = (True, False, *LINKS[2:])
+    steps = [(0.0, poll(nvlink_up=links)), (30.0, poll(nvlink_up=links, nvlink_replay_errors=42))]
+    last = check_series("nvlink", steps)[-1]
+    assert last.severity is Severity.CRITICAL
+    assert (
+        last.reason
+        == "NVLink 1 down (1 of 18); 2 new NVLink replay errors in 30 s (0.033 per second)"
+    )
+    assert last.runbook == "gpu-nvlink-down"
+
+
+def test_configured_rate_and_window() -> None:
+    config = with_checks(nvlink=NvlinkCheck(crc_rate_per_second=10.0, rate_window_seconds=30.0))
+    steps = [(0.0, poll()), (30.0, poll(nvlink_crc_flit_errors=100_000 + 600))]
+    last = check_series("nvlink", steps, config=config)[-1]
+    assert last.reason == "20 NVLink CRC errors (flit+data) per second (600 in 30 s), above 10"
+
+
+def test_crc_series_restarts_when_a_counter_appears() -> None:
+    # Summing a counter that was not reported before would look like a jump in errors.
+    steps = [
+        (0.0, poll(nvlink_crc_data_errors=None)),
+        (30.0, poll(nvlink_crc_data_errors=1_000_000)),
+    ]
+    assert check_series("nvlink", steps)[-1].severity is Severity.OK
+
+
+def test_unread_poll_keeps_the_samples() -> None:
+    # A poll where the GPU could not be read is no reset: growth across it still counts.
+    memory = HealthMemory()
+    _, memory = run(gpu(**poll()), memory=memory, now=0.0)
+    _, memory = run(gpu("lost"), memory=memory, now=10.0)
+    health, _ = run(gpu(**poll(nvlink_recovery_errors=5)), memory=memory, now=20.0)
+    found = finding(health, "nvlink")
+    assert found.reason == "2 new NVLink recovery errors in 20 s (0.033 per second)"
+
+
+def test_evidence() -> None:
+    steps = [(0.0, poll()), (60.0, poll(nvlink_crc_flit_errors=100_600, nvlink_replay_errors=46))]
+    evidence = check_series("nvlink", steps)[-1].evidence_dict()
+    assert evidence == {
+        "links": 18,
+        "links_up": 18,
+        "links_down": "",
+        "crc_flit_errors": 100_600,
+        "crc_data_errors": 5,
+        "replay_errors": 46,
+        "recovery_errors": 3,
+        "crc_errors_in_window": 600,
+        "crc_rate_per_second": 10.0,
+        "crc_rate_limit_per_second": 100.0,
+        "replay_errors_in_window": 6,
+        "replay_rate_per_second": 0.1,
+        "recovery_errors_in_window": 0,
+        "recovery_rate_per_second": 0.0,
+        "rate_window_seconds": 60.0,
+    }
+
+
+def test_disabled_check_keeps_no_samples() -> None:
+    config = with_checks(nvlink=NvlinkCheck(enabled=False))
+    _, memory = run(gpu(**poll()), config=config)
+    assert memory.for_gpu(gpu().identity.pci_bus_id).nvlink_replay.samples == ()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("crc_rate_per_second", -1.0, "must not be negative"),
+        ("rate_window_seconds", 0.0, "must be greater than 0"),
+    ],
+)
+def test_config_ranges(key: str, value: float, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config(f"[checks.nvlink]\n{key} = {value}\n")
+
+
+def test_config_keys_parse() -> None:
+    text = "[checks.nvlink]\ncrc_rate_per_second = 0\nrate_window_seconds = 300\n"
+    assert parse_config(text).checks.nvlink == NvlinkCheck(
+        crc_rate_per_second=0.0, rate_window_seconds=300.0
+    )
