@@ -213,9 +213,10 @@ def replayed_gpu(
     """A simulated GPU that starts exactly as ``captured``."""
     profile = profile or profile_for(captured)
     bus, device = _slot(captured.bus_id, index)
+    seeded = hardware.make_identity(spec.seed, index, bus, device)
     board = dataclasses.replace(
-        hardware.make_identity(spec.seed, index, bus, device),
-        uuid=captured.uuid or hardware.make_identity(spec.seed, index, bus, device).uuid,
+        seeded,
+        uuid=captured.uuid or seeded.uuid,
         serial=captured.serial or "",
         temperature_offset=0.0,
     )
@@ -269,15 +270,10 @@ def _start_state(gpu: SimGpu, captured: CapturedGpu) -> None:
     }
 
 
-_FABRIC_STATES = {
-    "not started": codes.FABRIC_STATES["not_started"],
-    "in progress": codes.FABRIC_STATES["in_progress"],
-    "completed": codes.FABRIC_STATES["completed"],
-}
-
-
 def _fabric(captured: CapturedGpu) -> tuple[int, int]:
-    state = _FABRIC_STATES.get((captured.fabric_state or "").strip().lower())
+    # nvidia-smi prints "Not Started", "In Progress", "Completed": codes' keys, spelt out.
+    wanted = (captured.fabric_state or "").strip().lower().replace(" ", "_")
+    state = codes.FABRIC_STATES.get(wanted)
     if state is None:
         return codes.FABRIC_STATE_NOT_SUPPORTED, codes.SUCCESS
     ok = (captured.fabric_status or "success").strip().lower() == "success"
