@@ -12,6 +12,9 @@ from gpuagent.config import AggregatorSection, CordonBudgetSection, MqttConnecti
 from gpuagent.fleet import schema
 
 PREFIX = "gpuagent/v1"
+# The command token `config` sets up, and the header that sends it.
+COMMAND_TOKEN = "test-command-token"
+AUTH = {"Authorization": f"Bearer {COMMAND_TOKEN}"}
 _ids = itertools.count(1)
 
 
@@ -93,6 +96,14 @@ def config(
     arbiter: bool = True,
     **overrides: Any,
 ) -> AggregatorSection:
+    """An aggregator on 127.0.0.1:``port`` with its database in ``tmp_path``, and a command
+    token (`COMMAND_TOKEN`) in ``tmp_path``/command-token unless ``command_token_file`` is
+    given."""
+    if "command_token_file" not in overrides:
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        token_file = tmp_path / "command-token"
+        token_file.write_text(COMMAND_TOKEN + "\n")
+        overrides["command_token_file"] = str(token_file)
     base = AggregatorSection(
         listen=f"127.0.0.1:{port}",
         database=tmp_path / "fleet.sqlite",

@@ -41,9 +41,20 @@ async def until(check: Callable[[], bool | Awaitable[bool]], timeout: float = 5.
 
 @asynccontextmanager
 async def aggregator(
-    tmp_path: Path, broker: Broker, name: str = "agg", **overrides: Any
+    tmp_path: Path,
+    broker: Broker,
+    name: str = "agg",
+    reconnect_seconds: float = 0.2,
+    **overrides: Any,
 ) -> AsyncIterator[Aggregator]:
-    connection = broker.connection("aggregator", client_id=f"gpuagent-aggregator-{name}")
+    # Each aggregator its own identity (the broker makes it the client id), as in production.
+    identity = "aggregator" if name == "agg" else f"aggregator-{name}"
+    connection = broker.connection(
+        identity,
+        client_id=f"gpuagent-aggregator-{name}",
+        reconnect_min_seconds=reconnect_seconds,
+        reconnect_max_seconds=max(1.0, reconnect_seconds),
+    )
     config: AggregatorSection = msg.config(
         tmp_path / name, port=free_port(), broker=connection, **overrides
     )

@@ -38,6 +38,9 @@ ACL = REPO / "deploy" / "mosquitto" / "gpuagent.acl"
 SHIPPED_CONF = REPO / "deploy" / "mosquitto" / "gpuagent.conf"
 _SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", os.defpath), "/usr/sbin", "/sbin"])
 STARTUP_SECONDS = 10.0
+# Further aggregators the tests run beside "aggregator", each added to the ACL as the
+# shipped file says: a copy of the aggregator's lines under its own identity.
+EXTRA_AGGREGATORS = ("aggregator-a", "aggregator-b")
 
 
 def shipped_settings() -> tuple[list[str], list[str]]:
@@ -152,11 +155,23 @@ class Broker:
             )
         return head + where + "reconnect_min_seconds = 0.2\nreconnect_max_seconds = 1.0\n"
 
+    def _write_acl(self) -> Path:
+        """The shipped ACL, and the aggregator's lines again for each further aggregator."""
+        shipped = ACL.read_text()
+        lines = shipped.splitlines()
+        start = lines.index("user aggregator")
+        block = lines[start : lines.index("", start)]
+        extra = ["\n".join([f"user {name}", *block[1:]]) for name in EXTRA_AGGREGATORS]
+        acl = self.root / "gpuagent.acl"
+        acl.write_text("\n\n".join([shipped, *extra]) + "\n")
+        return acl
+
     def _write_config(self) -> Path:
         """The shipped configuration (deploy/mosquitto/gpuagent.conf) with this test's paths
         and ports, and a plain listener beside its TLS one."""
         crt, key = self.root / "pki" / "broker.crt", self.root / "pki" / "broker.key"
-        paths = {"cafile": self.pki.ca_file, "certfile": crt, "keyfile": key, "acl_file": ACL}
+        acl = self._write_acl()
+        paths = {"cafile": self.pki.ca_file, "certfile": crt, "keyfile": key, "acl_file": acl}
         shared, listener = shipped_settings()
         lines = [
             *shared,

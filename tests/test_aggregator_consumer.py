@@ -150,3 +150,34 @@ async def test_a_message_of_an_earlier_session_is_not_acknowledged_on_a_later_on
     mid = rig.deliver("events", msg.event("n1"))
     await rig.agg.store.flush()
     assert [ack[0] for ack in later.acks] == [mid]
+
+
+async def test_nodes_hear_which_of_their_messages_are_stored_once_committed(rig: Rig) -> None:
+    """End to end: a node's spool drops a message only when the aggregator says it stored
+    it; one acknowledgement per node per commit, duplicates acknowledged again (the node
+    missed the first), state reports and rejected messages never."""
+    events = [msg.event("n1") for _ in range(3)]
+    for event in events:
+        rig.deliver("events", event)
+    other = msg.event("n2")
+    rig.deliver("events", other)
+    rig.deliver("replies", msg.reply("n1", "cmd-7"))
+    rig.deliver("state", msg.state("n1"))
+    rig.deliver("events", b"{garbage")
+    await asyncio.sleep(0.05)
+    assert rig.client.published == []  # not committed yet: nothing acknowledged
+    await rig.agg.store.flush()
+    await until(lambda: len(rig.client.published) == 2)
+    acks = {topic: message for topic, message, _ in rig.client.published}
+    assert acks[msg.topic("n1", "cmd")]["type"] == "ack"
+    assert acks[msg.topic("n1", "cmd")]["ids"] == [
+        *(e["id"] for e in events),
+        "n1:reply:cmd-7",
+    ]
+    assert acks[msg.topic("n2", "cmd")]["ids"] == [other["id"]]
+    assert rig.agg.state.counters.acknowledged == 5
+    # The node sends one again (it missed our acknowledgement): acknowledged again.
+    rig.deliver("events", events[0])
+    await rig.agg.store.flush()
+    await until(lambda: len(rig.client.published) == 3)
+    assert rig.client.published[2][1]["ids"] == [events[0]["id"]]

@@ -48,7 +48,7 @@ class Rig:
             return response.status, await response.text()
 
     async def post(self, path: str, body: object) -> tuple[int, Any]:
-        async with self.session.post(self.base + path, json=body) as response:
+        async with self.session.post(self.base + path, json=body, headers=msg.AUTH) as response:
             return response.status, await response.json()
 
 
@@ -353,9 +353,9 @@ async def test_commands_need_the_token_when_one_is_configured(tmp_path: Path) ->
         (None, False),
     ],
 )
-def test_without_a_token_only_this_host_may_send_commands(
-    remote: str | None, allowed: bool
-) -> None:
+def test_loopback_peers_are_recognised(remote: str | None, allowed: bool) -> None:
+    """Loopback peers get their local uid looked up for the audit log (no longer a way
+    around the token)."""
     from gpuagent.aggregator.http import _loopback  # noqa: PLC0415
 
     assert _loopback(remote) is allowed
@@ -416,7 +416,7 @@ async def test_commands_must_be_sent_as_json(
         sent.append(out)
 
     object.__setattr__(agg.api, "publish", publish)  # no broker here: capture instead
-    headers = {} if content_type is None else {"Content-Type": content_type}
+    headers = {**msg.AUTH, **({} if content_type is None else {"Content-Type": content_type})}
     try:
         agg.ingest.handle(msg.topic("n1", "state"), schema.encode(msg.state("n1")))
         async with (

@@ -269,7 +269,7 @@ async def test_the_real_agent_reports_to_the_aggregator(
         await until(lambda: agg.state.counters.events["finding"] >= 1, timeout=10)
         async with aiohttp.ClientSession() as session:
             url = f"http://{agg.config.listen}/api/v1/nodes/e2e-node/commands"
-            async with session.post(url, json={"command": "refresh"}) as response:
+            async with session.post(url, json={"command": "refresh"}, headers=msg.AUTH) as response:
                 assert response.status == 202
                 command_id = (await response.json())["id"]
         await until(
@@ -320,7 +320,7 @@ async def test_a_command_expires_while_its_node_is_away(
         url = f"http://{agg.config.listen}/api/v1/nodes/n1/commands"
 
         async def send() -> str:
-            async with session.post(url, json={"command": "refresh"}) as response:
+            async with session.post(url, json={"command": "refresh"}, headers=msg.AUTH) as response:
                 assert response.status == 202
                 command_id: str = (await response.json())["id"]
                 return command_id

@@ -87,7 +87,8 @@ def test_values_are_applied() -> None:
             "expected a number",
         ),
         ("[api]\nsocket = ''\n", "api.socket", 2, "non-empty path"),
-        ("[agent]\nnode_name = 'aggregator'\n", "agent.node_name", 2, "aggregator's identity"),
+        ("[agent]\nnode_name = 'aggregator'\n", "agent.node_name", 2, "aggregator identities"),
+        ("[agent]\nnode_name = 'aggregator-2'\n", "agent.node_name", 2, "aggregator identities"),
         ("[aggregator]\nshare_group = 'a/b'\n", "aggregator.share_group", 2, "one topic level"),
         *(
             (

@@ -132,7 +132,12 @@ def test_broker_outage_loses_no_event(
         if _on("events")(m) and "code" in m.payload["data"]
     }
     assert codes == {13}
-    daemon.wait_for(lambda _d: _metric(daemon, "gpuagent_mqtt_spool_messages") == 0.0)
+    # All sent; they stay spooled until an aggregator acknowledges storing them (this test
+    # runs none: test_fleet_delivery.py does).
+    daemon.wait_for(
+        lambda _d: _metric(daemon, "gpuagent_mqtt_spool_awaiting_ack_messages") == 500.0
+        and _metric(daemon, "gpuagent_mqtt_spool_messages") == 500.0
+    )
 
 
 def test_agent_killed_with_a_full_spool_sends_it_after_restart(

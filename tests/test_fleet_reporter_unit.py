@@ -7,13 +7,13 @@ import asyncio
 import json
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
 
-from gpuagent.config import MqttOutput
+from gpuagent.config import MqttConnection, MqttOutput
 from gpuagent.fleet import reporter as reporter_module
 from gpuagent.fleet import schema
 from gpuagent.fleet.reporter import CommandRefusedError, Reporter
@@ -274,7 +274,7 @@ async def test_the_spool_keeps_what_the_broker_refused_for_now(
     # "Quota exceeded" or "unspecified error" is tried again; "not authorized" would fail
     # the same way forever and is dropped (and counted).
     monkeypatch.setattr(reporter_module, "_TRANSIENT_RETRY_SECONDS", 0.01)
-    reporter = _reporter(tmp_path)
+    reporter = _reporter(tmp_path, ack_timeout_seconds=0)  # the broker's PUBACK ends it
     broker = _connect(reporter, code)
     reporter.offer_event(GpuEvent("kmsg:b:1", "kmsg", "xid", BUS, 1000.0, 5.0, code=79))
     drain = asyncio.create_task(reporter._drain(broker))  # type: ignore[arg-type]
@@ -337,3 +337,185 @@ async def test_no_online_report_after_the_goodbye(tmp_path: Path) -> None:
     await reporter.shutdown()
     await late_report
     assert [m["online"] for _, m, _ in broker.sent] == [False]
+
+
+def _kernel_event(sequence: int, boot: str = "b") -> GpuEvent:
+    return GpuEvent(f"kmsg:{boot}:{sequence}", "kmsg", "xid", BUS, 1000.0, 5.0, code=79)
+
+
+def _ack(*ids: str, node: str = "n1") -> bytes:
+    return schema.encode(schema.ack_message(node, "c1", list(ids)))
+
+
+async def _drained(reporter: Reporter, broker: Broker, sends: int) -> asyncio.Task[None]:
+    drain = asyncio.create_task(reporter._drain(broker))  # type: ignore[arg-type]
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+        if len(broker.sent) >= sends:
+            break
+    return drain
+
+
+async def test_a_message_leaves_the_spool_only_when_the_aggregator_acknowledges_it(
+    tmp_path: Path,
+) -> None:
+    """The broker's PUBACK is not enough (a broker crash or a shared subscription without
+    members loses what it acknowledged): the message waits for the aggregator's ack, and
+    goes again if none comes in time."""
+    reporter = _reporter(tmp_path, ack_timeout_seconds=0.2)
+    broker = _connect(reporter)
+    reporter.offer_event(_kernel_event(1))
+    reporter.offer_event(_kernel_event(2))
+    drain = await _drained(reporter, broker, 2)
+    assert [m["id"] for _, m, _ in broker.sent] == ["n1:kmsg:b:1", "n1:kmsg:b:2"]
+    assert reporter.status().spool_depth == reporter.status().awaiting_ack == 2
+    # No acknowledgement: both go again after the timeout, the same ids.
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if len(broker.sent) >= 4:
+            break
+    assert [m["id"] for _, m, _ in broker.sent[2:]] == ["n1:kmsg:b:1", "n1:kmsg:b:2"]
+    # An acknowledgement addressed to another node is refused; ours removes the message.
+    assert reporter.handle_command(_ack("n1:kmsg:b:1", node="n2")) is None
+    assert reporter.rejected_commands["foreign"] == 1
+    reporter.handle_command(_ack("n1:kmsg:b:1", "n1:kmsg:b:unknown"))
+    drain.cancel()
+    assert [m["id"] for m in _spooled(reporter)] == ["n1:kmsg:b:2"]
+    assert reporter.status().acknowledged == 1
+
+
+async def test_resends_back_off_and_a_new_connection_sends_everything_again(
+    tmp_path: Path,
+) -> None:
+    reporter = _reporter(tmp_path, ack_timeout_seconds=0.1)
+    broker = _connect(reporter)
+    reporter.offer_event(_kernel_event(1))
+    drain = await _drained(reporter, broker, 3)
+    drain.cancel()
+    # Sent at 0, resent after 0.1 s, then after 0.2 s more: the wait doubles.
+    assert len(broker.sent) == 3
+    due = reporter.spool.next_due(0.1)
+    assert due is not None
+    assert 0.3 < due <= 0.4
+    # A new connection (the broker may have restarted and lost it) sends it at once.
+    again = await _drained(reporter, broker, 4)
+    again.cancel()
+    assert len(broker.sent) == 4
+
+
+async def test_acknowledgements_do_not_crowd_out_remembered_command_ids(tmp_path: Path) -> None:
+    reporter = _reporter(tmp_path)
+    command = schema.command_message("cmd-1", "n1", "c1", "refresh")
+    task = reporter.handle_command(schema.encode(command))
+    assert task is not None
+    await task
+    for i in range(2000):
+        reporter.handle_command(_ack(f"n1:kmsg:b:{i}"))
+    assert reporter.handle_command(schema.encode(command)) is None  # still known: once only
+    assert reporter.commands["refresh"] == 1
+
+
+async def test_a_restarted_agent_does_not_spool_kernel_records_it_spooled_before(
+    tmp_path: Path,
+) -> None:
+    """A restart re-reads the kernel's buffer; what the last run spooled is not sent again
+    (per boot: a new boot starts its sequence numbers over)."""
+    first = _reporter(tmp_path)
+    for sequence in range(1, 101):
+        first.offer_event(_kernel_event(sequence))
+    await _settle()
+    assert len(_spooled(first)) == 100
+    first.spool.acknowledge([m["id"] for m in _spooled(first)])
+    first.close()
+
+    second = _reporter(tmp_path)
+    for sequence in range(1, 103):
+        second.offer_event(_kernel_event(sequence))
+    second.offer_event(_kernel_event(5, boot="next-boot"))
+    await _settle()
+    assert [m["id"] for m in _spooled(second)] == [
+        "n1:kmsg:b:101",
+        "n1:kmsg:b:102",
+        "n1:kmsg:next-boot:5",
+    ]
+
+
+class _SessionRig:
+    """The reporter's connection loop on a stand-in client whose connection drops when
+    ``lost`` is set."""
+
+    def __init__(self, reporter: Reporter, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.lost = asyncio.Event()
+        self.sessions = 0
+        rig = self
+
+        class Client:
+            def __init__(self, **_: Any) -> None:
+                self._client = _PahoStub()
+                rig.sessions += 1
+
+            async def __aenter__(self) -> Self:
+                return self
+
+            async def __aexit__(self, *_: object) -> None:
+                return None
+
+            async def subscribe(self, *_: Any, **__: Any) -> None:
+                return None
+
+        async def connection_drops(_client: Any) -> None:
+            await rig.lost.wait()
+            rig.lost.clear()
+            raise reporter_module.aiomqtt.MqttError("Disconnected during message iteration")
+
+        async def forever(_client: Any) -> None:
+            await asyncio.Event().wait()
+
+        monkeypatch.setattr(reporter_module.aiomqtt, "Client", Client)
+        monkeypatch.setattr(reporter, "_drain", connection_drops)
+        monkeypatch.setattr(reporter, "_state_loop", forever)
+        monkeypatch.setattr(reporter, "_command_loop", forever)
+        self.run = asyncio.create_task(reporter.run())
+
+    async def until_sessions(self, count: int) -> None:
+        for _ in range(300):
+            if self.sessions >= count:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{self.sessions} sessions, not {count}")
+
+
+async def test_a_lost_connection_is_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reporter = _reporter(tmp_path, broker=MqttConnection(reconnect_min_seconds=0.01))
+    rig = _SessionRig(reporter, monkeypatch)
+    await rig.until_sessions(1)
+    await asyncio.sleep(0.01)
+    rig.lost.set()
+    await rig.until_sessions(2)
+    rig.run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(rig.run, 2.0)
+
+
+async def test_cancellation_wins_over_a_connection_lost_at_the_same_moment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM as the connection drops: a task group would raise the connection error,
+    not the cancellation, and the reporter would reconnect instead of stopping."""
+    reporter = _reporter(tmp_path, broker=MqttConnection(reconnect_min_seconds=0.01))
+    rig = _SessionRig(reporter, monkeypatch)
+    await rig.until_sessions(1)
+    await asyncio.sleep(0.01)
+    rig.lost.set()
+    await asyncio.sleep(0)  # the failing task is scheduled first, then the SIGTERM
+    rig.run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(rig.run, 2.0)
+    assert rig.sessions == 1
+
+
+class _PahoStub:
+    on_publish = None
+    on_disconnect = None

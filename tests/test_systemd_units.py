@@ -93,8 +93,12 @@ def test_aggregator_credentials_drop_in_verifies(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout + result.stderr == ""
 
-    loaded = {value.partition(":")[0] for value in _settings_of(drop_in).get("LoadCredential", [])}
+    # The unit itself loads the command token; the drop-in adds the broker's secrets.
+    from_unit = _settings(AGGREGATOR_UNIT).get("LoadCredential", [])
+    from_drop_in = _settings_of(drop_in).get("LoadCredential", [])
+    loaded = {value.partition(":")[0] for value in from_unit + from_drop_in}
     assert loaded == {"mqtt-key", "mqtt-password", "command-token"}
+    assert len(loaded) == len(from_unit + from_drop_in)  # none loaded twice
     config_text = _fleet_doc_block("# /etc/gpuagent/aggregator.toml")
     parse_config(config_text)  # keys the aggregator knows, values of the right types
     # The alternative in comments ("# password_file = ...") counts too.
@@ -182,3 +186,17 @@ def test_aggregator_unit_is_unprivileged() -> None:
     assert settings["ExecStart"] == [
         "/usr/bin/gpuagent-aggregator run --config /etc/gpuagent/aggregator.toml"
     ]
+
+
+def test_aggregator_unit_loads_the_command_token_the_package_generates() -> None:
+    """deb/postinst writes the token; the unit hands it to the dynamic user where the
+    default aggregator.command_token_file reads it."""
+    from gpuagent.config import AggregatorSection  # noqa: PLC0415
+
+    source = "/etc/gpuagent/aggregator/command-token"
+    assert _settings(AGGREGATOR_UNIT)["LoadCredential"] == [f"command-token:{source}"]
+    assert AggregatorSection().command_token_file == CREDENTIALS_DIR + "command-token"
+    postinst = (REPO / "deb" / "postinst").read_text()
+    token_dir, _, name = source.rpartition("/")
+    assert f"TOKEN_DIR={token_dir}\n" in postinst
+    assert f'"$TOKEN_DIR/{name}"' in postinst

@@ -101,8 +101,10 @@ class ApiServer:
     ) -> dict[str, Any]:
         try:
             request = json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except ValueError:  # not JSON, not UTF-8
             return self._reject("malformed", "request is not valid JSON")
+        except RecursionError:  # "[" * 30000: nested deeper than the decoder goes
+            return self._reject("malformed", "request is not valid JSON (nested too deeply)")
         if not isinstance(request, dict) or not isinstance(request.get("method"), str):
             return self._reject("malformed", 'request must be an object with a "method"')
         params = request.get("params", {})

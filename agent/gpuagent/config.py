@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from gpuagent.fleet.topics import AGGREGATOR_IDENTITY, NAME_RE
+from gpuagent.fleet.topics import AGGREGATOR_IDENTITY, NAME_RE, is_aggregator_identity
 
 T = TypeVar("T")
 
@@ -130,6 +130,10 @@ class MqttOutput:
     # Commands sent longer ago than this (or this far in the future: clock skew) are
     # refused, so one queued for a node that was away does not run when it returns.
     max_command_age_seconds: float = 300.0
+    # A spooled message leaves the spool once the aggregator acknowledges storing it; one
+    # not acknowledged within this is sent again (the wait doubling with each try, up to
+    # 32x). 0: the broker's acknowledgement is enough (for a consumer that sends no acks).
+    ack_timeout_seconds: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -511,6 +515,23 @@ class CordonBudgetSection:
 
 
 @dataclass(frozen=True)
+class AggregatorHttpSection:
+    # A connection that has not sent a whole request head (request line and headers) this
+    # long after it opened, or after its previous request, is closed.
+    header_timeout_seconds: float = 10.0
+    # A request body not received within this many seconds is answered 408.
+    body_timeout_seconds: float = 10.0
+    # An idle keep-alive connection is closed after this many seconds.
+    keepalive_timeout_seconds: float = 15.0
+    # At most this many connections are open at once; further ones are closed at accept.
+    max_connections: int = 256
+
+
+# Where systemd hands the aggregator its command token (LoadCredential= in its unit).
+DEFAULT_COMMAND_TOKEN_FILE = "/run/credentials/gpuagent-aggregator.service/command-token"  # noqa: S105
+
+
+@dataclass(frozen=True)
 class AggregatorSection:
     # HTTP: the JSON API (/api/v1/...), the fleet page (/) and fleet metrics (/metrics).
     listen: str = "127.0.0.1:19500"
@@ -527,14 +548,19 @@ class AggregatorSection:
     events_retention_seconds: float = 7 * 86400.0
     max_events: int = 1_000_000
     # Sending commands to nodes (POST .../commands) needs "Authorization: Bearer <token>"
-    # with the token in this file; empty: only clients on this host (loopback) may.
-    command_token_file: str = ""
+    # with the token in this file; without a readable token (empty, missing file), commands
+    # are refused.
+    command_token_file: str = DEFAULT_COMMAND_TOKEN_FILE
+    # Host header names (with or without a port) the HTTP server answers besides the
+    # listen address, localhost, 127.0.0.1 and [::1]; others get 421 (DNS rebinding).
+    http_hosts: list[str] = field(default_factory=list)
     # MQTT 5 message expiry of commands and cordon decisions: the broker drops one that has
     # waited this long for a node that is away, rather than deliver it when the node comes
     # back (the node's session lasts a day).
     command_expiry_seconds: int = 300
     broker: MqttConnection = field(default_factory=MqttConnection)
     cordon_budget: CordonBudgetSection = field(default_factory=CordonBudgetSection)
+    http: AggregatorHttpSection = field(default_factory=AggregatorHttpSection)
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -579,6 +605,10 @@ _POSITIVE = {
     "aggregator.max_events",
     "aggregator.command_expiry_seconds",
     "aggregator.cordon_budget.window_seconds",
+    "aggregator.http.header_timeout_seconds",
+    "aggregator.http.body_timeout_seconds",
+    "aggregator.http.keepalive_timeout_seconds",
+    "aggregator.http.max_connections",
     *(
         f"{section}.{key}"
         for section in ("outputs.mqtt.broker", "aggregator.broker")
@@ -599,6 +629,7 @@ _NON_NEGATIVE = {
     "checks.xid.app_error_hold_seconds",
     "checks.xid.app_error_rate_per_hour",
     "checks.aer.corrected_rate_per_hour",
+    "outputs.mqtt.ack_timeout_seconds",
     "checks.nvlink.crc_rate_per_second",
     "sources.kmsg.lookback_seconds",
     "events.dedup_window_seconds",
@@ -613,6 +644,7 @@ _MIG_PROFILE_RE = re.compile(r"^[1-9]\d*g\.[1-9]\d*gb([+-][a-z]+(\.[a-z]+)?)?$")
 # Levels of letters, digits, '.', '_', '-' joined by '/': no wildcard, no empty level, no
 # leading '$' (reserved for the broker's own topics).
 _TOPIC_PREFIX_RE = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
+_HTTP_HOST_RE = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.\-]+)(:\d{1,5})?$")
 _LISTEN_RE = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]*):(\d{1,5})$")
 
 
@@ -635,6 +667,10 @@ def _check_text(key: str, value: object) -> str | None:
         odd = [p for p in typing.cast("list[str]", value) if not _MIG_PROFILE_RE.match(p)]
         if odd:
             return f'{odd[0]!r} is not a GPU-instance profile name like "1g.10gb" or "1g.10gb+me"'
+    if key == "aggregator.http_hosts":
+        odd = [h for h in typing.cast("list[str]", value) if not _HTTP_HOST_RE.match(h)]
+        if odd:
+            return f'{odd[0]!r} is not a host name, "name:port", "[v6 address]" or "[...]:port"'
     if key in ("metrics.listen", "aggregator.listen"):
         match = _LISTEN_RE.match(str(value))
         if match is None or not 0 < int(match.group(2)) < 65536:
@@ -646,9 +682,12 @@ def _check_topic_name(key: str, value: object) -> str | None:
     """Names that become MQTT topic levels and ACL user names in fleet reports."""
     if key in ("agent.node_name", "agent.cluster") and value and not NAME_RE.match(str(value)):
         return "must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
-    if key == "agent.node_name" and value == AGGREGATOR_IDENTITY:
-        # The broker's ACL gives this identity the right to send commands to every node.
-        return f'"{AGGREGATOR_IDENTITY}" is the aggregator\'s identity on the broker'
+    if key == "agent.node_name" and is_aggregator_identity(str(value)):
+        # The broker's ACL gives these identities the right to send commands to every node.
+        return (
+            f'"{AGGREGATOR_IDENTITY}" and "{AGGREGATOR_IDENTITY}-*" are aggregator identities '
+            "on the broker"
+        )
     if key == "aggregator.share_group" and value and not NAME_RE.match(str(value)):
         return "must be 1-128 letters, digits, '.', '_' or '-' (it is one topic level)"
     if key.endswith(".topic_prefix") and not _TOPIC_PREFIX_RE.match(str(value)):

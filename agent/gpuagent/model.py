@@ -347,13 +347,16 @@ class MqttStatus:
 
     connected: bool
     connections: int = 0  # successful connects since start
-    spool_depth: int = 0  # messages waiting for the broker
+    spool_depth: int = 0  # messages waiting to be sent or acknowledged
     spool_bytes: int = 0
+    awaiting_ack: int = 0  # of those, sent and waiting for the aggregator's acknowledgement
+    acknowledged: int = 0  # messages the aggregator acknowledged since start
     spool_dropped: int = 0  # dropped by the spool's bounds since start
     published: tuple[tuple[str, int], ...] = ()  # (channel, acknowledged publishes)
     refused: tuple[tuple[str, int], ...] = ()  # (channel, publishes the broker refused)
     commands: tuple[tuple[str, int], ...] = ()  # (command, received)
     rejected_commands: tuple[tuple[str, int], ...] = ()  # (reason, count)
+    disconnects: tuple[tuple[str, int], ...] = ()  # (the broker's reason, count)
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,8 +47,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     # The store writes on a thread; hand the GIL back to the event loop quickly, so
     # message handling does not queue behind a batch of inserts (default: 5 ms).
     sys.setswitchinterval(0.0005)
+    from gpuagent.aggregator.supervise import TaskFailedError  # noqa: PLC0415
+
     try:
         asyncio.run(_serve(config))
+    except TaskFailedError as exc:  # a background task kept failing: let systemd restart us
+        _fail(f"stopping: {exc}")
     except ConfigError as exc:  # a file the configuration names cannot be read
         _fail(str(exc), 2)
     except OSError as exc:  # e.g. the listen address is taken, the database unwritable

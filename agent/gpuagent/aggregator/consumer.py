@@ -5,7 +5,10 @@ jittered backoff.
 
 A QoS 1 message is acknowledged only once the rows it caused are committed, and what it
 asks for (a cordon decision) is sent only then: if the aggregator dies first, the broker
-delivers the message again to its next session.
+delivers the message again to its next session. Then, too, the node is told (an ``ack``
+on its ``cmd`` topic, one per node per commit) that its spool may drop the message: so a
+message the broker loses (a crash, a shared subscription without members) is still in the
+node's spool, and sent again.
 """
 
 from __future__ import annotations
@@ -27,13 +30,16 @@ from gpuagent.aggregator.ingest import Outgoing
 from gpuagent.aggregator.state import FleetState
 from gpuagent.aggregator.store import FleetStore
 from gpuagent.config import AggregatorSection, ConfigError
-from gpuagent.fleet.connection import Backoff, client_options
-from gpuagent.fleet.topics import NODE_CHANNELS, subscription
+from gpuagent.fleet import schema
+from gpuagent.fleet.connection import Backoff, client_options, count_disconnects
+from gpuagent.fleet.topics import NODE_CHANNELS, parse_topic, subscription
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[str, bytes], list[Outgoing]]
 
+# The most message ids in one acknowledgement to a node (about 20 KB of JSON).
+MAX_ACK_IDS = 256
 # Messages the broker may send us before we acknowledge (MQTT 5 Receive Maximum; the most
 # the protocol allows). Acknowledging after the next commit holds each message up to
 # about 50 ms: without this, mosquitto's default of 20 unacknowledged messages would cap
@@ -83,6 +89,8 @@ class Consumer:
         # The paho client of the current session: acknowledgements go only to it.
         self._paho: paho.Client | None = None
         self._replies: set[asyncio.Task[None]] = set()
+        # Acknowledgements to nodes of the current commit, by node cmd topic.
+        self._acks: dict[str, list[str]] = {}
         # paho's per-message MQTT 5 property tables otherwise cap a core at ~1,500 msg/s.
         paho_tables.install()
 
@@ -155,15 +163,34 @@ class Consumer:
         if qos > 0 and session is not None and session is self._paho:
             session.ack(mid, qos)
         for out in outgoing:
+            if out.acknowledges is not None:
+                if not self._acks:  # the first of this commit: send them all after it
+                    asyncio.get_running_loop().call_soon(self._send_acks)
+                self._acks.setdefault(out.topic, []).append(out.acknowledges)
+                continue
             if out.record is not None and self.store.refused(out.record):
                 # Unstored, an approval would be forgotten by a restart; the node's request
                 # times out instead, and it asks again.
                 log.error("MQTT: not sending to %s: its record could not be stored", out.topic)
                 continue
-            # Sent from a task: this runs inside the store's flush, which must not wait.
-            task = asyncio.get_running_loop().create_task(self._send(out))
-            self._replies.add(task)
-            task.add_done_callback(self._replies.discard)
+            self._spawn(out)
+
+    def _send_acks(self) -> None:
+        acks, self._acks = self._acks, {}
+        prefix = self.connection.topic_prefix
+        for topic, ids in acks.items():
+            where = parse_topic(prefix, topic)
+            for start in range(0, len(ids), MAX_ACK_IDS):
+                chunk = ids[start : start + MAX_ACK_IDS]
+                message = schema.ack_message(where.node, where.cluster, chunk)
+                self._spawn(Outgoing(topic, schema.encode(message)))
+                self.state.counters.acknowledged += len(chunk)
+
+    def _spawn(self, out: Outgoing) -> None:
+        # Sent from a task: this runs inside the store's flush, which must not wait.
+        task = asyncio.get_running_loop().create_task(self._send(out))
+        self._replies.add(task)
+        task.add_done_callback(self._replies.discard)
 
     async def _send(self, out: Outgoing) -> None:
         try:
@@ -179,6 +206,7 @@ class Consumer:
         # written; `_written` acknowledges instead.
         self._paho = client._client  # noqa: SLF001
         self._paho.manual_ack_set(on=True)
+        count_disconnects(client, self.state.counters.disconnects)
         async with client:
             wanted, unwanted = self.subscriptions()
             # Our session persists: it may still hold what an earlier configuration wanted.

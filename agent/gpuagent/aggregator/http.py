@@ -4,8 +4,11 @@ cordon history comes from the store."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
+import json
+import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -15,7 +18,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from gpuagent.aggregator import views
+from gpuagent.aggregator import peers, views
 from gpuagent.aggregator.commands import CommandError, command
 from gpuagent.aggregator.drift import fleet_drift
 from gpuagent.aggregator.ingest import Outgoing
@@ -28,11 +31,24 @@ from gpuagent.fleet.topics import TopicError, check_name
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 10_000
+# Host header names always answered (with any port), besides the listen address and IP
+# literals: a DNS-rebinding page can only ever send its own domain name as Host.
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]"})
+NO_TOKEN = "commands are disabled: no command token (aggregator.command_token_file)"  # noqa: S105
 
 Publish = Callable[[Outgoing], Awaitable[None]]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+log = logging.getLogger(__name__)
+# Who sent which command, accepted or refused.
+audit = logging.getLogger("gpuagent.aggregator.audit")
 
 
 class BadRequestError(ValueError):
+    pass
+
+
+class BodyTimeoutError(TimeoutError):
     pass
 
 
@@ -50,8 +66,12 @@ class Api:
     # Sends a command; raises ConnectionError while the broker is away.
     publish: Publish
     clock: Callable[[], float] = field(default=time.time)
-    # Bearer token for sending commands; empty: loopback clients only.
+    # Bearer token for sending commands; empty: commands are refused.
     command_token: str = ""
+    # Host header names answered (`allowed_hosts`); others get 421.
+    hosts: frozenset[str] = LOCAL_HOSTS
+    # A command's body must arrive within this many seconds (408 otherwise).
+    body_timeout: float = 10.0
 
     # --- helpers --------------------------------------------------------------------------
 
@@ -159,44 +179,98 @@ class Api:
     async def drift(self, _: web.Request) -> web.Response:
         return _json({"clusters": [c.json() for c in fleet_drift(self.state.nodes.values())]})
 
-    def _command_refusal(self, request: web.Request) -> web.Response | None:
-        """Commands change nodes: a token, or (without one configured) this host only."""
-        if self.command_token:
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.command_token}".encode()):
-                return _error(401, "sending commands needs the aggregator's bearer token")
-            return None
-        if _loopback(request.remote):
-            return None
-        return _error(403, "commands from other hosts need aggregator.command_token_file")
-
-    async def send_command(self, request: web.Request) -> web.Response:
-        refusal = self._command_refusal(request)
-        if refusal is None and request.content_type != "application/json":
+    def _command_refusal(self, request: web.Request) -> tuple[str, web.Response] | None:
+        """Commands change nodes: every one needs the bearer token, sent as JSON."""
+        if not self.command_token:
+            return "no_token", _error(403, NO_TOKEN)
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.command_token}".encode()):
+            return "bad_token", _error(401, "sending commands needs the aggregator's bearer token")
+        if request.content_type != "application/json":
             # A browser sends a cross-origin text/plain or form POST without asking first
-            # (no CORS preflight), so any page open on this host could reach a loopback-only
-            # aggregator; a JSON POST from another origin needs a preflight, which is refused.
-            refusal = _error(415, "commands must be sent with Content-Type: application/json")
-        if refusal is not None:
+            # (no CORS preflight); a JSON POST from another origin needs a preflight, which
+            # is refused.
+            return "content_type", _error(
+                415, "commands must be sent with Content-Type: application/json"
+            )
+        return None
+
+    async def refuse_command(
+        self, request: web.Request, reason: str, response: web.Response, command: object = None
+    ) -> web.Response:
+        """Count and log a refused command request; answer ``response``."""
+        self.state.counters.commands_rejected[reason] += 1
+        if response.status not in (404, 503):  # the request itself was at fault
             self.state.counters.bad_requests["commands"] += 1
-            return refusal
+        audit.warning(
+            "command refused (%s, %d): node=%r command=%r from %s",
+            reason,
+            response.status,
+            request.match_info.get("node", ""),
+            command,
+            await sender(request),
+        )
+        return response
+
+    async def send_command(  # noqa: PLR0911 - one answer per way a command is refused
+        self, request: web.Request
+    ) -> web.Response:
+        refusal = self._command_refusal(request)
+        if refusal is not None:
+            return await self.refuse_command(request, *refusal)
+        name: object = None
         try:
             record = self._record(request)
-            body = await _body(request)
-            out, message = command(
-                self.prefix, record.cluster, record.node, body.get("command"), body.get("args")
-            )
+            body = await _body(request, self.body_timeout)
+            name = body.get("command")
+            out, message = command(self.prefix, record.cluster, record.node, name, body.get("args"))
         except (BadRequestError, CommandError) as exc:
-            return self._bad("commands", str(exc))
+            return await self.refuse_command(request, "invalid", _error(400, str(exc)), name)
         except NotFoundError as exc:
-            return _error(404, str(exc))
+            return await self.refuse_command(request, "unknown_node", _error(404, str(exc)))
+        except web.HTTPRequestEntityTooLarge as exc:
+            return await self.refuse_command(request, "too_large", _error(413, exc.text or ""))
+        except BodyTimeoutError:
+            self.state.counters.connections_rejected["body_timeout"] += 1
+            response = _error(408, f"the body did not arrive within {self.body_timeout:g} s")
+            response.force_close()
+            await self.refuse_command(request, "body_timeout", response)
+            # Send it and close now: aiohttp would otherwise linger, reading what is left
+            # of the body for another while.
+            await response.prepare(request)
+            await response.write_eof()
+            request.protocol.force_close()
+            return response
         try:
             await self.publish(out)
         except ConnectionError as exc:
-            return _error(503, f"not connected to the broker: {exc}")
+            response = _error(503, f"not connected to the broker: {exc}")
+            return await self.refuse_command(request, "not_connected", response, name)
         self.state.counters.commands[message["command"]] += 1
         self.store.queue_command(message)
+        audit.info(
+            "command accepted: node=%s cluster=%s command=%s id=%s from %s",
+            record.node,
+            record.cluster,
+            message["command"],
+            message["id"],
+            await sender(request),
+        )
         return _json({"id": message["id"], "topic": out.topic, "command": message}, status=202)
+
+    @web.middleware
+    async def check_host(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Refuse a Host header that is not ours (DNS rebinding): a page from evil.example
+        whose name an attacker re-points at 127.0.0.1 would otherwise read the API, as
+        the same origin, from a browser on this host or the management network."""
+        host = request.headers.get("Host")
+        if host_allowed(host, self.hosts):
+            return await handler(request)
+        self.state.counters.requests_rejected["host"] += 1
+        response = _error(421, f"this server does not answer for Host {host!r}")
+        if request.method == "POST" and request.path.endswith("/commands"):
+            return await self.refuse_command(request, "host", response)
+        return response
 
     async def page(self, _: web.Request) -> web.Response:
         return web.Response(text=PAGE, content_type="text/html", charset="utf-8")
@@ -206,14 +280,82 @@ class Api:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-async def _body(request: web.Request) -> dict[str, Any]:
+async def _body(request: web.Request, seconds: float) -> dict[str, Any]:
     try:
-        body = await request.json()
-    except ValueError:
+        raw = await asyncio.wait_for(request.read(), seconds)
+    except TimeoutError:
+        raise BodyTimeoutError from None
+    try:
+        body = json.loads(raw)
+    except ValueError:  # not JSON, not UTF-8
         raise BadRequestError("the body must be a JSON object") from None
+    except RecursionError:  # '[' * 30000: the decoder gives up rather than overflow
+        raise BadRequestError("the body is not a JSON object (nested too deeply)") from None
     if not isinstance(body, dict):
         raise BadRequestError("the body must be a JSON object")
     return body
+
+
+def allowed_hosts(listen_host: str, extra: list[str]) -> frozenset[str]:
+    """Host header values answered: the listen host, localhost and ``extra`` (lower case;
+    an entry with a port matches only that port)."""
+    names = set(LOCAL_HOSTS)
+    if listen_host:
+        names.add(f"[{listen_host}]" if ":" in listen_host else listen_host)
+    names.update(name.lower() for name in extra)
+    return frozenset(n.lower() for n in names)
+
+
+def host_allowed(header: str | None, names: frozenset[str]) -> bool:
+    """Whether a request with Host ``header`` is ours: a name in ``names`` (with any port,
+    or the port it gives), or an IP literal, which no DNS answer can re-point."""
+    value = (header or "").strip().lower()
+    if value in names:
+        return bool(value)
+    host = _host_part(value)
+    if host is None:
+        return False
+    if host in names:
+        return True
+    try:
+        ipaddress.ip_address(host[1:-1] if host.startswith("[") else host)
+    except ValueError:
+        return False
+    return True
+
+
+def _host_part(value: str) -> str | None:
+    """ "name:port" → "name", "[v6]:port" → "[v6]"; None if malformed."""
+    if value.startswith("["):
+        close = value.find("]")
+        host, port = value[: close + 1], value[close + 1 :]
+        if close < 0 or (port and not (port[0] == ":" and port[1:].isdigit())):
+            return None
+        return host
+    host, colon, port = value.partition(":")
+    if not host or (colon and not port.isdigit()):
+        return None
+    return host
+
+
+async def sender(request: web.Request) -> str:
+    """Who sent a request: the peer's address and, for a loopback peer, the local user
+    owning its socket (from /proc/net/tcp)."""
+    transport = request.transport
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    if not peer:
+        return str(request.remote or "unknown")
+    host, port = peer[0], int(peer[1])
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if not _loopback(host):
+        return shown
+    ours = transport.get_extra_info("sockname") if transport is not None else None
+    try:
+        server = peers.address(ours[0], int(ours[1])) if ours else None
+        uid = await asyncio.to_thread(peers.peer_uid, peers.address(host, port), server)
+    except ValueError:
+        uid = None
+    return f"{shown} uid={uid if uid is not None else 'unknown'}"
 
 
 def _loopback(remote: str | None) -> bool:
@@ -234,8 +376,9 @@ def _error(status: int, problem: str) -> web.Response:
     return _json({"error": problem}, status=status)
 
 
-def application(api: Api) -> web.Application:
-    app = web.Application(client_max_size=64 * 1024)
+def application(api: Api, middlewares: tuple[Any, ...] = ()) -> web.Application:
+    """The app; ``middlewares`` run first (the connection guard's)."""
+    app = web.Application(client_max_size=64 * 1024, middlewares=[*middlewares, api.check_host])
     app.router.add_get("/", api.page)
     app.router.add_get("/metrics", api.metrics)
     app.router.add_get("/api/v1/nodes", api.nodes)

@@ -1,6 +1,7 @@
 """One MQTT message in: checked, de-duplicated, applied to the fleet state and queued for
-the store; what must go back to the node (a cordon decision) is returned, not sent, so
-this stays free of MQTT and easy to test. The consumer sends it once the rows are written.
+the store; what must go back to the node (a cordon decision, the acknowledgement that lets
+its spool drop a message) is returned, not sent, so this stays free of MQTT and easy to
+test. The consumer sends it once the rows are written.
 
 Anything a node could get wrong is rejected and counted by reason, never raised: a
 broken or hostile node must not be able to stop the aggregator.
@@ -33,6 +34,9 @@ CHANNEL_TYPES: Final[dict[str, frozenset[str]]] = {
     "actions": frozenset({"action", "cordon_request"}),
     "replies": frozenset({"reply"}),
 }
+# What nodes spool until we acknowledge storing it (state reports and cordon requests are
+# not spooled).
+_SPOOLED: Final = frozenset({"event", "action", "reply"})
 # Decisions remembered to answer a re-sent cordon request the same way.
 _DECISIONS_KEPT = 10_000
 
@@ -44,6 +48,9 @@ class Outgoing:
     # The key of the cordons row this decision is stored as: it is sent only once that
     # row is committed, so a crash cannot forget an approval a node already acted on.
     record: str | None = None
+    # Instead of a payload: the id of a spooled message to acknowledge to the node on
+    # ``topic``; the consumer sends a node's acknowledgements of one commit together.
+    acknowledges: str | None = None
 
 
 class Ingest:
@@ -122,7 +129,7 @@ class Ingest:
             previous = self._decisions.get(key)
             if previous is not None:
                 return [Outgoing(self._cmd_topic(message), previous, record=key)]
-            return []
+            return self._ack(message)
         raw = _text(payload, message)
         if kind == "state":
             self._state(message, raw)
@@ -138,7 +145,14 @@ class Ingest:
             if self.budget.config.arbiter:
                 return [self._cordon(message, key)]
             self._not_arbiter(topic)
-        return []
+        return self._ack(message)
+
+    def _ack(self, message: dict[str, Any]) -> list[Outgoing]:
+        """The node keeps a spooled message (an event, action record or reply) until we say
+        it is stored; sent once the rows it brought are committed."""
+        if message["type"] not in _SPOOLED:
+            return []
+        return [Outgoing(self._cmd_topic(message), b"", acknowledges=message["id"])]
 
     def _not_arbiter(self, topic: str) -> None:
         # Cordon requests are the arbiter's alone (it answers this one too); only a

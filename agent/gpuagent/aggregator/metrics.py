@@ -45,6 +45,13 @@ class FleetCollector(Collector):
         )
         up.add_metric([], 1.0 if self.state.connected else 0.0)
         yield up
+        acknowledged = CounterMetricFamily(
+            "gpuagent_fleet_messages_acknowledged",
+            "Node messages (events, action records, replies) acknowledged to their node once "
+            "stored, so that its spool drops them.",
+        )
+        acknowledged.add_metric([], float(self.state.counters.acknowledged))
+        yield acknowledged
         pending = GaugeMetricFamily(
             "gpuagent_fleet_store_pending_rows",
             "Rows queued for the fleet database, not yet committed.",
@@ -66,6 +73,19 @@ class FleetCollector(Collector):
         for table, count in sorted(self.store.rows_dropped.items()):
             dropped.add_metric([table], float(count))
         yield dropped
+        retried = CounterMetricFamily(
+            "gpuagent_fleet_store_batches_retried",
+            "Write-behind batches the fleet database could not take at all (locked, I/O "
+            "error, full disk); kept queued, unacknowledged, and tried again.",
+        )
+        retried.add_metric([], float(self.store.batches_retried))
+        yield retried
+        prune = CounterMetricFamily(
+            "gpuagent_fleet_store_prune_errors",
+            "Failed prunes of the fleet database's history; tried again at the next interval.",
+        )
+        prune.add_metric([], float(self.store.prune_errors))
+        yield prune
 
     def _nodes(self, now: float) -> Iterable[Metric]:
         health: Counter[tuple[str, str]] = Counter()
@@ -146,6 +166,49 @@ class FleetCollector(Collector):
                 "API requests refused with 400, by endpoint.",
                 "endpoint",
                 counters.bad_requests,
+            ),
+            (
+                "gpuagent_fleet_commands_rejected",
+                (
+                    "Command requests refused, by reason (no_token, bad_token, host, "
+                    "content_type, invalid, unknown_node, too_large, body_timeout, "
+                    "not_connected)."
+                ),
+                "reason",
+                counters.commands_rejected,
+            ),
+            (
+                "gpuagent_fleet_http_requests_rejected",
+                (
+                    "HTTP requests refused before any endpoint saw them, by reason (host: a "
+                    "Host header the aggregator does not answer for, 421)."
+                ),
+                "reason",
+                counters.requests_rejected,
+            ),
+            (
+                "gpuagent_fleet_http_connections_rejected",
+                (
+                    "HTTP connections closed by the aggregator, by reason (limit, "
+                    "header_timeout, body_timeout)."
+                ),
+                "reason",
+                counters.connections_rejected,
+            ),
+            (
+                "gpuagent_fleet_mqtt_disconnects",
+                (
+                    "Connections to the broker that it ended, by its reason ('Session taken "
+                    "over': another client connected with the aggregator's client id)."
+                ),
+                "reason",
+                counters.disconnects,
+            ),
+            (
+                "gpuagent_fleet_task_failures",
+                "Failures of the aggregator's background tasks (each restarted), by task.",
+                "task",
+                counters.task_failures,
             ),
         ]
         for name, help_text, label, counter in specs:

@@ -11,18 +11,20 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from aiohttp import web
 
 from gpuagent.aggregator.budget import CordonBudget
 from gpuagent.aggregator.consumer import Consumer
-from gpuagent.aggregator.http import Api, application
+from gpuagent.aggregator.http import Api, allowed_hosts, application
+from gpuagent.aggregator.httpguard import ConnectionGuard, GuardedSite
 from gpuagent.aggregator.ingest import Ingest
 from gpuagent.aggregator.metrics import FleetCollector, fleet_registry
 from gpuagent.aggregator.state import FleetState
 from gpuagent.aggregator.store import FleetStore
+from gpuagent.aggregator.supervise import Supervisor, TaskFailedError
 from gpuagent.config import AggregatorSection
-from gpuagent.fleet.connection import read_password
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,7 @@ class Aggregator:
             clock=clock,
         )
         self.consumer = Consumer(config, self.ingest.handle, self.state, self.store)
+        token, self._no_token_reason = _command_token(config.command_token_file)
         collector = FleetCollector(
             self.state, self.budget, self.store, stale_after=config.stale_after_seconds, clock=clock
         )
@@ -66,31 +69,51 @@ class Aggregator:
             stale_after=config.stale_after_seconds,
             publish=self.consumer.publish,
             clock=clock,
-            command_token=read_password(config.command_token_file),
+            command_token=token,
+            hosts=allowed_hosts(config.host_port[0], config.http_hosts),
+            body_timeout=config.http.body_timeout_seconds,
+        )
+        self.guard = ConnectionGuard(
+            header_timeout=config.http.header_timeout_seconds,
+            max_connections=config.http.max_connections,
+            counter=self.state.counters.connections_rejected,
         )
         self._stop = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+        self.supervisor = Supervisor(self.state.counters.task_failures)
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
         """Open the store, restore state, start serving and consuming."""
         await self.store.open()
         await self._restore()
-        self._runner = web.AppRunner(application(self.api), access_log=None)
+        self._runner = web.AppRunner(
+            application(self.api, (self.guard.middleware,)),
+            access_log=None,
+            keepalive_timeout=self.config.http.keepalive_timeout_seconds,
+            # The rest of a body no handler read (an early refusal) is read and dropped
+            # for at most this long before the connection is closed.
+            lingering_time=self.config.http.body_timeout_seconds,
+        )
         await self._runner.setup()
         host, port = self.config.host_port
-        await web.TCPSite(self._runner, host, port).start()
+        await GuardedSite(self._runner, host, port, self.guard).start()
         log.info(
             "aggregator: HTTP on %s, %d nodes from %s",
             self.config.listen,
             len(self.state.nodes),
             self.config.database,
         )
-        self._tasks = [
-            asyncio.create_task(self.consumer.run(), name="mqtt-consumer"),
-            asyncio.create_task(self.store.run_writer(self._stop), name="store-writer"),
-            asyncio.create_task(self._sweep_stale(), name="stale-sweep"),
-        ]
+        if not self.api.command_token:
+            log.warning(
+                "aggregator: commands are disabled: no command token (%s); "
+                "POST .../commands is refused with 403",
+                self._no_token_reason,
+            )
+        # Each restarted if it fails (logged, counted); one that keeps failing stops the
+        # aggregator (`wait` raises), for systemd to restart it.
+        self.supervisor.start("mqtt-consumer", self.consumer.run)
+        self.supervisor.start("store-writer", lambda: self.store.run_writer(self._stop))
+        self.supervisor.start("stale-sweep", self._sweep_stale)
 
     async def _restore(self) -> None:
         for record in await self.store.load_nodes():
@@ -122,17 +145,25 @@ class Aggregator:
     def stop(self) -> None:
         self._stop.set()
 
-    async def wait(self) -> None:
-        await self._stop.wait()
+    async def wait(self, stop: asyncio.Event | None = None) -> None:
+        """Until `stop()` (or ``stop`` is set); raises TaskFailedError if a background task
+        failed too often."""
+        waits = [asyncio.ensure_future(self._stop.wait())]
+        if stop is not None:
+            waits.append(asyncio.ensure_future(stop.wait()))
+        failed = asyncio.ensure_future(self.supervisor.failed.wait())
+        try:
+            await asyncio.wait([*waits, failed], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in (*waits, failed):
+                waiting.cancel()
+        if self.supervisor.failed.is_set():
+            raise TaskFailedError(self.supervisor.reason)
 
     async def close(self) -> None:
         """Stop consuming and serving, then write what is queued; bounded at every step."""
         self._stop.set()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                await asyncio.wait_for(task, STOP_STEP_SECONDS)
+        await self.supervisor.cancel(STOP_STEP_SECONDS)
         if self._runner is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._runner.cleanup(), STOP_STEP_SECONDS)
@@ -149,9 +180,24 @@ async def run(config: AggregatorSection, stop: asyncio.Event | None = None) -> N
     aggregator = Aggregator(config)
     await aggregator.start()
     try:
-        if stop is None:
-            await aggregator.wait()
-        else:
-            await stop.wait()
+        await aggregator.wait(stop)
     finally:
         await aggregator.close()
+
+
+def read_command_token(path: str) -> str:
+    """The command token: the file's first line, stripped; empty (commands disabled) if
+    there is no file name, or the file is missing, unreadable or empty."""
+    return _command_token(path)[0]
+
+
+def _command_token(path: str) -> tuple[str, str]:
+    """(token, why there is none)."""
+    if not path:
+        return "", "aggregator.command_token_file is empty"
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        return "", f"cannot read {path}: {exc}"
+    token = lines[0].strip() if lines else ""
+    return token, "" if token else f"{path} is empty"

@@ -46,6 +46,12 @@ class Counters:
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (cluster, decision)
     commands: Counter[str] = field(default_factory=Counter)  # sent, by command
     bad_requests: Counter[str] = field(default_factory=Counter)  # by API endpoint
+    commands_rejected: Counter[str] = field(default_factory=Counter)  # by reason
+    requests_rejected: Counter[str] = field(default_factory=Counter)  # HTTP, by reason
+    disconnects: Counter[str] = field(default_factory=Counter)  # by the broker's reason
+    acknowledged: int = 0  # node messages acknowledged to their nodes (end to end)
+    connections_rejected: Counter[str] = field(default_factory=Counter)  # HTTP, by reason
+    task_failures: Counter[str] = field(default_factory=Counter)  # by background task
 
 
 @dataclass

@@ -33,6 +33,11 @@ T = TypeVar("T")
 
 FLUSH_INTERVAL_SECONDS = 0.05
 PRUNE_INTERVAL_SECONDS = 10.0
+# After a batch the database could not take (locked, I/O error, full disk), the writer
+# tries again this much later, the batch still queued.
+RETRY_INTERVAL_SECONDS = 1.0
+# A failure is logged when it starts, and again only after this long without one.
+QUIET_SECONDS = 60.0
 # Keys of refused rows remembered for `FleetStore.refused`.
 REFUSED_KEPT = 10_000
 
@@ -119,6 +124,15 @@ class _Pending:
     def __len__(self) -> int:
         return len(self.nodes) + sum(len(r) for r in self.rows.values())
 
+    def then(self, later: _Pending) -> _Pending:
+        """This batch (not written) followed by ``later``: ``later``'s node records are
+        newer, its rows and callbacks come after this batch's."""
+        merged = _Pending(nodes={**self.nodes, **later.nodes})
+        for table in merged.rows:
+            merged.rows[table] = self.rows[table] + later.rows[table]
+        merged.callbacks = self.callbacks + later.callbacks
+        return merged
+
     def statements(self) -> Iterator[tuple[str, str, list[tuple[Any, ...]]]]:
         """(table, statement, rows) for each table with rows queued."""
         if self.nodes:
@@ -178,6 +192,13 @@ class FleetStore:
         # Batches whose single transaction failed, and rows then refused, by table.
         self.write_errors = 0
         self.rows_dropped: Counter[str] = Counter()
+        # Batches kept queued and tried again (the database as a whole failed), failed
+        # prunes.
+        self.batches_retried = 0
+        self.prune_errors = 0
+        # Whether the last write left its batch queued for another try.
+        self.retrying = False
+        self._last_failure: dict[str, float] = {}
         self._logged_reasons: set[str] = set()
         # Keys of the rows most recently dropped, for `refused`.
         self._refused: OrderedDict[str, None] = OrderedDict()
@@ -282,13 +303,50 @@ class FleetStore:
         return key in self._refused
 
     async def flush(self) -> None:
+        """Write what is queued, then run the callbacks given so far. If the database as a
+        whole failed (locked, I/O error, full disk; `retrying` is then true), the batch is
+        queued again, ahead of anything queued since, and its callbacks wait for the next
+        try."""
         if not self._pending and not self._pending.callbacks:
             return
         batch, self._pending = self._pending, _Pending()
         # Through the store's thread even without rows: the callbacks of one batch must not
         # run before those of a batch still being written.
-        failed, dropped = await self._call(self._write, batch)
+        try:
+            failed, dropped, error = await self._call(self._write, batch)
+        except BaseException:  # cancelled, or the store closed under it: nothing is lost
+            self._pending = batch.then(self._pending)
+            raise
         self.write_errors += failed
+        self.retrying = error is not None
+        if error is not None:
+            self._pending = batch.then(self._pending)
+            self.batches_retried += 1
+            if self._failure_starts("write"):
+                log.error(
+                    "fleet store: the database refused a batch (%s: %s); its %d rows stay "
+                    "queued and unacknowledged and are tried again every %.0f s "
+                    "(gpuagent_fleet_store_batches_retried_total)",
+                    type(error).__name__,
+                    error,
+                    len(batch),
+                    RETRY_INTERVAL_SECONDS,
+                )
+            return
+        self._note_dropped(dropped)
+        for callback in batch.callbacks:
+            try:
+                callback()
+            except Exception:  # one failing callback must not cost the others theirs
+                log.exception("fleet store: a callback after a write failed")
+
+    def _failure_starts(self, what: str) -> bool:
+        now = time.monotonic()
+        last = self._last_failure.get(what)
+        self._last_failure[what] = now
+        return last is None or now - last > QUIET_SECONDS
+
+    def _note_dropped(self, dropped: list[_Dropped]) -> None:
         for row in dropped:
             self.rows_dropped[row.table] += 1
             if row.key is not None:
@@ -306,17 +364,18 @@ class FleetStore:
                     row.error,
                     row.reason,
                 )
-        for callback in batch.callbacks:
-            callback()
 
-    def _write(self, batch: _Pending) -> tuple[bool, list[_Dropped]]:
+    def _write(self, batch: _Pending) -> tuple[bool, list[_Dropped], sqlite3.Error | None]:
         """Commit the batch in one transaction. If the database refuses it, write its rows
         one by one, each in a transaction of its own, so that a bad row costs only itself,
-        not every other node's rows of the same batch. (Whether the batch failed, the rows
-        dropped.)"""
+        not every other node's rows of the same batch. A row failing with an
+        OperationalError (locked, I/O error, disk full) is the database's trouble, not the
+        row's: then nothing is dropped and the error is returned, for the batch to be tried
+        again (rows already written are written again: their keys absorb it). (Whether the
+        batch failed, the rows dropped, the database's error.)"""
         db = self._conn()
         if not batch:
-            return False, []
+            return False, [], None
         try:
             db.execute("BEGIN")
             for _, sql, rows in batch.statements():
@@ -325,37 +384,67 @@ class FleetStore:
         # Whatever the error (a constraint, a value SQLite cannot bind, a full disk), the
         # writer must carry on; the rows are tried again one by one just below.
         except Exception:  # noqa: BLE001
-            if db.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    db.execute("ROLLBACK")
+            _rollback(db)
         else:
-            return False, []
+            return False, [], None
         dropped = []
         for table, sql, rows in batch.statements():
             for row in rows:
                 try:
                     db.execute(sql, row)
+                except sqlite3.OperationalError as exc:
+                    _rollback(db)
+                    return True, [], exc
                 except Exception as exc:  # noqa: BLE001 - as above: only this row is lost
                     dropped.append(_Dropped(table, None if table == "nodes" else row[0], exc))
-        return True, dropped
+        return True, dropped, None
 
     async def run_writer(self, stop: asyncio.Event) -> None:
-        """Flush every FLUSH_INTERVAL_SECONDS, prune every PRUNE_INTERVAL_SECONDS."""
+        """Flush every FLUSH_INTERVAL_SECONDS, prune every PRUNE_INTERVAL_SECONDS. Neither
+        a failed write nor a failed prune stops it: a batch the database did not take stays
+        queued (tried again after RETRY_INTERVAL_SECONDS), a failed prune is tried again at
+        the next interval; both are counted and logged."""
         loop = asyncio.get_running_loop()
         next_prune = loop.time() + PRUNE_INTERVAL_SECONDS
         while not stop.is_set():
-            await self.flush()
+            wait = FLUSH_INTERVAL_SECONDS
+            try:
+                await self.flush()
+                if self.retrying:
+                    wait = RETRY_INTERVAL_SECONDS
+            except Exception:  # the batch is queued again (flush)
+                self.write_errors += 1
+                self.batches_retried += 1
+                wait = RETRY_INTERVAL_SECONDS
+                if self._failure_starts("flush"):
+                    log.exception("fleet store: writing a batch failed; it stays queued")
             if loop.time() >= next_prune:
                 next_prune = loop.time() + PRUNE_INTERVAL_SECONDS
-                await self.prune(time.time())
+                try:
+                    await self.prune(time.time())
+                except Exception:  # pruning is housekeeping: writes go on without it
+                    self.prune_errors += 1
+                    if self._failure_starts("prune"):
+                        log.exception(
+                            "fleet store: pruning the history failed; tried again in %.0f s "
+                            "(gpuagent_fleet_store_prune_errors_total)",
+                            PRUNE_INTERVAL_SECONDS,
+                        )
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), FLUSH_INTERVAL_SECONDS)
+                await asyncio.wait_for(stop.wait(), wait)
 
     async def prune(self, now: float) -> int:
         return await self._call(self._prune, now)
 
     def _prune(self, now: float) -> int:
         db = self._conn()
+        try:
+            return self._delete_old(db, now)
+        except Exception:
+            _rollback(db)  # leave no transaction open for the next batch
+            raise
+
+    def _delete_old(self, db: sqlite3.Connection, now: float) -> int:
         removed = 0
         for table in _INSERT:
             keep = self.retention_seconds
@@ -423,6 +512,12 @@ class FleetStore:
                 )
             records.append(base)
         return records
+
+
+def _rollback(db: sqlite3.Connection) -> None:
+    if db.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            db.execute("ROLLBACK")
 
 
 def _key(message: dict[str, Any]) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import ssl
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,23 @@ def client_options(
             cert_reqs=ssl.CERT_REQUIRED,
         )
     return options
+
+
+def count_disconnects(client: aiomqtt.Client, counts: Counter[str]) -> None:
+    """Count each connection the broker ends by its reason ("Session taken over": another
+    client connected with our id), through the paho client beneath aiomqtt, which keeps
+    the reason to itself."""
+    paho = client._client  # noqa: SLF001
+    handler = paho.on_disconnect
+
+    def on_disconnect(*args: Any) -> None:
+        reason = args[3] if len(args) > 3 else None
+        if getattr(reason, "is_failure", True):  # not our own clean disconnect
+            counts[str(reason)] += 1
+        if handler is not None:
+            handler(*args)
+
+    paho.on_disconnect = on_disconnect
 
 
 class Backoff:

@@ -4,8 +4,11 @@ to the aggregator; allowlisted commands down from it.
 - ``state`` (retained, QoS 1): published on connect (the birth message), whenever the
   node's health changes, and every ``state_interval_seconds``. The Last Will, and an
   explicit message on clean shutdown, replace it with ``online: false``.
-- Everything else goes through the on-disk spool first and leaves it only once the broker
-  acknowledged it (QoS 1), in order, so an outage or a crash loses nothing.
+- Everything else goes through the on-disk spool first and leaves it only once the
+  aggregator acknowledged storing it (an ``ack`` on ``.../cmd``; with end-to-end acks off,
+  the broker's QoS 1 PUBACK), in order, so no outage or crash of the broker, the
+  aggregator or this agent loses anything. Kernel-log events already spooled are not
+  spooled again when a restarted agent re-reads the kernel's buffer.
 - MQTT 5: a publish the broker refuses (its ACL: a node may publish only as itself) comes
   back with a failure reason code; it is counted, logged once, and not retried.
 - Commands arrive on ``.../cmd``: anything oversized, malformed, addressed to another
@@ -18,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import re
 import time
 import typing
 from collections import Counter, OrderedDict, deque
@@ -31,7 +35,7 @@ from paho.mqtt.properties import Properties
 
 from gpuagent.config import MqttOutput
 from gpuagent.fleet import schema
-from gpuagent.fleet.connection import Backoff, client_options
+from gpuagent.fleet.connection import Backoff, client_options, count_disconnects
 from gpuagent.fleet.spool import Spool, SpoolError
 from gpuagent.fleet.topics import Channel, NodeTopics
 from gpuagent.model import GpuEvent, MqttStatus, NodeSnapshot
@@ -46,6 +50,7 @@ _STATE_DEBOUNCE_SECONDS = 0.2
 _MEMORY_BACKLOG = 10_000  # messages held in memory while the spool cannot be written
 _SEEN_COMMANDS = 1024
 _AUDIT_CURSOR = "audit"
+_KMSG_ID = re.compile(r"^kmsg:([^:]+):(\d+)$")  # a kernel record's event id: boot id, sequence
 # PUBACK reason codes (MQTT 5) that say "not now" rather than "never": unspecified error,
 # implementation specific error (both what an overloaded broker says), packet identifier
 # in use, quota exceeded. The others (not authorized, topic name invalid, payload format
@@ -111,6 +116,9 @@ class Reporter:
             max_age_seconds=config.spool.max_age_seconds,
         )
         self._backlog: deque[tuple[str, str, bytes]] = deque()
+        # The newest kernel record of each boot in the backlog, and the newest spooled.
+        self._kmsg_backlog: dict[str, int] = {}
+        self._kmsg_spooled: dict[str, int] = {}
         self._backlog_dropped = 0
         self._backlog_dropping = False  # this episode of an unwritable spool has dropped
         self._flush_scheduled = False
@@ -132,6 +140,8 @@ class Reporter:
         self.connected = False
         self.connections = 0
         self.published: Counter[str] = Counter()
+        self.acknowledged = 0
+        self.disconnects: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()
         self.rejected_commands: Counter[str] = Counter()
         self.commands: Counter[str] = Counter()
@@ -162,8 +172,19 @@ class Reporter:
             self._state_changed.set()
 
     def offer_event(self, event: GpuEvent) -> None:
+        record = _KMSG_ID.match(event.event_id)
+        if record is not None:
+            boot, sequence = record.group(1), int(record.group(2))
+            if sequence <= self._kmsg_cursor(boot):
+                return  # spooled before a restart, which re-read the kernel's buffer
+            self._kmsg_backlog[boot] = max(sequence, self._kmsg_backlog.get(boot, 0))
         message = schema.kernel_event_message(self.node, self.cluster, event)
         self._enqueue(message["id"], "events", message)
+
+    def _kmsg_cursor(self, boot: str) -> int:
+        if boot not in self._kmsg_spooled:
+            self._kmsg_spooled[boot] = self.spool.cursor(f"kmsg:{boot}")
+        return max(self._kmsg_spooled[boot], self._kmsg_backlog.get(boot, 0))
 
     def audit_written(self) -> None:
         """New audit records: copy them to the spool (from the audit trail's own cursor)."""
@@ -201,11 +222,14 @@ class Reporter:
             connections=self.connections,
             spool_depth=self.spool.depth + len(self._backlog),
             spool_bytes=self.spool.bytes,
+            awaiting_ack=self.spool.awaiting_ack,
+            acknowledged=self.acknowledged,
             spool_dropped=self.spool.dropped + self._backlog_dropped,
             published=tuple(sorted(self.published.items())),
             refused=tuple(sorted(self.refused.items())),
             commands=tuple(sorted(self.commands.items())),
             rejected_commands=tuple(sorted(self.rejected_commands.items())),
+            disconnects=tuple(sorted(self.disconnects.items())),
         )
 
     # --- the spool ------------------------------------------------------------------------
@@ -243,7 +267,17 @@ class Reporter:
         self._backlog_dropping = False
         self._spool_failing = False
         self._backlog.clear()
+        self._save_kmsg_cursors()
         self._work.set()
+
+    def _save_kmsg_cursors(self) -> None:
+        for boot, sequence in self._kmsg_backlog.items():
+            try:
+                self.spool.set_cursor(f"kmsg:{boot}", sequence)
+            except SpoolError:
+                return  # a restart re-sends these records; the aggregator drops the copies
+            self._kmsg_spooled[boot] = sequence
+        self._kmsg_backlog.clear()
 
     def _copy_audit(self) -> None:
         if self._audit is None:
@@ -289,12 +323,12 @@ class Reporter:
                 backoff.reset()
                 log.info("MQTT connected to %s:%d", options["hostname"], options["port"])
                 await self._session(client)
-        except* aiomqtt.MqttError as errors:
+        except aiomqtt.MqttError as error:
             # The session's tasks all end with the connection: one line, not a traceback.
             if self.connected:
-                log.warning("MQTT connection lost: %s", errors.exceptions[0])
+                log.warning("MQTT connection lost: %s", error)
             else:
-                log.debug("MQTT connect failed: %s", errors.exceptions[0])
+                log.debug("MQTT connect failed: %s", error)
 
     def _attach(self, client: aiomqtt.Client) -> None:
         # aiomqtt drops PUBACK reason codes; read them from the paho client beneath it so
@@ -310,6 +344,7 @@ class Reporter:
                 acknowledge(*args)
 
         paho.on_publish = on_publish
+        count_disconnects(client, self.disconnects)
         self._client = client
         self.connected = True
         self.connections += 1
@@ -317,10 +352,22 @@ class Reporter:
     async def _session(self, client: aiomqtt.Client) -> None:
         await client.subscribe(self.topics.topic("cmd"), qos=1)
         await self._publish_state(client)
-        async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(self._drain(client), name="mqtt-drain")
-            tasks.create_task(self._state_loop(client), name="mqtt-state")
-            tasks.create_task(self._command_loop(client), name="mqtt-commands")
+        # Not a TaskGroup: one whose task fails as we are cancelled (SIGTERM just as the
+        # connection drops) raises the failure instead of the cancellation, and the
+        # reporter would reconnect instead of stopping.
+        tasks = [
+            asyncio.create_task(self._drain(client), name="mqtt-drain"),
+            asyncio.create_task(self._state_loop(client), name="mqtt-state"),
+            asyncio.create_task(self._command_loop(client), name="mqtt-commands"),
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()  # the connection's end, as an MqttError
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _publish(
         self,
@@ -371,13 +418,18 @@ class Reporter:
 
     async def _drain(self, client: aiomqtt.Client) -> None:
         expiry = self.config.event_expiry_seconds
+        resend_after = self.config.ack_timeout_seconds
         self.spool.expire()  # an outage ages messages without writing any
+        # The broker may have lost what it had not yet delivered (a crash, or a shared
+        # subscription with no member): everything not acknowledged goes again.
+        self.spool.resend_all()
         while True:
             self._work.clear()
             self._flush_backlog()
             self._copy_audit()
-            batch = self.spool.head()
+            batch = self.spool.due(resend_after)
             sent: list[int] = []
+            done: list[int] = []
             retry_later = False
             try:
                 for item in batch:
@@ -386,15 +438,20 @@ class Reporter:
                     if refusal is not None and refusal.transient:
                         retry_later = True  # the broker is busy or over quota: keep it
                         break
-                    sent.append(item.seq)  # acknowledged, or refused for good
+                    # Refused for good, or (acks off) the broker's PUBACK is the end of it.
+                    (sent if refusal is None and resend_after else done).append(item.seq)
             finally:
                 # One transaction per batch; a crash before it only means a resend.
+                if done:
+                    self.spool.remove(done)
                 if sent:
-                    self.spool.remove(sent)
+                    self.spool.mark_sent(sent)
             if retry_later:
                 await asyncio.sleep(_TRANSIENT_RETRY_SECONDS)
             elif not batch:
-                await self._work.wait()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.spool.next_due(resend_after)):
+                        await self._work.wait()
 
     async def _state_loop(self, client: aiomqtt.Client) -> None:
         while True:
@@ -446,6 +503,9 @@ class Reporter:
         message = self._accepted(payload)
         if message is None:
             return None
+        if message["type"] == "ack":
+            self._acknowledged(message["ids"])
+            return None
         if message["type"] == "cordon_decision":
             self.commands["cordon_decision"] += 1
             future = self._decisions.get(message["request_id"])
@@ -472,6 +532,8 @@ class Reporter:
         if message["node"] != self.node or message["cluster"] != self.cluster:
             self._reject("foreign", f"addressed to {message['cluster']}/{message['node']}")
             return None
+        if message["type"] == "ack":
+            return message  # not a command: no age limit, and no room taken among their ids
         # A command queued for a node that was away (its session outlives an outage)
         # must not run whenever the node comes back.
         age = time.time() - message["time"]
@@ -484,6 +546,14 @@ class Reporter:
         while len(self._seen_commands) > _SEEN_COMMANDS:
             self._seen_commands.popitem(last=False)
         return message
+
+    def _acknowledged(self, ids: list[object]) -> None:
+        """The aggregator stored these messages: they leave the spool."""
+        try:
+            self.acknowledged += self.spool.acknowledge([i for i in ids if isinstance(i, str)])
+        except SpoolError as exc:
+            # They stay, are sent again, and acknowledged again.
+            log.warning("MQTT spool: acknowledged messages not removed: %s", exc)
 
     async def _run_command(self, message: dict[str, Any]) -> None:
         command, args = str(message["command"]), message["args"]

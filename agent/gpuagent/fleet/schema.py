@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import uuid
 from typing import Any, Final, Literal, get_args
 
 from gpuagent.model import GpuEvent, NodeSnapshot
@@ -31,7 +32,7 @@ MAX_PAYLOAD_BYTES: Final = 256 * 1024
 MAX_TIME: Final = 1e11
 
 MessageType = Literal[
-    "state", "event", "action", "cordon_request", "reply", "command", "cordon_decision"
+    "state", "event", "action", "cordon_request", "reply", "command", "cordon_decision", "ack"
 ]
 MESSAGE_TYPES: Final[frozenset[str]] = frozenset(get_args(MessageType))
 RejectReason = Literal["oversized", "malformed", "schema", "unknown_type", "invalid", "foreign"]
@@ -50,6 +51,7 @@ _REQUIRED: Final[dict[str, dict[str, type | tuple[type, ...]]]] = {
     "reply": {"ok": bool},
     "command": {"command": str, "args": dict},
     "cordon_decision": {"request_id": str, "decision": str, "reason": str},
+    "ack": {"ids": list},
 }
 _ENVELOPE: Final[dict[str, type | tuple[type, ...]]] = {
     "id": str,
@@ -177,6 +179,13 @@ def cordon_decision_message(
     message.update(request_id=request_id, decision=decision, reason=reason)
     if retry_after_seconds is not None:
         message["retry_after_seconds"] = retry_after_seconds
+    return message
+
+
+def ack_message(node: str, cluster: str, ids: list[str]) -> dict[str, Any]:
+    """The aggregator has stored these messages of the node: its spool may drop them."""
+    message = envelope("ack", f"ack:{uuid.uuid4().hex}", node, cluster)
+    message["ids"] = ids
     return message
 
 

@@ -1,11 +1,13 @@
-"""The durable outbox: events and action records wait here until the broker has them.
+"""The durable outbox: events and action records wait here until the aggregator has them.
 
 A message is written (synchronously, WAL) before anyone tries to publish it and deleted
-only after the broker acknowledged it, so neither a broker outage nor an agent crash
-loses one; a crash between the acknowledgement and the delete sends it again, which the
-aggregator absorbs by message id (at least once, end to end). Messages come out in the
-order they went in. Bounded by bytes and age: the oldest go first, and every drop is
-counted.
+only once it is acknowledged: by the aggregator, which says which messages it has stored
+(end to end), or, with end-to-end acknowledgement off, by the broker's PUBACK. So neither
+a broker outage or crash, nor an aggregator away, nor an agent crash loses one. A message
+sent but not acknowledged is sent again, after ``resend_after`` seconds, doubling with
+each try up to ``_MAX_RESEND_DOUBLINGS``; the aggregator absorbs copies by message id (at
+least once, end to end). Messages come out in the order they went in. Bounded by bytes
+and age: the oldest go first, and every drop is counted.
 """
 
 from __future__ import annotations
@@ -23,6 +25,17 @@ log = logging.getLogger(__name__)
 
 # Drops are logged when they start, then at most this often while they go on.
 _DROP_LOG_SECONDS = 60.0
+# A message not acknowledged is sent again after resend_after, 2x, 4x ... up to 32x that:
+# an aggregator away for an hour does not get each message a hundred times when it
+# returns, and a lost one still goes again within about 16 minutes (30 s x 32).
+_MAX_RESEND_DOUBLINGS = 5
+# When a message sent `tries` times is due again, in SQL.
+_DUE = f"sent + ? * (1 << MIN(tries - 1, {_MAX_RESEND_DOUBLINGS}))"
+_COLUMNS = "SELECT seq, id, channel, payload, created FROM outbox"
+# Built from the constants above only.
+_HEAD = f"{_COLUMNS} ORDER BY seq LIMIT ?"
+_DUE_NOW = f"{_COLUMNS} WHERE sent IS NULL OR {_DUE} <= ? ORDER BY seq LIMIT ?"
+_NEXT_DUE = f"SELECT MIN({_DUE}) FROM outbox WHERE sent IS NOT NULL"  # noqa: S608
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (
@@ -30,7 +43,9 @@ CREATE TABLE IF NOT EXISTS outbox (
     id TEXT NOT NULL UNIQUE,
     channel TEXT NOT NULL,
     payload BLOB NOT NULL,
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    sent REAL,
+    tries INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS cursors (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
@@ -66,6 +81,10 @@ class Spool:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(outbox)")}
+        if "sent" not in columns:  # a spool written by an agent before end-to-end acks
+            self._db.execute("ALTER TABLE outbox ADD COLUMN sent REAL")
+            self._db.execute("ALTER TABLE outbox ADD COLUMN tries INTEGER NOT NULL DEFAULT 0")
         self.depth = self.bytes = self.dropped = 0
         self._unlogged_drops = 0
         self._drops_logged_at = -math.inf
@@ -113,12 +132,61 @@ class Spool:
         self.depth, self.bytes = (int(v) for v in row.fetchone())
 
     def head(self, limit: int = 100) -> list[Spooled]:
-        """The oldest waiting messages, in order."""
-        rows = self._db.execute(
-            "SELECT seq, id, channel, payload, created FROM outbox ORDER BY seq LIMIT ?",
-            (limit,),
-        ).fetchall()
+        """The oldest waiting messages, in order, sent or not."""
+        return self._select(_HEAD, (limit,))
+
+    def due(self, resend_after: float, limit: int = 100) -> list[Spooled]:
+        """The oldest messages to send now, in order: those never sent, and those sent
+        without an acknowledgement for long enough."""
+        return self._select(_DUE_NOW, (resend_after, self._wall(), limit))
+
+    def _select(self, query: str, args: tuple[object, ...]) -> list[Spooled]:
+        rows = self._db.execute(query, args).fetchall()
         return [Spooled(int(s), str(i), str(c), bytes(p), float(t)) for s, i, c, p, t in rows]
+
+    def next_due(self, resend_after: float) -> float | None:
+        """Seconds until the next message sent without an acknowledgement is due again."""
+        row = self._db.execute(_NEXT_DUE, (resend_after,)).fetchone()
+        return None if row[0] is None else max(0.0, float(row[0]) - self._wall())
+
+    @property
+    def awaiting_ack(self) -> int:
+        row = self._db.execute("SELECT COUNT(*) FROM outbox WHERE sent IS NOT NULL").fetchone()
+        return int(row[0])
+
+    def mark_sent(self, seqs: list[int]) -> None:
+        """The broker has these; they wait for the aggregator's acknowledgement."""
+        now = self._wall()
+        try:
+            with self._transaction():
+                self._db.executemany(
+                    "UPDATE outbox SET sent = ?, tries = tries + 1 WHERE seq = ?",
+                    [(now, seq) for seq in seqs],
+                )
+        except sqlite3.Error as exc:
+            raise SpoolError(str(exc)) from exc
+
+    def resend_all(self) -> None:
+        """A new connection: whatever a broker that restarted may have lost goes again."""
+        try:
+            self._db.execute("UPDATE outbox SET sent = NULL WHERE sent IS NOT NULL")
+        except sqlite3.Error as exc:
+            raise SpoolError(str(exc)) from exc
+
+    def acknowledge(self, ids: list[str]) -> int:
+        """The aggregator stored these: drop them. How many were still here."""
+        removed: list[tuple[int]] = []
+        try:
+            with self._transaction():
+                for message_id in ids:
+                    removed += self._db.execute(
+                        "DELETE FROM outbox WHERE id = ? RETURNING LENGTH(payload)", (message_id,)
+                    ).fetchall()
+        except sqlite3.Error as exc:
+            raise SpoolError(str(exc)) from exc
+        self.depth -= len(removed)
+        self.bytes -= sum(int(r[0]) for r in removed)
+        return len(removed)
 
     def remove(self, seqs: list[int]) -> None:
         """The broker has these (or refused them for good): one transaction."""

@@ -16,8 +16,13 @@ CHANNELS: Final[tuple[Channel, ...]] = get_args(Channel)
 NODE_CHANNELS: Final[tuple[Channel, ...]] = ("state", "events", "actions", "replies")
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-# The aggregator's user name on the broker (its certificate's CN): no node may use it.
+# The aggregator's user name on the broker (its certificate's CN), and further
+# aggregators' ("aggregator-<name>"): no node may use one.
 AGGREGATOR_IDENTITY: Final = "aggregator"
+
+
+def is_aggregator_identity(name: str) -> bool:
+    return name == AGGREGATOR_IDENTITY or name.startswith(AGGREGATOR_IDENTITY + "-")
 
 
 class TopicError(ValueError):

@@ -211,6 +211,7 @@ class _Builder:
             (names.MQTT_CONNECTED, float(status.connected)),
             (names.MQTT_SPOOL_MESSAGES, float(status.spool_depth)),
             (names.MQTT_SPOOL_BYTES, float(status.spool_bytes)),
+            (names.MQTT_AWAITING_ACK, float(status.awaiting_ack)),
         ):
             family = _gauge(spec)
             family.add_metric([], value)
@@ -218,6 +219,7 @@ class _Builder:
         for spec, total in (
             (names.MQTT_CONNECTIONS, status.connections),
             (names.MQTT_SPOOL_DROPPED, status.spool_dropped),
+            (names.MQTT_ACKNOWLEDGED, status.acknowledged),
         ):
             counter = _counter(spec)
             counter.add_metric([], float(total))
@@ -227,6 +229,7 @@ class _Builder:
             (names.MQTT_REFUSED, status.refused),
             (names.MQTT_COMMANDS, status.commands),
             (names.MQTT_COMMANDS_REJECTED, status.rejected_commands),
+            (names.MQTT_DISCONNECTS, status.disconnects),
         ):
             counter = _counter(spec)
             for label, count in counts:

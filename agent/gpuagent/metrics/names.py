@@ -550,7 +550,25 @@ MQTT_CONNECTIONS = MetricSpec(
     "gpuagent_mqtt_connections_total", "Successful connections to the MQTT broker."
 )
 MQTT_SPOOL_MESSAGES = MetricSpec(
-    "gpuagent_mqtt_spool_messages", "Events and action records waiting for the broker."
+    "gpuagent_mqtt_spool_messages",
+    "Events, action records and replies in the spool: not yet sent, or sent and not yet "
+    "acknowledged by the aggregator.",
+)
+MQTT_AWAITING_ACK = MetricSpec(
+    "gpuagent_mqtt_spool_awaiting_ack_messages",
+    "Of those, the ones sent and waiting for the aggregator to acknowledge storing them "
+    "(sent again after `ack_timeout_seconds`, doubling).",
+)
+MQTT_ACKNOWLEDGED = MetricSpec(
+    "gpuagent_mqtt_acknowledged_total",
+    "Spooled messages the aggregator acknowledged storing (they left the spool).",
+)
+MQTT_DISCONNECTS = MetricSpec(
+    "gpuagent_mqtt_disconnects_total",
+    "Connections the broker ended, by its reason. A client taking over this node's client "
+    'id shows here ("Session taken over"; mosquitto 2.0.11 closes the connection without '
+    'a reason, seen as "Unspecified error").',
+    ("reason",),
 )
 MQTT_SPOOL_BYTES = MetricSpec("gpuagent_mqtt_spool_bytes", "Bytes waiting in the MQTT spool.")
 MQTT_SPOOL_DROPPED = MetricSpec(
