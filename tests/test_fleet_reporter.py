@@ -135,8 +135,10 @@ def test_broker_outage_loses_no_event(
     # All sent; they stay spooled until an aggregator acknowledges storing them (this test
     # runs none: test_fleet_delivery.py does).
     daemon.wait_for(
-        lambda _d: _metric(daemon, "gpuagent_mqtt_spool_awaiting_ack_messages") == 500.0
-        and _metric(daemon, "gpuagent_mqtt_spool_messages") == 500.0
+        lambda _d: (
+            _metric(daemon, "gpuagent_mqtt_spool_awaiting_ack_messages") == 500.0
+            and _metric(daemon, "gpuagent_mqtt_spool_messages") == 500.0
+        )
     )
 
 

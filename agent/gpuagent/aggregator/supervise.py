@@ -32,30 +32,20 @@ class TaskFailedError(RuntimeError):
 
 
 class Supervisor:
-    # Class-wide defaults; each may be given per instance.
-    max_failures = MAX_FAILURES
-    window = FAILURE_WINDOW_SECONDS
-    backoff_min = BACKOFF_MIN_SECONDS
-    backoff_max = BACKOFF_MAX_SECONDS
-
     def __init__(
         self,
         counter: Counter[str],
         *,
-        max_failures: int | None = None,
-        window: float | None = None,
-        backoff_min: float | None = None,
-        backoff_max: float | None = None,
+        max_failures: int = MAX_FAILURES,
+        window: float = FAILURE_WINDOW_SECONDS,
+        backoff_min: float = BACKOFF_MIN_SECONDS,
+        backoff_max: float = BACKOFF_MAX_SECONDS,
     ) -> None:
         self.counter = counter
-        if max_failures is not None:
-            self.max_failures = max_failures
-        if window is not None:
-            self.window = window
-        if backoff_min is not None:
-            self.backoff_min = backoff_min
-        if backoff_max is not None:
-            self.backoff_max = backoff_max
+        self.max_failures = max_failures
+        self.window = window
+        self.backoff_min = backoff_min
+        self.backoff_max = backoff_max
         # Set when a task failed more than max_failures times within window.
         self.failed = asyncio.Event()
         self.reason = ""
