@@ -23,7 +23,7 @@ import aiohttp
 import paho.mqtt.client as mqtt
 import pytest
 
-from conftest import DaemonProcess
+from conftest import DaemonProcess, start_daemon
 from fleet_support import H100, aggregator, until, xid_records
 from mqtt_broker import Broker
 
@@ -147,6 +147,39 @@ async def test_the_agent_reconnects_before_the_aggregator(
     assert _metric(daemon, "gpuagent_mqtt_spool_awaiting_ack_messages") == 100
     async with aggregator(tmp_path, mqtt_broker, "a") as agg:
         await _exactly(f"http://{agg.config.listen}", "gpu-f", 100, timeout=60)
+
+
+async def test_a_restarted_agent_does_not_send_the_kernel_log_again(
+    tmp_path: Path, mqtt_broker: Broker
+) -> None:
+    """An agent reads the kernel's whole buffer when it starts (here a regular file, read
+    from its start like /dev/kmsg's ring buffer); what it spooled before a restart is not
+    sent again: the aggregator sees no duplicate."""
+    workdir = tmp_path / "node"
+    workdir.mkdir()
+    kmsg = workdir / "kmsg"
+    kmsg.touch()  # a regular file: start_daemon makes a FIFO only if there is none
+    config = mqtt_broker.agent_config("gpu-b", extra=FAST_RESEND)
+    async with aggregator(tmp_path, mqtt_broker) as agg:
+        base = f"http://{agg.config.listen}"
+        first = await asyncio.to_thread(start_daemon, workdir, H100, config, node_name="gpu-b")
+        try:
+            bus = _bus(first)
+            with kmsg.open("a") as log:
+                log.write("".join(f"{line}\n" for line in xid_records(500, 100, bus)))
+            await _exactly(base, "gpu-b", 100, timeout=30)
+            await until(lambda: _spool_empty(first), timeout=10)
+        finally:
+            assert await asyncio.to_thread(first.stop) == 0
+        again = await asyncio.to_thread(start_daemon, workdir, H100, config, node_name="gpu-b")
+        try:
+            with kmsg.open("a") as log:
+                log.write("".join(f"{line}\n" for line in xid_records(600, 10, bus)))
+            await _exactly(base, "gpu-b", 110, timeout=30)
+            await until(lambda: _spool_empty(again), timeout=10)
+            assert agg.state.counters.duplicates["event"] == 0
+        finally:
+            await asyncio.to_thread(again.stop)
 
 
 def _hostile(broker: Broker, identity: str, client_id: str, *, tls: bool = True) -> mqtt.Client:
