@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import aggregator_support as msg
 from conftest import free_port
-from gpuagent.aggregator import cli, service
+from gpuagent.aggregator import cli, service, supervise
 from gpuagent.aggregator import store as store_module
 from gpuagent.aggregator.service import Aggregator
 from gpuagent.aggregator.store import FleetStore
@@ -125,8 +125,8 @@ async def test_a_restarted_task_shows_in_the_metrics(tmp_path: Path) -> None:
 async def test_run_raises_when_a_task_keeps_failing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(Supervisor, "backoff_min", 0.001)
-    monkeypatch.setattr(Supervisor, "backoff_max", 0.001)
+    monkeypatch.setattr(supervise, "BACKOFF_MIN_SECONDS", 0.001)
+    monkeypatch.setattr(supervise, "BACKOFF_MAX_SECONDS", 0.001)
 
     async def broken(self: Aggregator) -> None:
         raise RuntimeError("broken")

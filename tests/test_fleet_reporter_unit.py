@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any, Self
 
@@ -17,6 +18,7 @@ from gpuagent.config import MqttConnection, MqttOutput
 from gpuagent.fleet import reporter as reporter_module
 from gpuagent.fleet import schema
 from gpuagent.fleet.reporter import CommandRefusedError, Reporter
+from gpuagent.fleet.spool import Spool
 from gpuagent.model import Finding, GpuEvent, NodeHealth, NodeSnapshot, NvmlStatus, Severity
 from gpuagent.remediation.aggregator import AggregatorBackend
 from gpuagent.remediation.types import CordonRequest
@@ -73,8 +75,11 @@ def _snapshot(sequence: int, *findings: Finding) -> NodeSnapshot:
     )
 
 
-def _spooled(reporter: Reporter) -> list[dict[str, Any]]:
-    return [json.loads(m.payload) for m in reporter.spool.head(1000)]
+async def _spooled(reporter: Reporter) -> list[dict[str, Any]]:
+    """What the spool holds, once what memory holds went there."""
+    assert await reporter.outbox.open()
+    await reporter.outbox.flush()
+    return [json.loads(m.payload) for m in await reporter.outbox.spool.head(1000)]
 
 
 async def _settle() -> None:
@@ -94,34 +99,82 @@ async def test_finding_changes_become_events_and_clears_too(tmp_path: Path) -> N
     await _settle()
     changes = [
         (m["data"]["gpu"], m["data"]["check"], m["data"]["from"], m["data"]["to"])
-        for m in _spooled(reporter)
+        for m in await _spooled(reporter)
     ]
     assert changes == [
         (BUS, "ecc", "OK", "CRITICAL"),
         (None, "sxid", "OK", "WARN"),
         (None, "sxid", "WARN", "OK"),
     ]
-    first = _spooled(reporter)[0]
+    first = (await _spooled(reporter))[0]
     assert first["data"]["runbook"] == "gpu-ecc-dbe"
     assert schema.decode(json.dumps(first)) == first
 
 
+def _read_only(reporter: Reporter, tmp_path: Path) -> sqlite3.Connection:
+    """Make the open spool unwritable (as a full disk would); returns the writable one."""
+    spool = reporter.outbox.spool._spool
+    assert spool is not None
+    writable = spool._db
+    spool._db = sqlite3.connect(
+        f"file:{tmp_path / 'mqtt-spool.sqlite'}?mode=ro",
+        uri=True,
+        isolation_level=None,
+        check_same_thread=False,
+    )
+    return writable
+
+
 async def test_a_full_disk_holds_messages_in_memory_until_it_can_write(tmp_path: Path) -> None:
     reporter = _reporter(tmp_path)
-    writable = reporter.spool._db
-    reporter.spool._db = sqlite3.connect(
-        f"file:{tmp_path / 'mqtt-spool.sqlite'}?mode=ro", uri=True, isolation_level=None
-    )
+    assert await reporter.outbox.open()
+    writable = _read_only(reporter, tmp_path)
     event = GpuEvent("kmsg:b:1", "kmsg", "xid", BUS, 1000.0, 5.0, code=79, line="Xid 79")
     reporter.offer_event(event)
-    await _settle()
+    await reporter.outbox.flush()
     assert reporter.status().spool_depth == 1  # in memory
-    assert reporter.spool.head() == []
-    reporter.spool._db = writable
+    assert "readonly" in reporter.status().spool_error
+    assert await _spooled(reporter) == []
+    reporter.outbox.spool._spool._db = writable  # type: ignore[union-attr]
     reporter.offer_event(GpuEvent("kmsg:b:2", "kmsg", "xid", BUS, 1001.0, 6.0, code=13))
-    await _settle()
-    assert [m["id"] for m in _spooled(reporter)] == ["n1:kmsg:b:1", "n1:kmsg:b:2"]
+    assert [m["id"] for m in await _spooled(reporter)] == ["n1:kmsg:b:1", "n1:kmsg:b:2"]
     assert reporter.status().spool_depth == 2
+    assert reporter.status().spool_error == ""
+
+
+async def test_a_full_disk_does_not_stop_delivery(tmp_path: Path) -> None:
+    """While the spool cannot be written, what memory holds is published all the same, and
+    leaves memory when the aggregator acknowledges it."""
+    reporter = _reporter(tmp_path, ack_timeout_seconds=30.0)
+    assert await reporter.outbox.open()
+    _read_only(reporter, tmp_path)
+    broker = _connect(reporter)
+    for sequence in range(1, 501):
+        reporter.offer_event(_kernel_event(sequence))
+    drain = await _drained(reporter, broker, 500)
+    assert len(broker.sent) == 500
+    assert reporter.status().spool_depth == reporter.status().awaiting_ack == 500
+    task = reporter.handle_command(_ack(*(m["id"] for _, m, _ in broker.sent)))
+    assert task is not None
+    await task
+    drain.cancel()
+    assert reporter.status().spool_depth == 0
+    assert reporter.acknowledged == 500
+
+
+async def test_a_spool_that_cannot_be_opened_is_tried_again(tmp_path: Path) -> None:
+    """A read-only state directory at start: the reporter holds messages in memory, says
+    why, and uses the spool once it can be opened."""
+    (tmp_path / "mqtt-spool.sqlite").mkdir()  # not a database: it cannot be opened
+    reporter = _reporter(tmp_path)
+    reporter.outbox.retry_seconds = 0.0
+    reporter.offer_event(_kernel_event(1))
+    await reporter.outbox.flush()
+    assert "cannot open the spool" in reporter.status().spool_error
+    assert reporter.status().spool_depth == 1
+    (tmp_path / "mqtt-spool.sqlite").rmdir()
+    assert [m["id"] for m in await _spooled(reporter)] == ["n1:kmsg:b:1"]
+    assert reporter.status().spool_error == ""
 
 
 def _command(command: str, args: dict[str, Any] | None = None, **envelope: Any) -> bytes:
@@ -165,7 +218,7 @@ async def test_commands_allowlist_and_rejections(tmp_path: Path) -> None:
         "expired": 1,
     }
     assert target.calls == ["refresh"]
-    replies = {m["command_id"]: (m["ok"], m["detail"]) for m in _spooled(reporter)}
+    replies = {m["command_id"]: (m["ok"], m["detail"]) for m in await _spooled(reporter)}
     assert replies["id-refresh"] == (True, "refresh requested")
     assert replies["id-set_remediation_mode"] == (False, "bad mode 'chaos'")
     assert replies["id-reset_gpu"][0] is False
@@ -178,7 +231,7 @@ async def test_a_command_that_fails_still_gets_a_reply(tmp_path: Path) -> None:
     assert isinstance(target, Target)
     target.calls.append("slow")
     await _handle(reporter, _command("run_checks"))
-    (reply,) = _spooled(reporter)
+    (reply,) = await _spooled(reporter)
     assert (reply["command_id"], reply["ok"]) == ("id-run_checks", False)
     assert "TimeoutError" in reply["detail"]
 
@@ -190,7 +243,7 @@ async def test_remote_reset_when_allowed_goes_to_the_node(tmp_path: Path) -> Non
         _command("reset_gpu", {"gpu": BUS}),
         schema.encode(schema.command_message("x2", "n1", "c1", "reset_gpu", {"gpu": "nope"})),
     )
-    replies = {m["command_id"]: (m["ok"], m["detail"]) for m in _spooled(reporter)}
+    replies = {m["command_id"]: (m["ok"], m["detail"]) for m in await _spooled(reporter)}
     assert replies == {"id-reset_gpu": (True, "succeeded"), "x2": (False, "no GPU nope")}
 
 
@@ -232,7 +285,7 @@ async def test_aggregator_backend_follows_the_decision(tmp_path: Path) -> None:
         assert request["type"] == "cordon_request"
         assert request["action"] == "cordon"
         # Not spooled, and void once the wait is over: the broker drops it after 2 s.
-        assert reporter.spool.head() == []
+        assert await _spooled(reporter) == []
         assert properties.MessageExpiryInterval == 2
         answer = schema.cordon_decision_message(
             "n1",
@@ -261,7 +314,7 @@ async def test_aggregator_backend_without_an_answer_fails(tmp_path: Path, connec
     assert not result.ok
     assert "no decision" in result.detail
     assert not (await backend.state()).cordoned
-    assert reporter.spool.head() == []  # nothing left to be delivered late
+    assert await _spooled(reporter) == []  # nothing left to be delivered late
 
 
 @pytest.mark.parametrize(
@@ -378,9 +431,11 @@ async def test_a_message_leaves_the_spool_only_when_the_aggregator_acknowledges_
     # An acknowledgement addressed to another node is refused; ours removes the message.
     assert reporter.handle_command(_ack("n1:kmsg:b:1", node="n2")) is None
     assert reporter.rejected_commands["foreign"] == 1
-    reporter.handle_command(_ack("n1:kmsg:b:1", "n1:kmsg:b:unknown"))
+    task = reporter.handle_command(_ack("n1:kmsg:b:1", "n1:kmsg:b:unknown"))
+    assert task is not None
+    await task
     drain.cancel()
-    assert [m["id"] for m in _spooled(reporter)] == ["n1:kmsg:b:2"]
+    assert [m["id"] for m in await _spooled(reporter)] == ["n1:kmsg:b:2"]
     assert reporter.status().acknowledged == 1
 
 
@@ -394,7 +449,7 @@ async def test_resends_back_off_and_a_new_connection_sends_everything_again(
     drain.cancel()
     # Sent at 0, resent after 0.1 s, then after 0.2 s more: the wait doubles.
     assert len(broker.sent) == 3
-    due = reporter.spool.next_due(0.1)
+    due = await reporter.outbox.spool.next_due(0.1)
     assert due is not None
     assert 0.3 < due <= 0.4
     # A new connection (the broker may have restarted and lost it) sends it at once.
@@ -424,8 +479,8 @@ async def test_a_restarted_agent_does_not_spool_kernel_records_it_spooled_before
     for sequence in range(1, 101):
         first.offer_event(_kernel_event(sequence))
     await _settle()
-    assert len(_spooled(first)) == 100
-    first.spool.acknowledge([m["id"] for m in _spooled(first)])
+    assert len(await _spooled(first)) == 100
+    await first.outbox.acknowledge([m["id"] for m in await _spooled(first)])
     first.close()
 
     second = _reporter(tmp_path)
@@ -433,7 +488,7 @@ async def test_a_restarted_agent_does_not_spool_kernel_records_it_spooled_before
         second.offer_event(_kernel_event(sequence))
     second.offer_event(_kernel_event(5, boot="next-boot"))
     await _settle()
-    assert [m["id"] for m in _spooled(second)] == [
+    assert [m["id"] for m in await _spooled(second)] == [
         "n1:kmsg:b:101",
         "n1:kmsg:b:102",
         "n1:kmsg:next-boot:5",
@@ -519,3 +574,40 @@ async def test_cancellation_wins_over_a_connection_lost_at_the_same_moment(
 class _PahoStub:
     on_publish = None
     on_disconnect = None
+
+
+async def test_a_slow_disk_never_stalls_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each spool commit waits for fsync; here every write takes 0.5 s, as on a failing
+    disk. The event loop (scrapes, the API, the watchdog ping) keeps its pace: the spool
+    works on the disk thread."""
+    write = Spool.put
+
+    def slow_put(self: Spool, messages: list[tuple[str, str, bytes]]) -> int:
+        time.sleep(0.5)
+        return write(self, messages)
+
+    monkeypatch.setattr(Spool, "put", slow_put)
+    reporter = _reporter(tmp_path)
+    assert await reporter.outbox.open()
+    gaps: list[float] = []
+    stop = asyncio.Event()
+
+    async def tick() -> None:
+        last = time.monotonic()
+        while not stop.is_set():
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    ticker = asyncio.create_task(tick())
+    for burst in range(3):
+        for sequence in range(burst * 100, burst * 100 + 100):
+            reporter.offer_event(_kernel_event(sequence + 1))
+        await reporter.outbox.flush()
+    stop.set()
+    await ticker
+    assert len(await _spooled(reporter)) == 300
+    assert max(gaps) < 0.25  # on the loop, each write would be a 0.5 s gap

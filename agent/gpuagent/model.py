@@ -357,6 +357,8 @@ class MqttStatus:
     commands: tuple[tuple[str, int], ...] = ()  # (command, received)
     rejected_commands: tuple[tuple[str, int], ...] = ()  # (reason, count)
     disconnects: tuple[tuple[str, int], ...] = ()  # (the broker's reason, count)
+    # Why the spool cannot be opened or written (messages are held in memory), or "".
+    spool_error: str = ""
 
 
 @dataclass(frozen=True, slots=True)

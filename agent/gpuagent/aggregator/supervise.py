@@ -36,16 +36,17 @@ class Supervisor:
         self,
         counter: Counter[str],
         *,
-        max_failures: int = MAX_FAILURES,
-        window: float = FAILURE_WINDOW_SECONDS,
-        backoff_min: float = BACKOFF_MIN_SECONDS,
-        backoff_max: float = BACKOFF_MAX_SECONDS,
+        max_failures: int | None = None,
+        window: float | None = None,
+        backoff_min: float | None = None,
+        backoff_max: float | None = None,
     ) -> None:
+        """Limits left out are the module's (read now, so tests can shorten them)."""
         self.counter = counter
-        self.max_failures = max_failures
-        self.window = window
-        self.backoff_min = backoff_min
-        self.backoff_max = backoff_max
+        self.max_failures = MAX_FAILURES if max_failures is None else max_failures
+        self.window = FAILURE_WINDOW_SECONDS if window is None else window
+        self.backoff_min = BACKOFF_MIN_SECONDS if backoff_min is None else backoff_min
+        self.backoff_max = BACKOFF_MAX_SECONDS if backoff_max is None else backoff_max
         # Set when a task failed more than max_failures times within window.
         self.failed = asyncio.Event()
         self.reason = ""

@@ -21,10 +21,9 @@ import asyncio
 import contextlib
 import logging
 import math
-import re
 import time
 import typing
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,9 +33,11 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from gpuagent.config import MqttOutput
+from gpuagent.diskio import DiskThread
 from gpuagent.fleet import schema
 from gpuagent.fleet.connection import Backoff, client_options, count_disconnects
-from gpuagent.fleet.spool import Spool, SpoolError
+from gpuagent.fleet.outbox import Outbox, Pending
+from gpuagent.fleet.spool import SpoolError
 from gpuagent.fleet.topics import Channel, NodeTopics
 from gpuagent.model import GpuEvent, MqttStatus, NodeSnapshot
 from gpuagent.remediation.audit import AuditStore
@@ -47,10 +48,8 @@ log = logging.getLogger(__name__)
 
 _SHUTDOWN_PUBLISH_SECONDS = 2.0
 _STATE_DEBOUNCE_SECONDS = 0.2
-_MEMORY_BACKLOG = 10_000  # messages held in memory while the spool cannot be written
 _SEEN_COMMANDS = 1024
 _AUDIT_CURSOR = "audit"
-_KMSG_ID = re.compile(r"^kmsg:([^:]+):(\d+)$")  # a kernel record's event id: boot id, sequence
 # PUBACK reason codes (MQTT 5) that say "not now" rather than "never": unspecified error,
 # implementation specific error (both what an overloaded broker says), packet identifier
 # in use, quota exceeded. The others (not authorized, topic name invalid, payload format
@@ -103,6 +102,7 @@ class Reporter:
         agent_version: str,
         state_dir: Path,
         audit: AuditStore | None = None,
+        disk: DiskThread | None = None,
     ) -> None:
         self.config = config
         self.node = node
@@ -110,19 +110,16 @@ class Reporter:
         self.topics = NodeTopics(config.broker.topic_prefix, cluster, node)
         self._version = agent_version
         self._audit = audit
-        self.spool = Spool(
+        self._disk = disk or DiskThread()
+        self._own_disk = disk is None
+        self.outbox = Outbox(
             state_dir / "mqtt-spool.sqlite",
+            self._disk,
             max_bytes=config.spool.max_bytes,
             max_age_seconds=config.spool.max_age_seconds,
+            resend_after=config.ack_timeout_seconds,
         )
-        self._backlog: deque[tuple[str, str, bytes]] = deque()
-        # The newest kernel record of each boot in the backlog, and the newest spooled.
-        self._kmsg_backlog: dict[str, int] = {}
-        self._kmsg_spooled: dict[str, int] = {}
-        self._backlog_dropped = 0
-        self._backlog_dropping = False  # this episode of an unwritable spool has dropped
-        self._flush_scheduled = False
-        self._spool_failing = False
+        self._flushing: asyncio.Task[None] | None = None
         self._work = asyncio.Event()
         self._state_changed = asyncio.Event()
         self._snapshot: NodeSnapshot | None = None
@@ -172,19 +169,8 @@ class Reporter:
             self._state_changed.set()
 
     def offer_event(self, event: GpuEvent) -> None:
-        record = _KMSG_ID.match(event.event_id)
-        if record is not None:
-            boot, sequence = record.group(1), int(record.group(2))
-            if sequence <= self._kmsg_cursor(boot):
-                return  # spooled before a restart, which re-read the kernel's buffer
-            self._kmsg_backlog[boot] = max(sequence, self._kmsg_backlog.get(boot, 0))
         message = schema.kernel_event_message(self.node, self.cluster, event)
         self._enqueue(message["id"], "events", message)
-
-    def _kmsg_cursor(self, boot: str) -> int:
-        if boot not in self._kmsg_spooled:
-            self._kmsg_spooled[boot] = self.spool.cursor(f"kmsg:{boot}")
-        return max(self._kmsg_spooled[boot], self._kmsg_backlog.get(boot, 0))
 
     def audit_written(self) -> None:
         """New audit records: copy them to the spool (from the audit trail's own cursor)."""
@@ -220,11 +206,12 @@ class Reporter:
         return MqttStatus(
             connected=self.connected,
             connections=self.connections,
-            spool_depth=self.spool.depth + len(self._backlog),
-            spool_bytes=self.spool.bytes,
-            awaiting_ack=self.spool.awaiting_ack,
+            spool_depth=self.outbox.depth,
+            spool_bytes=self.outbox.spool.size,
+            awaiting_ack=self.outbox.awaiting_ack,
             acknowledged=self.acknowledged,
-            spool_dropped=self.spool.dropped + self._backlog_dropped,
+            spool_dropped=self.outbox.spool.dropped + self.outbox.dropped,
+            spool_error=self.outbox.error,
             published=tuple(sorted(self.published.items())),
             refused=tuple(sorted(self.refused.items())),
             commands=tuple(sorted(self.commands.items())),
@@ -235,70 +222,42 @@ class Reporter:
     # --- the spool ------------------------------------------------------------------------
 
     def _enqueue(self, message_id: str, channel: Channel, message: dict[str, Any]) -> None:
-        self._backlog.append((message_id, channel, schema.encode(message)))
+        self.outbox.add(message_id, channel, schema.encode(message))
         # A burst (a page of kernel log) goes to disk in one transaction, right after it.
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_backlog)
+        if self._flushing is None or self._flushing.done():
+            self._flushing = asyncio.get_running_loop().create_task(self._flush())
 
-    def _flush_backlog(self) -> None:
-        """Move messages held in memory into the spool; while it can't be written (disk
-        full), they wait in memory, bounded, and the oldest are dropped and counted."""
-        self._flush_scheduled = False
-        if not self._backlog:
-            return
-        try:
-            self.spool.put(list(self._backlog))
-        except SpoolError as exc:
-            if not self._spool_failing:
-                log.warning("MQTT spool not writable (%s): holding messages in memory", exc)
-            if len(self._backlog) > _MEMORY_BACKLOG and not self._backlog_dropping:
-                log.warning(
-                    "MQTT spool still not writable: dropping the oldest of the %d messages "
-                    "held in memory",
-                    _MEMORY_BACKLOG,
-                )
-            while len(self._backlog) > _MEMORY_BACKLOG:
-                self._backlog.popleft()
-                self._backlog_dropped += 1
-                self._backlog_dropping = True
-            self._spool_failing = True
-            return
-        self._backlog_dropping = False
-        self._spool_failing = False
-        self._backlog.clear()
-        self._save_kmsg_cursors()
+    async def _flush(self) -> None:
+        await asyncio.sleep(0)  # the rest of the burst first
+        await self.outbox.flush()
         self._work.set()
 
-    def _save_kmsg_cursors(self) -> None:
-        for boot, sequence in self._kmsg_backlog.items():
-            try:
-                self.spool.set_cursor(f"kmsg:{boot}", sequence)
-            except SpoolError:
-                return  # a restart re-sends these records; the aggregator drops the copies
-            self._kmsg_spooled[boot] = sequence
-        self._kmsg_backlog.clear()
-
-    def _copy_audit(self) -> None:
-        if self._audit is None:
+    async def _copy_audit(self) -> None:
+        """Audit records not yet spooled go to the spool, from a cursor kept there; while
+        the spool cannot be written they wait in the audit trail itself."""
+        if self._audit is None or not self.outbox.spool.ready or self.outbox.error:
             return
-        after = self.spool.cursor(_AUDIT_CURSOR)
-        records = self._audit.since(after, limit=500)
-        if not records:
-            return
-        for record in records:
-            message = schema.action_message(self.node, self.cluster, record)
-            self._backlog.append((message["id"], "actions", schema.encode(message)))
-        self._flush_backlog()
-        if not self._backlog:  # written: move the cursor (else try again from it later)
-            self.spool.set_cursor(_AUDIT_CURSOR, records[-1].id)
+        try:
+            after = await self.outbox.spool.cursor(_AUDIT_CURSOR)
+            records = self._audit.since(after, limit=500)
+            if not records:
+                return
+            for record in records:
+                message = schema.action_message(self.node, self.cluster, record)
+                self.outbox.add(message["id"], "actions", schema.encode(message))
+            await self.outbox.flush()
+            if not self.outbox.error:  # written: move the cursor (else from it again later)
+                await self.outbox.spool.set_cursor(_AUDIT_CURSOR, records[-1].id)
+        except SpoolError as exc:
+            log.warning("MQTT spool: audit records not copied yet: %s", exc)
 
     # --- the connection -------------------------------------------------------------------
 
     async def run(self) -> None:
         """Connect, report, reconnect with jittered backoff, until cancelled."""
         backoff = Backoff(self.config.broker)
-        self._copy_audit()
+        await self.outbox.open()
+        await self._copy_audit()
         will = aiomqtt.Will(
             self.topics.topic("state"),
             schema.encode(schema.offline_message(self.node, self.cluster, "connection lost")),
@@ -418,18 +377,15 @@ class Reporter:
 
     async def _drain(self, client: aiomqtt.Client) -> None:
         expiry = self.config.event_expiry_seconds
-        resend_after = self.config.ack_timeout_seconds
-        self.spool.expire()  # an outage ages messages without writing any
-        # The broker may have lost what it had not yet delivered (a crash, or a shared
-        # subscription with no member): everything not acknowledged goes again.
-        self.spool.resend_all()
+        acks = self.config.ack_timeout_seconds > 0
+        await self.outbox.connected()
         while True:
             self._work.clear()
-            self._flush_backlog()
-            self._copy_audit()
-            batch = self.spool.due(resend_after)
-            sent: list[int] = []
-            done: list[int] = []
+            await self.outbox.flush()
+            await self._copy_audit()
+            batch = await self.outbox.due()
+            sent: list[Pending] = []
+            done: list[Pending] = []
             retry_later = False
             try:
                 for item in batch:
@@ -439,19 +395,25 @@ class Reporter:
                         retry_later = True  # the broker is busy or over quota: keep it
                         break
                     # Refused for good, or (acks off) the broker's PUBACK is the end of it.
-                    (sent if refusal is None and resend_after else done).append(item.seq)
+                    (sent if refusal is None and acks else done).append(item)
             finally:
                 # One transaction per batch; a crash before it only means a resend.
-                if done:
-                    self.spool.remove(done)
-                if sent:
-                    self.spool.mark_sent(sent)
+                await self._settle(sent, done)
             if retry_later:
                 await asyncio.sleep(_TRANSIENT_RETRY_SECONDS)
             elif not batch:
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.spool.next_due(resend_after)):
+                    async with asyncio.timeout(await self.outbox.next_due()):
                         await self._work.wait()
+
+    async def _settle(self, sent: list[Pending], done: list[Pending]) -> None:
+        try:
+            if done:
+                await self.outbox.done(done)
+            if sent:
+                await self.outbox.sent(sent)
+        except SpoolError as exc:  # they are sent again: the aggregator drops the copies
+            log.warning("MQTT spool: %s", exc)
 
     async def _state_loop(self, client: aiomqtt.Client) -> None:
         while True:
@@ -481,7 +443,9 @@ class Reporter:
                 await self._publish(client, "state", schema.encode(message), retain=True)
 
     def close(self) -> None:
-        self.spool.close()
+        self.outbox.spool.close_soon()
+        if self._own_disk:
+            self._disk.close()
 
     # --- commands -------------------------------------------------------------------------
 
@@ -504,8 +468,10 @@ class Reporter:
         if message is None:
             return None
         if message["type"] == "ack":
-            self._acknowledged(message["ids"])
-            return None
+            task = asyncio.get_running_loop().create_task(self._acknowledged(message["ids"]))
+            self._command_tasks.add(task)
+            task.add_done_callback(self._command_tasks.discard)
+            return task
         if message["type"] == "cordon_decision":
             self.commands["cordon_decision"] += 1
             future = self._decisions.get(message["request_id"])
@@ -547,13 +513,9 @@ class Reporter:
             self._seen_commands.popitem(last=False)
         return message
 
-    def _acknowledged(self, ids: list[object]) -> None:
+    async def _acknowledged(self, ids: list[object]) -> None:
         """The aggregator stored these messages: they leave the spool."""
-        try:
-            self.acknowledged += self.spool.acknowledge([i for i in ids if isinstance(i, str)])
-        except SpoolError as exc:
-            # They stay, are sent again, and acknowledged again.
-            log.warning("MQTT spool: acknowledged messages not removed: %s", exc)
+        self.acknowledged += await self.outbox.acknowledge([i for i in ids if isinstance(i, str)])
 
     async def _run_command(self, message: dict[str, Any]) -> None:
         command, args = str(message["command"]), message["args"]

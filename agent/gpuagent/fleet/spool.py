@@ -8,11 +8,16 @@ sent but not acknowledged is sent again, after ``resend_after`` seconds, doublin
 each try up to ``_MAX_RESEND_DOUBLINGS``; the aggregator absorbs copies by message id (at
 least once, end to end). Messages come out in the order they went in. Bounded by bytes
 and age: the oldest go first, and every drop is counted.
+
+`Spool` is the database itself, synchronous; the reporter uses it through `ThreadedSpool`,
+which runs every call on the agent's disk thread (`gpuagent.diskio`), so a commit waiting
+for a slow disk never holds up the event loop.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import sqlite3
@@ -20,6 +25,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from gpuagent.diskio import DiskThread
 
 log = logging.getLogger(__name__)
 
@@ -73,22 +80,27 @@ class Spool:
         max_age_seconds: float,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        """Open (or create) the spool; SpoolError if it cannot be (a read-only or full
+        state directory)."""
         self._wall = wall_clock
         self._max_bytes = max_bytes
         self._max_age = max_age_seconds
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(outbox)")}
-        if "sent" not in columns:  # a spool written by an agent before end-to-end acks
-            self._db.execute("ALTER TABLE outbox ADD COLUMN sent REAL")
-            self._db.execute("ALTER TABLE outbox ADD COLUMN tries INTEGER NOT NULL DEFAULT 0")
-        self.depth = self.bytes = self.dropped = 0
+        self.depth = self.bytes = self.dropped = self.awaiting_ack = 0
         self._unlogged_drops = 0
         self._drops_logged_at = -math.inf
-        self._recount()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(outbox)")}
+            if "sent" not in columns:  # a spool written by an agent before end-to-end acks
+                self._db.execute("ALTER TABLE outbox ADD COLUMN sent REAL")
+                self._db.execute("ALTER TABLE outbox ADD COLUMN tries INTEGER NOT NULL DEFAULT 0")
+            self._recount()
+        except (sqlite3.Error, OSError) as exc:
+            raise SpoolError(f"cannot open the spool {path}: {exc}") from exc
 
     def close(self) -> None:
         self._db.close()
@@ -128,8 +140,10 @@ class Spool:
         self._db.execute("COMMIT")
 
     def _recount(self) -> None:
-        row = self._db.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM outbox")
-        self.depth, self.bytes = (int(v) for v in row.fetchone())
+        row = self._db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0), COUNT(sent) FROM outbox"
+        )
+        self.depth, self.bytes, self.awaiting_ack = (int(v) for v in row.fetchone())
 
     def head(self, limit: int = 100) -> list[Spooled]:
         """The oldest waiting messages, in order, sent or not."""
@@ -149,11 +163,6 @@ class Spool:
         row = self._db.execute(_NEXT_DUE, (resend_after,)).fetchone()
         return None if row[0] is None else max(0.0, float(row[0]) - self._wall())
 
-    @property
-    def awaiting_ack(self) -> int:
-        row = self._db.execute("SELECT COUNT(*) FROM outbox WHERE sent IS NOT NULL").fetchone()
-        return int(row[0])
-
     def mark_sent(self, seqs: list[int]) -> None:
         """The broker has these; they wait for the aggregator's acknowledgement."""
         now = self._wall()
@@ -163,6 +172,7 @@ class Spool:
                     "UPDATE outbox SET sent = ?, tries = tries + 1 WHERE seq = ?",
                     [(now, seq) for seq in seqs],
                 )
+            self._recount()
         except sqlite3.Error as exc:
             raise SpoolError(str(exc)) from exc
 
@@ -170,6 +180,7 @@ class Spool:
         """A new connection: whatever a broker that restarted may have lost goes again."""
         try:
             self._db.execute("UPDATE outbox SET sent = NULL WHERE sent IS NOT NULL")
+            self._recount()
         except sqlite3.Error as exc:
             raise SpoolError(str(exc)) from exc
 
@@ -182,10 +193,9 @@ class Spool:
                     removed += self._db.execute(
                         "DELETE FROM outbox WHERE id = ? RETURNING LENGTH(payload)", (message_id,)
                     ).fetchall()
+            self._recount()
         except sqlite3.Error as exc:
             raise SpoolError(str(exc)) from exc
-        self.depth -= len(removed)
-        self.bytes -= sum(int(r[0]) for r in removed)
         return len(removed)
 
     def remove(self, seqs: list[int]) -> None:
@@ -197,10 +207,9 @@ class Spool:
                     removed += self._db.execute(
                         "DELETE FROM outbox WHERE seq = ? RETURNING LENGTH(payload)", (seq,)
                     ).fetchall()
+            self._recount()
         except sqlite3.Error as exc:
             raise SpoolError(str(exc)) from exc
-        self.depth -= len(removed)
-        self.bytes -= sum(int(r[0]) for r in removed)
 
     def expire(self) -> None:
         """Drop what is past the age bound, then the oldest while over the size bound.
@@ -221,6 +230,7 @@ class Spool:
                     self._recount()
                     break
                 self._dropped(oldest, "spool over max_bytes")
+            self._recount()
         except sqlite3.Error as exc:
             # The messages are stored; the bounds are enforced at the next write.
             log.warning("MQTT spool bounds not enforced: %s", exc)
@@ -238,6 +248,13 @@ class Spool:
             log.warning("MQTT spool dropped its %d oldest messages: %s", self._unlogged_drops, why)
             self._drops_logged_at, self._unlogged_drops = now, 0
 
+    def cursors(self, prefix: str) -> dict[str, int]:
+        """Every cursor whose name starts with ``prefix``, by the rest of its name."""
+        rows = self._db.execute(
+            "SELECT name, value FROM cursors WHERE substr(name, 1, ?) = ?", (len(prefix), prefix)
+        ).fetchall()
+        return {str(name)[len(prefix) :]: int(value) for name, value in rows}
+
     def cursor(self, name: str) -> int:
         row = self._db.execute("SELECT value FROM cursors WHERE name = ?", (name,)).fetchone()
         return int(row[0]) if row else 0
@@ -251,3 +268,108 @@ class Spool:
             )
         except sqlite3.Error as exc:
             raise SpoolError(str(exc)) from exc
+
+
+class ThreadedSpool:
+    """The spool, every call on the disk thread. Opened by `open()`, which may fail (a
+    read-only or full state directory) and may be tried again; until it succeeds, `ready`
+    is false and the reporter keeps messages in memory."""
+
+    def __init__(
+        self,
+        path: Path,
+        disk: DiskThread,
+        *,
+        max_bytes: int,
+        max_age_seconds: float,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = path
+        self._disk = disk
+        self._options = {
+            "max_bytes": max_bytes,
+            "max_age_seconds": max_age_seconds,
+            "wall_clock": wall_clock,
+        }
+        self._spool: Spool | None = None
+        self.error = ""  # why the spool cannot be opened or written, while it cannot
+
+    @property
+    def ready(self) -> bool:
+        return self._spool is not None
+
+    async def open(self) -> bool:
+        """Open the spool if it is not open yet; whether it is. Never raises."""
+        if self._spool is None:
+            try:
+                self._spool = await self._disk.run(
+                    functools.partial(Spool, self.path, **self._options)  # type: ignore[arg-type]
+                )
+                self.error = ""
+            except SpoolError as exc:
+                self.error = str(exc)
+        return self._spool is not None
+
+    def _db(self) -> Spool:
+        if self._spool is None:
+            raise SpoolError(self.error or "the spool is not open")
+        return self._spool
+
+    # Counters, read from the event loop (the disk thread keeps them current).
+    @property
+    def depth(self) -> int:
+        return self._spool.depth if self._spool else 0
+
+    @property
+    def size(self) -> int:
+        """Bytes of payload waiting."""
+        return self._spool.bytes if self._spool else 0
+
+    @property
+    def dropped(self) -> int:
+        return self._spool.dropped if self._spool else 0
+
+    @property
+    def awaiting_ack(self) -> int:
+        return self._spool.awaiting_ack if self._spool else 0
+
+    async def put(self, messages: list[tuple[str, str, bytes]]) -> int:
+        return await self._disk.run(self._db().put, messages)
+
+    async def due(self, resend_after: float, limit: int = 100) -> list[Spooled]:
+        return await self._disk.run(self._db().due, resend_after, limit)
+
+    async def next_due(self, resend_after: float) -> float | None:
+        return await self._disk.run(self._db().next_due, resend_after)
+
+    async def mark_sent(self, seqs: list[int]) -> None:
+        await self._disk.run(self._db().mark_sent, seqs)
+
+    async def resend_all(self) -> None:
+        await self._disk.run(self._db().resend_all)
+
+    async def acknowledge(self, ids: list[str]) -> int:
+        return await self._disk.run(self._db().acknowledge, ids)
+
+    async def remove(self, seqs: list[int]) -> None:
+        await self._disk.run(self._db().remove, seqs)
+
+    async def expire(self) -> None:
+        await self._disk.run(self._db().expire)
+
+    async def head(self, limit: int = 100) -> list[Spooled]:
+        return await self._disk.run(self._db().head, limit)
+
+    async def cursors(self, prefix: str) -> dict[str, int]:
+        return await self._disk.run(self._db().cursors, prefix)
+
+    async def cursor(self, name: str) -> int:
+        return await self._disk.run(self._db().cursor, name)
+
+    async def set_cursor(self, name: str, value: int) -> None:
+        await self._disk.run(self._db().set_cursor, name, value)
+
+    def close_soon(self) -> None:
+        """Close the database once the calls queued before are done."""
+        if self._spool is not None:
+            self._disk.call_soon(self._spool.close)
