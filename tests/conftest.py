@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -11,7 +12,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pynvml
 import pytest
@@ -22,7 +23,53 @@ from gpuagent.sim import SimulatedNode, parse_scenario
 pytest_plugins = ("mqtt_broker",)
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED_DATA = REPO.parent / "shared" / "data"
+# Reference data the tests read: copies of ../shared/data files, so that a fresh clone
+# (which may not have ../shared) runs the whole suite. Provenance: tests/data/README.md.
+TEST_DATA = REPO / "tests" / "data"
+# The old name, still imported by test_kernel_parse.py; the same directory (not ../shared).
+SHARED_DATA = TEST_DATA
+# Where tools are looked for: PATH, then the sbin directories daemons live in (not on every
+# user's PATH).
+TOOL_PATH = os.pathsep.join(
+    [os.environ.get("PATH", os.defpath), "/usr/local/sbin", "/usr/sbin", "/sbin"]
+)
+
+
+# --- missing tools and preconditions: a skip here, a failure in CI --------------------------
+
+
+def in_ci() -> bool:
+    """Whether this run is CI (``CI`` set, and not to 0/false/no): there every test must run,
+    and one that cannot is a failure rather than a skip."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def unavailable(why: str) -> NoReturn:
+    """Skip the test for ``why``; under CI, fail it instead (a skip in CI hides a test that
+    never ran)."""
+    if in_ci():
+        pytest.fail(f"{why} [CI is set: this test must run here, not skip]", pytrace=False)
+    pytest.skip(why)
+
+
+def require(tool: str, why: str, *, alternatives: tuple[str, ...] = ()) -> str:
+    """The path of the executable ``tool`` (or the first of ``alternatives`` found), looked
+    up in TOOL_PATH. Missing: the test is skipped, or fails under CI. ``why`` says what
+    needs it and where it comes from, e.g. "the broker tests (Debian package mosquitto;
+    scripts/test installs it)"."""
+    for name in (tool, *alternatives):
+        found = shutil.which(name, path=TOOL_PATH)
+        if found is not None:
+            return found
+    names = " or ".join((tool, *alternatives))
+    unavailable(f"{names} is not installed: {why}")
+
+
+def require_that(condition: bool, why: str) -> None:
+    """An environment precondition (root, an opt-in variable, a file): unless it holds, the
+    test is skipped, or fails under CI. ``why`` says what is missing and how to provide it."""
+    if not condition:
+        unavailable(why)
 
 
 @pytest.fixture
@@ -58,6 +105,8 @@ class DaemonProcess:
     config: Path
     notify: socket.socket
     notifications: list[str] = field(default_factory=list)
+    # Set when stop() had to SIGKILL the daemon: it did not exit on SIGTERM in time.
+    needed_sigkill: bool = False
 
     def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
         from gpuagent.client import call  # noqa: PLC0415 - keep collection light
@@ -123,12 +172,38 @@ class DaemonProcess:
         self.process.wait()
         self.notify.close()
 
+    def metric(self, name: str, **labels: str) -> float:
+        """The value of the sample ``name`` with ``labels`` on /metrics (0 when absent)."""
+        from prometheus_client.parser import (  # noqa: PLC0415 - keep collection light
+            text_string_to_metric_families,
+        )
+
+        for family in text_string_to_metric_families(self.metrics()):
+            for sample in family.samples:
+                if sample.name == name and all(
+                    sample.labels.get(k) == v for k, v in labels.items()
+                ):
+                    return float(sample.value)
+        return 0.0
+
+    def log(self) -> str:
+        """What the daemon has logged so far (at debug level)."""
+        return (self.workdir / "daemon.log").read_text(errors="replace")
+
+    def wait_for_log(self, text: str, *, after: int = 0, timeout: float = 10.0) -> None:
+        """Wait until ``text`` is in the log, past its first ``after`` characters (e.g.
+        ``len(daemon.log())`` taken before the cause, to see only what follows it)."""
+        self.wait_for(lambda _doc: text in self.log()[after:], timeout=timeout)
+
     def stop(self) -> int:
+        """SIGTERM, and up to 10 s for the daemon to exit by itself; past that SIGKILL, so
+        nothing leaks, noted in ``needed_sigkill``. Returns its exit status."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(10)
             except subprocess.TimeoutExpired:
+                self.needed_sigkill = True
                 self.process.kill()
                 self.process.wait()
         self.notify.close()
@@ -214,8 +289,24 @@ def run_daemon(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
         return daemon
 
     yield run
+    # Every daemon still running is stopped as systemd stops it, and must exit on SIGTERM by
+    # itself with status 0: one that needs the SIGKILL, or exits otherwise, fails the test.
+    # (Those the test killed or stopped itself are its own business, unless they needed the
+    # SIGKILL.) All are stopped before anything is reported, so nothing leaks.
+    problems: list[str] = []
     for daemon in started:
-        daemon.stop()
+        running = daemon.process.poll() is None
+        code = daemon.stop()
+        if daemon.needed_sigkill:
+            problem = "still running 10 s after SIGTERM: killed"
+        elif running and code != 0:
+            problem = f"exited with status {code} on SIGTERM"
+        else:
+            continue
+        tail = "\n".join(daemon.log().splitlines()[-30:])
+        problems.append(f"{daemon.workdir.name}: {problem}\n--- the end of its log ---\n{tail}")
+    if problems:
+        pytest.fail("daemon teardown:\n" + "\n".join(problems), pytrace=False)
 
 
 class FakeClock:

@@ -30,14 +30,14 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from conftest import free_port
+from conftest import DaemonProcess, free_port, require
 from gpuagent.config import MqttConnection
 
 REPO = Path(__file__).resolve().parent.parent
 ACL = REPO / "deploy" / "mosquitto" / "gpuagent.acl"
 SHIPPED_CONF = REPO / "deploy" / "mosquitto" / "gpuagent.conf"
-_SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", os.defpath), "/usr/sbin", "/sbin"])
 STARTUP_SECONDS = 10.0
+_OPENSSL_FOR = "the broker's test certificates (Debian package openssl; scripts/test installs it)"
 # Further aggregators the tests run beside "aggregator", each added to the ACL as the
 # shipped file says: a copy of the aggregator's lines under its own identity.
 EXTRA_AGGREGATORS = ("aggregator-a", "aggregator-b")
@@ -55,12 +55,16 @@ def shipped_settings() -> tuple[list[str], list[str]]:
     return settings[:first], settings[first + 1 :]
 
 
-def mosquitto_path() -> str | None:
-    return shutil.which("mosquitto", path=_SEARCH_PATH)
+def mosquitto_path() -> str:
+    """The mosquitto executable: missing, the test is skipped, or fails under CI."""
+    return require(
+        "mosquitto", "the MQTT broker tests (Debian package mosquitto; scripts/test installs it)"
+    )
 
 
 def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+    openssl = require("openssl", _OPENSSL_FOR)
+    subprocess.run([openssl, *args], cwd=cwd, check=True, capture_output=True)
 
 
 @dataclass
@@ -211,7 +215,6 @@ class Broker:
 
     def start(self) -> None:
         program = mosquitto_path()
-        assert program is not None
         self.process = subprocess.Popen(
             [program, "-c", str(self._write_config())],
             stdout=subprocess.DEVNULL,
@@ -260,17 +263,13 @@ class Broker:
 
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
+    require("openssl", _OPENSSL_FOR)
     return Pki.create(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture
 def mqtt_broker(tmp_path: Path, pki: Pki) -> Iterator[Broker]:
-    if mosquitto_path() is None:
-        if os.environ.get("CI"):
-            pytest.fail("mosquitto is required in CI (scripts/test installs it)")
-        pytest.skip("mosquitto is not installed")
+    mosquitto_path()
     root = tmp_path / "broker"
     root.mkdir()
     (root / "pki").mkdir()
@@ -347,3 +346,14 @@ class Listener:
     def close(self) -> None:
         self._client.loop_stop()
         self._client.disconnect()
+
+
+def wait_out_the_outage(daemon: DaemonProcess, spooled: int, log_from: int) -> None:
+    """Wait until the agent, its broker killed, has seen the connection go, spooled the
+    ``spooled`` messages of the outage, and tried to connect again and been refused (logged
+    past ``log_from``): all an outage does to it, however long (its reconnect backoff is at
+    most 1 s here), so the broker can come back then."""
+    # /metrics is rendered once per snapshot, so both show at the next poll
+    daemon.wait_for(lambda _d: daemon.metric("gpuagent_mqtt_spool_messages") >= spooled)
+    daemon.wait_for(lambda _d: daemon.metric("gpuagent_mqtt_connected") == 0.0)
+    daemon.wait_for_log("MQTT connect failed", after=log_from)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
-import shutil
 import signal
 import socket
 import subprocess
@@ -20,27 +19,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conftest import free_port
+from conftest import free_port, require
 
-# The daemons live in sbin, which is not on every user's PATH.
-_SEARCH_PATH = os.pathsep.join(
-    [os.environ.get("PATH", os.defpath), "/usr/local/sbin", "/usr/sbin", "/sbin"]
-)
 PROGRAMS = ("munged", "slurmctld", "slurmd", "scontrol", "sinfo")
 PACKAGES = "slurmctld slurmd slurm-client munge"
 NODE = "gpuagent-test-node"
 STARTUP_SECONDS = 30.0
 
 
-def missing_programs() -> list[str]:
-    return [name for name in PROGRAMS if shutil.which(name, path=_SEARCH_PATH) is None]
+def require_programs() -> None:
+    """Every program the cluster runs: one missing skips the test, or fails it under CI."""
+    for name in PROGRAMS:
+        _program(name)
 
 
 def _program(name: str) -> str:
-    path = shutil.which(name, path=_SEARCH_PATH)
-    if path is None:
-        raise FileNotFoundError(name)
-    return path
+    # The daemons live in sbin, which is not on every user's PATH: require looks there too.
+    return require(name, f"the Slurm test cluster (Debian packages {PACKAGES}; scripts/test)")
 
 
 @dataclass

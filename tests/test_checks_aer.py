@@ -25,7 +25,7 @@ from test_checks_support import (
     with_checks,
 )
 
-# Real lines (shared/data/kmsg_corpus.tsv).
+# Real lines (tests/data/kmsg_corpus.tsv).
 FATAL = (
     "[  +0.000004] pcieport 0000:00:03.0: PCIe Bus Error: severity=Uncorrected (Fatal), "
     "type=Transaction Layer, (Requester ID)"

@@ -7,7 +7,7 @@ import pytest
 from gpuagent.model import EventKind, GpuEvent, Severity
 from test_checks_support import BOOT_WALL, BUS, OTHER_BUS, check_events, event, kernel_event
 
-# Real lines (shared/data/kmsg_corpus.tsv): the driver's two wordings.
+# Real lines (tests/data/kmsg_corpus.tsv): the driver's two wordings.
 FALLEN = "[6781741.548783] NVRM: GPU 0000:91:00.0: GPU has fallen off the bus."
 FALLEN_OLD = (
     "Jan 18 11:38:05 localhost kernel: [ 269.516977] NVRM: GPU at 0000:01:00.0 has fallen off "

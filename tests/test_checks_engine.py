@@ -60,7 +60,7 @@ ALL = (
     "mig",
     "nvlink",
 )
-NODE = ("nvml", "sxid", "kernel")
+NODE = ("nvml", "sxid", "kernel", "state_dir")
 ALL_OFF = ChecksSection(
     ecc=EccCheck(enabled=False),
     thermal=ThermalCheck(enabled=False),
@@ -123,7 +123,7 @@ def test_disabled_checks_produce_no_findings(
     health, _ = run(gpu(status, persistence_mode=False, ecc_dbe_volatile=3), config=config)
     checks = [f.check for f in health.for_gpu(BUS)]
     assert checks == [name for name in ALL if name not in missing]
-    node = ("nvml", "kernel") if not config.sxid.enabled else NODE
+    node = ("nvml", "kernel", "state_dir") if not config.sxid.enabled else NODE
     assert [f.check for f in health.node_findings()] == list(node)
 
 

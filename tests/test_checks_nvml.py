@@ -97,10 +97,10 @@ def test_nvml_ok() -> None:
     assert found.evidence_dict()["nvml_version"] == "12.550.54.15"
     # No GPUs: the node findings are all there is, NVML's first.
     assert health.findings[0] == found
-    assert [f.check for f in health.findings] == ["nvml", "sxid", "kernel"]
+    assert [f.check for f in health.findings] == ["nvml", "sxid", "kernel", "state_dir"]
 
 
 def test_nvml_finding_comes_first_among_node_findings() -> None:
     health, _ = run(nvml=NvmlStatus(ok=True))
-    assert [f.check for f in health.node_findings()] == ["nvml", "sxid", "kernel"]
+    assert [f.check for f in health.node_findings()] == ["nvml", "sxid", "kernel", "state_dir"]
     assert health.node_findings()[0].reason == "NVML usable"

@@ -268,7 +268,7 @@ def _enabled(config: ChecksSection) -> list[str]:
 
 
 def _node_enabled(config: ChecksSection) -> list[str]:
-    return ["nvml", "sxid", "kernel"] if config.sxid.enabled else ["nvml", "kernel"]
+    return ["nvml", *(["sxid"] if config.sxid.enabled else []), "kernel", "state_dir"]
 
 
 @settings(max_examples=200, deadline=None)

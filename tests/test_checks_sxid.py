@@ -18,7 +18,7 @@ from test_checks_support import (
     with_checks,
 )
 
-# Real lines (shared/data/kmsg_corpus.tsv).
+# Real lines (tests/data/kmsg_corpus.tsv).
 SXID_FATAL = (
     "[6781753.400584] nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, "
     "Link 48 LTSSM Fault Up"
@@ -150,7 +150,7 @@ def test_sxid_switch_off() -> None:
     health, _ = run(
         gpu(), events=(line_event(SXID_FATAL),), config=with_checks(sxid=SxidCheck(enabled=False))
     )
-    assert [f.check for f in health.node_findings()] == ["nvml", "kernel"]
+    assert [f.check for f in health.node_findings()] == ["nvml", "kernel", "state_dir"]
 
 
 def test_no_sxids() -> None:

@@ -18,7 +18,7 @@ from test_checks_support import (
     with_checks,
 )
 
-# Real kernel lines (shared/data/kmsg_corpus.tsv). The line's own bus id does not matter
+# Real kernel lines (tests/data/kmsg_corpus.tsv). The line's own bus id does not matter
 # here: the tests say which GPU each event names.
 XID_13 = (
     "[Fri Aug 30 11:43:09 2024] NVRM: Xid (PCI:0000:cb:00): 13, pid='<unknown>', "

@@ -1,15 +1,18 @@
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import importlib
 import subprocess
 import sys
+import types
+import typing
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 
-from gpuagent.config import Config, ConfigError, find_line, load_config, parse_config
+import gpuagent.config
+from gpuagent.config import Config, ConfigError, Range, find_line, load_config, parse_config
 from toml_mangling import mangled_toml
 
 REPO = Path(__file__).resolve().parent.parent
@@ -122,9 +125,9 @@ def test_toml_syntax_error_names_the_line() -> None:
     assert "invalid TOML" in str(info.value)
 
 
-def _gpuagent(*args: str) -> subprocess.CompletedProcess[str]:
+def _gpuagent(*args: str, module: str = "gpuagent") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gpuagent", *args], capture_output=True, text=True, check=False
+        [sys.executable, "-m", module, *args], capture_output=True, text=True, check=False
     )
 
 
@@ -163,6 +166,259 @@ def test_names_must_be_usable_as_topic_levels(name: str) -> None:
 @given(mangled_toml((REPO / "config.example.toml").read_text()))
 def test_mangled_example_configs_give_config_errors_only(text: str) -> None:
     # Whatever an operator's edit does to the example, the answer is a ConfigError with a
-    # message (exit 2), never another exception (a traceback).
-    with contextlib.suppress(ConfigError):
+    # message (exit 2), never another exception (a traceback); with several problems,
+    # each is on a line of its own, naming its key or line.
+    try:
         parse_config(text)
+    except ConfigError as exc:
+        problems = exc.problems
+        assert problems
+        assert all(p.key or p.line is not None for p in problems)
+        lines = str(exc).splitlines()
+        assert len(lines) == (1 if len(problems) == 1 else len(problems) + 1)
+
+
+# --- ranges: every numeric key declares one, in the schema ---------------------------------
+
+
+def _numeric_fields(cls: type, prefix: str = "") -> list[tuple[str, object]]:
+    """(dotted key, hint) for every int or float in the schema, list items included."""
+    found: list[tuple[str, object]] = []
+    hints = typing.get_type_hints(cls, include_extras=True)
+    for f in dataclasses.fields(cls):
+        found += _numeric_hints(hints[f.name], f"{prefix}{f.name}")
+    return found
+
+
+def _numeric_hints(hint: object, key: str) -> list[tuple[str, object]]:
+    origin = typing.get_origin(hint)
+    if origin is typing.Annotated:
+        base = typing.get_args(hint)[0]
+        return [(key, hint)] if base in (int, float) else _numeric_hints(base, key)
+    if dataclasses.is_dataclass(hint):
+        return _numeric_fields(typing.cast("type", hint), f"{key}.")
+    if origin in (list, types.UnionType, typing.Union):
+        return [h for arg in typing.get_args(hint) for h in _numeric_hints(arg, key)]
+    return [(key, hint)] if hint in (int, float) else []
+
+
+def _declared_range(hint: object) -> Range | None:
+    if typing.get_origin(hint) is not typing.Annotated:
+        return None
+    return next((m for m in typing.get_args(hint)[1:] if isinstance(m, Range)), None)
+
+
+def test_every_numeric_key_declares_its_range() -> None:
+    numeric = _numeric_fields(Config)
+    assert len(numeric) > 60  # the walk reaches every table (and list items: xids)
+    assert "remediation.rules.xids" in dict(numeric)
+    missing = [key for key, hint in numeric if _declared_range(hint) is None]
+    assert missing == []
+
+
+def test_every_default_is_inside_its_range() -> None:
+    def values(obj: object, prefix: str = "") -> dict[str, object]:
+        out: dict[str, object] = {}
+        for f in dataclasses.fields(obj):  # type: ignore[arg-type]
+            value = getattr(obj, f.name)
+            if dataclasses.is_dataclass(value):
+                out |= values(value, f"{prefix}{f.name}.")
+            else:
+                out[f"{prefix}{f.name}"] = value
+        return out
+
+    defaults = values(Config())
+    for key, hint in _numeric_fields(Config):
+        bounds = _declared_range(hint)
+        assert bounds is not None
+        value = defaults.get(key)
+        if isinstance(value, int | float):
+            assert bounds.problem(value) is None, key
+
+
+# The safety rails: each value would switch one off; each is refused, naming key and line.
+SAFETY_RAILS = [
+    ("[remediation.power]\ncap_fraction = 7.5\n", "remediation.power.cap_fraction", 2),
+    ("[remediation.reset]\ntimeout_seconds = -1\n", "remediation.reset.timeout_seconds", 2),
+    ("[remediation.budgets]\nreset_per_gpu = -3\n", "remediation.budgets.reset_per_gpu", 2),
+    (
+        "[remediation.budgets]\n\ncooldown_seconds = -10\n",
+        "remediation.budgets.cooldown_seconds",
+        3,
+    ),
+    ("[remediation.cordon]\ntimeout_seconds = 0\n", "remediation.cordon.timeout_seconds", 2),
+]
+
+
+@pytest.mark.parametrize(("text", "key", "line"), SAFETY_RAILS)
+def test_values_that_disable_safety_rails_exit_2(
+    tmp_path: Path, text: str, key: str, line: int
+) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text)
+    result = _gpuagent("config", "check", str(bad))
+    assert result.returncode == 2, result.stdout
+    assert f"{key} (line {line}): must " in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "problem"),
+    [
+        ("[remediation.reset]\nverify_polls = 0\n", "remediation.reset.verify_polls", "at least 1"),
+        ("[checks.pcie]\ndegraded_min_utilization_pct = 101\n", "", "0 to 100"),
+        ("[aggregator.cordon_budget]\nmax_percent = 150.0\n", "", "0 to 100"),
+        ("[checks.thermal]\nfallback_shutdown_c = -5\n", "", "greater than 0"),
+        ("[outputs.mqtt.broker]\nport = 0\n", "", "port number, 1 to 65535"),
+        ("[aggregator.broker]\nkeepalive_seconds = 70000\n", "", "at most 65535"),
+        ("[sources.nvml]\ninterval_seconds = nan\n", "", "finite number"),
+        ("[remediation.cordon]\ntimeout_seconds = inf\n", "", "finite number"),
+        (
+            "[[remediation.rules]]\ncheck = 'xid'\nactions = ['cordon']\nxids = [79, 0]\n",
+            "",
+            "at least 1",
+        ),
+    ],
+)
+def test_out_of_range_values_are_refused(text: str, key: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text)
+    if key:
+        assert info.value.key == key
+    assert problem in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[outputs.mqtt]\nack_timeout_seconds = 0\n",  # 0: the broker's acknowledgement
+        "[remediation.budgets]\nreset_per_gpu = 0\ncooldown_seconds = 0\n",  # 0: no resets
+        "[remediation.power]\ncap_fraction = 1\n",
+        "[aggregator.cordon_budget]\nmax_nodes = 0\nmax_percent = 100\n",
+        "[inventory.expected]\ngpus = 0\npower_limit_watts = 0\n",
+        "[outputs.mqtt.broker]\nport = 65535\n",
+    ],
+)
+def test_range_edges_that_mean_off_or_all_are_accepted(text: str) -> None:
+    parse_config(text)
+
+
+# --- every problem in a file, at once -------------------------------------------------------
+
+THREE_PROBLEMS = """\
+[agent]
+colour = "blue"
+
+[sources.nvml]
+interval_seconds = "fast"
+
+[remediation.power]
+cap_fraction = 7.5
+"""
+
+
+def test_every_problem_is_collected() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(THREE_PROBLEMS)
+    found = [(p.key, p.line) for p in info.value.problems]
+    assert found == [
+        ("agent.colour", 2),
+        ("sources.nvml.interval_seconds", 5),
+        ("remediation.power.cap_fraction", 8),
+    ]
+    # The first problem's key and line, for callers that show one.
+    assert (info.value.key, info.value.line) == ("agent.colour", 2)
+    assert str(info.value).splitlines() == [
+        "3 problems:",
+        *(f"  {p}" for p in info.value.problems),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("command", "module"),
+    [
+        (["config", "check"], "gpuagent"),
+        (["run", "--config"], "gpuagent"),
+        (["check", "--config"], "gpuagent"),
+        (["config", "check"], "gpuagent.aggregator"),
+    ],
+)
+def test_every_problem_is_printed_one_a_line(
+    tmp_path: Path, command: list[str], module: str
+) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(THREE_PROBLEMS)
+    result = _gpuagent(*command, str(bad), module=module)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    for expected in (
+        "agent.colour (line 2): unknown key",
+        "sources.nvml.interval_seconds (line 5): expected a number",
+        "remediation.power.cap_fraction (line 8): must be greater than 0 and at most 1",
+    ):
+        assert sum(expected in line for line in lines) == 1, result.stderr
+
+
+def test_problems_in_tables_of_an_array_and_across_keys_are_all_collected() -> None:
+    text = (
+        "[checks.persistence]\nenabled = true\n"  # 2
+        "[inventory.expected]\npersistence = 'disabled'\n"  # 4: contradicts line 2
+        "[[inventory.expected.gpu]]\nindex = 0\nmig_mode = 'off'\n"  # 7: not a choice
+        "[[inventory.expected.gpu]]\nindex = 1\n"
+        "[[inventory.expected.gpu]]\nindex = 1\n"  # 11: listed twice
+        "[[remediation.rules]]\nactions = ['cordon']\n"  # 12: no check
+    )
+    with pytest.raises(ConfigError) as info:
+        parse_config(text)
+    found = [(p.key, p.line) for p in info.value.problems]
+    assert found == [
+        ("inventory.expected.persistence", 4),
+        ("inventory.expected.gpu.mig_mode", 7),
+        ("inventory.expected.gpu.index", 11),
+        ("remediation.rules.check", 12),
+    ]
+
+
+def test_a_wrong_value_is_not_reported_again_by_a_cross_key_rule() -> None:
+    text = "[checks.persistence]\nenabled = 1\n[inventory.expected]\npersistence = 'disabled'\n"
+    with pytest.raises(ConfigError) as info:
+        parse_config(text)
+    assert [p.key for p in info.value.problems] == ["checks.persistence.enabled"]
+
+
+def test_a_single_problem_reads_as_before() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config("[agent]\nfoo = 1\n")
+    assert info.value.problems == (info.value,)
+    assert str(info.value).startswith("agent.foo (line 2): unknown key")
+
+
+# --- structure: one job a module ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "gpuagent.config.errors",
+        "gpuagent.config.ranges",
+        "gpuagent.config.schema",
+        "gpuagent.config.loader",
+        "gpuagent.config.rules",
+    ],
+)
+def test_config_is_split_into_small_modules(module: str) -> None:
+    loaded = importlib.import_module(module)
+    assert loaded.__file__ is not None
+    for path in Path(loaded.__file__).parent.rglob("*.py"):
+        assert len(path.read_text().splitlines()) <= 400, path
+
+
+def test_the_package_reexports_its_public_api() -> None:
+    for name in gpuagent.config.__all__:
+        assert getattr(gpuagent.config, name) is not None, name
+    public = {
+        "Config", "ConfigError", "Range", "build_dataclass", "find_line", "load_config",
+        "parse_config", "parse_toml", "read_text", "split_listen", "DEFAULT_COMMAND_TOKEN_FILE",
+    }  # fmt: skip
+    assert public <= set(gpuagent.config.__all__)

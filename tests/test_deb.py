@@ -5,9 +5,10 @@ and purges without leftovers, here and in piuparts' clean chroot; its maintainer
 restart the units after an upgrade and stop them on remove.
 
 Installs into this machine's dpkg database, so it runs only as root and only when asked:
-GPUAGENT_DEB_TEST=1 (the build also needs PyPI for the pinned wheels, piuparts a Debian
-mirror: GPUAGENT_PIUPARTS_MIRROR, deb.debian.org by default). Missing tools skip it,
-unless CI is set.
+GPUAGENT_DEB_TEST=1, which scripts/test sets as root (the build also needs PyPI for the
+pinned wheels, piuparts a Debian mirror: GPUAGENT_PIUPARTS_MIRROR, deb.debian.org by
+default). Not root, not asked, or missing tools skip it; under CI (.ci/run) each of these
+fails it instead: CI runs the suite as root and must build and install the package.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import require, require_that
 from kubernetes_api import NODE, FakeApiServer, make_node, serve, write_kubeconfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,14 +38,17 @@ UNITS = ("gpuagent.service", "gpuagent-aggregator.service")
 BASE_VERSION = "0.1.0"
 UPGRADE_VERSION = "0.1.0+test1"
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(
-        os.environ.get("GPUAGENT_DEB_TEST") != "1",
-        reason="builds and installs the .deb on this machine: set GPUAGENT_DEB_TEST=1",
-    ),
-    pytest.mark.skipif(os.geteuid() != 0, reason="dpkg -i needs root"),
-]
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _asked_to_as_root() -> None:
+    require_that(os.geteuid() == 0, "builds and installs the .deb here: dpkg -i needs root")
+    require_that(
+        os.environ.get("GPUAGENT_DEB_TEST") == "1",
+        "builds and installs the .deb on this machine: set GPUAGENT_DEB_TEST=1 "
+        "(scripts/test does as root)",
+    )
 
 
 def _run(*cmd: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -82,11 +87,8 @@ def _deb(version: str) -> Path:
 
 
 def _require(*programs: str) -> None:
-    missing = [p for p in programs if shutil.which(p) is None]
-    if missing:
-        if os.environ.get("CI"):
-            pytest.fail(f"required in CI: {', '.join(missing)}")
-        pytest.skip(f"not installed: {', '.join(missing)}")
+    for program in programs:
+        require(program, "the Debian package tests (scripts/test installs it)")
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +96,10 @@ def base_deb() -> Iterator[Path]:
     """The package at BASE_VERSION, built once (make deb installs its build dependencies
     and runs lintian --fail-on error), deleted afterwards."""
     _require("dpkg", "make")
-    if _installed_version() is not None:
-        pytest.skip(f"{PKG} is already installed on this machine; not touching it")
+    require_that(
+        _installed_version() is None,
+        f"{PKG} is already installed on this machine; not touching it (remove it first)",
+    )
     _run("make", "deb", f"VERSION={BASE_VERSION}")
     deb = _deb(BASE_VERSION)
     assert deb.is_file()
@@ -282,10 +286,12 @@ def test_maintainer_scripts_restart_on_upgrade_and_stop_on_remove(
 
 
 def _codename() -> str:
-    for line in Path("/etc/os-release").read_text().splitlines():
-        if line.startswith("VERSION_CODENAME="):
-            return line.partition("=")[2].strip('"')
-    pytest.skip("no VERSION_CODENAME in /etc/os-release")
+    lines = Path("/etc/os-release").read_text().splitlines()
+    found = [
+        line.partition("=")[2].strip('"') for line in lines if line.startswith("VERSION_CODENAME=")
+    ]
+    require_that(bool(found), "no VERSION_CODENAME in /etc/os-release: piuparts needs a release")
+    return found[0]
 
 
 def test_piuparts_install_and_purge_in_a_clean_chroot(base_deb: Path, tmp_path: Path) -> None:

@@ -3,15 +3,14 @@ the agent exports, and every alert has a test where it fires and one where it st
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
+from conftest import require
 from promql_names import metric_names, queryable_names
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,12 +29,7 @@ ALERT_NAMES = [rule["alert"] for rule in ALERTS]
 
 
 def _promtool() -> str:
-    found = shutil.which("promtool")
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool is not installed (install the prometheus package)")
-        pytest.skip("promtool is not installed")
-    return found
+    return require("promtool", "checks and unit-tests the rules (Debian package prometheus)")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

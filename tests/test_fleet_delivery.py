@@ -11,6 +11,7 @@ never the message.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import signal
 import ssl
@@ -23,8 +24,11 @@ import aiohttp
 import paho.mqtt.client as mqtt
 import pytest
 
-from conftest import DaemonProcess, start_daemon
+from conftest import DaemonProcess
 from fleet_support import H100, aggregator, until, xid_records
+from gpuagent.config import MqttOutput
+from gpuagent.fleet.reporter import Reporter
+from gpuagent.model import GpuEvent
 from mqtt_broker import Broker
 
 pytestmark = pytest.mark.integration
@@ -152,34 +156,51 @@ async def test_the_agent_reconnects_before_the_aggregator(
 async def test_a_restarted_agent_does_not_send_the_kernel_log_again(
     tmp_path: Path, mqtt_broker: Broker
 ) -> None:
-    """An agent reads the kernel's whole buffer when it starts (here a regular file, read
-    from its start like /dev/kmsg's ring buffer); what it spooled before a restart is not
-    sent again: the aggregator sees no duplicate."""
-    workdir = tmp_path / "node"
-    workdir.mkdir()
-    kmsg = workdir / "kmsg"
-    kmsg.touch()  # a regular file: start_daemon makes a FIFO only if there is none
-    config = mqtt_broker.agent_config("gpu-b", extra=FAST_RESEND)
+    """An agent reads the kernel's whole /dev/kmsg buffer when it starts, so a restarted
+    one offers every record of this boot again; the reporter (the real one, on the real
+    broker, to the real aggregator) spools only those it had not spooled before: the
+    aggregator sees no duplicate. (The daemon reads a test's kernel log from a file or
+    FIFO, whose records carry no /dev/kmsg sequence to trust, so this drives the reporter
+    with /dev/kmsg records directly.)"""
+    config = MqttOutput(
+        enabled=True, broker=mqtt_broker.connection("gpu-b"), ack_timeout_seconds=1.0
+    )
+
+    def record(sequence: int) -> GpuEvent:
+        line = f"NVRM: Xid (PCI:0000:2a:00): 13, pid=7, name=job, record {sequence}"
+        return GpuEvent(
+            f"kmsg:boot-1:{sequence}",
+            "kmsg",
+            "xid",
+            "0000:2a:00.0",
+            1000.0 + sequence,
+            1.0,
+            code=13,
+            line=line,
+        )
+
+    async def run_agent(records: range) -> None:
+        reporter = Reporter(
+            config, node="gpu-b", cluster="default", agent_version="1", state_dir=tmp_path / "state"
+        )
+        task = asyncio.create_task(reporter.run())
+        try:
+            for sequence in records:  # the whole buffer, as read at start
+                reporter.offer_event(record(sequence))
+            await until(lambda: reporter.connected, timeout=10)
+            await _exactly(base, "gpu-b", records.stop - 1, timeout=30)
+            await until(lambda: reporter.status().spool_depth == 0, timeout=10)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            reporter.close()
+
     async with aggregator(tmp_path, mqtt_broker) as agg:
         base = f"http://{agg.config.listen}"
-        first = await asyncio.to_thread(start_daemon, workdir, H100, config, node_name="gpu-b")
-        try:
-            bus = _bus(first)
-            with kmsg.open("a") as log:
-                log.write("".join(f"{line}\n" for line in xid_records(500, 100, bus)))
-            await _exactly(base, "gpu-b", 100, timeout=30)
-            await until(lambda: _spool_empty(first), timeout=10)
-        finally:
-            assert await asyncio.to_thread(first.stop) == 0
-        again = await asyncio.to_thread(start_daemon, workdir, H100, config, node_name="gpu-b")
-        try:
-            with kmsg.open("a") as log:
-                log.write("".join(f"{line}\n" for line in xid_records(600, 10, bus)))
-            await _exactly(base, "gpu-b", 110, timeout=30)
-            await until(lambda: _spool_empty(again), timeout=10)
-            assert agg.state.counters.duplicates["event"] == 0
-        finally:
-            await asyncio.to_thread(again.stop)
+        await run_agent(range(1, 101))
+        await run_agent(range(1, 111))  # restarted: the same 100, then 10 new
+        assert agg.state.counters.duplicates["event"] == 0
 
 
 def _hostile(broker: Broker, identity: str, client_id: str, *, tls: bool = True) -> mqtt.Client:

@@ -11,11 +11,10 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import DaemonProcess
 from fleet_support import H100, xid_records
-from mqtt_broker import Broker, Listener, Received
+from mqtt_broker import Broker, Listener, Received, wait_out_the_outage
 
 pytestmark = pytest.mark.integration
 
@@ -45,11 +44,7 @@ def _kernel_ids(messages: list[Received]) -> set[str]:
 
 
 def _metric(daemon: DaemonProcess, name: str, **labels: str) -> float:
-    for family in text_string_to_metric_families(daemon.metrics()):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return float(sample.value)
-    return 0.0
+    return daemon.metric(name, **labels)
 
 
 def test_birth_state_events_and_clean_shutdown(
@@ -114,14 +109,11 @@ def test_broker_outage_loses_no_event(
     listener.wait_for(lambda ms: any(s["online"] for s in _states(ms)))
     mqtt_broker.save()  # the listener's session survives the crash
     bus = daemon.status()["gpus"][1]["pci_bus_id"]
+    log_from = len(daemon.log())
     mqtt_broker.kill()
-    outage = time.monotonic()
     daemon.write_kernel_log(*xid_records(100, 500, bus))
     daemon.wait_for(lambda d: d["kmsg"]["records_read"] == 500, timeout=20)
-    # /metrics is rendered once per snapshot, so both show at the next poll
-    daemon.wait_for(lambda _d: _metric(daemon, "gpuagent_mqtt_spool_messages") >= 500)
-    daemon.wait_for(lambda _d: _metric(daemon, "gpuagent_mqtt_connected") == 0.0)
-    time.sleep(max(0.0, 15.0 - (time.monotonic() - outage)))
+    wait_out_the_outage(daemon, spooled=500, log_from=log_from)
     mqtt_broker.start()
     messages = listener.wait_for(lambda ms: len(_kernel_ids(ms)) == 500, timeout=30)
     ids = _kernel_ids(messages)

@@ -21,11 +21,11 @@ from gpuagent.inventory import (
     NodeInventory,
     PciFunction,
     Service,
-    build_inventory,
     fingerprint,
     fingerprint_hash,
 )
 from gpuagent.inventory.baseline import Baseline, learn, load_baseline, save_baseline
+from gpuagent.inventory.build import build_inventory
 from gpuagent.inventory.collect import (
     collect_host,
     read_library_version,

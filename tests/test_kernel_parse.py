@@ -12,7 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import SHARED_DATA
-from gpuagent.kernel.parse import KmsgRecord, canonical_pci, parse_kmsg_record, parse_message
+from gpuagent.kernel.parse import (
+    KmsgRecord,
+    canonical_pci,
+    decode_line,
+    parse_kmsg_record,
+    parse_message,
+)
 from gpuagent.model import AerSeverity, KernelKind, KernelLine
 
 CORPUS = SHARED_DATA / "kmsg_corpus.tsv"
@@ -387,6 +393,24 @@ CASES: list[Case] = [
     case("kernel: GPU crash dump saved to /sys/class/drm/card0/error", "noise"),
     case("", "noise"),
     case("   \n", "noise"),
+    # damaged headers: a control character inside the code or the bus id is not a report,
+    # and "3\x001" is never Xid 3 (nor 31); the code must end at ",", a blank or the end
+    case("NVRM: Xid (PCI:0000:3b:00): 3\x001, pid=1234, name=python3, Graphics", "other_nvrm"),
+    case("NVRM: Xid (PCI:0000:3b:00): 3\x001, Graphics Exception", "other_nvrm"),
+    case("NVRM: Xid (PCI:0000:3b:00): 79\x07", "other_nvrm"),
+    case("NVRM: Xid (PCI:0000:3b:00): 79\x1b[0m, GPU has fallen", "other_nvrm"),
+    case("NVRM: Xid (PCI:0000:3b:00\x00): 79, pid=1234, name=python3", "other_nvrm"),
+    case("NVRM: Xid (PCI:0000:3b:00 \x00 junk): 13, Graphics Exception", "other_nvrm"),
+    case("NVRM: Xid (PCI:0000:3b:00): 79abc", "other_nvrm"),
+    case("NVRM: Xid (PCI:0000:3b:00): 13\t, Graphics Exception", "xid", 13, "0000:3b:00"),
+    case("NVRM: Xid (PCI:0000:3b:00): 79\r", "xid", 79, "0000:3b:00"),
+    case("nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12\x00028, Non-fatal, Link 32", "noise"),
+    case("nvidia-nvswitch0: SXid (PCI:0000:05:00.0\x01): 12028, Non-fatal", "noise"),
+    # a /dev/kmsg header with a control character in its flags is not stripped as one
+    case(
+        "4,1,2,-\x00;NVRM: Xid (PCI:0000:3b:00): 3\x001, GPU",
+        "other_nvrm",
+    ),
 ]
 
 
@@ -613,10 +637,68 @@ def test_kmsg_record_more_fields_and_old_kernels() -> None:
         b"6,1_000,2,-;message",
         b"6," + b"9" * 5000 + b",2,-;message",
         b"\xff\xfe,1,2,-;message",
+        # control characters (raw: the kernel escapes every one) in the header...
+        b"3\x001,2,3,-;NVRM: Xid (PCI:0000:3b:00): 79",
+        b"3,1\x00,2,-;message",
+        b"6,1,2,-\x00;message",
+        b"6,1,2,\x01;message",
+        b"6,1,2,-,caller=T1\x00;message",
+        b"6,1,2,-\r;message",
+        b"\x006,1,2,-;message",
+        b"6,1,2,-,caller=T1 x;message",
+        b"6,1,2,-,caller=\xc3\xa9;message",
+        # ...and in the message
+        b"4,1,2,-;NVRM: Xid (PCI:0000:3b:00): 3\x001, GPU has fallen off the bus.",
+        b"6,1,2,-;message\x1b[0m",
+        b"6,1,2,-;mess\x7fage",
+        b"6,1,2,-;message\r\r",
+        b"6,1,2,-;\x00\x00\x00\x00",
     ],
 )
 def test_malformed_kmsg_records(raw: bytes) -> None:
     assert parse_kmsg_record(raw) is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"6,1,2,-;message\r", "message"),  # a CRLF line ending
+        (b"6,1,2,-;a\tb", "a\tb"),
+        (b"6,1,2,-;message\n SUBSYSTEM=\x01pci\x00", "message"),  # the dictionary is ignored
+    ],
+)
+def test_kmsg_records_tolerated_bytes(raw: bytes, message: str) -> None:
+    record = parse_kmsg_record(raw)
+    assert record is not None
+    assert record.message == message
+
+
+def test_escaped_control_characters_are_not_read_as_an_xid() -> None:
+    # The kernel escaped it, so the record stands; its message is no Xid report.
+    record = parse_kmsg_record(b"4,1,2,-;NVRM: Xid (PCI:0000:3b:00): 3\\x001, GPU")
+    assert record is not None
+    assert record.message == "NVRM: Xid (PCI:0000:3b:00): 3\x001, GPU"
+    parsed = parse_message(record.message)
+    assert (parsed.kind, parsed.code) == ("other_nvrm", None)
+
+
+@pytest.mark.parametrize(
+    ("raw", "text"),
+    [
+        (b"[  12.5] NVRM: Xid (PCI:0000:3b:00): 79", "[  12.5] NVRM: Xid (PCI:0000:3b:00): 79"),
+        (b"Jul 09 10:42:47 node kernel: x\r", "Jul 09 10:42:47 node kernel: x"),
+        (b"tab\tseparated", "tab\tseparated"),
+        (b"caf\xe9", "caf\ufffd"),
+        (b"", ""),
+        (b"NVRM: Xid (PCI:0000:3b:00): 3\x001, GPU has fallen off the bus.", None),
+        (b"\x00\x00\x00\x00Jul 09 10:42:47 node kernel: NVRM: Xid", None),  # after a crash
+        (b"\x1b[31mNVRM\x1b[0m: Xid (PCI:0000:3b:00): 79", None),
+        (b"line\r\r", None),
+        (b"a\x7fb", None),
+    ],
+)
+def test_decode_line(raw: bytes, text: str | None) -> None:
+    assert decode_line(raw) == text
 
 
 def test_kmsg_record_message_parses() -> None:

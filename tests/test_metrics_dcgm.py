@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import re
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
@@ -17,6 +14,7 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from conftest import TEST_DATA, require
 from gpuagent.metrics.names import DCGM_LABELS
 from gpuagent.model import Finding, Severity
 from test_metrics_support import (
@@ -156,19 +154,8 @@ def test_dashboard_queries_find_their_series():
             assert {s.labels["gpu"] for s in series} == {str(i) for i in range(8)}, query
 
 
-def _reference_data_dir() -> Path | None:
-    """The project's reference data, beside or inside the checkout when it is there."""
-    repo = Path(__file__).resolve().parents[1]
-    for candidate in (repo / "shared" / "data", repo.parent / "shared" / "data"):
-        if (candidate / "dcgm_default_counters.csv").is_file():
-            return candidate
-    return None
-
-
 def test_embedded_counters_match_the_reference_data():
-    data = _reference_data_dir()
-    if data is None:
-        pytest.skip("reference data directory not present in this checkout")
+    data = TEST_DATA  # copies of ../shared/data's files (tests/data/README.md)
     assert rows((data / "dcgm_default_counters.csv").read_text()) == rows(DEFAULT_COUNTERS)
     disabled = rows((data / "reference" / "dcgm_default_counters_commented_out.csv").read_text())
     by_name = {r["name"]: r for r in disabled}
@@ -188,12 +175,7 @@ _TYPE_IN_NAME = "DCGM_FI_DEV_PCIE_REPLAY_COUNTER metric name should not include 
 
 
 def _promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool is not on PATH (Debian package `prometheus`)")
-        pytest.skip("promtool is not on PATH (Debian package `prometheus`)")
-    return path
+    return require("promtool", "checks the exposition (Debian package prometheus)")
 
 
 def _check_metrics(promtool: str, text: str) -> tuple[int, list[str]]:

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import gzip
+import logging
+import os
 import socket
+import socketserver
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -13,6 +18,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from gpuagent.metrics import MetricsServer, build_registry
+from gpuagent.metrics import server as server_module
 from gpuagent.metrics.exposition import TextRenderer
 from test_metrics_support import (
     VERSION,
@@ -128,6 +134,61 @@ def test_stop_does_not_wait_for_a_stalled_client():
         began = time.monotonic()
         srv.stop()
         assert time.monotonic() - began < 2.0
+
+
+def test_stop_returns_within_its_timeout_when_the_serving_thread_is_stuck(monkeypatch):
+    """The daemon's stop budget hands stop() what is left of it: stop() keeps to that even
+    when the serving thread does not come round to notice (it used to wait for it)."""
+    stuck = threading.Event()
+    release = threading.Event()
+
+    def handle_request(self: server_module._Server) -> None:
+        stuck.set()
+        release.wait(10)
+
+    monkeypatch.setattr(server_module._Server, "handle_request", handle_request)
+    srv = MetricsServer(registry_for(None), "127.0.0.1", 0)
+    srv.start()
+    inner, thread = srv._server, srv._thread
+    assert inner is not None
+    assert thread is not None
+    assert stuck.wait(5)
+    began = time.monotonic()
+    srv.stop(timeout=0.3)
+    assert 0.3 <= time.monotonic() - began < 1.5
+    release.set()
+    thread.join(5)
+    assert not thread.is_alive()
+    inner.server_close()
+
+
+def test_running_out_of_descriptors_is_logged_once_per_episode(monkeypatch, caplog):
+    """accept() failing with EMFILE was dropped silently by socketserver and retried at
+    once, a busy loop; now it is one line an episode and a retry every so often."""
+    monkeypatch.setattr(server_module, "_ACCEPT_RETRY_SECONDS", 0.01)
+    real = socketserver.TCPServer.get_request
+    failures = 0
+
+    def get_request(self: socketserver.TCPServer) -> tuple[socket.socket, object]:
+        nonlocal failures
+        if failures < 5:
+            failures += 1
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real(self)
+
+    monkeypatch.setattr(socketserver.TCPServer, "get_request", get_request)
+    srv = MetricsServer(registry_for(snapshot()), "127.0.0.1", 0)
+    srv.start()
+    try:
+        with caplog.at_level(logging.DEBUG, logger="gpuagent.metrics.server"):
+            for _ in range(2):
+                status, _headers, _body = fetch(url(srv, "/metrics"))
+                assert status == 200
+    finally:
+        srv.stop()
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("cannot accept connections: Too many open files" in m for m in messages) == 1
+    assert sum("accepting connections again after 5 failed attempts" in m for m in messages) == 1
 
 
 def _has_ipv6_loopback() -> bool:

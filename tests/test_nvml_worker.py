@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 import threading
 import time
@@ -14,7 +15,7 @@ from gpuagent.sdnotify import Notifier, _pure_notify
 
 async def test_job_result_is_returned() -> None:
     worker = CallWorker("t")
-    assert await worker.run(lambda: worker.track("f", lambda: 41) + 1, 1.0) == 42
+    assert await worker.run(lambda: worker.call("f", lambda: 41) + 1, 1.0) == 42
     assert not worker.busy
 
 
@@ -25,7 +26,7 @@ async def test_exception_propagates() -> None:
         raise ValueError("x")
 
     with pytest.raises(ValueError, match="x"):
-        await worker.run(lambda: worker.track("f", boom), 1.0)
+        await worker.run(lambda: worker.call("f", boom), 1.0)
 
 
 async def test_each_call_is_timed_not_the_whole_job() -> None:
@@ -34,7 +35,7 @@ async def test_each_call_is_timed_not_the_whole_job() -> None:
     def many_short_calls() -> int:
         # 6 calls of 0.1 s: 0.6 s in all, but no single call near the 0.3 s limit.
         for _ in range(6):
-            worker.track("short", time.sleep, 0.1)
+            worker.call("short", time.sleep, 0.1)
         return 6
 
     assert await worker.run(many_short_calls, 0.3) == 6
@@ -45,7 +46,7 @@ async def test_blocked_call_times_out_and_worker_stays_busy_until_it_returns() -
     release = threading.Event()
     started = time.monotonic()
     with pytest.raises(CallTimeoutError) as info:
-        await worker.run(lambda: worker.track("nvmlDeviceGetTemperature", release.wait), 0.2)
+        await worker.run(lambda: worker.call("nvmlDeviceGetTemperature", release.wait), 0.2)
     assert 0.15 < time.monotonic() - started < 1.0
     assert info.value.call == "nvmlDeviceGetTemperature"
     assert worker.busy
@@ -58,7 +59,7 @@ async def test_blocked_call_times_out_and_worker_stays_busy_until_it_returns() -
             break
         await asyncio.sleep(0.01)
     assert not worker.busy
-    assert await worker.run(lambda: worker.track("f", lambda: 1), 1.0) == 1
+    assert await worker.run(lambda: worker.call("f", lambda: 1), 1.0) == 1
 
 
 async def test_event_loop_is_not_blocked_by_a_hung_call() -> None:
@@ -74,7 +75,7 @@ async def test_event_loop_is_not_blocked_by_a_hung_call() -> None:
 
     task = asyncio.create_task(ticker())
     with pytest.raises(CallTimeoutError):
-        await worker.run(lambda: worker.track("hang", release.wait), 0.3)
+        await worker.run(lambda: worker.call("hang", release.wait), 0.3)
     task.cancel()
     release.set()
     assert ticks >= 10
@@ -95,6 +96,20 @@ def test_notify_fallback_sends_datagrams(tmp_path: Path, monkeypatch: pytest.Mon
 def test_notify_outside_systemd_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
     assert _pure_notify("READY=1") is False
+
+
+def test_notify_out_of_descriptors_is_a_missed_ping_not_a_crash(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Out of descriptors the notification socket cannot be made; the watchdog loop must
+    carry on (it ended the daemon when this raised)."""
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify.sock"))
+
+    def no_descriptors(*_args: object, **_kwargs: object) -> socket.socket:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(socket, "socket", no_descriptors)
+    assert _pure_notify("WATCHDOG=1") is False
 
 
 @pytest.mark.parametrize(

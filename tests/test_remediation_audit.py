@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpuagent.remediation import audit as audit_module
 from gpuagent.remediation.audit import AuditError, AuditStore
 from gpuagent.remediation.gpu_ops import (
     GpuOperationError,
@@ -36,13 +40,19 @@ class Clock:
         return self.now
 
 
-def test_records_survive_reopening(tmp_path: Path) -> None:
+async def _opened(path: Path, **options: Any) -> AuditStore:
+    store = AuditStore(path, **options)
+    assert await store.open()
+    return store
+
+
+async def test_records_survive_reopening(tmp_path: Path) -> None:
     path = tmp_path / "state" / "remediation.sqlite"
-    store = AuditStore(path)
-    record = store.record(RESET, "started", mode="enforce")
+    store = await _opened(path)
+    record = await store.record(RESET, "started", mode="enforce")
     assert record.evidence == {"ecc_dbe_volatile": 1}
     store.close()
-    reopened = AuditStore(path)
+    reopened = await _opened(path)
     (again,) = reopened.recent(10)
     assert (again.kind, again.target, again.result, again.check) == (
         "reset_gpu",
@@ -54,14 +64,14 @@ def test_records_survive_reopening(tmp_path: Path) -> None:
     reopened.close()
 
 
-def test_counts_by_kind_result_target_and_time(tmp_path: Path) -> None:
+async def test_counts_by_kind_result_target_and_time(tmp_path: Path) -> None:
     clock = Clock()
-    store = AuditStore(tmp_path / "a.sqlite", wall_clock=clock)
-    store.record(RESET, "started", mode="enforce")
+    store = await _opened(tmp_path / "a.sqlite", wall_clock=clock)
+    await store.record(RESET, "started", mode="enforce")
     clock.now += 100
-    store.record(RESET, "succeeded", mode="enforce")
+    await store.record(RESET, "succeeded", mode="enforce")
     other = PlannedAction("reset_gpu", "0000:5d:00.0", "x")
-    store.record(other, "started", mode="enforce")
+    await store.record(other, "started", mode="enforce")
     assert store.count("reset_gpu", ("started",), since=0) == 2
     assert store.count("reset_gpu", ("started",), since=0, target="0000:3b:00.0") == 1
     assert store.count("reset_gpu", ("started",), since=clock.now - 10) == 1
@@ -73,17 +83,74 @@ def test_counts_by_kind_result_target_and_time(tmp_path: Path) -> None:
     store.close()
 
 
-def test_parameters_are_kept_in_the_evidence(tmp_path: Path) -> None:
-    store = AuditStore(tmp_path / "a.sqlite")
-    assert store.record(CAP, "succeeded", mode="enforce").evidence == {"params": {"limit_w": 490.0}}
+async def test_parameters_are_kept_in_the_evidence(tmp_path: Path) -> None:
+    store = await _opened(tmp_path / "a.sqlite")
+    record = await store.record(CAP, "succeeded", mode="enforce")
+    assert record.evidence == {"params": {"limit_w": 490.0}}
     store.close()
 
 
-def test_an_unwritable_trail_is_an_audit_error(tmp_path: Path) -> None:
-    store = AuditStore(tmp_path / "a.sqlite")
-    store._db.execute("DROP TABLE actions")  # the trail is gone from under us
+async def test_an_unwritable_trail_is_an_audit_error(tmp_path: Path) -> None:
+    store = await _opened(tmp_path / "a.sqlite")
+    assert store._writer is not None
+    store._writer.execute("DROP TABLE actions")  # the trail is gone from under us
     with pytest.raises(AuditError):
-        store.record(RESET, "started", mode="enforce")
+        await store.record(RESET, "started", mode="enforce")
+    assert "cannot write the audit record" in store.error
+    store.close()
+
+
+async def test_a_trail_that_cannot_be_opened_is_tried_again(tmp_path: Path) -> None:
+    """A read-only state directory at start: every call is an AuditError (so nothing is
+    done), the reason is kept, and the trail opens once it can."""
+    path = tmp_path / "remediation.sqlite"
+    path.mkdir()  # not a database: it cannot be opened
+    store = AuditStore(path)
+    store.retry_seconds = 0.0
+    assert not await store.open()
+    assert "cannot open the audit trail" in store.error
+    with pytest.raises(AuditError):
+        store.recent(1)
+    with pytest.raises(AuditError):
+        await store.record(RESET, "started", mode="enforce")
+    path.rmdir()
+    assert await store.open()
+    assert store.error == ""
+    await store.record(RESET, "started", mode="enforce")
+    assert len(store.recent(10)) == 1
+    store.close()
+
+
+async def test_a_slow_disk_never_stalls_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each record waits for fsync; here every commit takes 0.5 s, as on a failing disk.
+    The event loop keeps its pace: records are written on the disk thread."""
+    store = await _opened(tmp_path / "a.sqlite")
+    write = audit_module._insert
+
+    def slow_insert(db: sqlite3.Connection, row: tuple[object, ...]) -> int:
+        time.sleep(0.5)
+        return write(db, row)
+
+    monkeypatch.setattr(audit_module, "_insert", slow_insert)
+    gaps: list[float] = []
+    done = asyncio.Event()
+
+    async def tick() -> None:
+        last = time.monotonic()
+        while not done.is_set():
+            await asyncio.sleep(0.01)
+            gaps.append(time.monotonic() - last)
+            last = time.monotonic()
+
+    ticker = asyncio.create_task(tick())
+    for _ in range(3):
+        await store.record(RESET, "started", mode="enforce")
+    done.set()
+    await ticker
+    assert len(store.recent(10)) == 3
+    assert max(gaps) < 0.25  # on the loop, each record would be a 0.5 s gap
     store.close()
 
 
@@ -120,7 +187,7 @@ def test_bus_id_in_nvml_form() -> None:
     assert nvml_bus_id("0000:3b:00.0") == "00000000:3B:00.0"
 
 
-def test_device_holders_from_proc(tmp_path: Path) -> None:
+async def test_device_holders_from_proc(tmp_path: Path) -> None:
     proc = tmp_path / "proc"
     for pid, name, target in (
         (100, "python", "/dev/nvidia3"),
@@ -132,8 +199,8 @@ def test_device_holders_from_proc(tmp_path: Path) -> None:
         (proc / str(pid) / "fd" / "5").symlink_to(target)
     (proc / "self").mkdir()
     ops = GpuOps(reset_command="true", timeout=5, proc_root=proc)
-    assert ops.device_holders(3) == [(100, "python")]
-    assert ops.device_holders(None) == []
+    assert await ops.device_holders(3) == [(100, "python")]
+    assert await ops.device_holders(None) == []
 
 
 def test_a_process_we_cannot_inspect_counts_as_holding(

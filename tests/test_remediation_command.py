@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuagent.remediation.backends import BackendConfigError
+from gpuagent.remediation.backend import BackendConfigError
 from gpuagent.remediation.command import CommandBackend, CommandBackendError
 from gpuagent.remediation.types import CordonRequest
 

@@ -72,7 +72,7 @@ class Ops:
     async def dcgm_diag(self) -> tuple[bool, str] | None:
         return self.diag
 
-    def device_holders(self, _minor: int | None) -> list[tuple[int, str]]:
+    async def device_holders(self, _minor: int | None) -> list[tuple[int, str]]:
         return []
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from gpuagent.remediation.backends import BackendConfigError
+from gpuagent.remediation.backend import BackendConfigError
 from gpuagent.remediation.kubernetes import (
     KubernetesBackend,
     KubernetesBackendError,

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
+import signal
 import subprocess
+import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from conftest import DaemonProcess
 from gpuagent.config import parse_config
+from mqtt_broker import Broker
 
 REPO = Path(__file__).resolve().parent.parent
 AGENT_UNIT = REPO / "systemd" / "gpuagent.service"
@@ -200,3 +207,159 @@ def test_aggregator_unit_loads_the_command_token_the_package_generates() -> None
     token_dir, _, name = source.rpartition("/")
     assert f"TOKEN_DIR={token_dir}\n" in postinst
     assert f'"$TOKEN_DIR/{name}"' in postinst
+
+
+# --- stopping within TimeoutStopSec ---------------------------------------------------------
+
+
+def _seconds(value: str) -> float:
+    """A systemd time span ("10s", "1min 30s", "90", "500ms") in seconds."""
+    units = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "": 1.0}
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]*)", value)
+    assert parts, value
+    assert "".join(n + u for n, u in parts) == value.replace(" ", ""), value
+    return sum(float(number) * units[unit] for number, unit in parts)
+
+
+def test_stop_budget_is_below_the_units_timeout_stop_sec() -> None:
+    """systemd SIGKILLs a daemon still stopping at TimeoutStopSec; the daemon's stop
+    sequence must be over before, with a margin."""
+    from gpuagent import daemon  # noqa: PLC0415
+
+    (timeout_stop,) = _settings(AGENT_UNIT)["TimeoutStopSec"]
+    assert _seconds("1min 30s") == 90.0  # the parser reads what systemd writes
+    assert _seconds(timeout_stop) - 1.0 >= daemon.STOP_BUDGET_SECONDS
+
+
+def test_unit_leaves_room_for_file_descriptors() -> None:
+    """The local API caps its connections far below LimitNOFILE; the default soft limit
+    (1024) left too little room in a drill."""
+    from gpuagent import api  # noqa: PLC0415
+
+    (limit,) = _settings(AGENT_UNIT)["LimitNOFILE"]
+    assert int(limit) >= 4096
+    assert int(limit) >= api.MAX_CONNECTIONS * 8
+
+
+class _SlowStep:
+    """Stand-ins for the daemon's parts whose stop takes the longest it may, or forever."""
+
+    def __init__(self) -> None:
+        self.goodbye_started = asyncio.Event()
+
+    # the MQTT reporter: the goodbye to a broker that does not answer waits its 2 s
+    async def run(self) -> None:
+        await asyncio.Event().wait()
+
+    async def shutdown(self) -> None:
+        self.goodbye_started.set()
+        await asyncio.sleep(2.0)
+
+    def close(self) -> None:
+        pass
+
+    # the local API and the NVML source (a wedged worker): never done
+    async def stop(self) -> None:
+        await asyncio.Event().wait()
+
+    async def close_nvml(self) -> None:
+        await asyncio.Event().wait()
+
+
+class _SlowMetrics:
+    def __init__(self) -> None:
+        self.given: float | None = None
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.given = timeout
+        time.sleep(max(min(timeout, 5.0), 0.0))  # joins its thread for as long as allowed
+
+
+def _agent(tmp_path: Path) -> Any:
+    from gpuagent.config import parse_config  # noqa: PLC0415
+    from gpuagent.daemon import Agent  # noqa: PLC0415
+
+    config = parse_config(
+        f'[agent]\nstate_dir = "{tmp_path / "state"}"\n[api]\nsocket = "{tmp_path / "s"}"\n'
+        "[sources.kmsg]\nenabled = false\n[sources.sysfs]\nenabled = false\n"
+        "[sources.udev]\nenabled = false\n[inventory]\nenabled = false\n"
+    )
+    return Agent(config)
+
+
+async def test_stop_sequence_keeps_to_one_budget_when_every_step_takes_its_longest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Goodbye 2 s + API and NVML never + /metrics 5 s: stopped within the budget, which
+    every step shares (per-step timeouts used to add up past TimeoutStopSec)."""
+    from gpuagent import daemon  # noqa: PLC0415
+
+    monkeypatch.setattr(daemon, "STOP_BUDGET_SECONDS", 3.0)
+    agent = _agent(tmp_path)
+    slow, metrics = _SlowStep(), _SlowMetrics()
+    agent.reporter = slow
+    agent._api = slow
+    agent._metrics = metrics
+    agent._close_sources = slow.close_nvml
+    main = asyncio.create_task(agent.main_loop())
+    await asyncio.sleep(0)  # its tasks start
+    began = time.monotonic()
+    agent.stop()
+    await main
+    await agent.shutdown()
+    took = time.monotonic() - began
+    assert slow.goodbye_started.is_set()
+    assert metrics.given is not None
+    assert took <= 3.0
+    assert took >= 3.0 - 0.5 - 0.2  # each step had what was left, up to the deadline
+
+
+async def test_shutdown_awaits_the_cancelled_remediation_task(tmp_path: Path) -> None:
+    """Cancelled is not finished: a remediation cycle's cleanup (its audit record) runs
+    before shutdown goes on."""
+    agent = _agent(tmp_path)
+    finished: list[str] = []
+
+    async def cycle() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.sleep(0.05)  # writing down what was cut short
+            finished.append("cleaned up")
+
+    agent._remediation_task = task = asyncio.create_task(cycle(), name="remediation")
+    await asyncio.sleep(0)
+    await agent.shutdown()
+    assert task.cancelled()
+    assert finished == ["cleaned up"]
+
+
+def test_daemon_stops_within_the_budget_against_a_silent_broker_and_a_wedged_gpu(
+    run_daemon: Callable[..., DaemonProcess], mqtt_broker: Broker
+) -> None:
+    """SIGTERM with the MQTT goodbye unanswered (the broker is frozen) and one GPU's NVML
+    worker wedged: exit code 0 within the stop budget."""
+    from gpuagent import daemon as daemon_module  # noqa: PLC0415
+
+    daemon = run_daemon(
+        '[node]\ngpus = 2\nmodel = "NVIDIA H100 80GB HBM3"\n',
+        config_extra=mqtt_broker.agent_config(),
+        call_timeout=2.0,
+    )
+    deadline = time.monotonic() + 10
+    while "gpuagent_mqtt_connected 1.0" not in daemon.metrics():
+        assert time.monotonic() < deadline, "the agent did not connect to the broker"
+        time.sleep(0.05)
+    daemon.inject("nvml_hang", 1, seconds=60)
+    daemon.wait_for(lambda d: any(g["status"] == "timeout" for g in d["gpus"]), timeout=10)
+    assert mqtt_broker.process is not None
+    mqtt_broker.process.send_signal(signal.SIGSTOP)  # connected, but answers nothing
+    try:
+        began = time.monotonic()
+        daemon.process.send_signal(signal.SIGTERM)
+        code = daemon.process.wait(daemon_module.STOP_BUDGET_SECONDS + 2)
+        took = time.monotonic() - began
+    finally:
+        mqtt_broker.process.send_signal(signal.SIGCONT)
+    assert code == 0, (daemon.workdir / "daemon.log").read_text()[-3000:]
+    assert took <= daemon_module.STOP_BUDGET_SECONDS

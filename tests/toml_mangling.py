@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-_EDITS = ("drop", "blank_value", "swap_type", "uncomment", "dup_table")
+_EDITS = ("drop", "blank_value", "swap_type", "uncomment", "dup_table", "negate", "huge")
 
 
 def _edit(lines: list[str], index: int, edit: str) -> None:
@@ -17,12 +17,19 @@ def _edit(lines: list[str], index: int, edit: str) -> None:
         lines[index] = line.split("=", 1)[0] + "= [1, {a = 2}]"
     elif edit == "uncomment":
         lines[index] = line.lstrip("# ")
+    elif edit in ("negate", "huge") and "=" in line:
+        # A number out of (almost any) key's range: negative, or far too large.
+        key, value = line.split("=", 1)
+        if value.strip()[:1].isdigit():
+            new = f"-{value.strip()}" if edit == "negate" else "1e300"
+            lines[index] = f"{key}= {new}"
     elif edit == "dup_table" and line.startswith("["):
         lines.insert(index, line.replace("[[", "[").replace("]]", "]"))
 
 
 def mangled_toml(text: str) -> st.SearchStrategy[str]:
-    """``text`` with up to four lines dropped, emptied, retyped, uncommented or duplicated."""
+    """``text`` with up to four lines dropped, emptied, retyped, uncommented, duplicated, or
+    with a number made negative or huge."""
     lines = text.splitlines()
 
     def apply(edits: list[tuple[int, str]]) -> str:

@@ -82,7 +82,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import asyncio  # noqa: PLC0415
 
     from gpuagent.daemon import Agent  # noqa: PLC0415
-    from gpuagent.remediation.backends import BackendConfigError  # noqa: PLC0415
+    from gpuagent.remediation.backend import BackendConfigError  # noqa: PLC0415
 
     agent = Agent(config, simulate=args.simulate)
     try:

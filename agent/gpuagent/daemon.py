@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from gpuagent import __version__
@@ -23,9 +25,10 @@ from gpuagent.api import ApiServer
 from gpuagent.checks import HealthMemory, InventoryView, evaluate
 from gpuagent.config import Config
 from gpuagent.daemon_api import AgentApi
+from gpuagent.diskio import DiskThread
 from gpuagent.events import EventLog
 from gpuagent.fleet.reporter import CommandRefusedError, Reporter
-from gpuagent.inventory import HostFacts, NodeInventory, build_inventory
+from gpuagent.inventory import HostFacts, NodeInventory
 from gpuagent.inventory.baseline import (
     BASELINE_FILE,
     Baseline,
@@ -33,6 +36,7 @@ from gpuagent.inventory.baseline import (
     load_baseline,
     save_baseline,
 )
+from gpuagent.inventory.build import build_inventory
 from gpuagent.inventory.collect import collect_host
 from gpuagent.inventory.services import read_services
 from gpuagent.metrics import MetricsServer, build_registry
@@ -46,7 +50,7 @@ from gpuagent.model import (
     Severity,
 )
 from gpuagent.remediation.audit import AuditError, AuditStore
-from gpuagent.remediation.backends import build_backends
+from gpuagent.remediation.build import build_backends
 from gpuagent.remediation.executor import Remediator
 from gpuagent.remediation.gpu_ops import GpuOps
 from gpuagent.remediation.types import PlannedAction
@@ -63,7 +67,14 @@ from gpuagent.textfile import TextfileWriter
 
 log = logging.getLogger(__name__)
 
-SHUTDOWN_TIMEOUT_SECONDS = 4.0
+# systemd SIGKILLs a daemon still stopping TimeoutStopSec= after SIGTERM (10 s in
+# systemd/gpuagent.service): the whole stop sequence (MQTT goodbye, cancelling and awaiting
+# every task, closing the API, NVML and /metrics) shares one deadline this long after the
+# stop began, a margin under TimeoutStopSec. tests/test_systemd_units.py keeps it below.
+STOP_BUDGET_SECONDS = 8.0
+# The last part of the budget is kept for leaving: what asyncio.run and the interpreter
+# wait for after shutdown() (see _leave_by_deadline).
+_STOP_EXIT_RESERVE_SECONDS = 0.5
 _MAX_BACKOFF_SECONDS = 60.0
 _GIL_SWITCH_SECONDS = 0.0005
 _SYSFS_TIMEOUT_SECONDS = 10.0
@@ -108,6 +119,8 @@ class Agent:
         self._api = ApiServer(config.api.socket, config.api.group)
         self.remediator: Remediator | None = None
         self.reporter: Reporter | None = None
+        # The state directory's databases (spool, audit trail) commit on this thread.
+        self._disk = DiskThread()
         textfile = config.outputs.textfile
         self._textfile = (
             TextfileWriter(Path(textfile.dir), textfile.min_interval_seconds)
@@ -131,7 +144,7 @@ class Agent:
         sys.setswitchinterval(_GIL_SWITCH_SECONDS)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop.set)
+            loop.add_signal_handler(sig, self._on_signal)
         started = time.monotonic()
         try:
             await self.startup()
@@ -141,9 +154,16 @@ class Agent:
             await self.shutdown()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
+            self._leave_by_deadline()
 
     def stop(self) -> None:
+        """Begin stopping: the stop budget runs from now."""
+        self._stop_deadline()
         self._stop.set()
+
+    def _on_signal(self) -> None:
+        self.stop()
+        self._leave_by_deadline()  # whatever happens to the steps, exit within the budget
 
     def _open_sources(self) -> None:
         if self.simulator is not None:
@@ -190,6 +210,7 @@ class Agent:
             agent_version=__version__,
             state_dir=self.config.agent.state_dir,
             audit=audit,
+            disk=self._disk,
         )
         reporter.target = self
         return reporter
@@ -205,6 +226,7 @@ class Agent:
                 reset_command=config.reset.command,
                 timeout=config.reset.timeout_seconds,
                 simulator=self.simulator,
+                nvml=lambda: self.nvml,
             ),
             node=self.node_name,
             cluster=self.config.agent.cluster,
@@ -218,7 +240,10 @@ class Agent:
         self.refresh_requested.set()
 
     async def startup(self) -> None:
-        audit = AuditStore(self.config.agent.state_dir / "remediation.sqlite")
+        audit = AuditStore(self.config.agent.state_dir / "remediation.sqlite", disk=self._disk)
+        # A read-only or full state directory must not stop monitoring: the trail is tried
+        # again by remediation, which does nothing meanwhile (the state_dir finding says so).
+        await audit.open()
         self.reporter = self._build_reporter(audit)
         self.remediator = self._build_remediator(audit)
         if self.reporter is not None:
@@ -259,25 +284,87 @@ class Agent:
             if self.reporter is not None:
                 running.append(tasks.create_task(self.reporter.run(), name="mqtt"))
             await self._stop.wait()
+            deadline = self._stop_deadline()
             if self.reporter is not None:
                 # Before the connection goes: a clean goodbye, not the Last Will.
-                await self.reporter.shutdown()
-            for task in running:
-                task.cancel()
+                await self._until(deadline, self.reporter.shutdown(), "the MQTT goodbye")
+            await self._cancel_and_wait(running, deadline)
+
+    # --- stopping: every step below shares one deadline, STOP_BUDGET_SECONDS from the stop -
+
+    _stop_by: float | None = None  # time.monotonic() the steps must end by, once stopping
+    _exit_timer: threading.Timer | None = None
+
+    def _stop_deadline(self) -> float:
+        """The deadline of every stop step, fixed when the first of them asks."""
+        if self._stop_by is None:
+            self._stop_by = time.monotonic() + STOP_BUDGET_SECONDS - _STOP_EXIT_RESERVE_SECONDS
+        return self._stop_by
 
     async def shutdown(self) -> None:
+        deadline = self._stop_deadline()
         self.notifier.stopping()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(SHUTDOWN_TIMEOUT_SECONDS):
-                await self._api.stop()
-                if self._remediation_task is not None:
-                    self._remediation_task.cancel()
-                await self._close_sources()
+        await self._until(deadline, self._api.stop(), "the local API")
+        if self._remediation_task is not None:
+            await self._cancel_and_wait([self._remediation_task], deadline)
+        await self._until(deadline, self._close_sources(), "closing NVML")
         if self.reporter is not None:
             self.reporter.close()
+        if self.remediator is not None:
+            self.remediator.audit.close()
+        self._disk.close()  # after what is queued (a daemon thread: never holds up exit)
         if self._metrics is not None:
-            self._metrics.stop()
-        log.info("stopped")
+            self._metrics.stop(timeout=deadline - time.monotonic())
+        began = deadline + _STOP_EXIT_RESERVE_SECONDS - STOP_BUDGET_SECONDS
+        log.info("stopped in %.1f s", time.monotonic() - began)
+
+    def _leave_by_deadline(self) -> None:
+        """After shutdown(), asyncio.run still waits for leftover tasks and the default
+        executor's threads, and the interpreter joins those threads: one wedged in a sysfs
+        read, or a task that ignores cancellation, would outlast TimeoutStopSec. Past the
+        budget, exit anyway (a daemon thread: a process that exits in time never fires it).
+        Armed by run() only, at the signal: the process is the daemon's."""
+        if self._exit_timer is not None:
+            return
+        remaining = self._stop_deadline() + _STOP_EXIT_RESERVE_SECONDS - time.monotonic()
+        code = 0 if self._stop.is_set() else 1  # asked to stop, or stopping after a crash
+        self._exit_timer = threading.Timer(max(remaining, 0.0), self._exit_now, (code,))
+        self._exit_timer.daemon = True
+        self._exit_timer.start()
+
+    @staticmethod
+    async def _until(deadline: float, step: Awaitable[None], what: str) -> None:
+        """Await one stop step, cancelled at ``deadline`` (time.monotonic()) if still running."""
+        try:
+            async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+                await step
+        except TimeoutError:
+            log.warning("stopping: %s did not finish within the stop budget", what)
+
+    @staticmethod
+    async def _cancel_and_wait(tasks: list[asyncio.Task[None]], deadline: float) -> None:
+        """Cancel ``tasks`` and wait for them to end, until ``deadline`` (time.monotonic())."""
+        for task in tasks:
+            task.cancel()
+        if not tasks:
+            return
+        _done, pending = await asyncio.wait(tasks, timeout=max(deadline - time.monotonic(), 0.0))
+        if pending:
+            # Stuck in cleanup (an await in a finally): cancel that too. What still runs after
+            # this is left to _leave_by_deadline.
+            for task in pending:
+                task.cancel()
+            names = ", ".join(sorted(task.get_name() for task in pending))
+            log.warning("stopping: %s still running at the end of the stop budget", names)
+
+    @staticmethod
+    def _exit_now(code: int) -> None:
+        log.error(
+            "stopping took longer than its %.0f s budget; exiting without waiting further",
+            STOP_BUDGET_SECONDS,
+        )
+        logging.shutdown()
+        os._exit(code)
 
     # --- the NVML poll ------------------------------------------------------------------
 
@@ -336,7 +423,10 @@ class Agent:
             self._xid_watcher.stop()
         self._xid_generation = self.nvml.generation
         self._xid_watcher = NvmlEventWatcher(
-            self.nvml.devices(), self.on_event, asyncio.get_running_loop()
+            self.nvml.devices(),
+            self.on_event,
+            asyncio.get_running_loop(),
+            call_timeout=self.config.sources.nvml.call_timeout_seconds,
         )
         self._xid_watcher.start()
 
@@ -532,6 +622,15 @@ class Agent:
 
     # --- evaluation and publishing ---------------------------------------------------------
 
+    def _storage_errors(self) -> tuple[tuple[str, str], ...]:
+        """The stores in the state directory that cannot be used now, and why."""
+        errors = []
+        if self.reporter is not None and self.reporter.outbox.error:
+            errors.append(("spool", self.reporter.outbox.error))
+        if self.remediator is not None and self.remediator.audit.error:
+            errors.append(("audit", self.remediator.audit.error))
+        return tuple(errors)
+
     def _publish(self) -> None:
         observation = self._last_observation
         if observation is None:
@@ -552,6 +651,7 @@ class Agent:
             if inventory is None
             else InventoryView(inventory, expected, self._baseline),
             expected_gpus=expected.gpu,
+            storage_errors=self._storage_errors(),
         )
         self._learn(inventory, health.severity)
         self._sequence += 1
@@ -592,12 +692,16 @@ class Agent:
         remediator = self.remediator
         if remediator is None:
             return None
+        try:
+            cordoned, budgets = remediator.history().cordoned_by_us, remediator.budget_remaining()
+        except AuditError:  # unknown without the trail (the state_dir finding says why)
+            cordoned, budgets = False, []
         return RemediationStatus(
             mode=remediator.mode,
             paused=remediator.paused,
-            cordoned_by_us=remediator.history().cordoned_by_us,
+            cordoned_by_us=cordoned,
             counts=tuple((a, r, n) for (a, r), n in sorted(remediator.counts.items())),
-            budgets=tuple(remediator.budget_remaining()),
+            budgets=tuple(budgets),
         )
 
     def _schedule_remediation(self, snapshot: NodeSnapshot) -> None:

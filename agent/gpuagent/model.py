@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-if TYPE_CHECKING:
-    from gpuagent.inventory.model import NodeInventory
+# A runtime import (not under TYPE_CHECKING), so `typing.get_type_hints(NodeSnapshot)`
+# resolves: gpuagent.inventory.model imports nothing from gpuagent, hence no cycle.
+# FabricState is defined there (the inventory reports it too) and re-exported here.
+from gpuagent.inventory.model import FabricState as FabricState  # noqa: PLC0414 - re-export
+from gpuagent.inventory.model import NodeInventory
 
 
 class Severity(enum.Enum):
@@ -101,9 +104,6 @@ class GpuProcess:
     pid: int
     name: str
     used_mib: float | None
-
-
-FabricState = Literal["not_started", "in_progress", "completed"]
 
 
 @dataclass(frozen=True, slots=True)

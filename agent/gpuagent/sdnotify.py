@@ -18,14 +18,16 @@ def _pure_notify(state: str) -> bool:
         return False
     if address.startswith("@"):  # abstract namespace
         address = "\0" + address[1:]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
-        # Never block the event loop on a receiver that is not reading: drop instead.
-        sock.setblocking(False)  # noqa: FBT003 - the socket API takes a plain bool
-        try:
+    # Out of descriptors (EMFILE) the socket cannot even be made: a notification missed,
+    # never an exception that would end the watchdog loop, and with it the daemon.
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            # Never block the event loop on a receiver that is not reading: drop instead.
+            sock.setblocking(False)  # noqa: FBT003 - the socket API takes a plain bool
             sock.connect(address)
             sock.sendall(state.encode())
-        except OSError:
-            return False
+    except OSError:
+        return False
     return True
 
 
@@ -36,7 +38,10 @@ def _load_notify() -> Callable[[str], bool]:
         return _pure_notify
 
     def notify(state: str) -> bool:
-        return bool(daemon.notify(state))
+        try:
+            return bool(daemon.notify(state))
+        except OSError:  # as above: out of descriptors, a missed notification
+            return False
 
     return notify
 

@@ -39,6 +39,7 @@ from gpuagent.checks.pcie import check_pcie, remember_bridges, remember_link
 from gpuagent.checks.persistence import check_persistence
 from gpuagent.checks.retired_pages import check_retired_pages
 from gpuagent.checks.row_remap import check_row_remap
+from gpuagent.checks.state_dir import check_state_dir
 from gpuagent.checks.sxid import check_sxid
 from gpuagent.checks.thermal import check_thermal, remember_throttle
 from gpuagent.checks.xid import check_xid
@@ -56,6 +57,7 @@ from gpuagent.model import (
 
 AVAILABILITY = "availability"
 NVML = "nvml"
+STATE_DIR = "state_dir"
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +139,7 @@ INVENTORY_GPU_CHECKS: tuple[InventoryGpuCheck, ...] = (
 )
 
 CHECK_NAMES: tuple[str, ...] = (AVAILABILITY, *(c.name for c in GPU_CHECKS))
-NODE_CHECK_NAMES: tuple[str, ...] = (NVML, *(c.name for c in NODE_CHECKS))
+NODE_CHECK_NAMES: tuple[str, ...] = (NVML, *(c.name for c in NODE_CHECKS), STATE_DIR)
 INVENTORY_CHECK_NAMES: tuple[str, ...] = tuple(c.name for c in INVENTORY_GPU_CHECKS)
 INVENTORY_NODE_CHECK_NAMES: tuple[str, ...] = tuple(c.name for c in INVENTORY_NODE_CHECKS)
 
@@ -153,6 +155,7 @@ class _Context:
     inventory: InventoryView | None = None
     # GPUs (by index) whose checks run with their own MIG expectation.
     gpu_configs: dict[int, ChecksSection] = field(default_factory=dict)
+    storage_errors: tuple[tuple[str, str], ...] = ()
 
     def config_for(self, index: int) -> ChecksSection:
         return self.gpu_configs.get(index, self.config)
@@ -250,6 +253,7 @@ def _node_findings(
         for check in NODE_CHECKS
         if check.enabled(context.config)
     ]
+    findings.append(to_finding(STATE_DIR, None, check_state_dir(context.storage_errors)))
     if context.inventory is not None:
         findings += [
             to_finding(check.name, None, check.run(context.inventory))
@@ -269,20 +273,28 @@ def evaluate(
     pcie: tuple[PciePath, ...] = (),
     inventory: InventoryView | None = None,
     expected_gpus: Sequence[ExpectedGpu] = (),
+    storage_errors: tuple[tuple[str, str], ...] = (),
 ) -> tuple[NodeHealth, HealthMemory]:
     """Findings for the node and every GPU, plus the memory to pass to the next call.
 
     ``now`` is monotonic seconds, the clock of ``GpuEvent.monotonic``. ``events`` are the
     recent events, oldest first; ``pcie`` the sysfs view of each GPU's PCIe path;
     ``inventory`` the node inventory with its expectations (None: no inventory checks);
-    ``expected_gpus`` the GPUs whose MIG mode is expected to differ from ``config.mig``.
+    ``expected_gpus`` the GPUs whose MIG mode is expected to differ from ``config.mig``;
+    ``storage_errors`` (store, error) for each of the agent's stores that cannot be used.
     Findings come node first (in ``NODE_CHECK_NAMES`` order, then
     ``INVENTORY_NODE_CHECK_NAMES``), then GPU by GPU in the order given, each in
     ``CHECK_NAMES`` order followed by ``INVENTORY_CHECK_NAMES``.
     """
     paths = {path.device.address: path for path in pcie}
     context = _Context(
-        config, now, EventIndex(events), paths, inventory, _gpu_configs(config, expected_gpus)
+        config,
+        now,
+        EventIndex(events),
+        paths,
+        inventory,
+        _gpu_configs(config, expected_gpus),
+        storage_errors,
     )
     findings = _node_findings(nvml, gpus, context)
     remembered: dict[str, GpuMemory] = {}

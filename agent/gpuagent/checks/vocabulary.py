@@ -33,6 +33,7 @@ class Action(enum.StrEnum):
     RUN_AS_ROOT = "run_as_root"
     START_SERVICE = "start_service"
     RESTORE_SETTINGS = "restore_settings"
+    FIX_STATE_DIR = "fix_state_dir"
 
 
 class Runbook(enum.StrEnum):
@@ -97,3 +98,4 @@ class Runbook(enum.StrEnum):
     NVML_NO_PERMISSION = "nvml-no-permission"
     NVML_TIMEOUT = "nvml-timeout"
     NVML_ERROR = "nvml-error"
+    NODE_STATE_DIR = "node-state-dir"

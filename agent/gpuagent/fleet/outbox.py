@@ -205,7 +205,9 @@ class Outbox:
 
     async def sent(self, messages: list[Pending]) -> None:
         """The broker has these; they wait for the aggregator's acknowledgement."""
-        await self.spool.mark_sent([m.seq for m in messages if m.seq is not None])
+        seqs = [m.seq for m in messages if m.seq is not None]
+        if seqs:
+            await self.spool.mark_sent(seqs)
         ids = {m.id for m in messages if m.seq is None}
         now = time.time()
         for held in self._memory:

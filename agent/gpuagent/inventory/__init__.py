@@ -2,9 +2,12 @@
 services, collected at start, on PCI changes and every `inventory.refresh_seconds`.
 
 See docs/inventory.md.
+
+The package re-exports only the data types (`gpuagent.inventory.model`, which imports
+nothing from gpuagent): `gpuagent.model` imports them, so importing this package must not
+import `gpuagent.model` back. `build_inventory` is in `gpuagent.inventory.build`.
 """
 
-from gpuagent.inventory.build import build_inventory
 from gpuagent.inventory.model import (
     GpuInventory,
     HostFacts,
@@ -21,7 +24,6 @@ __all__ = [
     "NodeInventory",
     "PciFunction",
     "Service",
-    "build_inventory",
     "fingerprint",
     "fingerprint_hash",
 ]

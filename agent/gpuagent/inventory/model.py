@@ -3,6 +3,11 @@
 Host facts (sysfs, procfs, os-release, systemd) are collected off the event loop every
 few minutes; the NVML side comes from the latest poll. `build_inventory` joins the two
 into one immutable `NodeInventory`, whose JSON form carries a fleet fingerprint.
+
+This module is a leaf: it imports nothing from gpuagent, so `gpuagent.model` (whose
+`NodeSnapshot` carries a `NodeInventory`) can import it at runtime without a cycle, and
+`typing.get_type_hints` resolves both modules' annotations. `FabricState` lives here for
+that reason; `gpuagent.model` re-exports it for the GPU readings.
 """
 
 from __future__ import annotations
@@ -12,8 +17,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpuagent.model import FabricState
-
+# NVSwitch systems: a GPU's registration with Fabric Manager (NVML's fabric state).
+FabricState = Literal["not_started", "in_progress", "completed"]
 PciRole = Literal["gpu", "nvswitch"]
 # systemd's ActiveState, plus "not_installed" (no such unit), "masked" (the unit is
 # masked: an operator's choice that it never runs) and "unknown" (no systemd, or the

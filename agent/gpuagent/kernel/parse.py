@@ -33,7 +33,7 @@ _PREFIXES = re.compile(
     rf"""(?:
         \s+                                              # padding, multi-line indents
       | <[0-9]{{1,3}}>                                   # dmesg -r: <6>
-      | [0-9]{{1,3}},[0-9]{{1,20}},[0-9]{{1,20}}(?:,[^;]{{0,64}})?;   # /dev/kmsg record header
+      | [0-9]{{1,3}},[0-9]{{1,20}},[0-9]{{1,20}}(?:,[!-:<-~]{{0,64}})?;   # /dev/kmsg record header
       | \[\s*[+-]?[0-9]{{1,12}}(?:[.,][0-9]{{1,9}})?(?:\s*<[^>]{{0,24}}>)?\]:?   # [ 12.345678]
       | \[\s{{0,8}}[TC][0-9]{{1,10}}\]                   # CONFIG_PRINTK_CALLER: [  T291], [ C3]
       | \[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)\s[^\]]{{1,40}}\]:?   # dmesg -T
@@ -54,8 +54,11 @@ _BUS_ID = r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?"
 
 # NVRM: Xid (PCI:0000:3b:00): 79, pid=..., name=..., text    (also "(0000:3b:00)", old drivers)
 # The bus id is taken as printed; anything else inside the parentheses is tolerated.
+# The code ends at a comma, a blank or the end of the line: "79\x001" is not Xid 79, and a
+# control character inside the parentheses makes the header damaged, not an Xid report.
 _XID = re.compile(
-    r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f:.]{0,20})[^)]{0,64}\): ?(?P<code>[0-9]{1,9})\b"
+    r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f:.]{0,20})[^)\x00-\x1f\x7f]{0,64}\): ?"
+    r"(?P<code>[0-9]{1,9})(?=[, \t\r\n]|$)"
 )
 # What follows the code: "pid=1234, name=python3", "pid='<unknown>', name=<unknown>", a pid
 # without a name, or neither. The name is the process's comm, which may hold spaces
@@ -68,8 +71,10 @@ _XID_PROCESS = re.compile(
 _UNKNOWN_NAMES = frozenset({"<unknown>", "'<unknown>'", ""})
 
 # nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 ...
+# (The same rules for the header as for Xid lines.)
 _SXID = re.compile(
-    r"SXid \((?:PCI:)?(?P<pci>[0-9A-Fa-f:.]{0,20})[^)]{0,64}\): ?(?P<code>[0-9]{1,9})\b"
+    r"SXid \((?:PCI:)?(?P<pci>[0-9A-Fa-f:.]{0,20})[^)\x00-\x1f\x7f]{0,64}\): ?"
+    r"(?P<code>[0-9]{1,9})(?=[, \t\r\n]|$)"
 )
 
 # The GPU a driver message is about: "GPU 0000:91:00.0:", "GPU at PCI:0000:9b:00:",
@@ -292,6 +297,27 @@ class KmsgRecord:
 
 _KMSG_ESCAPE = re.compile(rb"\\x([0-9A-Fa-f]{2})")
 _MAX_HEADER_DIGITS = 20  # 64-bit counters; anything longer is not a record
+# A record's header is printable ASCII: "prio,seq,usec,flags" and ",caller=T17"-like fields.
+_HEADER_CHARACTERS = re.compile(rb"[!-:<-~]*")
+# Raw control characters no kernel-log line carries: the kernel escapes every one in
+# /dev/kmsg (``\xNN``), and dmesg, journalctl and syslog daemons print them escaped too.
+# A tab is tolerated (some syslog setups keep them), as is the CR of a CRLF line ending.
+_RAW_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def decode_line(raw: bytes) -> str | None:
+    """One kernel-log line as read (no newline) → its text, or None when it is damaged.
+
+    A line holding a raw control character (a NUL, an escape, ...; see ``_RAW_CONTROL``)
+    was not written by the kernel or a log tool: a NUL-filled block after a crash, binary
+    written into a FIFO, two writes torn into each other. Its fields cannot be trusted, so
+    it is refused instead of guessed at. A trailing CR is dropped; invalid UTF-8 is
+    replaced.
+    """
+    raw = raw.removesuffix(b"\r")
+    if _RAW_CONTROL.search(raw):
+        return None
+    return raw.decode("utf-8", errors="replace")
 
 
 def _unescape(match: re.Match[bytes]) -> bytes:
@@ -303,11 +329,13 @@ def parse_kmsg_record(record: bytes) -> KmsgRecord | None:
 
     The kernel writes non-printable bytes, bytes ≥ 0x7f and the backslash as ``\\xNN``;
     they are unescaped and the message decoded as UTF-8 (invalid bytes replaced). The
-    dictionary lines after the message are ignored.
+    dictionary lines after the message are ignored. A record whose header holds anything
+    but printable ASCII, or whose message holds a raw control character (the kernel never
+    writes one; a trailing CR and a tab are tolerated), is malformed: None, never a guess.
     """
     header, separator, body = record.partition(b";")
-    if not separator:
-        return None
+    if not separator or not _HEADER_CHARACTERS.fullmatch(header):
+        return None  # no header, or one with a control character, a blank, a non-ASCII byte
     fields = header.split(b",")
     numbers = fields[:3]
     if len(numbers) < 3 or not all(  # prio, seq, usec
@@ -316,7 +344,9 @@ def parse_kmsg_record(record: bytes) -> KmsgRecord | None:
         return None
     prio, sequence, usec = (int(field) for field in numbers)
     flags = fields[3] if len(fields) > 3 else b""
-    raw_message = body.partition(b"\n")[0]
+    raw_message = body.partition(b"\n")[0].removesuffix(b"\r")
+    if _RAW_CONTROL.search(raw_message):
+        return None  # the kernel escapes every control character: this one is damage
     message = _KMSG_ESCAPE.sub(_unescape, raw_message).decode("utf-8", errors="replace")
     return KmsgRecord(
         priority=prio & 7,

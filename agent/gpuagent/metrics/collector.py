@@ -19,6 +19,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.samples import Sample
 
+from gpuagent.api import CONNECTION_REASON_PREFIX
 from gpuagent.metrics import names
 from gpuagent.metrics.events import event_families
 from gpuagent.metrics.inventory import inventory_families
@@ -169,8 +170,13 @@ class _Builder:
         simulated = _gauge(names.SIMULATED)
         simulated.add_metric([], float(snap.simulated))
         rejected = _counter(names.API_REJECTED)
+        connections = _counter(names.API_CONNECTIONS_REJECTED)
         for reason, count in snap.rejected_api_requests:
-            rejected.add_metric([reason], count)
+            # The API server counts refused connections beside refused requests, prefixed.
+            if reason.startswith(CONNECTION_REASON_PREFIX):
+                connections.add_metric([reason.removeprefix(CONNECTION_REASON_PREFIX)], count)
+            else:
+                rejected.add_metric([reason], count)
         return [
             build_info(snap, self.version),
             node_health,
@@ -179,6 +185,7 @@ class _Builder:
             taken_at,
             simulated,
             rejected,
+            connections,
         ]
 
     def _remediation(self) -> list[Metric]:

@@ -439,6 +439,13 @@ API_REJECTED = MetricSpec(
     "Local API requests refused since start, by reason (malformed, oversized, forbidden, ...).",
     ("reason",),
 )
+API_CONNECTIONS_REJECTED = MetricSpec(
+    "gpuagent_api_connections_rejected_total",
+    "Local API connections refused or dropped unserved since start, by reason (limit: "
+    "over the connection cap; idle: no request in time; descriptors: a failed accept, "
+    "out of file descriptors).",
+    ("reason",),
+)
 
 # --- PCIe links from sysfs (snapshot.pcie): the GPUs, NVSwitches and every bridge above --
 # `pci_bus_id` is the link's own address in sysfs form (bridges are not NVML devices);

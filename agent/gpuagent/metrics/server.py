@@ -14,6 +14,7 @@ from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import ThreadingWSGIServer
 
+from gpuagent.api import OUT_OF_DESCRIPTORS, ExhaustionLog
 from gpuagent.metrics.exposition import CONTENT_TYPE, Exposition
 
 log = logging.getLogger(__name__)
@@ -30,9 +31,12 @@ _LANDING_PAGE = b"""<!DOCTYPE html>
 </html>
 """
 
-# serve_forever polls for shutdown this often, which bounds how long stop() waits.
+# The serving thread looks for stop() this often, which bounds how long stop() waits.
 _POLL_INTERVAL_SECONDS = 0.2
 _STOP_JOIN_SECONDS = 5.0
+# Out of descriptors, accept is tried again this often rather than in a busy loop (the
+# listening socket stays readable while the connection waits in the backlog).
+_ACCEPT_RETRY_SECONDS = 0.5
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -46,9 +50,34 @@ class _QuietHandler(WSGIRequestHandler):
 class _Server(ThreadingWSGIServer):
     """Thread-per-request WSGI server bound to the family of the address it listens on."""
 
+    # handle_request() returns after this long without a connection (see serve()).
+    timeout = _POLL_INTERVAL_SECONDS
+
     def __init__(self, address: _Address, family: int) -> None:
         self.address_family = family
+        self.stopping = threading.Event()
         super().__init__(address, _QuietHandler)
+        where = f"{self.server_name}:{self.server_port}"
+        self.descriptors = ExhaustionLog(f"metrics {where}", log, _ACCEPT_RETRY_SECONDS)
+
+    def serve(self) -> None:
+        """Serve until ``stopping`` is set: serve_forever's loop, with an event to stop it
+        that a stop() bounded in time can set without waiting for an answer."""
+        while not self.stopping.is_set():
+            self.handle_request()
+
+    def get_request(self) -> tuple[socket.socket, object]:
+        # socketserver drops a failed accept silently and selects again at once: out of
+        # descriptors that is a busy loop. Log it once per episode and wait a little.
+        try:
+            request: tuple[socket.socket, object] = super().get_request()
+        except OSError as exc:
+            if exc.errno in OUT_OF_DESCRIPTORS:
+                self.descriptors.failed(exc)
+                self.stopping.wait(_ACCEPT_RETRY_SECONDS)
+            raise
+        self.descriptors.accepted()
+        return request
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind calls socket.getfqdn(), a reverse DNS lookup that can
@@ -124,24 +153,26 @@ class MetricsServer:
             raise OSError(exc.errno, f"cannot serve metrics on {where}: {reason}") from exc
         server.set_app(self._app)
         self._server = server
-        self._thread = threading.Thread(
-            target=server.serve_forever,
-            kwargs={"poll_interval": _POLL_INTERVAL_SECONDS},
-            name="gpuagent-metrics",
-            daemon=True,
-        )
+        self._thread = threading.Thread(target=server.serve, name="gpuagent-metrics", daemon=True)
         self._thread.start()
         log.info("serving metrics on %s", where)
 
-    def stop(self) -> None:
-        """Stop serving and close the socket; returns within a few seconds at worst."""
+    def stop(self, timeout: float = _STOP_JOIN_SECONDS) -> None:
+        """Stop serving and close the socket; returns within ``timeout`` seconds.
+
+        The serving thread notices within one poll interval. Request threads are daemons
+        and are not joined, so a stalled client cannot hold us here; a serving thread that
+        does not end in time is a daemon too and is left behind, socket open, for the
+        process's exit to end.
+        """
         server, thread = self._server, self._thread
         self._server = self._thread = None
         if server is None:
             return
-        # shutdown() waits for serve_forever to notice, one poll interval at most. Request
-        # threads are daemons and are not joined, so a stalled client cannot hold us here.
-        server.shutdown()
-        server.server_close()
+        server.stopping.set()
         if thread is not None:
-            thread.join(_STOP_JOIN_SECONDS)
+            thread.join(max(timeout, 0.0))
+            if thread.is_alive():
+                log.warning("metrics server did not stop within %.1f s", timeout)
+                return
+        server.server_close()

@@ -1,9 +1,10 @@
-"""Reading one GPU through pynvml: identity once, readings every poll.
+"""One GPU through pynvml: identity once, readings every poll, and the setters.
 
-Runs on the GPU's worker thread (blocking). Calls per poll are kept low: most counters
-come in one `nvmlDeviceGetFieldValues` batch, and values that rarely change (persistence,
-MIG/ECC mode, PCIe link state, memory clock, and the GPU instances while MIG is on) are
-read on the slower cadence and carried between slow reads.
+Runs on the GPU's worker thread (blocking), every call through `CallWorker.call`. Calls
+per poll are kept low: most counters come in one `nvmlDeviceGetFieldValues` batch, and
+values that rarely change (persistence, MIG/ECC mode, PCIe link state, memory clock, and
+the GPU instances while MIG is on) are read on the slower cadence and carried between
+slow reads.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import pynvml
 
 from gpuagent.model import GpuIdentity, GpuProcess, GpuReadings
-from gpuagent.nvml.errors import GpuLostError, optional, text
+from gpuagent.nvml.errors import GpuLostError, optional, required, text
 from gpuagent.nvml.worker import CallWorker
 
 _MIB = 1024 * 1024
@@ -127,7 +128,7 @@ def canonical_bus_id(nvml_bus_id: str) -> str:
 
 
 def _field_values(worker: CallWorker, handle: Any, ids: list[Any]) -> list[float | int | None]:
-    values = worker.track(
+    values = worker.call(
         "nvmlDeviceGetFieldValues",
         optional,
         "fieldValues",
@@ -170,7 +171,23 @@ class Device:
         self._mig_profiles: tuple[MigProfile, ...] | None = None  # read once, when MIG is on
 
     def _get(self, call: str, fn: Callable[..., Any], *args: object) -> Any:
-        return self.worker.track(call, optional, call, fn, self.handle, *args)
+        return self.worker.call(call, optional, call, fn, self.handle, *args)
+
+    def _set(self, call: str, fn: Callable[..., Any], *args: object) -> None:
+        self.worker.call(call, required, call, fn, self.handle, *args)
+
+    # --- setters (remediation; raise GpuLostError or NvmlCallError) ----------------------
+
+    def set_persistence_mode(self, enabled: bool) -> None:
+        mode = pynvml.NVML_FEATURE_ENABLED if enabled else pynvml.NVML_FEATURE_DISABLED
+        self._set("nvmlDeviceSetPersistenceMode", pynvml.nvmlDeviceSetPersistenceMode, mode)
+
+    def set_power_limit(self, milliwatts: int) -> None:
+        self._set(
+            "nvmlDeviceSetPowerManagementLimit",
+            pynvml.nvmlDeviceSetPowerManagementLimit,
+            milliwatts,
+        )
 
     # --- identity (once per NVML session) -----------------------------------------------
 

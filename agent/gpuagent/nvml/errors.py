@@ -32,6 +32,10 @@ class GpuLostError(Exception):
     pass
 
 
+class NvmlUnavailableError(Exception):
+    """No NVML call could be made: no session, the GPU is not in it, or NVML is closing."""
+
+
 class NvmlCallError(Exception):
     def __init__(self, call: str, error: pynvml.NVMLError) -> None:
         self.call = call
@@ -52,6 +56,16 @@ def optional(call: str, fn: Callable[..., T], *args: object) -> T | None:
             raise GpuLostError(call) from None
         if is_absent(exc.value):
             return None
+        raise NvmlCallError(call, exc) from None
+
+
+def required(call: str, fn: Callable[..., T], *args: object) -> T:
+    """Call ``fn`` (a setter): any NVML error is an error, NotSupported included."""
+    try:
+        return fn(*args)
+    except pynvml.NVMLError as exc:
+        if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
+            raise GpuLostError(call) from None
         raise NvmlCallError(call, exc) from None
 
 

@@ -6,6 +6,14 @@ synchronous commits, so a crash or restart can neither forget an attempt nor let
 loop exceed a budget: budgets and cooldowns are counted from these rows, in wall-clock
 time (they must survive reboots too). If a record cannot be written (disk full, read-only
 state dir), the executor does not act.
+
+Writes (and opening, which may create the file) run on the agent's disk thread
+(`gpuagent.diskio`): a commit waiting for fsync on a slow disk never holds up the event
+loop. Reads use a connection of their own on the event loop: in WAL mode a reader never
+waits for the writer, and what it reads was committed, so it comes from the page cache.
+A trail that cannot be opened (a read-only state directory at start) leaves `error` set
+and is tried again, at most every `OPEN_RETRY_SECONDS`; meanwhile every call raises
+AuditError, and the executor does nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +25,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuagent.diskio import DiskThread
 from gpuagent.remediation.types import ActionKind, ActionResult, PlannedAction
+
+OPEN_RETRY_SECONDS = 30.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS actions (
@@ -73,19 +84,70 @@ class AuditRecord:
 
 
 class AuditStore:
-    def __init__(self, path: Path, *, wall_clock: Callable[[], float] = time.time) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    def __init__(
+        self,
+        path: Path,
+        *,
+        disk: DiskThread | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = path
+        self._disk = disk or DiskThread("gpuagent-audit")
         self._wall = wall_clock
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        # WAL with FULL sync: a record that returned is on disk, even across a power cut.
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
+        self._writer: sqlite3.Connection | None = None
+        self._reader: sqlite3.Connection | None = None
+        self.error = ""  # why the trail cannot be opened or written, while it cannot
+        self.retry_seconds = OPEN_RETRY_SECONDS
+        self._next_open = 0.0
+
+    @property
+    def ready(self) -> bool:
+        return self._reader is not None
+
+    async def open(self) -> bool:
+        """Open the trail if it is not open yet (at most every ``retry_seconds``); whether
+        it is. Never raises."""
+        if self.ready:
+            return True
+        if time.monotonic() < self._next_open:
+            return False
+        self._next_open = time.monotonic() + self.retry_seconds
+        try:
+            self._writer, self._reader = await self._disk.run(self._connect)
+        except (sqlite3.Error, OSError) as exc:
+            self.error = f"cannot open the audit trail {self.path}: {exc}"
+            return False
+        self.error = ""
+        return True
+
+    def _connect(self) -> tuple[sqlite3.Connection, sqlite3.Connection]:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        writer = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            # WAL with FULL sync: a record that returned is on disk, even across a power cut.
+            writer.execute("PRAGMA journal_mode=WAL")
+            writer.execute("PRAGMA synchronous=FULL")
+            writer.executescript(_SCHEMA)
+            reader = sqlite3.connect(
+                f"file:{self.path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
+            )
+        except BaseException:
+            writer.close()
+            raise
+        return writer, reader
 
     def close(self) -> None:
-        self._db.close()
+        if self._reader is not None:
+            self._reader.close()
+        if self._writer is not None:
+            self._disk.call_soon(self._writer.close)
 
-    def record(
+    def _read(self) -> sqlite3.Connection:
+        if self._reader is None:
+            raise AuditError(self.error or "the audit trail is not open")
+        return self._reader
+
+    async def record(
         self, action: PlannedAction, result: ActionResult, *, mode: str, detail: str = ""
     ) -> AuditRecord:
         evidence: dict[str, object] = dict(action.evidence)
@@ -93,27 +155,29 @@ class AuditStore:
             # Kept with the record: a restore needs the limit from before the cap.
             evidence["params"] = dict(action.params)
         now = self._wall()
+        writer = self._writer
+        if writer is None:
+            raise AuditError(self.error or "the audit trail is not open")
+        row = (
+            now,
+            action.kind,
+            action.target,
+            result,
+            mode,
+            action.reason,
+            action.check,
+            action.severity,
+            json.dumps(evidence, default=str),
+            detail,
+        )
         try:
-            cursor = self._db.execute(
-                "INSERT INTO actions (time, kind, target, result, mode, reason, check_name,"
-                " severity, evidence, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    now,
-                    action.kind,
-                    action.target,
-                    result,
-                    mode,
-                    action.reason,
-                    action.check,
-                    action.severity,
-                    json.dumps(evidence, default=str),
-                    detail,
-                ),
-            )
+            row_id = await self._disk.run(_insert, writer, row)
         except sqlite3.Error as exc:
-            raise AuditError(f"cannot write the audit record: {exc}") from exc
+            self.error = f"cannot write the audit record: {exc}"
+            raise AuditError(self.error) from exc
+        self.error = ""
         return AuditRecord(
-            id=int(cursor.lastrowid or 0),
+            id=row_id,
             time=now,
             kind=action.kind,
             target=action.target,
@@ -140,7 +204,7 @@ class AuditStore:
         if target is not None:
             query += " AND target = ?"
             args.append(target)
-        return int(self._db.execute(query, args).fetchone()[0])
+        return int(self._read().execute(query, args).fetchone()[0])
 
     def last(
         self, kind: ActionKind, target: str | None, results: Iterable[ActionResult]
@@ -152,29 +216,42 @@ class AuditStore:
         if target is not None:
             query += " AND target = ?"
             args.append(target)
-        row = self._db.execute(query + " ORDER BY id DESC LIMIT 1", args).fetchone()
+        row = self._read().execute(query + " ORDER BY id DESC LIMIT 1", args).fetchone()
         return None if row is None else _record(row)
 
     def targets(self, kind: ActionKind, result: ActionResult) -> list[str]:
-        rows = self._db.execute(
+        rows = self._read().execute(
             "SELECT DISTINCT target FROM actions WHERE kind = ? AND result = ?", (kind, result)
         )
         return [str(r[0]) for r in rows]
 
     def since(self, after_id: int, limit: int) -> list[AuditRecord]:
         """Records newer than ``after_id``, oldest first (the MQTT reporter's feed)."""
-        rows = self._db.execute(
-            f"SELECT {_COLUMNS} FROM actions WHERE id > ? ORDER BY id LIMIT ?",  # noqa: S608
-            (after_id, limit),
-        ).fetchall()
+        rows = (
+            self._read()
+            .execute(
+                f"SELECT {_COLUMNS} FROM actions WHERE id > ? ORDER BY id LIMIT ?",  # noqa: S608
+                (after_id, limit),
+            )
+            .fetchall()
+        )
         return [_record(row) for row in rows]
 
     def recent(self, limit: int) -> list[AuditRecord]:
-        rows = self._db.execute(
+        rows = self._read().execute(
             f"SELECT {_COLUMNS} FROM actions ORDER BY id DESC LIMIT ?",  # noqa: S608
             (limit,),
         )
         return [_record(row) for row in rows]
+
+
+def _insert(db: sqlite3.Connection, row: tuple[object, ...]) -> int:
+    cursor = db.execute(
+        "INSERT INTO actions (time, kind, target, result, mode, reason, check_name,"
+        " severity, evidence, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        row,
+    )
+    return int(cursor.lastrowid or 0)
 
 
 def _record(row: tuple[object, ...]) -> AuditRecord:

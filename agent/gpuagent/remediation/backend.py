@@ -1,4 +1,10 @@
-"""The contract every cordon backend keeps."""
+"""The contract every cordon backend keeps: the `CordonBackend` protocol, the reason
+prefix that marks our own cordons and `BackendConfigError`.
+
+Backends (slurm, kubernetes, command, aggregator) import this module; the factory that
+builds the configured ones is `gpuagent.remediation.build`, which imports the backends.
+Nothing here imports a backend, so there is no cycle.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,10 @@ from gpuagent.remediation.types import CordonRequest, CordonResult, CordonState
 
 # Every backend marks what it did with this, so it only ever undoes its own cordon.
 REASON_PREFIX = "gpuagent: "
+
+
+class BackendConfigError(ValueError):
+    """A cordon backend's configuration cannot work (raised while building it)."""
 
 
 class CordonBackend(Protocol):

@@ -16,7 +16,7 @@ import signal
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpuagent.remediation.backends import BackendConfigError
+from gpuagent.remediation.backend import BackendConfigError
 from gpuagent.remediation.types import CordonRequest, CordonResult, CordonState
 
 PROTOCOL_VERSION = 1

@@ -92,6 +92,7 @@ class Remediator:
         self._mode: str = config.mode
         # One cycle or requested action at a time: two must never act on one GPU at once.
         self._busy = asyncio.Lock()
+        self._audit_failing = False  # logged once per episode of an unusable audit trail
         # Called after every audit record (the MQTT reporter forwards them).
         self.on_record: Callable[[], None] = lambda: None
 
@@ -153,9 +154,24 @@ class Remediator:
     # --- the cycle ----------------------------------------------------------------------
 
     async def handle(self, snapshot: NodeSnapshot) -> None:
-        """Plan for this snapshot and carry the plan out (one cycle at a time)."""
+        """Plan for this snapshot and carry the plan out (one cycle at a time). Nothing is
+        done while the audit trail cannot be opened: no action without its record."""
         async with self._busy:
+            if not await self._audit_ready():
+                return
             await self._cycle(snapshot)
+
+    async def _audit_ready(self) -> bool:
+        was_ready = self.audit.ready
+        if await self.audit.open():
+            if self._audit_failing:
+                log.warning("remediation resumed: the audit trail can be written again")
+            self._audit_failing = False
+            return True
+        if not self._audit_failing or was_ready:
+            log.error("remediation paused: %s", self.audit.error)
+        self._audit_failing = True
+        return False
 
     async def run_requested(
         self, action: PlannedAction, snapshot: NodeSnapshot
@@ -163,6 +179,8 @@ class Remediator:
         """Carry out an action asked for from outside (a remote command) with every guard a
         planned one has; the last audit record it left, or None if it was cooling down."""
         async with self._busy:
+            if not await self._audit_ready():
+                raise AuditError(self.audit.error)
             last = self.audit.last(action.kind, action.target, _ALL_RESULTS)
             await self._execute(action, snapshot)
             record = self.audit.last(action.kind, action.target, _ALL_RESULTS)
@@ -180,8 +198,8 @@ class Remediator:
                 log.error("remediation halted: %s", exc)  # noqa: TRY400 - no traceback needed
                 return
 
-    def _record(self, action: PlannedAction, result: ActionResult, detail: str = "") -> None:
-        self.audit.record(action, result, mode=self.mode, detail=detail)
+    async def _record(self, action: PlannedAction, result: ActionResult, detail: str = "") -> None:
+        await self.audit.record(action, result, mode=self.mode, detail=detail)
         self.on_record()
         self.counts[(action.kind, result)] = self.counts.get((action.kind, result), 0) + 1
         level = logging.WARNING if result in ("failed", "refused", "escalated") else logging.INFO
@@ -203,30 +221,30 @@ class Remediator:
         if self._cooling_down(action):
             return
         if self.mode == "observe":
-            self._record(action, "planned", "observe mode: not done")
+            await self._record(action, "planned", "observe mode: not done")
             return
         if self.paused:
-            self._record(action, "skipped", f"paused ({self.config.kill_switch} exists)")
+            await self._record(action, "skipped", f"paused ({self.config.kill_switch} exists)")
             return
         exhausted = self._budget_exhausted(action)
         if exhausted:
-            self._record(action, "skipped", exhausted)
+            await self._record(action, "skipped", exhausted)
             return
-        refused = self._precondition_failure(action, snapshot)
+        refused = await self._precondition_failure(action, snapshot)
         if refused:
-            self._record(action, "refused", refused)
+            await self._record(action, "refused", refused)
             return
-        self._record(action, "started")
+        await self._record(action, "started")
         try:
             detail = await self._perform(action, snapshot)
         except GpuOperationError as exc:
-            self._record(action, "failed", str(exc))
+            await self._record(action, "failed", str(exc))
             if action.kind == "reset_gpu":
                 await self._escalate(action.target, f"reset failed: {exc}")
             return
         if detail is None:
             return  # _perform recorded a failure itself
-        self._record(action, "succeeded", detail)
+        await self._record(action, "succeeded", detail)
         if action.kind == "reset_gpu":
             self._on_reset(action.target, self._clock())
             self._verifying[action.target] = _Verification(action.target)
@@ -279,7 +297,7 @@ class Remediator:
             for kind, limit, window in rows
         ]
 
-    def _precondition_failure(  # noqa: PLR0911 - one exit per precondition
+    async def _precondition_failure(  # noqa: PLR0911 - one exit per precondition
         self, action: PlannedAction, snapshot: NodeSnapshot
     ) -> str | None:
         if action.kind != "reset_gpu":
@@ -291,7 +309,7 @@ class Remediator:
         if readings.processes:
             names = ", ".join(f"{p.name} ({p.pid})" for p in readings.processes)
             return f"the GPU is busy (NVML compute processes: {names}); waiting until idle"
-        holders = self._ops.device_holders(gpu.identity.minor_number)
+        holders = await self._ops.device_holders(gpu.identity.minor_number)
         if holders:
             names = ", ".join(f"{name} ({pid})" for pid, name in holders)
             return f"processes hold {gpu.identity.device} open: {names}; waiting until idle"
@@ -335,12 +353,12 @@ class Remediator:
                 f"{backend.name}: {result.detail or ('done' if result.changed else 'unchanged')}"
             )
             if not result.ok:
-                self._record(action, "failed", "; ".join(details))
+                await self._record(action, "failed", "; ".join(details))
                 return None
         if action.kind == "cordon" and not changed and not await self._owned():
             # Someone else had already taken the node out: theirs to undo, not ours.
             details.append("the node is cordoned by someone else: left alone")
-            self._record(action, "skipped", "; ".join(details))
+            await self._record(action, "skipped", "; ".join(details))
             return None
         return "; ".join(details) or "no backend"
 
@@ -387,7 +405,7 @@ class Remediator:
                     await self._escalate(bus_id, f"DCGM diagnostic after the reset: {diag[1]}")
                     continue
                 detail = f"healthy for {needed} polls after the reset"
-                self._record(action, "verified", detail + (f"; {diag[1]}" if diag else ""))
+                await self._record(action, "verified", detail + (f"; {diag[1]}" if diag else ""))
             elif state.bad_polls >= needed:
                 del self._verifying[bus_id]
                 problems = "; ".join(f.reason for f in snapshot.health.problems(bus_id))
@@ -396,7 +414,7 @@ class Remediator:
     async def _escalate(self, bus_id: str, why: str) -> None:
         """A reset that did not help: ask for drain and reboot, never reset this GPU again."""
         action = PlannedAction("reset_gpu", bus_id, "drain and reboot required")
-        self._record(action, "escalated", why)
+        await self._record(action, "escalated", why)
         if not self._backends:
             return
         cordon = PlannedAction(
@@ -409,11 +427,11 @@ class Remediator:
             request_id=f"{self._node}:{int(self._wall() * 1000)}",
             gpus=(bus_id,),
         )
-        self._record(cordon, "started")
+        await self._record(cordon, "started")
         details = []
         ok = True
         for backend in self._backends:
             result = await backend.cordon(request)
             ok = ok and result.ok
             details.append(f"{backend.name}: {result.detail}")
-        self._record(cordon, "succeeded" if ok else "failed", "; ".join(details))
+        await self._record(cordon, "succeeded" if ok else "failed", "; ".join(details))

@@ -1,8 +1,11 @@
 """What remediation does to a GPU: persistence mode, power limit, reset.
 
-NVML setters run on a worker thread under a timeout (a wedged GPU must not stall the
-event loop). A reset runs the configured command (`nvidia-smi --gpu-reset -i <bus id>`
-by default); on a simulated node the simulated GPU is reset instead.
+The NVML setters go through the NVML source (`gpuagent.sources.nvml`): they run on the
+GPU's own NVML worker under `[sources.nvml] call_timeout_seconds`, like every other NVML
+call, so a wedged GPU never stalls the event loop and a setter never runs beside a poll of
+the same GPU. This module makes no NVML call itself. A reset runs the configured command
+(`nvidia-smi --gpu-reset -i <bus id>` by default); on a simulated node the simulated GPU is
+reset instead.
 """
 
 from __future__ import annotations
@@ -12,12 +15,14 @@ import json
 import os
 import shlex
 import shutil
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Protocol
 
-import pynvml
-
+from gpuagent.nvml.errors import GpuLostError, NvmlCallError, NvmlUnavailableError
+from gpuagent.nvml.worker import CallTimeoutError
 from gpuagent.sim import SimulatedNode
+from gpuagent.sources.nvml import active_source
 
 # Processes that hold every GPU's device node open by design; they are not a workload.
 _SYSTEM_HOLDERS = frozenset({"nvidia-persistenced", "nv-hostengine", "nvidia-smi"})
@@ -25,6 +30,14 @@ _SYSTEM_HOLDERS = frozenset({"nvidia-persistenced", "nv-hostengine", "nvidia-smi
 
 class GpuOperationError(Exception):
     pass
+
+
+class NvmlSetters(Protocol):
+    """What the setters need from NVML: `gpuagent.sources.nvml.NvmlSource`."""
+
+    async def set_persistence_mode(self, bus_id: str, enabled: bool = True) -> None: ...
+
+    async def set_power_limit(self, bus_id: str, watts: float) -> None: ...
 
 
 def nvml_bus_id(bus_id: str) -> str:
@@ -41,35 +54,34 @@ class GpuOps:
         timeout: float,
         simulator: SimulatedNode | None = None,
         proc_root: Path = Path("/proc"),
+        nvml: Callable[[], NvmlSetters | None] = active_source,
     ) -> None:
+        """``timeout``: the reset command's and dcgmi's; the NVML setters are timed per
+        call by the NVML source. ``nvml``: the source the setters go through (the one
+        this process opened, by default)."""
         self._reset_command = reset_command
         self._timeout = timeout
         self._simulator = simulator
         self._proc = proc_root
+        self._nvml_source = nvml
 
-    async def _nvml(self, call: Callable[[], None]) -> None:
+    async def _nvml(self, setter: Callable[[NvmlSetters], Awaitable[None]]) -> None:
+        source = self._nvml_source()
+        if source is None:
+            raise GpuOperationError("NVML is not available")
         try:
-            async with asyncio.timeout(self._timeout):
-                await asyncio.to_thread(call)
-        except pynvml.NVMLError as exc:
+            await setter(source)
+        except CallTimeoutError as exc:
+            raise GpuOperationError(f"NVML did not answer: {exc}") from None
+        except (NvmlCallError, GpuLostError, NvmlUnavailableError) as exc:
             raise GpuOperationError(str(exc)) from None
-        except TimeoutError:
-            raise GpuOperationError(f"NVML did not answer within {self._timeout:.0f} s") from None
 
     async def enable_persistence(self, bus_id: str) -> str:
-        def call() -> None:
-            handle = pynvml.nvmlDeviceGetHandleByPciBusId(nvml_bus_id(bus_id))
-            pynvml.nvmlDeviceSetPersistenceMode(handle, pynvml.NVML_FEATURE_ENABLED)
-
-        await self._nvml(call)
+        await self._nvml(lambda nvml: nvml.set_persistence_mode(bus_id, enabled=True))
         return "persistence mode enabled"
 
     async def set_power_limit(self, bus_id: str, watts: float) -> str:
-        def call() -> None:
-            handle = pynvml.nvmlDeviceGetHandleByPciBusId(nvml_bus_id(bus_id))
-            pynvml.nvmlDeviceSetPowerManagementLimit(handle, round(watts * 1000))
-
-        await self._nvml(call)
+        await self._nvml(lambda nvml: nvml.set_power_limit(bus_id, watts))
         return f"power limit set to {watts:.0f} W"
 
     async def reset(self, bus_id: str, index: int) -> str:
@@ -120,14 +132,19 @@ class GpuOps:
         text = output.decode(errors="replace").strip()
         return int(process.returncode or 0), text if keep is None else text[-keep:]
 
-    def device_holders(self, minor: int | None) -> list[tuple[int, str]]:
+    async def device_holders(self, minor: int | None) -> list[tuple[int, str]]:
         """Processes (pid, name) other than us that hold /dev/nvidia<minor> open.
 
         NVML lists compute processes; this also finds graphics clients and anything that
-        merely opened the device, which a reset would break just the same.
+        merely opened the device, which a reset would break just the same. The scan reads
+        every process's file descriptors (thousands of /proc entries), so it runs on a
+        worker thread, off the event loop.
         """
         if minor is None or self._simulator is not None:
             return []
+        return await asyncio.to_thread(self._scan_holders, minor)
+
+    def _scan_holders(self, minor: int) -> list[tuple[int, str]]:
         device = f"/dev/nvidia{minor}"
         holders: list[tuple[int, str]] = []
         for entry in self._proc.iterdir():

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from gpuagent.remediation.backends import BackendConfigError
+from gpuagent.remediation.backend import BackendConfigError
 from gpuagent.remediation.types import CordonRequest, CordonResult, CordonState
 
 if TYPE_CHECKING:

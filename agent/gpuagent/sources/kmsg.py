@@ -5,11 +5,18 @@ ring buffer, so the first pass over it is the "look-back" over the current boot;
 that reads block until the kernel logs more. Both /dev/kmsg and FIFOs are watched with the
 event loop's reader callbacks (epoll), so lines are pushed, never polled; a regular file
 (used by drills and tests) cannot be epolled and is followed by checking for growth.
+Every reader lets the event loop run after a bounded amount of work (``_YIELD_RECORDS``
+records or lines, ``_YIELD_BYTES`` bytes), so a flood of kernel records cannot starve the
+metrics server or the watchdog; a line is kept unfinished up to ``_MAX_LINE`` bytes.
 
-Records carry the kernel's sequence number: event ids are `kmsg:<boot id>:<seq>`, so a
-restart that re-reads the buffer produces the same ids (nothing double-counted), and
-records skipped because the kernel overwrote them before we read (EPIPE, or a gap in the
-sequence) are counted as lost.
+Records read from /dev/kmsg carry the kernel's sequence number: their event ids are
+`kmsg:<boot id>:<seq>`, so a restart that re-reads the buffer produces the same ids
+(nothing double-counted), records already seen are dropped, and records skipped because
+the kernel overwrote them before we read (EPIPE, or a gap in the sequence) are counted
+as lost. Records in a file or FIFO may come from several boots or tools, so there the
+sequence number neither drops nor counts anything: their ids are
+`kmsg:<boot id>:rec:<seq>:<digest of the record line>`, stable across a re-read and
+distinct from the /dev/kmsg form (which the fleet reporter's per-boot cursor relies on).
 """
 
 from __future__ import annotations
@@ -26,7 +33,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuagent.config import KmsgSourceSection
-from gpuagent.kernel.parse import canonical_pci, parse_kmsg_record, parse_message
+from gpuagent.kernel.parse import (
+    canonical_pci,
+    decode_line,
+    parse_kmsg_record,
+    parse_message,
+)
 from gpuagent.model import GpuEvent, KmsgCounters
 
 log = logging.getLogger(__name__)
@@ -34,6 +46,12 @@ log = logging.getLogger(__name__)
 DRILL_MARKER = "[gpuagent drill]"
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 _READ_SIZE = 64 * 1024
+# Work between two yields to the event loop: this many records or lines, or bytes read.
+_YIELD_RECORDS = 256
+_YIELD_BYTES = 64 * 1024
+# The most of an unfinished line kept (the kernel's records are at most ~8 KiB); the rest
+# of a longer line is dropped up to its newline and the line counted as unparsed.
+_MAX_LINE = 64 * 1024
 _FILE_FOLLOW_SECONDS = 0.1
 # Kinds worth an event; informational NVRM lines and everything else are only counted.
 _FAULT_KINDS = frozenset(
@@ -66,11 +84,15 @@ class KmsgSource:
         self._clock = clock
         self._wall = wall_clock
         self._started = clock()
+        # Records come from the kernel's own buffer (/dev/kmsg): their sequence numbers
+        # are this boot's, so they de-duplicate and show losses. Not so in a file or FIFO.
+        self._from_kernel = False
         self._last_seq: int | None = None
         self._plain_lines = 0
         self._read = self._lost = self._unparsed = 0
-        self._warned_unparsed = False
+        self._warned_unparsed = self._warned_long = False
         self._buffer = b""
+        self._skipping = False  # dropping the rest of an over-long line
 
     @property
     def counters(self) -> KmsgCounters:
@@ -93,6 +115,7 @@ class KmsgSource:
         fd = os.open(path, flags | os.O_CLOEXEC)
         try:
             if stat.S_ISCHR(mode):
+                self._from_kernel = True
                 await self._follow_records(fd, ready)
             else:
                 await self._follow_stream(fd, ready)
@@ -102,13 +125,18 @@ class KmsgSource:
     # --- /dev/kmsg: one record per read ---------------------------------------------------
 
     async def _follow_records(self, fd: int, ready: Callable[[], None] | None) -> None:
+        records = size = 0  # since the loop last ran
         while True:
+            if records >= _YIELD_RECORDS or size >= _YIELD_BYTES:
+                records = size = 0
+                await asyncio.sleep(0)
             try:
                 data = os.read(fd, _READ_SIZE)
             except BlockingIOError:
                 if ready is not None:
                     ready()
                     ready = None
+                records = size = 0
                 await _readable(fd)
                 continue
             except OSError as exc:
@@ -116,7 +144,10 @@ class KmsgSource:
                     raise
                 # The kernel overwrote records before we read them; the gap in sequence
                 # numbers on the next record says how many.
+                records += 1
                 continue
+            records += 1
+            size += len(data)
             self._record(data)
 
     # --- FIFO: a byte stream of lines -------------------------------------------------------
@@ -130,7 +161,7 @@ class KmsgSource:
             except BlockingIOError:
                 await _readable(fd)
                 continue
-            self.feed(data)
+            await self._take(data)
 
     # --- regular file: followed like `tail -f` ---------------------------------------------
 
@@ -139,52 +170,109 @@ class KmsgSource:
             while True:
                 data = stream.read(_READ_SIZE)
                 if data:
-                    self.feed(data)
+                    await self._take(data)
                     continue
                 if ready is not None:
                     ready()
                     ready = None
                 await asyncio.sleep(_FILE_FOLLOW_SECONDS)
 
+    async def _take(self, data: bytes) -> None:
+        """``feed`` for the readers: the loop runs after every chunk (at most
+        ``_READ_SIZE`` bytes) and every ``_YIELD_RECORDS`` lines within it."""
+        for count, line in enumerate(self._lines(data), 1):
+            self._line(line)
+            if count % _YIELD_RECORDS == 0:
+                await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
     def feed(self, data: bytes) -> None:
         """Turn a chunk of kernel-log text (records or plain lines) into events; a line
         left incomplete waits for the next chunk."""
-        self._buffer += data
-        *lines, self._buffer = self._buffer.split(b"\n")
-        for line in lines:
-            if line.startswith(b" ") or not line.strip():
-                continue  # a record's dictionary continuation line, or a blank line
-            if line[:1].isdigit() and b";" in line:
-                self._record(line)
-            else:
-                self._plain(line.decode(errors="replace"))
+        for line in self._lines(data):
+            self._line(line)
+
+    def _lines(self, data: bytes) -> list[bytes]:
+        """The lines ``data`` completes. At most ``_MAX_LINE`` bytes of an unfinished line
+        are kept; a longer line is dropped up to its newline and counted as unparsed."""
+        if self._skipping:
+            newline = data.find(b"\n")
+            if newline < 0:
+                return []
+            self._skipping = False
+            data = data[newline + 1 :]
+        *lines, rest = (self._buffer + data).split(b"\n")
+        if len(rest) > _MAX_LINE:
+            self._too_long()
+            self._skipping = True
+            rest = b""
+        self._buffer = rest
+        kept = [line for line in lines if len(line) <= _MAX_LINE]
+        for _ in range(len(lines) - len(kept)):  # whole over-long lines: a large feed()
+            self._too_long()
+        return kept
+
+    def _too_long(self) -> None:
+        self._unparsed += 1
+        if not self._warned_long:
+            self._warned_long = True
+            log.warning(
+                "kernel log line longer than %d bytes: dropped; further ones are only counted",
+                _MAX_LINE,
+            )
+
+    def _line(self, line: bytes) -> None:
+        if line.startswith(b" ") or not line.strip():
+            return  # a record's dictionary continuation line, or a blank line
+        if line[:1].isdigit() and b";" in line:
+            self._record(line)
+        else:
+            self._plain(line)
 
     # --- turning lines into events ----------------------------------------------------------
+
+    def _unparseable(self, raw: bytes) -> None:
+        self._unparsed += 1
+        if not self._warned_unparsed:
+            self._warned_unparsed = True
+            # (tests/test_daemon_kernel.py looks for "unparseable kernel log record")
+            log.warning(
+                "unparseable kernel log record %r; further ones are only counted", raw[:200]
+            )
 
     def _record(self, raw: bytes) -> None:
         record = parse_kmsg_record(raw)
         if record is None:
-            self._unparsed += 1
-            if not self._warned_unparsed:
-                self._warned_unparsed = True
-                log.warning(
-                    "unparseable kernel log record %r; further ones are only counted", raw[:200]
-                )
+            self._unparseable(raw)
             return
-        if self._last_seq is not None:
-            if record.sequence <= self._last_seq:
-                return  # already seen (re-read after a reopen)
-            self._lost += record.sequence - self._last_seq - 1
-        self._last_seq = record.sequence
+        if self._from_kernel:
+            if self._last_seq is not None:
+                if record.sequence <= self._last_seq:
+                    return  # already seen (re-read after a reopen)
+                self._lost += record.sequence - self._last_seq - 1
+            self._last_seq = record.sequence
+            event_id = f"kmsg:{self._boot_id}:{record.sequence}"
+        else:
+            # A file or FIFO may hold records of several boots (or tools) one after the
+            # other: a sequence number may repeat or go back, so it drops nothing. The
+            # digest of the record line keeps two records of one number apart, and gives
+            # the same id when the same file is read again.
+            first_line = raw.partition(b"\n")[0].removesuffix(b"\r")
+            digest = hashlib.sha1(first_line, usedforsecurity=False).hexdigest()[:12]
+            event_id = f"kmsg:{self._boot_id}:rec:{record.sequence}:{digest}"
         self._read += 1
         happened = record.usec / 1e6
         if self._started - happened > self._config.lookback_seconds:
             return
         # The kernel stamps records on the boot-time clock, which CLOCK_MONOTONIC tracks.
         wall = self._wall() - self._clock() + happened
-        self._emit(record.message, f"kmsg:{self._boot_id}:{record.sequence}", happened, wall)
+        self._emit(record.message, event_id, happened, wall)
 
-    def _plain(self, message: str) -> None:
+    def _plain(self, raw: bytes) -> None:
+        message = decode_line(raw)
+        if message is None:
+            self._unparseable(raw)
+            return
         self._read += 1
         self._plain_lines += 1
         digest = hashlib.sha1(message.encode(), usedforsecurity=False).hexdigest()[:12]

@@ -3,14 +3,19 @@
 A GPU whose call blocks longer than `call_timeout_seconds` is reported as "timeout"
 (UNKNOWN) while the other GPUs, the scrape, the CLI and the watchdog carry on; its worker
 stays busy with the blocked call, and the GPU is skipped until that call returns.
+
+The source owns the NVML session and the per-GPU workers, so every NVML call the agent
+makes goes through it: the session's open and shutdown on the session worker, the reads
+and remediation's setters (`set_persistence_mode`, `set_power_limit`) on the GPU's own
+worker, all under the same per-call timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,9 +24,17 @@ import psutil
 from gpuagent.config import NvmlSourceSection
 from gpuagent.model import GpuIdentity, GpuState, NvmlStatus
 from gpuagent.nvml.device import Device
-from gpuagent.nvml.errors import GpuLostError, NvmlCallError
-from gpuagent.nvml.session import Session, close_session, open_session
+from gpuagent.nvml.errors import GpuLostError, NvmlCallError, NvmlUnavailableError
+from gpuagent.nvml.session import Session, open_session, shutdown
 from gpuagent.nvml.worker import CallTimeoutError, CallWorker
+
+# The source opened last in this process (NVML is one library per process): where the
+# remediation setters find the GPUs' workers unless they are handed a source.
+_active: NvmlSource | None = None
+
+
+def active_source() -> NvmlSource | None:
+    return _active
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +72,8 @@ class NvmlSource:
         self._identities: dict[int, GpuIdentity] = {}
         self._generation = 0
         self._force_reopen = False
+        global _active  # noqa: PLW0603 - see active_source
+        _active = self
 
     @property
     def status(self) -> NvmlStatus | None:
@@ -112,15 +127,25 @@ class NvmlSource:
         self._force_reopen = False
         if session is not None and (session.status.ok or self._clock() < self._next_open):
             return session
+        worker = self._session_worker
+        opening = worker.submit(lambda: open_session(worker, self._make_worker, self._process_name))
         try:
-            session = await self._session_worker.run(
-                lambda: open_session(self._session_worker, self._make_worker, self._process_name),
-                self._config.call_timeout_seconds,
-            )
+            session = await worker.wait(opening, self._config.call_timeout_seconds)
         except CallTimeoutError as exc:
             session = Session(NvmlStatus(ok=False, problem="timeout", message=str(exc)))
-            # The blocked init still owns the session worker: use a fresh one next time.
+            opening.add_done_callback(_discard_late_session)
+            # The blocked init still owns the session worker: use a fresh one next time
+            # (the old one ends when the call returns; until then no nvmlShutdown runs).
+            self._session_worker.close()
             self._session_worker = CallWorker("nvml-session")
+        except NvmlUnavailableError as exc:  # NVML shutting down meanwhile: try later
+            session = Session(NvmlStatus(ok=False, problem="other", message=str(exc)))
+        if (
+            session.initialised
+            and not session.status.ok
+            and await shutdown(self._session_worker, self._config.call_timeout_seconds)
+        ):
+            session.initialised = False
         if not session.status.ok:
             self._next_open = self._clock() + self._config.init_retry_seconds
         else:
@@ -152,7 +177,7 @@ class NvmlSource:
             return GpuState(shown, "timeout", error=f"nvml_timeout: {exc}")
         except GpuLostError as exc:
             return GpuState(shown, "lost", error=f"GPU is lost ({exc})")
-        except NvmlCallError as exc:
+        except (NvmlCallError, NvmlUnavailableError) as exc:
             return GpuState(shown, "error", error=str(exc))
         return GpuState(
             identity,
@@ -162,7 +187,35 @@ class NvmlSource:
             sampled_monotonic=self._clock(),
         )
 
+    # --- remediation's setters, on the GPU's worker ---------------------------------------
+
+    async def set_persistence_mode(self, bus_id: str, enabled: bool = True) -> None:
+        """Raises CallTimeoutError (a wedged call, or the GPU's worker still blocked),
+        GpuLostError, NvmlCallError, or NvmlUnavailableError (GPU not in the session)."""
+        device = self._device(bus_id)
+        await self._run_setter(device, lambda: device.set_persistence_mode(enabled))
+
+    async def set_power_limit(self, bus_id: str, watts: float) -> None:
+        device = self._device(bus_id)
+        await self._run_setter(device, lambda: device.set_power_limit(round(watts * 1000)))
+
+    def _device(self, bus_id: str) -> Device:
+        session = self._session
+        if session is None or not session.status.ok:
+            raise NvmlUnavailableError("NVML is not available")
+        for device in session.devices:
+            identity = self._identities.get(device.index)
+            if identity is not None and identity.pci_bus_id == bus_id:
+                return device
+        raise NvmlUnavailableError(f"{bus_id} is not an identified GPU in the NVML session")
+
+    async def _run_setter(self, device: Device, job: Callable[[], None]) -> None:
+        await device.worker.run(job, self._config.call_timeout_seconds)
+
     async def close(self) -> None:
+        global _active  # noqa: PLW0603 - see active_source
+        if _active is self:
+            _active = None
         session, self._session = self._session, None
         if session is not None:
             await self._close_session(session)
@@ -171,10 +224,16 @@ class NvmlSource:
     async def _close_session(self, session: Session) -> None:
         for device in session.devices:
             device.worker.close()
-        if session.status.ok and not self._session_worker.busy:
-            # A wedged driver must not hold up shutdown: give up on a clean nvmlShutdown.
-            with contextlib.suppress(CallTimeoutError):
-                await self._session_worker.run(close_session, self._config.call_timeout_seconds)
+        if session.initialised:
+            # Never while a call is in flight; skipped (logged) if one is wedged.
+            await shutdown(self._session_worker, self._config.call_timeout_seconds)
+
+
+def _discard_late_session(opening: Future[Session]) -> None:
+    """An open that timed out and finished later: nobody uses its GPU workers."""
+    if not opening.cancelled() and opening.exception() is None:
+        for device in opening.result().devices:
+            device.worker.close()
 
 
 def _placeholder(index: int) -> GpuIdentity:

@@ -1,30 +1,35 @@
 """NVML XID events: the driver's own report of critical XIDs, beside the kernel log.
 
-`nvmlEventSetWait` blocks, so it runs on a dedicated daemon thread that waits in short
-slices (so it can stop) and hands each event to the event loop. The kernel log usually
-carries the same XID; the event log keeps whichever arrives first.
+`nvmlEventSetWait` blocks, so the watcher has its own NVML worker (`CallWorker`): one job
+that waits in short slices (so it can stop) and hands each event to the event loop. Each
+call in it is timed like any other NVML call: a wait that runs past its slice plus the call
+timeout is reported (logged, and `error` says so) while the daemon carries on. `stop` ends
+the job and joins the thread with a bound. The kernel log usually carries the same XID; the
+event log keeps whichever arrives first.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
-import pynvml
-
+from gpuagent.config import NvmlSourceSection
 from gpuagent.model import GpuEvent
+from gpuagent.nvml.errors import GpuLostError, NvmlCallError, NvmlUnavailableError
+from gpuagent.nvml.events import create_event_set, free_event_set, register_xid_events, wait_xid
+from gpuagent.nvml.worker import CallWorker
 
 log = logging.getLogger(__name__)
 
 _WAIT_MS = 500
 # After an error (a lost GPU makes every wait fail at once), wait before trying again.
 _ERROR_BACKOFF_SECONDS = 1.0
+_DEFAULT_CALL_TIMEOUT = NvmlSourceSection().call_timeout_seconds
 
 
 class NvmlEventWatcher:
@@ -39,60 +44,136 @@ class NvmlEventWatcher:
         *,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        call_timeout: float = _DEFAULT_CALL_TIMEOUT,
     ) -> None:
         self._devices = list(devices)
         self._on_event = on_event
         self._loop = loop
         self._clock = clock
         self._wall = wall_clock
+        self._call_timeout = call_timeout
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="nvml-events", daemon=True)
+        self._worker: CallWorker | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self._stopping: asyncio.Future[bool] | None = None
+        self._error: str | None = None
         self.registered = 0
-        self.error: str | None = None
+
+    @property
+    def error(self) -> str | None:
+        """Why no events arrive: a wedged wait, else the last NVML error (None once an
+        event arrives again)."""
+        worker = self._worker
+        wedged = None if worker is None else worker.wedged(self._call_timeout)
+        if wedged is not None:
+            return f"nvml_timeout: {wedged[0]} blocked for {wedged[1]:.1f} s"
+        return self._error
 
     def start(self) -> None:
-        self._thread.start()
+        """Start the event worker; on the event loop's thread."""
+        self._worker = CallWorker("nvml-events")
+        job = self._worker.submit(self._serve)
+        self._watch = self._loop.create_task(self._watch_job(self._worker, job))
 
     def stop(self) -> None:
+        """Stop waiting for events and join the event thread, with a bound, without
+        blocking the caller: `stopped` is awaited for the outcome."""
         self._stop.set()
-
-    def _run(self) -> None:
+        worker = self._worker
+        if worker is None or self._stopping is not None:
+            return
+        worker.close()
         try:
-            event_set = pynvml.nvmlEventSetCreate()
-        except pynvml.NVMLError as exc:
-            self.error = f"nvmlEventSetCreate: {exc}"
-            log.warning("NVML XID events unavailable: %s", self.error)
+            on_loop = asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            self._stopping = self._loop.create_task(self._join(worker))
+        elif not self._loop.is_closed():
+            self._stopping = asyncio.wrap_future(
+                asyncio.run_coroutine_threadsafe(self._join(worker), self._loop),
+                loop=self._loop,
+            )
+
+    async def stopped(self) -> bool:
+        """Stop (if not yet) and wait, up to `stop_timeout`, for the event thread to end:
+        whether it has."""
+        worker = self._worker
+        if worker is None:
+            return True
+        if self._stopping is None:
+            self.stop()
+        if self._stopping is not None and await self._stopping:
+            return True
+        return await worker.join(self.stop_timeout)  # again, for a thread left behind
+
+    @property
+    def stop_timeout(self) -> float:
+        """How long a stop waits for the thread: the wait slice, then the call timeout."""
+        return _WAIT_MS / 1000 + self._call_timeout
+
+    async def _join(self, worker: CallWorker) -> bool:
+        ended = await worker.join(self.stop_timeout)
+        if not ended:
+            log.warning(
+                "NVML event thread did not stop within %.1f s (%s); left behind",
+                self.stop_timeout,
+                self.error or "busy",
+            )
+        if self._watch is not None:
+            self._watch.cancel()
+        return ended
+
+    async def _watch_job(self, worker: CallWorker, job: Future[None]) -> None:
+        """Time every call the event job makes; wedged ones are logged and shown in
+        `error` until they return."""
+        try:
+            await worker.wait(job, self._call_timeout, on_wedged=lambda _: None)
+        except Exception as exc:  # the job's bug must not go unseen
+            self._error = f"{type(exc).__name__}: {exc}"
+            log.exception("NVML XID event watcher failed")
+
+    # --- on the event worker's thread ----------------------------------------------------
+
+    def _serve(self) -> None:
+        worker = self._worker
+        assert worker is not None
+        try:
+            event_set = create_event_set(worker)
+        except (NvmlCallError, GpuLostError, NvmlUnavailableError) as exc:
+            self._error = str(exc)
+            log.warning("NVML XID events unavailable: %s", self._error)
             return
         by_address: dict[int, str] = {}
         for handle, bus_id in self._devices:
             try:
-                pynvml.nvmlDeviceRegisterEvents(
-                    handle, pynvml.nvmlEventTypeXidCriticalError, event_set
-                )
-            except pynvml.NVMLError as exc:
+                by_address[register_xid_events(worker, event_set, handle)] = bus_id
+            except (NvmlCallError, GpuLostError) as exc:
                 log.info("no XID events from %s: %s", bus_id, exc)
                 continue
-            by_address[_address(handle)] = bus_id
+            except NvmlUnavailableError:
+                break
             self.registered += 1
         try:
             while not self._stop.is_set():
-                self._wait_once(event_set, by_address)
+                self._wait_once(worker, event_set, by_address)
+        except NvmlUnavailableError as exc:
+            log.info("NVML XID events stop: %s", exc)
         finally:
-            with contextlib.suppress(pynvml.NVMLError):
-                pynvml.nvmlEventSetFree(event_set)
+            free_event_set(worker, event_set)
 
-    def _wait_once(self, event_set: Any, by_address: dict[int, str]) -> None:
+    def _wait_once(self, worker: CallWorker, event_set: Any, by_address: dict[int, str]) -> None:
         try:
-            data = pynvml.nvmlEventSetWait_v2(event_set, _WAIT_MS)
-        except pynvml.NVMLError_Timeout:
-            return
-        except pynvml.NVMLError as exc:
-            self.error = str(exc)
+            got = wait_xid(worker, event_set, _WAIT_MS)
+        except NvmlCallError as exc:
+            self._error = str(exc)
             self._stop.wait(_ERROR_BACKOFF_SECONDS)
             return
-        self.error = None
-        bus_id = by_address.get(_address(data.device))
-        xid = int(data.eventData)
+        if got is None:
+            return
+        self._error = None
+        address, xid = got
+        bus_id = by_address.get(address)
         now, wall = self._clock(), self._wall()
         event = GpuEvent(
             event_id=f"nvml:{bus_id}:{xid}:{int(wall * 1000)}",
@@ -106,8 +187,3 @@ class NvmlEventWatcher:
             line=f"NVML XID event {xid} on {bus_id}",
         )
         self._loop.call_soon_threadsafe(self._on_event, event)
-
-
-def _address(handle: Any) -> int:
-    """A device handle's identity: the address it points at (handles are pointers)."""
-    return ctypes.addressof(handle.contents)

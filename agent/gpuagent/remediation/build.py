@@ -1,14 +1,16 @@
-"""Building the configured cordon backends (each imported only when configured)."""
+"""Building the configured cordon backends (each imported only when configured).
+
+The factory sits above the backends: it imports them, they import only
+`gpuagent.remediation.backend` (the protocol and `BackendConfigError`), never this.
+"""
 
 from __future__ import annotations
 
 from gpuagent.config import RemediationCordon
 from gpuagent.remediation.aggregator import Ask
-from gpuagent.remediation.backend import CordonBackend
+from gpuagent.remediation.backend import BackendConfigError, CordonBackend
 
-
-class BackendConfigError(ValueError):
-    pass
+__all__ = ["BackendConfigError", "build_backends"]
 
 
 def build_backends(

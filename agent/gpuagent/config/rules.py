@@ -1,0 +1,105 @@
+"""Rules beyond types and ranges: names, addresses and profile lists (one value each), and
+rules that span keys (what one key says must not contradict another)."""
+
+from __future__ import annotations
+
+import re
+import typing
+from collections.abc import Collection
+
+from gpuagent.config.errors import ConfigError, find_line, nth_line
+from gpuagent.config.schema import Config, InventoryExpected
+from gpuagent.fleet.topics import AGGREGATOR_IDENTITY, NAME_RE, is_aggregator_identity
+
+# A GPU-instance profile as nvidia-smi names it: slices "g", memory "gb", and a variant.
+_MIG_PROFILE_RE = re.compile(r"^[1-9]\d*g\.[1-9]\d*gb([+-][a-z]+(\.[a-z]+)?)?$")
+# Levels of letters, digits, '.', '_', '-' joined by '/': no wildcard, no empty level, no
+# leading '$' (reserved for the broker's own topics).
+_TOPIC_PREFIX_RE = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
+_HTTP_HOST_RE = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.\-]+)(:\d{1,5})?$")
+_LISTEN_RE = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]*):(\d{1,5})$")
+
+
+def check_value(key: str, value: object) -> str | None:
+    """A problem with the already type- and range-checked value of dotted ``key``, or None."""
+    if key.startswith("inventory.expected.") and key.endswith(".mig_profiles") and value:
+        odd = [p for p in typing.cast("list[str]", value) if not _MIG_PROFILE_RE.match(p)]
+        if odd:
+            return f'{odd[0]!r} is not a GPU-instance profile name like "1g.10gb" or "1g.10gb+me"'
+    if key == "aggregator.http_hosts":
+        odd = [h for h in typing.cast("list[str]", value) if not _HTTP_HOST_RE.match(h)]
+        if odd:
+            return f'{odd[0]!r} is not a host name, "name:port", "[v6 address]" or "[...]:port"'
+    if key in ("metrics.listen", "aggregator.listen"):
+        match = _LISTEN_RE.match(str(value))
+        if match is None or not 0 < int(match.group(2)) < 65536:
+            return 'must be "HOST:PORT", e.g. "0.0.0.0:19400" or "[::1]:19400"'
+    return _check_topic_name(key, value)
+
+
+def _check_topic_name(key: str, value: object) -> str | None:
+    """Names that become MQTT topic levels and ACL user names in fleet reports."""
+    if key in ("agent.node_name", "agent.cluster") and value and not NAME_RE.match(str(value)):
+        return "must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
+    if key == "agent.node_name" and is_aggregator_identity(str(value)):
+        # The broker's ACL gives these identities the right to send commands to every node.
+        return (
+            f'"{AGGREGATOR_IDENTITY}" and "{AGGREGATOR_IDENTITY}-*" are aggregator identities '
+            "on the broker"
+        )
+    if key == "aggregator.share_group" and value and not NAME_RE.match(str(value)):
+        return "must be 1-128 letters, digits, '.', '_' or '-' (it is one topic level)"
+    if key.endswith(".topic_prefix") and not _TOPIC_PREFIX_RE.match(str(value)):
+        return 'must be topic levels without wildcards, e.g. "gpuagent/v1"'
+    return None
+
+
+def check_consistency(
+    config: Config, text: str, invalid: Collection[str] = ()
+) -> list[ConfigError]:
+    """Every cross-key problem in ``config`` (read from ``text``, for the lines). Keys in
+    ``invalid`` already have a problem (and hold their defaults): rules on them are skipped,
+    so a wrong value is not reported twice."""
+    expected = config.inventory.expected
+    problems = _check_expected_gpus(expected, text)
+    persistence = ("inventory.expected.persistence", "checks.persistence.enabled")
+    if (
+        expected.persistence == "disabled"
+        and config.checks.persistence.enabled
+        and not any(key in invalid for key in persistence)
+    ):
+        key = "inventory.expected.persistence"
+        problems.append(
+            ConfigError(
+                '"disabled" contradicts the persistence check, which wants persistence on: '
+                "set checks.persistence.enabled = false as well",
+                key=key,
+                line=find_line(text, key),
+            )
+        )
+    return problems
+
+
+def _check_expected_gpus(expected: InventoryExpected, text: str) -> list[ConfigError]:
+    problems: list[ConfigError] = []
+    seen: set[int] = set()
+    for gpu in expected.gpu:
+        if gpu.index in seen:
+            key = "inventory.expected.gpu.index"
+            problems.append(
+                ConfigError(
+                    f"GPU {gpu.index} is listed twice",
+                    key=key,
+                    line=nth_line(text, key, gpu.index),
+                )
+            )
+        seen.add(gpu.index)
+        if gpu.mig_mode == "disabled" and gpu.mig_profiles:
+            problems.append(
+                ConfigError(
+                    f"GPU {gpu.index}: GPU instances need MIG mode enabled, not disabled",
+                    key="inventory.expected.gpu.mig_profiles",
+                    line=nth_line(text, "inventory.expected.gpu.index", gpu.index),
+                )
+            )
+    return problems

@@ -1,0 +1,121 @@
+"""The configuration's schema: frozen dataclasses, one per TOML table.
+
+Each numeric key declares its allowed range in its annotation
+(``Annotated[float, POSITIVE]``, see `gpuagent.config.ranges`); the loader enforces it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpuagent.config.schema.agent import (
+    AgentSection,
+    ApiSection,
+    EventsSection,
+    KmsgSourceSection,
+    MetricsSection,
+    NvmlEventsSourceSection,
+    NvmlSourceSection,
+    SourcesSection,
+    SysfsSourceSection,
+    UdevSourceSection,
+    split_listen,
+)
+from gpuagent.config.schema.aggregator import (
+    DEFAULT_COMMAND_TOKEN_FILE,
+    AggregatorHttpSection,
+    AggregatorSection,
+    CordonBudgetSection,
+)
+from gpuagent.config.schema.checks import (
+    AerCheck,
+    BusCheck,
+    ChecksSection,
+    EccCheck,
+    MigCheck,
+    NvlinkCheck,
+    PcieCheck,
+    PersistenceCheck,
+    SxidCheck,
+    ThermalCheck,
+    XidCheck,
+)
+from gpuagent.config.schema.inventory import ExpectedGpu, InventoryExpected, InventorySection
+from gpuagent.config.schema.outputs import (
+    MqttConnection,
+    MqttOutput,
+    OutputsSection,
+    SpoolSection,
+    TextfileOutput,
+)
+from gpuagent.config.schema.remediation import (
+    RemediationBudgets,
+    RemediationCordon,
+    RemediationKubernetes,
+    RemediationPower,
+    RemediationReset,
+    RemediationRule,
+    RemediationSection,
+    RemediationSlurm,
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    agent: AgentSection = field(default_factory=AgentSection)
+    api: ApiSection = field(default_factory=ApiSection)
+    metrics: MetricsSection = field(default_factory=MetricsSection)
+    outputs: OutputsSection = field(default_factory=OutputsSection)
+    sources: SourcesSection = field(default_factory=SourcesSection)
+    events: EventsSection = field(default_factory=EventsSection)
+    checks: ChecksSection = field(default_factory=ChecksSection)
+    inventory: InventorySection = field(default_factory=InventorySection)
+    remediation: RemediationSection = field(default_factory=RemediationSection)
+    aggregator: AggregatorSection = field(default_factory=AggregatorSection)
+
+
+__all__ = [
+    "DEFAULT_COMMAND_TOKEN_FILE",
+    "AerCheck",
+    "AgentSection",
+    "AggregatorHttpSection",
+    "AggregatorSection",
+    "ApiSection",
+    "BusCheck",
+    "ChecksSection",
+    "Config",
+    "CordonBudgetSection",
+    "EccCheck",
+    "EventsSection",
+    "ExpectedGpu",
+    "InventoryExpected",
+    "InventorySection",
+    "KmsgSourceSection",
+    "MetricsSection",
+    "MigCheck",
+    "MqttConnection",
+    "MqttOutput",
+    "NvlinkCheck",
+    "NvmlEventsSourceSection",
+    "NvmlSourceSection",
+    "OutputsSection",
+    "PcieCheck",
+    "PersistenceCheck",
+    "RemediationBudgets",
+    "RemediationCordon",
+    "RemediationKubernetes",
+    "RemediationPower",
+    "RemediationReset",
+    "RemediationRule",
+    "RemediationSection",
+    "RemediationSlurm",
+    "SourcesSection",
+    "SpoolSection",
+    "SxidCheck",
+    "SysfsSourceSection",
+    "TextfileOutput",
+    "ThermalCheck",
+    "UdevSourceSection",
+    "XidCheck",
+    "split_listen",
+]

@@ -1,0 +1,103 @@
+"""The node-side sections: [agent], [api], [metrics], [sources], [events]."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+from gpuagent.config.ranges import NON_NEGATIVE, POSITIVE
+
+
+@dataclass(frozen=True)
+class AgentSection:
+    node_name: str = ""  # empty: the host name
+    cluster: str = "default"
+    state_dir: Path = Path("/var/lib/gpuagent")
+
+    @property
+    def resolved_node_name(self) -> str:
+        return self.node_name or socket.gethostname()
+
+
+@dataclass(frozen=True)
+class ApiSection:
+    socket: Path = Path("/run/gpuagent/gpuagent.sock")
+    # Group allowed to read status through the socket; empty: owner only (mode 0600).
+    group: str = ""
+
+
+@dataclass(frozen=True)
+class MetricsSection:
+    listen: str = "0.0.0.0:19400"
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        return split_listen(self.listen)
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    """ "HOST:PORT" (validated at load) → (host, port); "[::1]:1" → ("::1", 1)."""
+    host, _, port = listen.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+@dataclass(frozen=True)
+class NvmlSourceSection:
+    interval_seconds: Annotated[float, POSITIVE] = 5.0
+    call_timeout_seconds: Annotated[float, POSITIVE] = 2.0
+    # Values that rarely change (persistence, MIG and ECC mode, memory clock) are read on
+    # this slower cadence to keep NVML calls per poll low.
+    slow_interval_seconds: Annotated[float, POSITIVE] = 30.0
+    # After NVML fails to initialise (driver not loaded, ...), retry this often.
+    init_retry_seconds: Annotated[float, POSITIVE] = 30.0
+
+
+@dataclass(frozen=True)
+class KmsgSourceSection:
+    enabled: bool = True
+    # /dev/kmsg on a node; a regular file or a FIFO is followed the same way (tests, drills).
+    path: Path = Path("/dev/kmsg")
+    # At start the current boot's buffer is read once; records older than this (relative
+    # to the agent's start) are skipped.
+    lookback_seconds: Annotated[float, NON_NEGATIVE] = 86400.0
+
+
+@dataclass(frozen=True)
+class NvmlEventsSourceSection:
+    # XID events straight from the driver (nvmlEventSetWait), beside the kernel log.
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class SysfsSourceSection:
+    enabled: bool = True
+    # sysfs mount point (tests point this at a fixture tree).
+    root: Path = Path("/sys")
+    interval_seconds: Annotated[float, POSITIVE] = 30.0
+
+
+@dataclass(frozen=True)
+class UdevSourceSection:
+    # PCI add/remove and driver bind/unbind of NVIDIA devices, as they happen (netlink).
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class SourcesSection:
+    nvml: NvmlSourceSection = field(default_factory=NvmlSourceSection)
+    nvml_events: NvmlEventsSourceSection = field(default_factory=NvmlEventsSourceSection)
+    kmsg: KmsgSourceSection = field(default_factory=KmsgSourceSection)
+    sysfs: SysfsSourceSection = field(default_factory=SysfsSourceSection)
+    udev: UdevSourceSection = field(default_factory=UdevSourceSection)
+
+
+@dataclass(frozen=True)
+class EventsSection:
+    # Events are kept this long (and at most max_events), for checks, status and reports.
+    retention_seconds: Annotated[float, POSITIVE] = 86400.0
+    max_events: Annotated[int, POSITIVE] = 10000
+    # The same XID on the same GPU from the kernel log and from NVML within this many
+    # seconds is one fault.
+    dedup_window_seconds: Annotated[float, NON_NEGATIVE] = 10.0

@@ -1,0 +1,76 @@
+"""[aggregator]: the fleet aggregator (its own file has the agent's format)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+from gpuagent.config.ranges import MQTT_EXPIRY, NON_NEGATIVE, PERCENT, POSITIVE
+from gpuagent.config.schema.agent import split_listen
+from gpuagent.config.schema.outputs import MqttConnection
+
+
+@dataclass(frozen=True)
+class CordonBudgetSection:
+    # Approve a cordon request only while, counting it, at most max_nodes nodes and at most
+    # max_percent of the cluster's known nodes were cordoned within window_seconds.
+    max_nodes: Annotated[int, NON_NEGATIVE] = 2
+    max_percent: Annotated[float, PERCENT] = 10.0
+    window_seconds: Annotated[float, POSITIVE] = 3600.0
+    # Whether this aggregator decides cordon requests. Exactly one of the aggregators in a
+    # share group must (docs/fleet.md): the budget lives in its memory.
+    arbiter: bool = True
+
+
+@dataclass(frozen=True)
+class AggregatorHttpSection:
+    # A connection that has not sent a whole request head (request line and headers) this
+    # long after it opened, or after its previous request, is closed.
+    header_timeout_seconds: Annotated[float, POSITIVE] = 10.0
+    # A request body not received within this many seconds is answered 408.
+    body_timeout_seconds: Annotated[float, POSITIVE] = 10.0
+    # An idle keep-alive connection is closed after this many seconds.
+    keepalive_timeout_seconds: Annotated[float, POSITIVE] = 15.0
+    # At most this many connections are open at once; further ones are closed at accept.
+    max_connections: Annotated[int, POSITIVE] = 256
+
+
+# Where systemd hands the aggregator its command token (LoadCredential= in its unit).
+DEFAULT_COMMAND_TOKEN_FILE = "/run/credentials/gpuagent-aggregator.service/command-token"  # noqa: S105
+
+
+@dataclass(frozen=True)
+class AggregatorSection:
+    # HTTP: the JSON API (/api/v1/...), the fleet page (/) and fleet metrics (/metrics).
+    listen: str = "127.0.0.1:19500"
+    # Fleet state (SQLite).
+    database: Path = Path("/var/lib/gpuagent-aggregator/fleet.sqlite")
+    # Shared-subscription group: every aggregator with the same group splits the fleet's
+    # messages; empty: plain subscriptions (one aggregator sees everything).
+    share_group: str = "gpuagent"
+    # A node whose last report is older than this is shown as stale (offline comes from
+    # its Last Will at once).
+    stale_after_seconds: Annotated[float, POSITIVE] = 120.0
+    # History (events, action records, replies, commands, cordon decisions) older than this
+    # is deleted; cordon decisions are kept at least for the cordon budget's window.
+    events_retention_seconds: Annotated[float, POSITIVE] = 7 * 86400.0
+    max_events: Annotated[int, POSITIVE] = 1_000_000
+    # Sending commands to nodes (POST .../commands) needs "Authorization: Bearer <token>"
+    # with the token in this file; without a readable token (empty, missing file), commands
+    # are refused.
+    command_token_file: str = DEFAULT_COMMAND_TOKEN_FILE
+    # Host header names (with or without a port) the HTTP server answers besides the
+    # listen address, localhost, 127.0.0.1 and [::1]; others get 421 (DNS rebinding).
+    http_hosts: list[str] = field(default_factory=list)
+    # MQTT 5 message expiry of commands and cordon decisions: the broker drops one that has
+    # waited this long for a node that is away, rather than deliver it when the node comes
+    # back (the node's session lasts a day).
+    command_expiry_seconds: Annotated[int, MQTT_EXPIRY] = 300
+    broker: MqttConnection = field(default_factory=MqttConnection)
+    cordon_budget: CordonBudgetSection = field(default_factory=CordonBudgetSection)
+    http: AggregatorHttpSection = field(default_factory=AggregatorHttpSection)
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        return split_listen(self.listen)

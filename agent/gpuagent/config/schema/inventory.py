@@ -1,0 +1,82 @@
+"""[inventory]: what the node should be."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Literal
+
+from gpuagent.config.ranges import NON_NEGATIVE, POSITIVE
+
+
+@dataclass(frozen=True)
+class ExpectedGpu:
+    """One GPU, by NVML index, whose MIG set-up differs from the node-wide expectation."""
+
+    index: Annotated[int, NON_NEGATIVE]
+    # Unset: checks.mig.expected applies to this GPU.
+    mig_mode: Literal["any", "enabled", "disabled"] | None = None
+    # Unset: inventory.expected.mig_profiles applies; []: no expectation for this GPU.
+    mig_profiles: list[str] | None = None
+
+
+@dataclass(frozen=True)
+class InventoryExpected:
+    """What this node should be; empty strings and 0 mean "no expectation"."""
+
+    gpus: Annotated[int, NON_NEGATIVE] = 0
+    # Substring of the NVML product name, e.g. "H100".
+    model: str = ""
+    # Exact ("550.54.15") or a prefix ending in a dot or a major version ("550." or "550").
+    driver_version: str = ""
+    cuda_driver_version: str = ""
+    vbios_version: str = ""
+    kernel_release: str = ""
+    # 0: the GPU's default power limit.
+    power_limit_watts: Annotated[float, NON_NEGATIVE] = 0.0
+    # Kernel modules that must be loaded (nvidia_peermem on GPUDirect RDMA nodes).
+    modules: list[str] = field(default_factory=lambda: ["nvidia"])
+    # GPU-instance profiles every GPU with MIG enabled should carry, as a multiset
+    # (["1g.10gb", "1g.10gb", "3g.40gb"]); empty: no expectation. (The MIG mode itself is
+    # checks.mig.expected.)
+    mig_profiles: list[str] = field(default_factory=list)
+    # Persistence mode every GPU should be in; "any": no expectation beyond the persistence
+    # check's. "disabled" needs checks.persistence.enabled = false (that check wants it on).
+    persistence: Literal["any", "enabled", "disabled"] = "any"
+    # GPUs that differ from the node-wide MIG expectation ([[inventory.expected.gpu]]).
+    gpu: list[ExpectedGpu] = field(default_factory=list)
+
+    def for_gpu(self, index: int) -> ExpectedGpu | None:
+        return next((g for g in self.gpu if g.index == index), None)
+
+    def mig_profiles_for(self, index: int) -> list[str]:
+        """The GPU-instance profiles GPU ``index`` should carry ([]: no expectation)."""
+        override = self.for_gpu(index)
+        if override is None or override.mig_profiles is None:
+            return self.mig_profiles
+        return override.mig_profiles
+
+
+@dataclass(frozen=True)
+class InventorySection:
+    enabled: bool = True
+    # The node inventory is read at start, on PCI add/remove (udev) and this often.
+    refresh_seconds: Annotated[float, POSITIVE] = 300.0
+    # procfs mount point (kernel release); sysfs is sources.sysfs.root.
+    proc_root: Path = Path("/proc")
+    os_release: Path = Path("/etc/os-release")
+    # Where libnvidia-ml.so.1 is looked for (first found wins): the version of the file it
+    # links to is compared with the kernel module's even when NVML cannot start.
+    library_dirs: list[Path] = field(
+        default_factory=lambda: [
+            Path("/usr/lib/x86_64-linux-gnu"),
+            Path("/usr/lib/aarch64-linux-gnu"),
+            Path("/usr/lib64"),
+            Path("/usr/lib"),
+        ]
+    )
+    systemctl: str = "systemctl"
+    # Record the first healthy inventory as the baseline (in agent.state_dir) and report
+    # any later change from it (a GPU fewer than learned when expected.gpus is 0).
+    learn: bool = False
+    expected: InventoryExpected = field(default_factory=InventoryExpected)

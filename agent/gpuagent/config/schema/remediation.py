@@ -1,0 +1,132 @@
+"""[remediation]: rules, budgets and how each action is done."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Literal
+
+from gpuagent.config.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE
+
+
+@dataclass(frozen=True)
+class RemediationRule:
+    """Findings → actions. A rule matches a finding by check and minimum severity, and,
+    for the xid check, optionally by the XID catalog's action bucket or the XIDs."""
+
+    check: str
+    actions: list[Literal["enable_persistence", "cordon", "reset_gpu", "cap_power"]]
+    severity: Literal["WARN", "CRITICAL"] = "CRITICAL"
+    # xid findings only: match when the finding's bucket is one of these ("" = any).
+    xid_buckets: list[str] = field(default_factory=list)
+    xids: list[Annotated[int, AT_LEAST_ONE]] = field(default_factory=list)
+    # Reason given with a cordon request (default: the finding's reason).
+    cordon_reason: str = ""
+
+
+def _default_rules() -> list[RemediationRule]:
+    # The runbooks' defaults; config.example.toml shows them as [[remediation.rules]].
+    return [
+        RemediationRule("persistence", ["enable_persistence"], "WARN"),
+        RemediationRule("ecc", ["cordon", "reset_gpu"]),
+        RemediationRule("row_remap", ["cordon"]),
+        RemediationRule(
+            "row_remap", ["cordon", "reset_gpu"], "WARN", cordon_reason="reset required"
+        ),
+        RemediationRule(
+            "retired_pages", ["cordon", "reset_gpu"], "WARN", cordon_reason="reset required"
+        ),
+        RemediationRule("xid", ["cordon", "reset_gpu"], xid_buckets=["RESET_GPU"]),
+        RemediationRule("xid", ["cordon"], xids=[79, 95, 119, 120]),
+        RemediationRule("availability", ["cordon"]),
+        RemediationRule("bus", ["cordon"]),
+        RemediationRule("nvlink", ["cordon"]),
+        RemediationRule("thermal", ["cap_power"]),
+    ]
+
+
+@dataclass(frozen=True)
+class RemediationBudgets:
+    # A budget of 0 allows none of that action. At most this many GPU resets per GPU
+    # within the window...
+    reset_per_gpu: Annotated[int, NON_NEGATIVE] = 1
+    reset_per_gpu_window_seconds: Annotated[float, POSITIVE] = 21600.0
+    # ...and per node within its window.
+    reset_per_node: Annotated[int, NON_NEGATIVE] = 3
+    reset_per_node_window_seconds: Annotated[float, POSITIVE] = 86400.0
+    # Cordon requests per node within the window (a flapping finding must not spam).
+    cordon_per_node: Annotated[int, NON_NEGATIVE] = 3
+    cordon_per_node_window_seconds: Annotated[float, POSITIVE] = 86400.0
+    # Every other action (persistence, power cap) per GPU within the window.
+    other_per_gpu: Annotated[int, NON_NEGATIVE] = 6
+    other_per_gpu_window_seconds: Annotated[float, POSITIVE] = 3600.0
+    # The same action on the same target is not attempted again sooner than this.
+    cooldown_seconds: Annotated[float, NON_NEGATIVE] = 300.0
+
+
+@dataclass(frozen=True)
+class RemediationReset:
+    # {bus_id} is replaced by the GPU's bus id. Under the simulator the simulated GPU is reset.
+    command: str = "nvidia-smi --gpu-reset -i {bus_id}"
+    timeout_seconds: Annotated[float, POSITIVE] = 120.0
+    # Only reset a GPU once the node is cordoned (when a cordon backend is configured).
+    require_cordon: bool = True
+    # Resetting a GPU with MIG instances destroys them; refuse unless allowed.
+    allow_mig: bool = False
+    # After a reset the GPU must answer and be healthy for this many polls.
+    verify_polls: Annotated[int, AT_LEAST_ONE] = 3
+    # Run `dcgmi diag -r 1` after a reset when dcgmi is installed.
+    dcgm_diag: bool = True
+
+
+@dataclass(frozen=True)
+class RemediationPower:
+    # Thermal emergency: cap the power limit to this fraction of the default limit...
+    cap_fraction: Annotated[float, FRACTION] = 0.7
+    # ...and restore it once the GPU has been cool (no thermal finding) this long.
+    restore_after_seconds: Annotated[float, NON_NEGATIVE] = 600.0
+
+
+@dataclass(frozen=True)
+class RemediationKubernetes:
+    # Empty: the in-cluster service account.
+    kubeconfig: str = ""
+    # Kubernetes node name; empty: agent.node_name.
+    node_name: str = ""
+    taint_key: str = "gpuagent.io/gpu-unhealthy"
+
+
+@dataclass(frozen=True)
+class RemediationSlurm:
+    scontrol: str = "scontrol"
+    # Slurm node name; empty: agent.node_name.
+    node_name: str = ""
+
+
+@dataclass(frozen=True)
+class RemediationCordon:
+    # Any of "kubernetes", "slurm", "command", "aggregator"; empty: no cordon requests.
+    backends: list[Literal["kubernetes", "slurm", "command", "aggregator"]] = field(
+        default_factory=list
+    )
+    # For the "command" backend: run with the request as JSON on stdin.
+    command: str = ""
+    timeout_seconds: Annotated[float, POSITIVE] = 30.0
+    # Uncordon (only a node we cordoned) after every finding has been OK this long.
+    uncordon_after_recovery: bool = False
+    healthy_hold_seconds: Annotated[float, NON_NEGATIVE] = 1800.0
+    kubernetes: RemediationKubernetes = field(default_factory=RemediationKubernetes)
+    slurm: RemediationSlurm = field(default_factory=RemediationSlurm)
+
+
+@dataclass(frozen=True)
+class RemediationSection:
+    # "observe": plan, log and audit what would be done; "enforce": do it.
+    mode: Literal["observe", "enforce"] = "observe"
+    # While this file exists every action is paused (`gpuagent remediation pause`).
+    kill_switch: Path = Path("/etc/gpuagent/remediation.paused")
+    rules: list[RemediationRule] = field(default_factory=_default_rules)
+    budgets: RemediationBudgets = field(default_factory=RemediationBudgets)
+    reset: RemediationReset = field(default_factory=RemediationReset)
+    power: RemediationPower = field(default_factory=RemediationPower)
+    cordon: RemediationCordon = field(default_factory=RemediationCordon)
