@@ -26,8 +26,6 @@ REPO = Path(__file__).resolve().parent.parent
 # Reference data the tests read: copies of ../shared/data files, so that a fresh clone
 # (which may not have ../shared) runs the whole suite. Provenance: tests/data/README.md.
 TEST_DATA = REPO / "tests" / "data"
-# The old name, still imported by test_kernel_parse.py; the same directory (not ../shared).
-SHARED_DATA = TEST_DATA
 # Where tools are looked for: PATH, then the sbin directories daemons live in (not on every
 # user's PATH).
 TOOL_PATH = os.pathsep.join(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -17,7 +16,7 @@ import aiohttp
 import pytest
 
 import aggregator_support as msg
-from conftest import free_port
+from conftest import free_port, require
 from gpuagent.aggregator.service import Aggregator
 from gpuagent.config import AggregatorSection
 from mqtt_broker import Broker
@@ -61,20 +60,20 @@ async def aggregator(
     agg = Aggregator(config)
     await agg.start()
     try:
+        # Set once every subscription is acknowledged (SUBACK): nothing published after
+        # this is missed.
         await until(lambda: agg.state.connected)
-        await asyncio.sleep(0.1)  # subscriptions are made before `connected` is set
         yield agg
     finally:
         await agg.close()
 
 
 def chromium() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is required in CI (scripts/test installs it)")
-        pytest.skip("chromium is not installed")
-    return path
+    return require(
+        "chromium",
+        "the fleet page tests (Debian package chromium)",
+        alternatives=("chromium-browser",),
+    )
 
 
 async def dump_dom(browser: str, url: str, home: Path) -> str:

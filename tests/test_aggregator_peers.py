@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import require_that
 from gpuagent.aggregator.peers import address, parse_address, peer_uid, socket_uid
 
 # Lines as the kernel wrote them (x86_64) for a listener on 127.0.0.1:54099 with a client
@@ -31,12 +32,13 @@ TCP6 = """\
    4: 0000000000000000FFFF00000100007F:B949 0000000000000000FFFF00000100007F:C262 01 00000000:00000000 00:00000000 00000000   111        0 298112 1 00000000e643b323 20 0 0 10 -1
 """  # noqa: E501
 
-little_endian = pytest.mark.skipif(
-    sys.byteorder != "little", reason="the lines above are a little-endian kernel's"
-)
+
+@pytest.fixture
+def little_endian() -> None:
+    require_that(sys.byteorder == "little", "a little-endian host (the lines above are one's)")
 
 
-@little_endian
+@pytest.mark.usefixtures("little_endian")
 @pytest.mark.parametrize(
     ("field", "expected"),
     [
@@ -57,7 +59,7 @@ def test_parse_address_refuses_garbage(field: str) -> None:
         parse_address(field)
 
 
-@little_endian
+@pytest.mark.usefixtures("little_endian")
 @pytest.mark.parametrize(
     ("table", "local", "remote", "uid"),
     [

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import require_that
 from gpuagent.aggregator import store
 
 pytestmark = pytest.mark.integration
@@ -98,10 +99,12 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[Postgres]:
     initdb, pg_ctl = _binary("initdb"), _binary("pg_ctl")
-    if initdb is None or pg_ctl is None:
-        if os.environ.get("CI"):
-            pytest.fail("PostgreSQL is required in CI (the test command installs it)")
-        pytest.skip("PostgreSQL is not installed")
+    require_that(
+        initdb is not None and pg_ctl is not None,
+        "PostgreSQL's initdb and pg_ctl (Debian package postgresql; the test command installs it)",
+    )
+    assert initdb is not None
+    assert pg_ctl is not None
     root = Path(tempfile.mkdtemp(prefix="gpuagent-pg-"))
     as_owner: list[str] = []
     if os.geteuid() == 0:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import os
 import re
 from typing import get_args
 
@@ -11,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import SHARED_DATA
+from conftest import TEST_DATA
 from gpuagent.kernel.parse import (
     KmsgRecord,
     canonical_pci,
@@ -21,14 +20,12 @@ from gpuagent.kernel.parse import (
 )
 from gpuagent.model import AerSeverity, KernelKind, KernelLine
 
-CORPUS = SHARED_DATA / "kmsg_corpus.tsv"
+CORPUS = TEST_DATA / "kmsg_corpus.tsv"
 KINDS = frozenset(get_args(KernelKind))
 AER_SEVERITIES = frozenset(get_args(AerSeverity))
 
 
 def _corpus_rows() -> list[dict[str, str]]:
-    if not CORPUS.exists():
-        return []
     with CORPUS.open(newline="", encoding="utf-8") as stream:
         return list(csv.DictReader(stream, delimiter="\t", quoting=csv.QUOTE_NONE))
 
@@ -37,29 +34,17 @@ CORPUS_ROWS = _corpus_rows()
 
 
 def _corpus_params() -> list[object]:
-    if not CORPUS_ROWS:
-        return [pytest.param(None, id="corpus-missing")]
     return [
         pytest.param(row, id=f"row{number}-{row['expected_kind']}")
         for number, row in enumerate(CORPUS_ROWS, 2)  # row 1 is the header
     ]
 
 
-def _skip_without_corpus() -> None:
-    message = f"the shared kernel-log corpus {CORPUS} is missing"
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
-
-
-# --- the shared corpus: every line parses to what its source says ---------------------------
+# --- the corpus (tests/data): every line parses to what its source says ---------------------------
 
 
 @pytest.mark.parametrize("row", _corpus_params())
-def test_corpus_line(row: dict[str, str] | None) -> None:
-    if row is None:
-        _skip_without_corpus()
-        return
+def test_corpus_line(row: dict[str, str]) -> None:
     parsed = parse_message(row["line"])
     expected = (
         row["expected_kind"],
@@ -72,8 +57,6 @@ def test_corpus_line(row: dict[str, str] | None) -> None:
 
 
 def test_corpus_covers_every_kind() -> None:
-    if not CORPUS_ROWS:
-        _skip_without_corpus()
     assert {row["expected_kind"] for row in CORPUS_ROWS} == KINDS
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from conftest import require_that
 from gpuagent.config import KmsgSourceSection
 from gpuagent.fleet.outbox import _KMSG_ID
 from gpuagent.model import GpuEvent
@@ -351,8 +352,11 @@ async def test_missing_path_raises_for_the_supervisor(tmp_path: Path) -> None:
         await harness.source.run()
 
 
-@pytest.mark.skipif(not os.access("/dev/kmsg", os.R_OK), reason="no readable /dev/kmsg here")
 async def test_real_dev_kmsg_reads_the_boot_buffer() -> None:
+    require_that(
+        os.access("/dev/kmsg", os.R_OK),
+        "a readable /dev/kmsg (root, or kernel.dmesg_restrict = 0)",
+    )
     harness = Harness(Path("/dev/kmsg"))
     async with following(harness):
         pass

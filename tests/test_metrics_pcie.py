@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 from prometheus_client import generate_latest
 
+from conftest import require
 from gpuagent.metrics import build_registry, names
 from gpuagent.metrics.exposition import TextRenderer
 from gpuagent.model import PcieLink, PciePath
@@ -210,11 +208,7 @@ def test_every_pcie_sample_name_is_in_the_docs():
 
 
 def test_promtool_accepts_the_pcie_series():
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool is not on PATH (Debian package `prometheus`)")
-        pytest.skip("promtool is not on PATH (Debian package `prometheus`)")
+    promtool = require("promtool", "checking the exposition (Debian package prometheus)")
     # Without GPUs, so dcgm-exporter's camelCase label is not in the way.
     text = exposition(snapshot(gpus=(), findings=(), pcie=PATHS))
     result = subprocess.run(

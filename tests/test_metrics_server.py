@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
+from conftest import require_that
 from gpuagent.metrics import MetricsServer, build_registry
 from gpuagent.metrics import server as server_module
 from gpuagent.metrics.exposition import TextRenderer
@@ -202,8 +203,8 @@ def _has_ipv6_loopback() -> bool:
     return True
 
 
-@pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback here")
 def test_ipv6_host():
+    require_that(_has_ipv6_loopback(), "an IPv6 loopback address (::1) to listen on")
     srv = MetricsServer(registry_for(snapshot()), "::1", 0)
     srv.start()
     try:

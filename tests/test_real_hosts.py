@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -276,8 +275,9 @@ def test_a_link_below_its_maximum_is_found_only_while_the_gpu_is_busy(
         config_extra="[checks.pcie]\ndegraded_hold_seconds = 1.0\n",
     )
     doc = daemon.wait_for(lambda d: all(g["sampled_at"] for g in d["gpus"]))
-    time.sleep(1.5)  # past the hold time, idle: nothing to find
-    doc = daemon.status()
+    # A snapshot taken past the hold time, the GPUs idle: nothing to find.
+    held = doc["taken_at"] + 1.5
+    doc = daemon.wait_for(lambda d: d["taken_at"] >= held, timeout=10)
     assert [g["pcie_generation"] for g in doc["gpus"]] == [1, 1]
     assert doc["node"]["health"] == "OK"
     for gpu in (0, 1):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import shutil
 import signal
@@ -16,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from conftest import DaemonProcess
+from conftest import DaemonProcess, require, require_that
 from gpuagent.config import parse_config
 from mqtt_broker import Broker
 
@@ -29,12 +28,7 @@ CREDENTIALS_DIR = "/run/credentials/gpuagent-aggregator.service/"
 
 
 def _systemd_analyze() -> str:
-    path = shutil.which("systemd-analyze")
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("systemd-analyze is required in CI")
-        pytest.skip("systemd-analyze is not installed")
-    return path
+    return require("systemd-analyze", "verifying the units (Debian package systemd)")
 
 
 def _analyze(*args: str) -> subprocess.CompletedProcess[str]:
@@ -50,8 +44,7 @@ def _verify(
     ``drop_in`` in NAME.d/) in a root that has the host's units (targets the unit orders
     against) and executables for ExecStart."""
     if not root.exists():
-        if not HOST_UNITS.is_dir():
-            pytest.skip(f"{HOST_UNITS} is missing")
+        require_that(HOST_UNITS.is_dir(), f"the host's systemd units in {HOST_UNITS}")
         shutil.copytree(HOST_UNITS, root / "usr/lib/systemd/system", symlinks=True)
         (root / "usr/bin").mkdir(parents=True)
         for program in ("gpuagent", "gpuagent-aggregator"):
