@@ -21,9 +21,7 @@ import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from gpuagent.diskio import DiskThread
 from gpuagent.fleet.spool import SpoolError, ThreadedSpool
 
 log = logging.getLogger(__name__)
@@ -77,16 +75,8 @@ class _Cursors:
 
 
 class Outbox:
-    def __init__(
-        self,
-        path: Path,
-        disk: DiskThread,
-        *,
-        max_bytes: int,
-        max_age_seconds: float,
-        resend_after: float,
-    ) -> None:
-        self.spool = ThreadedSpool(path, disk, max_bytes=max_bytes, max_age_seconds=max_age_seconds)
+    def __init__(self, spool: ThreadedSpool, *, resend_after: float) -> None:
+        self.spool = spool
         self.resend_after = resend_after
         self._memory: deque[_Held] = deque()
         self._cursors = _Cursors()

@@ -37,7 +37,7 @@ from gpuagent.diskio import DiskThread
 from gpuagent.fleet import schema
 from gpuagent.fleet.connection import Backoff, client_options, count_disconnects
 from gpuagent.fleet.outbox import Outbox, Pending
-from gpuagent.fleet.spool import SpoolError
+from gpuagent.fleet.spool import SpoolError, ThreadedSpool
 from gpuagent.fleet.topics import Channel, NodeTopics
 from gpuagent.model import GpuEvent, MqttStatus, NodeSnapshot
 from gpuagent.remediation.audit import AuditStore
@@ -112,13 +112,13 @@ class Reporter:
         self._audit = audit
         self._disk = disk or DiskThread()
         self._own_disk = disk is None
-        self.outbox = Outbox(
+        spool = ThreadedSpool(
             state_dir / "mqtt-spool.sqlite",
             self._disk,
             max_bytes=config.spool.max_bytes,
             max_age_seconds=config.spool.max_age_seconds,
-            resend_after=config.ack_timeout_seconds,
         )
+        self.outbox = Outbox(spool, resend_after=config.ack_timeout_seconds)
         self._flushing: asyncio.Task[None] | None = None
         self._work = asyncio.Event()
         self._state_changed = asyncio.Event()
