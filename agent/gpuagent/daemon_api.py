@@ -1,10 +1,11 @@
-"""The daemon's local API methods (see docs/api.md), over the running Agent."""
+"""The daemon's local API methods (see docs/api.md), over what ApiTarget lists of the
+running daemon (gpuagent.daemon.Agent implements it)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuagent import __version__
 from gpuagent.api import ApiError, ApiServer
@@ -13,8 +14,13 @@ from gpuagent.model import GpuEvent
 from gpuagent.sources.udev import PciChange
 from gpuagent.statusview import event_json, status_document
 
-if TYPE_CHECKING:
-    from gpuagent.daemon import Agent
+if TYPE_CHECKING:  # only named in ApiTarget's annotations
+    from pathlib import Path
+
+    from gpuagent.events import EventLog
+    from gpuagent.remediation.executor import Remediator
+    from gpuagent.sim import SimulatedNode
+    from gpuagent.store import SnapshotStore
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +29,39 @@ _MAX_EVENTS = 1000
 _SIMULATED_PCI = {"pci_remove": "remove", "pci_add": "add"}
 
 
+class ApiTarget(Protocol):
+    """What the local API reads and asks of the running daemon, and nothing more."""
+
+    @property
+    def node_name(self) -> str: ...
+
+    @property
+    def store(self) -> SnapshotStore: ...  # the current snapshot, and the next one
+
+    @property
+    def events(self) -> EventLog: ...
+
+    @property
+    def remediator(self) -> Remediator | None: ...  # None until remediation runs
+
+    @property
+    def simulator(self) -> SimulatedNode | None: ...  # None unless simulated
+
+    @property
+    def polls(self) -> int: ...  # NVML polls so far
+
+    @property
+    def kmsg_path(self) -> Path: ...  # where drills write kernel-log lines
+
+    def refresh(self) -> None:
+        """Poll NVML now (the next snapshot follows)."""
+
+    def on_pci_change(self, change: PciChange) -> None:
+        """A PCI function came or went (udev, or simulated)."""
+
+
 class AgentApi:
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: ApiTarget) -> None:
         self.agent = agent
 
     def register(self, server: ApiServer) -> None:
@@ -47,7 +84,7 @@ class AgentApi:
         return status_document(snapshot)
 
     async def refresh(self, _params: dict[str, Any]) -> dict[str, Any]:
-        self.agent.refresh_requested.set()
+        self.agent.refresh()
         async with asyncio.timeout(30):
             snapshot = await self.agent.store.next_update()
         return {"sequence": snapshot.sequence}
@@ -129,7 +166,7 @@ class AgentApi:
             line = compose_line(kind, self._bus_id(gpu), values)
         except ValueError as exc:
             raise ApiError(str(exc)) from None
-        path = self.agent.config.sources.kmsg.path
+        path = self.agent.kmsg_path
         try:
             write_kernel_line(path, line)
         except OSError as exc:

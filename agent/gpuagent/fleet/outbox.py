@@ -177,7 +177,8 @@ class Outbox:
 
     async def due(self, limit: int = 100) -> list[Pending]:
         """What to send now, oldest first: never sent, or sent and not acknowledged in
-        time; from the spool, then from memory."""
+        time; from the spool, then (only while the spool cannot take them: a working one
+        gets them in a moment, and would send them a second time) from memory."""
         pending: list[Pending] = []
         if self.spool.ready:
             try:
@@ -185,6 +186,8 @@ class Outbox:
             except SpoolError:
                 rows = []
             pending = [Pending(r.id, r.channel, r.payload, r.seq) for r in rows]
+        if self.spool.ready and not self._failing:
+            return pending
         now = time.time()
         for held in self._memory:
             if len(pending) >= limit:

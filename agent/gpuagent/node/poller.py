@@ -1,0 +1,151 @@
+"""The NVML poll: one observation per interval (or on request), and the NVML XID events
+registered for each NVML session the poll opens."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from gpuagent.config import Config
+from gpuagent.model import GpuEvent, GpuState
+from gpuagent.sim import SimulatedNode
+from gpuagent.sources.nvml import NvmlObservation, NvmlSource, host_process_name
+from gpuagent.sources.nvml_events import NvmlEventWatcher
+from gpuagent.supervisor import SourceTracker
+
+# The daemon's log lines keep the logger name they always had.
+log = logging.getLogger("gpuagent.daemon")
+
+_MAX_BACKOFF_SECONDS = 60.0
+_RUN_CHECKS_TIMEOUT_SECONDS = 30.0
+
+
+class NvmlPoller:
+    """Owns the NVML source (and the simulator beneath it) and the latest observation."""
+
+    def __init__(
+        self,
+        config: Config,
+        trackers: dict[str, SourceTracker],
+        simulator: SimulatedNode | None,
+        *,
+        publish: Callable[[], None],
+        on_event: Callable[[GpuEvent], None],
+    ) -> None:
+        self._config = config
+        self._trackers = trackers
+        self._simulator = simulator
+        self._publish = publish
+        self._on_event = on_event
+        self.nvml: NvmlSource | None = None
+        self.last_observation: NvmlObservation | None = None
+        self.polls = 0
+        self.refresh_requested = asyncio.Event()
+        self._polled = asyncio.Event()  # set after every NVML poll's snapshot
+        self._xid_watcher: NvmlEventWatcher | None = None
+        self._xid_generation = 0
+
+    def open(self) -> None:
+        if self._simulator is not None:
+            self._simulator.install()
+            log.info("simulating %d GPUs beneath NVML", self._simulator.gpu_count)
+        process_name = self._simulator.process_name if self._simulator else host_process_name
+        self.nvml = NvmlSource(self._config.sources.nvml, process_name=process_name)
+
+    async def close(self) -> None:
+        if self._xid_watcher is not None:
+            self._xid_watcher.stop()
+        if self.nvml is not None:
+            await self.nvml.close()
+        if self._simulator is not None:
+            self._simulator.uninstall()
+
+    def gpu_appeared(self) -> None:
+        """A GPU (re)appeared on the bus: enumerate again without restarting the daemon."""
+        if self.nvml is not None:
+            self.nvml.reopen()
+            self.refresh_requested.set()
+
+    async def loop(self) -> None:
+        interval = self._config.sources.nvml.interval_seconds
+        backoff = interval
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(backoff):
+                    await self.refresh_requested.wait()
+            self.refresh_requested.clear()
+            ok = await self.poll_once()
+            backoff = interval if ok else min(backoff * 2, max(_MAX_BACKOFF_SECONDS, interval))
+
+    async def poll_once(self, *, watch_xid_events: bool = True) -> bool:
+        """Poll NVML, evaluate checks, publish a snapshot. False when the source failed."""
+        assert self.nvml is not None
+        tracker = self._trackers["nvml"]
+        started = time.monotonic()
+        self.polls += 1
+        try:
+            observation = await self.nvml.poll()
+        except Exception as exc:  # a source bug must not take the daemon down
+            log.exception("NVML poll failed")
+            tracker.failure(time.monotonic() - started, f"{type(exc).__name__}: {exc}")
+            self.last_observation = self._without_values(tracker.status.last_error)
+            self._publish()
+            return False
+        duration = time.monotonic() - started
+        if observation.status.ok:
+            tracker.success(duration)
+        else:
+            tracker.failure(duration, observation.status.message)
+        self.last_observation = observation
+        if watch_xid_events and self._config.sources.nvml_events.enabled:
+            self._watch_xid_events()
+            self._track_xid_watcher()
+        self._publish()
+        self._polled.set()
+        return True
+
+    async def poll_now(self) -> None:
+        """Ask for a poll and wait until one has been published after this call."""
+        before = self.polls
+        self.refresh_requested.set()
+        async with asyncio.timeout(_RUN_CHECKS_TIMEOUT_SECONDS):
+            while self.polls <= before:
+                self._polled.clear()
+                await self._polled.wait()
+
+    def _without_values(self, error: str | None) -> NvmlObservation | None:
+        """After a failed poll: the GPUs we know, with no values (nothing stale)."""
+        last = self.last_observation
+        if last is None:
+            return None
+        gpus = tuple(GpuState(g.identity, "error", error=error) for g in last.gpus)
+        return NvmlObservation(last.status, gpus)
+
+    def _watch_xid_events(self) -> None:
+        """(Re)register NVML XID events whenever a new NVML session brings new handles."""
+        assert self.nvml is not None
+        if self.nvml.generation == self._xid_generation:
+            return
+        if self._xid_watcher is not None:
+            self._xid_watcher.stop()
+        self._xid_generation = self.nvml.generation
+        self._xid_watcher = NvmlEventWatcher(
+            self.nvml.devices(),
+            self._on_event,
+            asyncio.get_running_loop(),
+            call_timeout=self._config.sources.nvml.call_timeout_seconds,
+        )
+        self._xid_watcher.start()
+
+    def _track_xid_watcher(self) -> None:
+        watcher = self._xid_watcher
+        if watcher is None:
+            return
+        tracker = self._trackers.setdefault("nvml_events", SourceTracker("nvml_events"))
+        if watcher.error:
+            tracker.failure(0.0, watcher.error)
+        elif not tracker.status.up:
+            tracker.success(0.0)

@@ -1,0 +1,243 @@
+"""Evaluation and publishing: the pure checks over the latest observation and recent events,
+one complete NodeSnapshot, and its outputs (store, /metrics, textfile, systemd status, the
+fleet reporter, remediation)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol
+
+from gpuagent.checks import HealthMemory, InventoryView, evaluate
+from gpuagent.config import Config
+from gpuagent.events import EventLog
+from gpuagent.inventory import NodeInventory
+from gpuagent.metrics import MetricsServer
+from gpuagent.model import (
+    KmsgCounters,
+    MqttStatus,
+    NodeSnapshot,
+    PciePath,
+    RemediationStatus,
+    Severity,
+)
+from gpuagent.sdnotify import Notifier
+from gpuagent.sources.nvml import NvmlObservation
+from gpuagent.store import SnapshotStore
+from gpuagent.supervisor import SourceTracker
+from gpuagent.textfile import TextfileWriter
+
+# The daemon's log lines keep the logger name they always had.
+log = logging.getLogger("gpuagent.daemon")
+
+
+class ObservationSource(Protocol):
+    """The latest NVML observation (the poller)."""
+
+    @property
+    def last_observation(self) -> NvmlObservation | None: ...
+
+
+class KernelView(Protocol):
+    """What the kernel-side sources know now (the event sources)."""
+
+    @property
+    def pcie(self) -> tuple[PciePath, ...]: ...
+
+    def kmsg_counters(self) -> KmsgCounters: ...
+
+
+class InventorySource(Protocol):
+    """The node inventory for an observation, and learn mode (the inventory keeper)."""
+
+    def inventory(self, observation: NvmlObservation) -> NodeInventory | None: ...
+
+    def view(self, inventory: NodeInventory | None) -> InventoryView | None: ...
+
+    def learn(self, inventory: NodeInventory | None, severity: Severity) -> None: ...
+
+
+class RemediationSink(Protocol):
+    """Remediation as publishing sees it: its status, its trail, each new snapshot."""
+
+    def status(self) -> RemediationStatus | None: ...
+
+    def storage_error(self) -> str | None: ...
+
+    def schedule(self, snapshot: NodeSnapshot) -> None: ...
+
+
+class Spool(Protocol):
+    @property
+    def error(self) -> str | None: ...
+
+
+class SnapshotSink(Protocol):
+    """The fleet reporter as publishing sees it."""
+
+    @property
+    def outbox(self) -> Spool: ...
+
+    def status(self) -> MqttStatus: ...
+
+    def offer_snapshot(self, snapshot: NodeSnapshot) -> None: ...
+
+
+class RejectionCounter(Protocol):
+    """The local API's refused requests, by reason."""
+
+    @property
+    def rejected(self) -> Mapping[str, int]: ...
+
+
+class SnapshotPublisher:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        store: SnapshotStore,
+        events: EventLog,
+        notifier: Notifier,
+        trackers: dict[str, SourceTracker],
+        observations: ObservationSource,
+        kernel: KernelView,
+        inventory: InventorySource,
+        remediation: RemediationSink,
+        api: RejectionCounter,
+        simulated: bool,
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._events = events
+        self._notifier = notifier
+        self._trackers = trackers
+        self._observations = observations
+        self._kernel = kernel
+        self._inventory = inventory
+        self._remediation = remediation
+        self._api = api
+        self._simulated = simulated
+        self._node_name = config.agent.resolved_node_name
+        self._hostname = socket.gethostname()
+        self._memory = HealthMemory()
+        self._sequence = 0
+        self._pending = False
+        self.reporter: SnapshotSink | None = None  # set at startup, when MQTT is on
+        self.metrics: MetricsServer | None = None  # set at startup
+        textfile = config.outputs.textfile
+        self._textfile = (
+            TextfileWriter(Path(textfile.dir), textfile.min_interval_seconds)
+            if textfile.dir
+            else None
+        )
+
+    def schedule(self) -> None:
+        # A burst of kernel lines is read in one go: evaluate once after it, not per line.
+        if not self._pending:
+            self._pending = True
+            asyncio.get_running_loop().call_soon(self._publish_now)
+
+    def _publish_now(self) -> None:
+        self._pending = False
+        self.publish()
+
+    def summary(self) -> str:
+        snapshot = self._store.current
+        if snapshot is None:
+            return "starting"
+        problems = len(snapshot.health.problems())
+        return (
+            f"{len(snapshot.gpus)} GPUs, health {snapshot.health.severity.name}, "
+            f"{problems} problem{'s' if problems != 1 else ''}"
+        )
+
+    def _storage_errors(self) -> tuple[tuple[str, str], ...]:
+        """The stores in the state directory that cannot be used now, and why."""
+        errors = []
+        if self.reporter is not None and self.reporter.outbox.error:
+            errors.append(("spool", self.reporter.outbox.error))
+        if audit := self._remediation.storage_error():
+            errors.append(("audit", audit))
+        return tuple(errors)
+
+    def publish(self) -> None:
+        observation = self._observations.last_observation
+        if observation is None:
+            return
+        previous = self._store.current
+        events = self._events.recent()
+        inventory = self._inventory.inventory(observation)
+        pcie = self._kernel.pcie
+        health, self._memory = evaluate(
+            observation.gpus,
+            observation.status,
+            self._config.checks,
+            self._memory,
+            time.monotonic(),
+            events=events,
+            pcie=pcie,
+            inventory=self._inventory.view(inventory),
+            expected_gpus=self._config.inventory.expected.gpu,
+            storage_errors=self._storage_errors(),
+        )
+        self._inventory.learn(inventory, health.severity)
+        self._sequence += 1
+        snapshot = NodeSnapshot(
+            node_name=self._node_name,
+            cluster=self._config.agent.cluster,
+            hostname=self._hostname,
+            sequence=self._sequence,
+            taken_at=time.time(),
+            nvml=observation.status,
+            gpus=observation.gpus,
+            health=health,
+            sources=tuple(t.status for t in self._trackers.values()),
+            simulated=self._simulated,
+            rejected_api_requests=tuple(sorted(self._api.rejected.items())),
+            events=events,
+            pcie=pcie,
+            kmsg=self._kernel.kmsg_counters(),
+            event_counts=self._events.counts(),
+            remediation=self._remediation.status(),
+            mqtt=self.reporter.status() if self.reporter is not None else None,
+            inventory=inventory,
+        )
+        _log_transitions(previous, snapshot)
+        self._store.publish(snapshot)
+        if self.metrics is not None:
+            # Render /metrics now, once per snapshot, so no scrape waits for rendering.
+            exposition = self.metrics.exposition
+            exposition.refresh()
+            if self._textfile is not None:
+                self._textfile.offer(lambda: exposition.body(gzipped=False))
+        self._notifier.status(self.summary())
+        if self.reporter is not None:
+            self.reporter.offer_snapshot(snapshot)
+        self._remediation.schedule(snapshot)
+
+
+def _log_transitions(previous: NodeSnapshot | None, current: NodeSnapshot) -> None:
+    before = {(f.gpu, f.check): f.severity for f in previous.health.findings} if previous else {}
+    for finding in current.health.findings:
+        old = before.get((finding.gpu, finding.check), Severity.OK)
+        if old is not finding.severity:
+            gpu = current.gpu(finding.gpu) if finding.gpu else None
+            log.warning(
+                "%s %s: %s -> %s: %s",
+                finding.gpu or "node",
+                finding.check,
+                old.name,
+                finding.severity.name,
+                finding.reason,
+                extra={
+                    "gpu_bus_id": finding.gpu,
+                    "gpu_uuid": gpu.identity.uuid if gpu else None,
+                    "check": finding.check,
+                    "severity": finding.severity.name,
+                    "runbook": finding.runbook or None,
+                },
+            )

@@ -1,0 +1,156 @@
+"""The event sources (kernel log, udev) and the sysfs PCIe paths, with their SourceTrackers.
+
+Every source's events arrive at EventSources.on_event, on the event loop: into the event
+log, out to the fleet reporter, and a publish is asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from gpuagent.config import Config
+from gpuagent.events import EventLog
+from gpuagent.model import GpuEvent, KmsgCounters, PciePath
+from gpuagent.sources.kmsg import KmsgSource
+from gpuagent.sources.pcie import read_pcie_paths
+from gpuagent.sources.udev import PciChange, UdevWatcher
+from gpuagent.supervisor import SourceTracker, supervise
+
+# The daemon's log lines keep the logger name they always had.
+log = logging.getLogger("gpuagent.daemon")
+
+_SYSFS_TIMEOUT_SECONDS = 10.0
+_PRUNE_SECONDS = 60.0
+_UDEV_KINDS = {
+    "add": "gpu_added",
+    "remove": "gpu_removed",
+    "bind": "driver_bound",
+    "unbind": "driver_unbound",
+}
+
+
+class EventSink(Protocol):
+    """Where accepted events go beyond the node (the fleet reporter)."""
+
+    def offer_event(self, event: GpuEvent) -> None: ...
+
+
+class EventSources:
+    def __init__(
+        self,
+        config: Config,
+        events: EventLog,
+        trackers: dict[str, SourceTracker],
+        *,
+        schedule_publish: Callable[[], None],
+        inventory_changed: Callable[[], None],
+        gpu_appeared: Callable[[], None],
+    ) -> None:
+        self._config = config
+        self._events = events
+        self._trackers = trackers
+        self._schedule_publish = schedule_publish
+        self._inventory_changed = inventory_changed
+        self._gpu_appeared = gpu_appeared
+        self.reporter: EventSink | None = None  # set at startup, when MQTT is on
+        self.pcie: tuple[PciePath, ...] = ()
+        self._kmsg: KmsgSource | None = None
+
+    def kmsg_counters(self) -> KmsgCounters:
+        return self._kmsg.counters if self._kmsg is not None else KmsgCounters()
+
+    def on_event(self, event: GpuEvent) -> None:
+        """Every source's events arrive here, on the event loop."""
+        if not self._events.add(event):
+            return
+        if self.reporter is not None:
+            self.reporter.offer_event(event)
+        log.info(
+            "%s event %s%s on %s: %s",
+            event.source,
+            event.kind,
+            f" {event.code}" if event.code is not None else "",
+            event.gpu or event.pci or "node",
+            event.line,
+            extra={
+                "gpu_bus_id": event.gpu,
+                "event_kind": event.kind,
+                "xid": event.code if event.kind == "xid" else None,
+                "sxid": event.code if event.kind == "sxid" else None,
+            },
+        )
+        self._schedule_publish()
+
+    def feed_kernel_log(self, text: bytes) -> None:
+        """Captured kernel-log text, judged as if just read from /dev/kmsg."""
+        KmsgSource(self._config.sources.kmsg, self.on_event).feed(text)
+
+    async def run_kmsg(self) -> None:
+        tracker = self._trackers.setdefault("kmsg", SourceTracker("kmsg"))
+
+        async def run(ready: Callable[[], None]) -> None:
+            self._kmsg = KmsgSource(self._config.sources.kmsg, self.on_event)
+            await self._kmsg.run(ready)
+
+        await supervise(tracker, run, self._schedule_publish)
+
+    async def sysfs_loop(self) -> None:
+        tracker = self._trackers.setdefault("sysfs", SourceTracker("sysfs"))
+        config = self._config.sources.sysfs
+        while True:
+            started = time.monotonic()
+            try:
+                async with asyncio.timeout(_SYSFS_TIMEOUT_SECONDS):
+                    self.pcie = await asyncio.to_thread(read_pcie_paths, config.root)
+            except (OSError, TimeoutError) as exc:
+                tracker.failure(time.monotonic() - started, str(exc) or type(exc).__name__)
+            else:
+                tracker.success(time.monotonic() - started)
+            self._schedule_publish()
+            await asyncio.sleep(config.interval_seconds)
+
+    async def run_udev(self) -> None:
+        tracker = self._trackers.setdefault("udev", SourceTracker("udev"))
+
+        async def run(ready: Callable[[], None]) -> None:
+            watcher = UdevWatcher()
+            try:
+                ready()
+                async for change in watcher.changes():
+                    self.on_pci_change(change)
+            finally:
+                watcher.close()
+
+        await supervise(tracker, run, self._schedule_publish)
+
+    def on_pci_change(self, change: PciChange) -> None:
+        now, wall = time.monotonic(), time.time()
+        kind = _UDEV_KINDS[change.action]
+        self.on_event(
+            GpuEvent(
+                event_id=f"udev:{change.address}:{change.action}:{time.monotonic_ns()}",
+                source="udev",
+                kind=kind,  # type: ignore[arg-type]
+                gpu=change.address,
+                time=wall,
+                monotonic=now,
+                pci=change.address,
+                line=f"PCI {change.action} {change.address}"
+                + (f" (driver {change.driver})" if change.driver else ""),
+            )
+        )
+        # The PCI functions changed: read the inventory again now, not at the next refresh.
+        self._inventory_changed()
+        if change.action in ("add", "bind"):
+            # A GPU (re)appeared: enumerate again without restarting the daemon.
+            self._gpu_appeared()
+
+    async def prune_loop(self) -> None:
+        while True:
+            await asyncio.sleep(_PRUNE_SECONDS)
+            self._events.prune(time.monotonic())
+            self._schedule_publish()
