@@ -35,6 +35,12 @@ class Session:
     def __init__(self, database: Path) -> None:
         self.database = database
         self.acks: list[tuple[int, int, int, int]] = []
+        # Acknowledgements to nodes (QoS 0, through paho), with the events committed then.
+        self.published: list[tuple[str, dict[str, Any], int]] = []
+
+    def publish(self, topic: str, payload: bytes, qos: int) -> None:
+        assert qos == 0
+        self.published.append((topic, schema.decode(payload), committed(self.database, "events")))
 
     def ack(self, mid: int, qos: int) -> None:
         self.acks.append(
@@ -165,10 +171,11 @@ async def test_nodes_hear_which_of_their_messages_are_stored_once_committed(rig:
     rig.deliver("state", msg.state("n1"))
     rig.deliver("events", b"{garbage")
     await asyncio.sleep(0.05)
-    assert rig.client.published == []  # not committed yet: nothing acknowledged
+    assert rig.session.published == []  # not committed yet: nothing acknowledged
     await rig.agg.store.flush()
-    await until(lambda: len(rig.client.published) == 2)
-    acks = {topic: message for topic, message, _ in rig.client.published}
+    await until(lambda: len(rig.session.published) == 2)
+    assert all(events_then == 4 for _, _, events_then in rig.session.published)
+    acks = {topic: message for topic, message, _ in rig.session.published}
     assert acks[msg.topic("n1", "cmd")]["type"] == "ack"
     assert acks[msg.topic("n1", "cmd")]["ids"] == [
         *(e["id"] for e in events),
@@ -179,5 +186,5 @@ async def test_nodes_hear_which_of_their_messages_are_stored_once_committed(rig:
     # The node sends one again (it missed our acknowledgement): acknowledged again.
     rig.deliver("events", events[0])
     await rig.agg.store.flush()
-    await until(lambda: len(rig.client.published) == 3)
-    assert rig.client.published[2][1]["ids"] == [events[0]["id"]]
+    await until(lambda: len(rig.session.published) == 3)
+    assert rig.session.published[2][1]["ids"] == [events[0]["id"]]

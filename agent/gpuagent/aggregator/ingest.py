@@ -51,7 +51,6 @@ class Outgoing:
     # Instead of a payload: the id of a spooled message to acknowledge to the node on
     # ``topic``; the consumer sends a node's acknowledgements of one commit together.
     acknowledges: str | None = None
-    qos: int = 1
 
 
 class Ingest:
