@@ -17,7 +17,8 @@ from paho.mqtt.reasoncodes import ReasonCode
 from gpuagent.config import MqttConnection, MqttOutput
 from gpuagent.fleet import reporter as reporter_module
 from gpuagent.fleet import schema
-from gpuagent.fleet.reporter import CommandRefusedError, Reporter
+from gpuagent.fleet.commands import CommandRefusedError
+from gpuagent.fleet.reporter import Reporter
 from gpuagent.fleet.spool import Spool
 from gpuagent.model import Finding, GpuEvent, NodeHealth, NodeSnapshot, NvmlStatus, Severity
 from gpuagent.remediation.aggregator import AggregatorBackend

@@ -11,8 +11,7 @@ to the aggregator; allowlisted commands down from it.
   spooled again when a restarted agent re-reads the kernel's buffer.
 - MQTT 5: a publish the broker refuses (its ACL: a node may publish only as itself) comes
   back with a failure reason code; it is counted, logged once, and not retried.
-- Commands arrive on ``.../cmd``: anything oversized, malformed, addressed to another
-  node, or outside the allowlist is rejected, counted and logged once.
+- Commands arrive on ``.../cmd`` and are handled by `fleet.commands.Commands`.
 """
 
 from __future__ import annotations
@@ -21,12 +20,11 @@ import asyncio
 import contextlib
 import logging
 import math
-import time
 import typing
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import aiomqtt
 from paho.mqtt.packettypes import PacketTypes
@@ -35,6 +33,7 @@ from paho.mqtt.properties import Properties
 from gpuagent.config import MqttOutput
 from gpuagent.diskio import DiskThread
 from gpuagent.fleet import schema
+from gpuagent.fleet.commands import Commands, CommandTarget
 from gpuagent.fleet.connection import Backoff, client_options, count_disconnects
 from gpuagent.fleet.outbox import Outbox, Pending
 from gpuagent.fleet.spool import SpoolError, ThreadedSpool
@@ -48,7 +47,6 @@ log = logging.getLogger(__name__)
 
 _SHUTDOWN_PUBLISH_SECONDS = 2.0
 _STATE_DEBOUNCE_SECONDS = 0.2
-_SEEN_COMMANDS = 1024
 _AUDIT_CURSOR = "audit"
 # PUBACK reason codes (MQTT 5) that say "not now" rather than "never": unspecified error,
 # implementation specific error (both what an overloaded broker says), packet identifier
@@ -58,28 +56,12 @@ _TRANSIENT = frozenset((0x80, 0x83, 0x91, 0x97))
 _TRANSIENT_RETRY_SECONDS = 5.0
 
 
-class CommandTarget(Protocol):
-    """What remote commands may touch on the node (the daemon implements it)."""
-
-    def refresh(self) -> None: ...
-
-    async def run_checks(self) -> str: ...
-
-    def set_remediation_mode(self, mode: str) -> str: ...
-
-    async def reset_gpu(self, bus_id: str) -> str: ...
-
-
 @dataclass(frozen=True, slots=True)
 class Refusal:
     """The broker refused a publish: why, and whether trying again later can succeed."""
 
     reason: str
     transient: bool
-
-
-class CommandRefusedError(Exception):
-    """A well-formed command the node will not carry out; the text says why."""
 
 
 def _health_key(snapshot: NodeSnapshot) -> tuple[object, ...]:
@@ -129,10 +111,14 @@ class Reporter:
         self._publish_lock = asyncio.Lock()
         self._refused: Any = None  # the broker's reason code for refusing our publish
         self._decisions: dict[str, asyncio.Future[dict[str, Any]]] = {}
-        self._seen_commands: OrderedDict[str, None] = OrderedDict()
-        self._command_tasks: set[asyncio.Task[None]] = set()
-        self._command_lock = asyncio.Lock()
-        self.target: CommandTarget | None = None
+        self._commands = Commands(
+            config,
+            node,
+            cluster,
+            reply=lambda reply: self._enqueue(reply["id"], "replies", reply),
+            acknowledged=self._acknowledged,
+            decisions=self._decisions,
+        )
         self._shutting_down = False
         self.connected = False
         self.connections = 0
@@ -140,8 +126,6 @@ class Reporter:
         self.acknowledged = 0
         self.disconnects: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()
-        self.rejected_commands: Counter[str] = Counter()
-        self.commands: Counter[str] = Counter()
 
     # --- fed by the daemon, on the event loop ------------------------------------------
 
@@ -454,113 +438,28 @@ class Reporter:
             payload = message.payload
             if not isinstance(payload, bytes | bytearray):
                 payload = str(payload).encode()
-            self.handle_command(payload)
-
-    def _reject(self, reason: str, detail: str) -> None:
-        if not self.rejected_commands[reason]:
-            log.warning("rejected a command from the broker (%s): %s", reason, detail)
-        self.rejected_commands[reason] += 1
+            self._commands.handle(payload)
 
     def handle_command(self, payload: bytes | bytearray) -> asyncio.Task[None] | None:
-        """Act on one message from ``.../cmd``; a command to run gets a task of its own
-        (returned), so cordon decisions are never stuck behind a slow command."""
-        message = self._accepted(payload)
-        if message is None:
-            return None
-        if message["type"] == "ack":
-            task = asyncio.get_running_loop().create_task(self._acknowledged(message["ids"]))
-            self._command_tasks.add(task)
-            task.add_done_callback(self._command_tasks.discard)
-            return task
-        if message["type"] == "cordon_decision":
-            self.commands["cordon_decision"] += 1
-            future = self._decisions.get(message["request_id"])
-            if future is not None and not future.done():
-                future.set_result(message)
-            return None
-        if message["type"] != "command" or message["command"] not in schema.COMMANDS:
-            self._reject("not_allowed", f"{message['type']} {message.get('command')!r}")
-            return None
-        task = asyncio.get_running_loop().create_task(self._run_command(message))
-        # Held until done (the loop keeps only weak references); outlives a reconnect,
-        # since its reply goes through the spool.
-        self._command_tasks.add(task)
-        task.add_done_callback(self._command_tasks.discard)
-        return task
+        return self._commands.handle(payload)
 
-    def _accepted(self, payload: bytes | bytearray) -> dict[str, Any] | None:
-        """The message, if it is well-formed, for this node, fresh and not seen before."""
-        try:
-            message = schema.decode(payload, max_bytes=self.config.max_command_bytes)
-        except schema.PayloadError as exc:
-            self._reject(exc.reason, exc.detail)
-            return None
-        if message["node"] != self.node or message["cluster"] != self.cluster:
-            self._reject("foreign", f"addressed to {message['cluster']}/{message['node']}")
-            return None
-        if message["type"] == "ack":
-            return message  # not a command: no age limit, and no room taken among their ids
-        # A command queued for a node that was away (its session outlives an outage)
-        # must not run whenever the node comes back.
-        age = time.time() - message["time"]
-        if message["type"] == "command" and abs(age) > self.config.max_command_age_seconds:
-            self._reject("expired", f"{message.get('command')!r} sent {age:.0f} s ago")
-            return None
-        if message["id"] in self._seen_commands:
-            return None  # QoS 1 may deliver twice: act once
-        self._seen_commands[message["id"]] = None
-        while len(self._seen_commands) > _SEEN_COMMANDS:
-            self._seen_commands.popitem(last=False)
-        return message
-
-    async def _acknowledged(self, ids: list[object]) -> None:
+    async def _acknowledged(self, ids: list[str]) -> None:
         """The aggregator stored these messages: they leave the spool."""
-        self.acknowledged += await self.outbox.acknowledge([i for i in ids if isinstance(i, str)])
+        self.acknowledged += await self.outbox.acknowledge(ids)
 
-    async def _run_command(self, message: dict[str, Any]) -> None:
-        command, args = str(message["command"]), message["args"]
-        self.commands[command] += 1
-        # One command at a time, in arrival order, as before they ran on the read loop.
-        async with self._command_lock:
-            try:
-                detail = await self._dispatch(command, args)
-                ok = True
-            except CommandRefusedError as exc:
-                detail, ok = str(exc), False
-                log.warning("refused remote command %s: %s", command, detail)
-            except Exception as exc:  # noqa: BLE001 - every command gets a reply
-                detail, ok = f"failed: {exc!r}", False
-                log.warning("remote command %s failed: %r", command, exc)
-        reply = schema.reply_message(self.node, self.cluster, message["id"], ok=ok, detail=detail)
-        self._enqueue(reply["id"], "replies", reply)
+    # What tests and the daemon reach: the command handler's own.
+    @property
+    def target(self) -> CommandTarget | None:
+        return self._commands.target
 
-    async def _dispatch(self, command: str, args: dict[str, Any]) -> str:
-        target = self.target
-        if target is None:
-            raise CommandRefusedError("the node is not ready for commands")
-        if command == "refresh":
-            target.refresh()
-            return "refresh requested"
-        if command == "run_checks":
-            return await target.run_checks()
-        if command == "set_remediation_mode":
-            mode = args.get("mode")
-            if not isinstance(mode, str):
-                raise CommandRefusedError("missing or invalid argument")
-            try:
-                return target.set_remediation_mode(mode)
-            except ValueError as exc:
-                raise CommandRefusedError(str(exc)) from None
-        if command == "reset_gpu":
-            return await self._reset(target, args.get("gpu"))
-        # "cordon_decision" as a plain command: decisions come as their own message type.
-        raise CommandRefusedError(f"{command} is not a command this node runs")
+    @target.setter
+    def target(self, target: CommandTarget | None) -> None:
+        self._commands.target = target
 
-    async def _reset(self, target: CommandTarget, gpu: object) -> str:
-        if not self.config.allow_remote_reset:
-            raise CommandRefusedError(
-                "remote GPU resets are disabled on this node (outputs.mqtt.allow_remote_reset)"
-            )
-        if not isinstance(gpu, str):
-            raise CommandRefusedError("reset_gpu needs args.gpu, a PCI bus id")
-        return await target.reset_gpu(gpu)
+    @property
+    def commands(self) -> Counter[str]:
+        return self._commands.received
+
+    @property
+    def rejected_commands(self) -> Counter[str]:
+        return self._commands.rejected

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable
 
 from gpuagent.config import Config
-from gpuagent.fleet.reporter import CommandRefusedError
+from gpuagent.fleet.commands import CommandRefusedError
 from gpuagent.model import NodeSnapshot, RemediationStatus
 from gpuagent.remediation.aggregator import Ask
 from gpuagent.remediation.audit import AuditError, AuditStore
