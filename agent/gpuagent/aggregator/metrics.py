@@ -40,52 +40,67 @@ class FleetCollector(Collector):
         yield from self._nodes(now)
         yield from self._messages()
         yield from self._cordons(now)
-        up = GaugeMetricFamily(
-            "gpuagent_fleet_mqtt_connected", "1 while the aggregator is connected to the broker."
-        )
-        up.add_metric([], 1.0 if self.state.connected else 0.0)
-        yield up
-        acknowledged = CounterMetricFamily(
-            "gpuagent_fleet_messages_acknowledged",
-            "Node messages (events, action records, replies) acknowledged to their node once "
-            "stored, so that its spool drops them.",
-        )
-        acknowledged.add_metric([], float(self.state.counters.acknowledged))
-        yield acknowledged
-        pending = GaugeMetricFamily(
-            "gpuagent_fleet_store_pending_rows",
-            "Rows queued for the fleet database, not yet committed.",
-        )
-        pending.add_metric([], float(self.store.pending()))
-        yield pending
-        errors = CounterMetricFamily(
-            "gpuagent_fleet_store_write_errors",
-            "Write-behind transactions the fleet database refused; their rows were then "
-            "written one by one.",
-        )
-        errors.add_metric([], float(self.store.write_errors))
-        yield errors
+        store, counters = self.store, self.state.counters
+        # (family, name, help, value) of every family without labels.
+        single: list[tuple[type[GaugeMetricFamily | CounterMetricFamily], str, str, float]] = [
+            (
+                GaugeMetricFamily,
+                "gpuagent_fleet_mqtt_connected",
+                "1 while the aggregator is connected to the broker.",
+                1.0 if self.state.connected else 0.0,
+            ),
+            (
+                CounterMetricFamily,
+                "gpuagent_fleet_messages_acknowledged",
+                (
+                    "Node messages (events, action records, replies) acknowledged to their node "
+                    "once stored, so that its spool drops them."
+                ),
+                counters.acknowledged,
+            ),
+            (
+                GaugeMetricFamily,
+                "gpuagent_fleet_store_pending_rows",
+                "Rows queued for the fleet database, not yet committed.",
+                store.pending(),
+            ),
+            (
+                CounterMetricFamily,
+                "gpuagent_fleet_store_write_errors",
+                (
+                    "Write-behind transactions the fleet database refused; their rows were then "
+                    "written one by one."
+                ),
+                store.write_errors,
+            ),
+            (
+                CounterMetricFamily,
+                "gpuagent_fleet_store_batches_retried",
+                (
+                    "Write-behind batches the fleet database could not take at all (locked, I/O "
+                    "error, full disk); kept queued, unacknowledged, and tried again."
+                ),
+                store.batches_retried,
+            ),
+            (
+                CounterMetricFamily,
+                "gpuagent_fleet_store_prune_errors",
+                "Failed prunes of the fleet database's history; tried again at the next interval.",
+                store.prune_errors,
+            ),
+        ]
+        for family_type, name, help_text, value in single:
+            family = family_type(name, help_text)
+            family.add_metric([], float(value))
+            yield family
         dropped = CounterMetricFamily(
             "gpuagent_fleet_store_rows_dropped",
             "Rows the fleet database refused even on their own, and dropped, by table.",
             labels=["table"],
         )
-        for table, count in sorted(self.store.rows_dropped.items()):
+        for table, count in sorted(store.rows_dropped.items()):
             dropped.add_metric([table], float(count))
         yield dropped
-        retried = CounterMetricFamily(
-            "gpuagent_fleet_store_batches_retried",
-            "Write-behind batches the fleet database could not take at all (locked, I/O "
-            "error, full disk); kept queued, unacknowledged, and tried again.",
-        )
-        retried.add_metric([], float(self.store.batches_retried))
-        yield retried
-        prune = CounterMetricFamily(
-            "gpuagent_fleet_store_prune_errors",
-            "Failed prunes of the fleet database's history; tried again at the next interval.",
-        )
-        prune.add_metric([], float(self.store.prune_errors))
-        yield prune
 
     def _nodes(self, now: float) -> Iterable[Metric]:
         health: Counter[tuple[str, str]] = Counter()

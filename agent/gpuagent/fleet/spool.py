@@ -286,11 +286,9 @@ class ThreadedSpool:
     ) -> None:
         self.path = path
         self._disk = disk
-        self._options = {
-            "max_bytes": max_bytes,
-            "max_age_seconds": max_age_seconds,
-            "wall_clock": wall_clock,
-        }
+        self._opener = functools.partial(
+            Spool, path, max_bytes=max_bytes, max_age_seconds=max_age_seconds, wall_clock=wall_clock
+        )
         self._spool: Spool | None = None
         self.error = ""  # why the spool cannot be opened or written, while it cannot
 
@@ -302,9 +300,7 @@ class ThreadedSpool:
         """Open the spool if it is not open yet; whether it is. Never raises."""
         if self._spool is None:
             try:
-                self._spool = await self._disk.run(
-                    functools.partial(Spool, self.path, **self._options)  # type: ignore[arg-type]
-                )
+                self._spool = await self._disk.run(self._opener)
                 self.error = ""
             except SpoolError as exc:
                 self.error = str(exc)
