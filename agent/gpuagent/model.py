@@ -106,6 +106,24 @@ class GpuProcess:
     used_mib: float | None
 
 
+# Profiling values, keyed by DCGM field id number (DCGM_FI_PROF_GR_ENGINE_ACTIVE is 1001,
+# DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL 449, ...), in DCGM's units: ratios 0-1 for activity,
+# bytes per second for PCIe and NVLink traffic. Field numbers, not names, since DCGM
+# renamed many field constants between versions while keeping their numbers.
+ProfilingValues = tuple[tuple[int, float], ...]
+ProfilingSource = Literal["gpm", "dcgm"]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProfiling:
+    """One GPU's, or one MIG GPU instance's, profiling values and what measured them."""
+
+    source: ProfilingSource
+    values: ProfilingValues
+    gpu_instance_id: int | None = None  # MIG GPU instance; None: the whole GPU
+    gpu_instance_profile: str | None = None  # "1g.10gb", with gpu_instance_id
+
+
 @dataclass(frozen=True, slots=True)
 class GpuReadings:
     """One poll of one GPU. ``None`` means the GPU does not support the value."""
@@ -175,6 +193,9 @@ class GpuReadings:
     throttle_sw_thermal_ns: int | None = None
     throttle_hw_thermal_ns: int | None = None
     throttle_hw_power_brake_ns: int | None = None
+    # NVML GPM (Hopper and later): the whole GPU first, then each MIG GPU instance; empty
+    # where the GPU has no GPM, so such a GPU exports no profiling series at all.
+    profiling: tuple[GpuProfiling, ...] = ()
 
 
 GpuStatus = Literal["ok", "lost", "timeout", "error"]
@@ -228,6 +249,71 @@ class SourceStatus:
     last_error: str | None = None
     last_duration_seconds: float | None = None
     consecutive_failures: int = 0
+
+
+# --- DCGM: health incidents, profiling for GPUs without GPM, diagnostics ---------------------
+
+DcgmState = Literal["absent", "down", "up"]
+
+
+@dataclass(frozen=True, slots=True)
+class DcgmIncident:
+    """One incident of `dcgmHealthCheck`: DCGM's verdict on one system of one GPU."""
+
+    system: str  # "pcie", "memory", "inforom", "thermal", "power", "nvlink", "nvswitch", ...
+    severity: Severity  # DCGM_HEALTH_RESULT_WARN → WARN, _FAIL → CRITICAL
+    code: str  # DCGM's error code name, "DCGM_FR_..."
+    message: str
+    gpu: str | None = None  # PCI bus id; None for an entity that is not a GPU
+
+
+@dataclass(frozen=True, slots=True)
+class DcgmStatus:
+    """The DCGM source's state: "absent" (no bindings), "down" (host engine unreachable,
+    reconnecting) or "up"."""
+
+    state: DcgmState
+    detail: str = ""
+    version: str | None = None  # of the bindings / host engine, when known
+    hostengine: str | None = None  # "embedded", or the address connected to
+    incidents: tuple[DcgmIncident, ...] = ()
+    # Profiling values for GPUs GPM does not cover, by PCI bus id.
+    profiling: tuple[tuple[str, GpuProfiling], ...] = ()
+
+
+DiagOutcome = Literal["pass", "fail", "warn", "skip", "notrun"]
+
+
+@dataclass(frozen=True, slots=True)
+class DiagTest:
+    """One test of a DCGM diagnostic, for one GPU (or the whole system when ``gpu`` is None)."""
+
+    name: str  # DCGM's test name: "software", "pcie", "memory", "diagnostic", ...
+    outcome: DiagOutcome
+    gpu: int | None = None  # DCGM's GPU id (the NVML index)
+    info: str = ""  # DCGM's message for a failure or warning
+
+
+@dataclass(frozen=True, slots=True)
+class DiagResult:
+    """One run of `dcgmi diag -r <level>` or the bindings' dcgmActionValidate_v2."""
+
+    level: int  # 1 quick, 2 medium, 3 long
+    gpus: tuple[int, ...]  # the GPU ids tested
+    started: float  # wall clock
+    finished: float
+    via: Literal["bindings", "dcgmi"]
+    tests: tuple[DiagTest, ...] = ()
+    error: str = ""  # why the diagnostic could not run at all; a failure too
+
+    @property
+    def passed(self) -> bool:
+        return not self.error and all(t.outcome != "fail" for t in self.tests)
+
+    def failures(self, gpu: int | None = None) -> tuple[DiagTest, ...]:
+        return tuple(
+            t for t in self.tests if t.outcome == "fail" and (gpu is None or t.gpu == gpu)
+        )
 
 
 # --- kernel log, events and the PCIe bus ---------------------------------------------------
@@ -409,6 +495,8 @@ class NodeSnapshot:
     remediation: RemediationStatus | None = None
     mqtt: MqttStatus | None = None
     inventory: NodeInventory | None = None
+    dcgm: DcgmStatus | None = None  # None: the DCGM source is not configured
+    diag: tuple[DiagResult, ...] = ()  # the latest diagnostic of each level, oldest first
 
     def gpu(self, pci_bus_id: str) -> GpuState | None:
         return next((g for g in self.gpus if g.identity.pci_bus_id == pci_bus_id), None)
