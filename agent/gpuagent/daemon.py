@@ -22,6 +22,7 @@ from gpuagent import __version__
 from gpuagent.api import ApiServer
 from gpuagent.config import Config
 from gpuagent.daemon_api import AgentApi
+from gpuagent.dcgm.control import DcgmControl
 from gpuagent.diskio import DiskThread
 from gpuagent.events import EventLog
 from gpuagent.fleet.reporter import Reporter
@@ -75,6 +76,9 @@ class Agent:
         self._reporter: Reporter | None = None
         # The state directory's databases (spool, audit trail) commit on this thread.
         self._disk = DiskThread()
+        # DCGM, when its bindings are installed: what remediation and `gpuagent diag` run
+        # DCGM's diagnostic through.
+        self.dcgm: DcgmControl | None = None
         # The components, wired once: each reaches the others only through what it gets here.
         trackers = {"nvml": SourceTracker("nvml")}  # in the order the snapshot lists them
         self.remediation = RemediationScheduler()
