@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from gpuagent.inventory.kernels import read_kernel_modules
 from gpuagent.inventory.model import (
     KNOWN_MODULES,
     UNKNOWN_DRIVER,
@@ -152,13 +153,21 @@ def collect_host(
     *,
     services: tuple[Service, ...] = (),
     library_dirs: tuple[Path, ...] = (),
+    modules_root: Path | None = None,
+    dkms_root: Path = Path("/var/lib/dkms"),
 ) -> HostFacts:
+    """``modules_root``: where installed kernels keep their modules (/lib/modules); None:
+    installed kernels are not looked at."""
+    kernel_release = _read(proc_root / "sys" / "kernel" / "osrelease") or None
     return HostFacts(
         pci=read_pci_functions(sys_root),
         modules=read_modules(sys_root, required_modules),
         module_version=_read(sys_root / "module" / "nvidia" / "version") or None,
         library_version=read_library_version(library_dirs),
-        kernel_release=_read(proc_root / "sys" / "kernel" / "osrelease") or None,
+        kernel_release=kernel_release,
+        kernels=()
+        if modules_root is None
+        else read_kernel_modules(modules_root, dkms_root, kernel_release),
         os_release=read_os_release(os_release),
         services=services,
         collected_at=time.time(),

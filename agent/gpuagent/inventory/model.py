@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -42,6 +43,29 @@ NVIDIA_DRIVER = "nvidia"
 UNKNOWN_DRIVER = "unknown"
 # Kernel modules reported whether or not they are required.
 KNOWN_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem")
+_VERSION_PART_RE = re.compile(r"(\d+)|(\D+)")
+
+
+@dataclass(frozen=True, slots=True)
+class KernelModuleState:
+    """One installed kernel: whether an nvidia module is installed or built for it."""
+
+    release: str
+    has_nvidia: bool | None  # None: the kernel's module tree could not be read
+    where: str = ""  # the module's path relative to the kernel's tree, or the DKMS build
+
+
+def version_key(release: str) -> tuple[tuple[int, str], ...]:
+    """Sort key for kernel releases: numbers compare as numbers ("6.1.0-28" after
+    "6.1.0-9"), so the last release sorted is the newest installed."""
+    return tuple(
+        (int(number), "") if number else (-1, text)
+        for number, text in _VERSION_PART_RE.findall(release)
+    )
+
+
+def newest(states: tuple[KernelModuleState, ...]) -> KernelModuleState | None:
+    return max(states, key=lambda s: version_key(s.release), default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +96,9 @@ class HostFacts:
     # even when NVML cannot start.
     library_version: str | None = None
     kernel_release: str | None = None
+    # Every installed kernel and whether it has an nvidia module, oldest first (see
+    # gpuagent.inventory.kernels); () when not read.
+    kernels: tuple[KernelModuleState, ...] = ()
     os_release: str | None = None  # PRETTY_NAME
     services: tuple[Service, ...] = ()
     collected_at: float = 0.0  # wall clock
@@ -84,6 +111,10 @@ class HostFacts:
         if any(loaded is None for _, loaded in self.modules):
             return None
         return tuple(sorted(name for name, loaded in self.modules if loaded))
+
+    @property
+    def newest_kernel(self) -> KernelModuleState | None:
+        return newest(self.kernels)
 
     def service(self, name: str) -> ServiceState:
         return next((s.state for s in self.services if s.name == name), "unknown")
@@ -180,6 +211,7 @@ class NodeInventory:
             "library_version": host.library_version,
             "modules": dict(host.modules),
             "kernel_release": host.kernel_release,
+            "kernels": {k.release: k.has_nvidia for k in host.kernels},
             "os_release": host.os_release,
             "services": {s.name: s.state for s in host.services},
             "gpus_expected": self.expected_gpus or None,

@@ -82,6 +82,8 @@ class InventoryKeeper:
                     tuple(config.expected.modules),
                     services=services,
                     library_dirs=tuple(config.library_dirs),
+                    modules_root=config.modules_root,
+                    dkms_root=config.dkms_root,
                 )
         except (OSError, TimeoutError) as exc:
             tracker.failure(time.monotonic() - started, str(exc) or type(exc).__name__)

@@ -13,12 +13,17 @@ from gpuagent.inventory.model import (
     KNOWN_MODULES,
     PERSISTENCED,
     HostFacts,
+    KernelModuleState,
     PciFunction,
     Service,
+    version_key,
 )
 from gpuagent.sim import hardware
 from gpuagent.sim.profiles import GpuProfile, PciSlot
 from gpuagent.sim.scenario import NodeSpec
+
+# Where a DKMS build puts the module in a kernel's tree.
+_DKMS_MODULE = "updates/dkms/nvidia.ko"
 
 
 def _address(slot: PciSlot) -> str:
@@ -62,6 +67,14 @@ def host_facts(
         # The user-space driver is driver_version's, unless it is not installed at all.
         library_version=None if spec.init_error == "library_not_found" else spec.driver_version,
         kernel_release=spec.kernel_release,
+        kernels=tuple(
+            KernelModuleState(
+                release,
+                has_nvidia=release not in spec.kernels_without_module,
+                where="" if release in spec.kernels_without_module else _DKMS_MODULE,
+            )
+            for release in sorted({spec.kernel_release, *spec.installed_kernels}, key=version_key)
+        ),
         os_release=spec.os_release,
         services=(
             Service(PERSISTENCED, spec.persistenced),

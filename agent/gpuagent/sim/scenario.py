@@ -68,6 +68,10 @@ class NodeSpec:
     persistenced: ServiceState = "active"
     fabricmanager: ServiceState = "not_installed"
     kernel_release: str = "6.1.0-18-amd64"
+    # Kernels installed besides the running one (a kernel update awaiting its reboot), and
+    # those of all installed kernels that have no nvidia module (DKMS did not build it).
+    installed_kernels: list[str] = field(default_factory=list)
+    kernels_without_module: list[str] = field(default_factory=list)
     os_release: str = "Debian GNU/Linux 12 (bookworm)"
     # An `nvidia-smi -q` (or `-q -x`) capture to serve instead (relative to the scenario
     # file): the capture describes the node, so no other [node] key may be set with it.
@@ -272,6 +276,9 @@ def _check_node(node: NodeSpec, resolved: NodeHardware, text: str) -> None:
          problem or ""),
         ("fabric_state", node.fabric_state != "not_supported" and not profile.fabric,
          f"the {profile.name} is not in an NVSwitch fabric"),
+        ("kernels_without_module", not set(node.kernels_without_module)
+         <= {node.kernel_release, *node.installed_kernels},
+         "must name node.kernel_release or node.installed_kernels"),
     )  # fmt: skip
     for key, bad, message in problems:
         if bad:

@@ -76,6 +76,10 @@ class InventorySection:
         ]
     )
     systemctl: str = "systemctl"
+    # Installed kernels (one directory each) and DKMS builds: a kernel that the next boot
+    # may start without an nvidia module is reported before the reboot.
+    modules_root: Path = Path("/lib/modules")
+    dkms_root: Path = Path("/var/lib/dkms")
     # Record the first healthy inventory as the baseline (in agent.state_dir) and report
     # any later change from it (a GPU fewer than learned when expected.gpus is 0).
     learn: bool = False
