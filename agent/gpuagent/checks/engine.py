@@ -25,6 +25,7 @@ from gpuagent.checks.inventory import (
     check_fabric,
     check_firmware,
     check_gpu_count,
+    check_kernel_module,
     check_mig_layout,
     check_persistence_mode,
     check_services,
@@ -126,6 +127,7 @@ INVENTORY_NODE_CHECKS: tuple[InventoryNodeCheck, ...] = (
     # Is everything there and loaded, then is it running, then is it the right version.
     InventoryNodeCheck("gpu_count", check_gpu_count),
     InventoryNodeCheck("driver", check_driver),
+    InventoryNodeCheck("kernel_module", check_kernel_module),
     InventoryNodeCheck("fabric", check_fabric),
     InventoryNodeCheck("services", check_services),
     InventoryNodeCheck("firmware", check_firmware),

@@ -174,6 +174,52 @@ def check_driver(view: InventoryView) -> Outcome:
     return Outcome(ok, evidence, tuple(problems))
 
 
+# --- kernel_module -----------------------------------------------------------------------
+
+
+def check_kernel_module(view: InventoryView) -> Outcome:
+    """The newest installed kernel, which the next boot usually starts, and the running
+    one must each have an nvidia module on disk, or that boot (or a module reload) comes
+    up with no GPU at all."""
+    host = view.inventory.host
+    newest = host.newest_kernel
+    missing = [k.release for k in host.kernels if k.has_nvidia is False]
+    evidence: Evidence = (
+        ("running_kernel", host.kernel_release),
+        ("newest_kernel", None if newest is None else newest.release),
+        ("kernels_without_module", ",".join(missing) or None),
+    )
+    if newest is None:
+        return Outcome("installed kernels not read", evidence)
+    problems: list[Problem] = []
+    if newest.has_nvidia is False:
+        running = " (running)" if newest.release == host.kernel_release else ""
+        problems.append(
+            Problem(
+                Severity.WARN,
+                f"newest kernel {newest.release}{running} has no nvidia module: "
+                "the next boot into it loses every GPU",
+                Action.INSTALL_DRIVER,
+                Runbook.NODE_KERNEL_WITHOUT_MODULE,
+            )
+        )
+    if host.kernel_release in missing and host.kernel_release != newest.release:
+        problems.append(
+            Problem(
+                Severity.WARN,
+                f"running kernel {host.kernel_release} has no nvidia module on disk: "
+                "a reboot into it or a module reload loses every GPU",
+                Action.INSTALL_DRIVER,
+                Runbook.NODE_KERNEL_WITHOUT_MODULE,
+            )
+        )
+    if newest.has_nvidia is None:
+        ok = f"newest kernel {newest.release}: its modules cannot be read"
+    else:
+        ok = f"newest kernel {newest.release} has an nvidia module"
+    return Outcome(ok, evidence, tuple(problems))
+
+
 # --- firmware ----------------------------------------------------------------------------
 
 

@@ -83,6 +83,7 @@ class Runbook(enum.StrEnum):
     NODE_GPU_MISSING_DRIVER = "node-gpu-missing-driver"
     NODE_GPU_MISSING_PCI = "node-gpu-missing-pci"
     NODE_DRIVER_MODULE = "node-driver-module"
+    NODE_KERNEL_WITHOUT_MODULE = "node-kernel-without-module"
     NODE_GSP_FIRMWARE_MISMATCH = "node-gsp-firmware-mismatch"
     NODE_PERSISTENCED_DOWN = "node-persistenced-down"
     NODE_FABRIC_MANAGER = "node-fabric-manager"
