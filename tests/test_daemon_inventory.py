@@ -274,6 +274,21 @@ CASES: list[tuple[str, str, str, set[tuple[int | None, str, str, str]], int]] = 
         {(None, "drift", "WARN", "node-inventory-drift")},
         1,
     ),
+    (
+        "kernel-update-without-module",
+        H100.format(gpus=2)
+        + 'installed_kernels = ["6.1.0-28-amd64"]\nkernels_without_module = ["6.1.0-28-amd64"]\n',
+        "",
+        {(None, "kernel_module", "WARN", "node-kernel-without-module")},
+        1,
+    ),
+    (
+        "kernel-update-with-module",
+        H100.format(gpus=2) + 'installed_kernels = ["6.1.0-28-amd64"]\n',
+        "",
+        set(),
+        0,
+    ),
 ]
 
 

@@ -32,7 +32,7 @@ from gpuagent.inventory.collect import (
     read_os_release,
     read_pci_functions,
 )
-from gpuagent.inventory.model import UNKNOWN_DRIVER
+from gpuagent.inventory.model import UNKNOWN_DRIVER, KernelModuleState
 from gpuagent.inventory.services import parse_show, read_services
 from gpuagent.metrics.inventory import inventory_families
 from gpuagent.model import GpuIdentity, GpuReadings, GpuState, NvmlStatus, Severity
@@ -552,6 +552,23 @@ def test_inventory_metrics_leave_out_what_is_not_known() -> None:
     assert found["gpuagent_nvswitches_seen"] == []
     assert found["gpuagent_kernel_module_loaded"] == []
     assert _families(None) == {}
+
+
+def test_installed_kernels_are_exported_with_the_newest_and_running_marked() -> None:
+    host = dataclasses.replace(
+        HOST,
+        kernel_release="6.1.0-18-amd64",
+        kernels=(
+            KernelModuleState("6.1.0-18-amd64", has_nvidia=True),
+            KernelModuleState("6.1.0-21-amd64", has_nvidia=None),
+            KernelModuleState("6.1.0-28-amd64", has_nvidia=False),
+        ),
+    )
+    found = _families(build_inventory(host, STATUS, (), "1.2.3"))
+    assert found["gpuagent_kernel_nvidia_module_installed"] == [
+        ({"kernel": "6.1.0-18-amd64", "newest": "false", "running": "true"}, 1.0),
+        ({"kernel": "6.1.0-28-amd64", "newest": "true", "running": "false"}, 0.0),
+    ]
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from gpuagent.inventory.model import NodeInventory, fingerprint, fingerprint_hash
+from gpuagent.inventory.model import HostFacts, NodeInventory, fingerprint, fingerprint_hash
 from gpuagent.metrics import names
 
 GpuLabels = Callable[[str], tuple[str, ...]]
@@ -64,11 +64,25 @@ def inventory_families(inventory: NodeInventory | None, gpu_labels: GpuLabels) -
         # Served as 0 too, so an alert can subtract it from the PCI count.
         seen.add_metric(["pci_other_driver"], float(len(inventory.gpus_on_other_drivers())))
         nvswitches.add_metric([], float(switches))
+    return [node, gpus, wanted, seen, nvswitches, *_host_families(inventory.host)]
+
+
+def _host_families(host: HostFacts) -> list[Metric]:
+    """Kernel modules loaded, installed kernels with or without the driver, services."""
     modules = _gauge(names.KERNEL_MODULE_LOADED)
     for module, loaded in host.modules:
         if loaded is not None:  # /sys/module unreadable: no series rather than a false 0
             modules.add_metric([module], float(loaded))
+    kernels = _gauge(names.KERNEL_NVIDIA_MODULE_INSTALLED)
+    newest = host.newest_kernel
+    for kernel in host.kernels:
+        if kernel.has_nvidia is not None:  # unreadable: no series rather than a false 0
+            flags = (kernel is newest, kernel.release == host.kernel_release)
+            kernels.add_metric(
+                [kernel.release, *("true" if flag else "false" for flag in flags)],
+                float(kernel.has_nvidia),
+            )
     services = _gauge(names.SERVICE_STATE)
     for service in host.services:
         services.add_metric([service.name, service.state], 1.0)
-    return [node, gpus, wanted, seen, nvswitches, modules, services]
+    return [modules, kernels, services]

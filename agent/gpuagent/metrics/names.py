@@ -420,6 +420,12 @@ KERNEL_MODULE_LOADED = MetricSpec(
     "1 if the NVIDIA kernel module is loaded, 0 if not; absent when /sys/module cannot be read.",
     ("module",),
 )
+KERNEL_NVIDIA_MODULE_INSTALLED = MetricSpec(
+    "gpuagent_kernel_nvidia_module_installed",
+    "1 if the installed kernel has an nvidia module (in its tree or built by DKMS), 0 if "
+    'not; newest="true" marks the kernel a default boot starts, running="true" the one running.',
+    ("kernel", "newest", "running"),
+)
 SERVICE_STATE = MetricSpec(
     "gpuagent_service_state",
     "1 for the service's current state (active, inactive, failed, not_installed, masked, "
