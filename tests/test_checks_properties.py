@@ -33,6 +33,7 @@ from gpuagent.model import (
     GpuEvent,
     GpuIdentity,
     GpuProcess,
+    GpuProfiling,
     GpuReadings,
     GpuState,
     NvmlInitProblem,
@@ -64,6 +65,17 @@ def _field_strategy(hint: Any) -> st.SearchStrategy[Any]:
         tuple[GpuProcess, ...]: st.lists(
             st.builds(
                 GpuProcess, pid=st.integers(1, 2**22), name=st.just("job"), used_mib=st.none()
+            ),
+            max_size=2,
+        ).map(tuple),
+        # No check judges profiling values; any of them must leave every check well-behaved.
+        tuple[GpuProfiling, ...]: st.lists(
+            st.builds(
+                GpuProfiling,
+                source=st.just("gpm"),
+                values=st.lists(st.tuples(st.integers(1001, 1016), ANY_FLOAT), max_size=4).map(
+                    tuple
+                ),
             ),
             max_size=2,
         ).map(tuple),

@@ -22,6 +22,7 @@ from test_metrics_support import (
     DRIVER,
     degraded_snapshot,
     exposition,
+    profiled_snapshot,
     registry_for,
     samples,
     snapshot,
@@ -58,7 +59,8 @@ DCGM_FI_PROF_PCIE_TX_BYTES,gauge,The rate of data transmitted over the PCIe bus 
 DCGM_FI_PROF_PCIE_RX_BYTES,gauge,The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second.
 """  # noqa: E501 - a verbatim copy
 
-# The rows dcgm-exporter ships commented out that NVML alone can serve.
+# The rows dcgm-exporter ships commented out that NVML alone can serve (the profiling rows
+# from GPM on Hopper and later, or from DCGM on older GPUs).
 OPTIONAL_COUNTERS = """\
 name,type,help
 DCGM_FI_DEV_ECC_SBE_VOL_TOTAL,counter,Total number of single-bit volatile ECC errors.
@@ -72,16 +74,15 @@ DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,counter,Total number of NVLink flo
 DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,counter,Total number of NVLink data CRC errors.
 DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,counter,Total number of NVLink retries.
 DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,counter,Total number of NVLink recovery errors.
+DCGM_FI_PROF_SM_ACTIVE,gauge,The ratio of cycles an SM has at least 1 warp assigned.
+DCGM_FI_PROF_SM_OCCUPANCY,gauge,The ratio of number of warps resident on an SM.
+DCGM_FI_PROF_PIPE_FP64_ACTIVE,gauge,Ratio of cycles the fp64 pipes are active.
+DCGM_FI_PROF_PIPE_FP32_ACTIVE,gauge,Ratio of cycles the fp32 pipes are active.
+DCGM_FI_PROF_PIPE_FP16_ACTIVE,gauge,Ratio of cycles the fp16 pipes are active.
 """  # noqa: E501 - a verbatim copy
 
 # Default counters that only DCGM itself can produce.
 NEEDS_DCGM = {
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",  # profiling counters (DCP)
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-    "DCGM_FI_PROF_DRAM_ACTIVE",
-    "DCGM_FI_PROF_PCIE_TX_BYTES",
-    "DCGM_FI_PROF_PCIE_RX_BYTES",
-    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",  # NVLink bandwidth
     "DCGM_FI_DEV_VGPU_LICENSE_STATUS",  # vGPU licensing
 }
 # Default counters that are labels on every DCGM series rather than series of their own.
@@ -108,7 +109,9 @@ def rows(text: str) -> list[dict[str, str]]:
 
 
 def parsed_families():
-    return {f.name: f for f in text_string_to_metric_families(exposition(snapshot()))}
+    # H100s: the profiling series come from GPM.
+    text = exposition(profiled_snapshot())
+    return {f.name: f for f in text_string_to_metric_families(text)}
 
 
 def _expected_series() -> list[dict[str, str]]:
@@ -144,7 +147,7 @@ def test_pcie_link_fields_use_dcgm_field_names():
 
 
 def test_dashboard_queries_find_their_series():
-    found = samples(snapshot())
+    found = samples(profiled_snapshot())
     for query in DASHBOARD_QUERIES:
         for name in re.findall(r"DCGM_\w+", query):
             if name in NEEDS_DCGM:
@@ -202,7 +205,15 @@ def _rich_snapshot():
     return snapshot(gpus=snap.gpus, findings=findings)
 
 
-@pytest.mark.parametrize("snap", [None, snapshot(), _rich_snapshot()], ids=["none", "ok", "rich"])
+_SNAPSHOTS = {
+    "none": None,
+    "ok": snapshot(),
+    "rich": _rich_snapshot(),
+    "profiled": profiled_snapshot((1, "3g.40gb"), (2, "1g.10gb")),
+}
+
+
+@pytest.mark.parametrize("snap", _SNAPSHOTS.values(), ids=_SNAPSHOTS.keys())
 def test_promtool_check_metrics(snap):
     promtool = _promtool()
     text = exposition(snap)

@@ -13,6 +13,7 @@ from gpuagent.model import (
     Finding,
     GpuIdentity,
     GpuProcess,
+    GpuProfiling,
     GpuReadings,
     GpuState,
     GpuStatus,
@@ -188,6 +189,45 @@ def degraded_snapshot() -> NodeSnapshot:
         Finding(check="nvml", severity=Severity.UNKNOWN, reason="error", gpu=BUS_IDS[6]),
     )
     return snapshot(gpus=gpus, findings=findings)
+
+
+# DCGM field ids of the profiling series: the DCGM_FI_PROF_* ratios and byte rates, and
+# DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL.
+PROFILING_RATIOS = (1001, 1002, 1003, 1004, 1005, 1006, 1007, 1008)
+PROFILING_BYTES = (1009, 1010)
+NVLINK_BANDWIDTH = 449
+
+
+def profiling_values(index: int, instance: int = 0) -> tuple[tuple[int, float], ...]:
+    """Every profiling field, each value traceable to its field, GPU and GPU instance."""
+    ratios = tuple(
+        (field, (field - 1000) / 10 + index / 100 + instance / 1000) for field in PROFILING_RATIOS
+    )
+    rates = tuple((field, 1e9 * (field - 1008) + index) for field in PROFILING_BYTES)
+    return (*ratios, *rates, (NVLINK_BANDWIDTH, 5000.0 + index))
+
+
+def gpm(index: int) -> GpuProfiling:
+    return GpuProfiling(source="gpm", values=profiling_values(index))
+
+
+def profiled_snapshot(*mig_instances: tuple[int, str]) -> NodeSnapshot:
+    """The eight H100s with GPM values; GPU 0 also with these MIG GPU instances."""
+    gpus = []
+    for index in range(8):
+        entries = [gpm(index)]
+        if index == 0:
+            entries += [
+                GpuProfiling(
+                    source="gpm",
+                    values=profiling_values(0, gi_id)[:-1],  # NVLink is the whole GPU's
+                    gpu_instance_id=gi_id,
+                    gpu_instance_profile=profile,
+                )
+                for gi_id, profile in mig_instances
+            ]
+        gpus.append(ok_gpu(index, replace(readings(index), profiling=tuple(entries))))
+    return snapshot(gpus=tuple(gpus))
 
 
 def registry_for(snap: NodeSnapshot | None) -> CollectorRegistry:

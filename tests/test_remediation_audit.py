@@ -12,13 +12,7 @@ import pytest
 
 from gpuagent.remediation import audit as audit_module
 from gpuagent.remediation.audit import AuditError, AuditStore
-from gpuagent.remediation.gpu_ops import (
-    GpuOperationError,
-    GpuOps,
-    _holds,
-    nvml_bus_id,
-    parse_dcgm_diag,
-)
+from gpuagent.remediation.gpu_ops import GpuOperationError, GpuOps, _holds, nvml_bus_id
 from gpuagent.remediation.types import PlannedAction
 
 RESET = PlannedAction(
@@ -152,35 +146,6 @@ async def test_a_slow_disk_never_stalls_the_event_loop(
     assert len(store.recent(10)) == 3
     assert max(gaps) < 0.25  # on the loop, each record would be a 0.5 s gap
     store.close()
-
-
-@pytest.mark.parametrize(
-    ("text", "passed", "detail"),
-    [
-        (
-            (
-                '{"DCGM GPU Diagnostic": {"test_categories": [{"category": "Deployment", "tests":'
-                ' [{"name": "Denylist", "results": [{"status": "Pass"}]}, {"name": "NVML Library",'
-                ' "results": [{"status": "Pass"}]}]}]}}'
-            ),
-            True,
-            "passed",
-        ),
-        (
-            (
-                '{"DCGM GPU Diagnostic": {"test_categories": [{"category": "Hardware", "tests":'
-                ' [{"name": "GPU Memory", "results": [{"gpu_id": "1", "status": "Fail"}]}]}]}}'
-            ),
-            False,
-            "GPU Memory",
-        ),
-        ("Error: unable to connect to host engine", False, "no JSON"),
-    ],
-)
-def test_dcgm_diag_reports(text: str, passed: bool, detail: str) -> None:
-    ok, why = parse_dcgm_diag(text)
-    assert ok is passed
-    assert detail in why
 
 
 def test_bus_id_in_nvml_form() -> None:

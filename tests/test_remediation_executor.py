@@ -50,10 +50,9 @@ class Backend:
 
 
 class Ops:
-    def __init__(self, *, fail_reset: bool = False, diag: tuple[bool, str] | None = None) -> None:
+    def __init__(self, *, fail_reset: bool = False) -> None:
         self.calls: list[tuple[str, Any]] = []
         self.fail_reset = fail_reset
-        self.diag = diag
 
     async def enable_persistence(self, bus_id: str) -> str:
         self.calls.append(("persistence", bus_id))
@@ -68,9 +67,6 @@ class Ops:
         if self.fail_reset:
             raise GpuOperationError("Unable to reset this GPU")
         return "reset"
-
-    async def dcgm_diag(self) -> tuple[bool, str] | None:
-        return self.diag
 
     async def device_holders(self, _minor: int | None) -> list[tuple[int, str]]:
         return []
@@ -90,6 +86,7 @@ class Harness:
         self.clock = Clock()
         self.backend = kwargs.pop("backend", Backend())
         self.ops = kwargs.pop("ops", Ops())
+        self.diag = kwargs.pop("diag", None)
         self.section = section
         self.executor = self.make()
 
@@ -100,6 +97,7 @@ class Harness:
             audit=AuditStore(self.path, wall_clock=self.clock),
             backends=[] if self.backend is None else [self.backend],
             ops=self.ops,  # type: ignore[arg-type]
+            diag=self.diag,
             node="gpu-node-07",
             cluster="default",
             simulated=True,
@@ -225,11 +223,14 @@ async def test_gpu_unhealthy_after_reset_escalates(tmp_path: Path) -> None:
 
 
 async def test_failed_dcgm_diagnostic_escalates(tmp_path: Path) -> None:
-    h = Harness(tmp_path, enforce(), ops=Ops(diag=(False, "failed: GPU Memory")))
+    from test_diag_gate import FakeDcgm, runner  # noqa: PLC0415 - the gate's own doubles
+
+    h = Harness(tmp_path, enforce(), diag=runner(FakeDcgm(fail={("memory", 0)})))
     await h.cycle(IDLE)
     for _ in range(3):
         await h.cycle(HEALTHY)
     assert h.results("reset_gpu")[-1] == "escalated"
+    assert "memory (GPU 0)" in h.executor.audit.last("reset_gpu", BUS0, ("escalated",)).detail
 
 
 async def test_power_cap_and_restore_the_limit_from_before(tmp_path: Path) -> None:

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 DEFAULT_CONFIG = Path("/etc/gpuagent/config.toml")
 EXIT_CONFIG_ERROR = 2
 EXIT_UNKNOWN = 3
+EXIT_DIAG_UNAVAILABLE = 2  # `gpuagent diag`: 0 passed, 1 failed, 2 could not be run
+DIAG_POLL_SECONDS = 2.0
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
@@ -208,6 +210,63 @@ def cmd_actions(args: argparse.Namespace) -> int:
             f"{record['reason']}{detail}"
         )
     return 0
+
+
+def cmd_diag(args: argparse.Namespace) -> int:
+    """Start DCGM's diagnostic in the daemon and ask for its result until it is there: a
+    long diagnostic outlasts any one request to the daemon."""
+    import time  # noqa: PLC0415
+
+    from gpuagent.client import ClientError, call  # noqa: PLC0415
+
+    socket = _socket_path(args)
+    gpus = sorted(set(args.gpu or []))
+    try:
+        job = call(socket, "diag", {"level": args.level, "gpus": gpus})
+        while job["state"] == "running":
+            time.sleep(DIAG_POLL_SECONDS)
+            job = call(socket, "diag_result", {"id": job["id"]})
+    except ClientError as exc:
+        _fail(str(exc), EXIT_DIAG_UNAVAILABLE)
+    if args.json:
+        print(json.dumps(job, indent=2))
+    if job["state"] != "done":
+        if not args.json:
+            print(f"gpuagent: diagnostic {job['state']}: {job.get('error', '')}", file=sys.stderr)
+        return EXIT_DIAG_UNAVAILABLE
+    result = job["result"]
+    if not args.json:
+        print(_render_diag(result))
+    return 0 if result["passed"] else 1
+
+
+def _render_diag(result: dict[str, Any]) -> str:
+    """Per-test results per GPU: one row a test, one column a GPU."""
+    tests = result["tests"]
+    gpus = sorted({t["gpu"] for t in tests if t["gpu"] is not None})
+    columns = [
+        *(f"GPU {g}" for g in gpus),
+        *(["node"] if any(t["gpu"] is None for t in tests) else []),
+    ]
+    keys: list[int | None] = [*gpus, *([None] if "node" in columns else [])]
+    names = list(dict.fromkeys(t["name"] for t in tests))
+    outcome = {(t["name"], t["gpu"]): t["outcome"] for t in tests}
+    width = max([len("test"), *(len(n) for n in names)])
+    lines = [
+        f"DCGM diagnostic level {result['level']} via {result['via']}: "
+        + ("PASSED" if result["passed"] else "FAILED"),
+        "  ".join([f"{'test':<{width}}", *(f"{c:<7}" for c in columns)]).rstrip(),
+    ]
+    for name in names:
+        cells = [f"{outcome.get((name, k), '-'):<7}" for k in keys]
+        lines.append("  ".join([f"{name:<{width}}", *cells]).rstrip())
+    if result["error"]:
+        lines.append(f"error: {result['error']}")
+    for test in tests:
+        if test["info"] and test["outcome"] in ("fail", "warn", "skip"):
+            where = "node" if test["gpu"] is None else f"GPU {test['gpu']}"
+            lines.append(f"{test['outcome']}: {test['name']} on {where}: {test['info']}")
+    return "\n".join(lines)
 
 
 def cmd_remediation(args: argparse.Namespace) -> int:
@@ -518,6 +577,24 @@ def _add_remediation_commands(add: Add) -> None:
     actions.add_argument("--limit", type=int, default=50, help="at most this many (newest first)")
     actions.add_argument("--json", action="store_true", help="print JSON")
     actions.set_defaults(func=cmd_actions)
+
+    diag = add(
+        "diag",
+        "run DCGM's diagnostic through the daemon; exit 0 passed, 1 failed, 2 could not run",
+    )
+    _socket_options(diag)
+    diag.add_argument(
+        "--level",
+        type=int,
+        default=1,
+        choices=[1, 2, 3],
+        help="1 quick (seconds), 2 medium (minutes), 3 long (tens of minutes)",
+    )
+    diag.add_argument(
+        "--gpu", type=int, nargs="+", action="extend", metavar="INDEX", help="only these GPUs"
+    )
+    diag.add_argument("--json", action="store_true", help="print JSON")
+    diag.set_defaults(func=cmd_diag)
 
     remediation = add("remediation", "pause or resume remediation (the kill switch), or status")
     _config_option(remediation)

@@ -23,11 +23,12 @@ from gpuagent.api import ApiServer
 from gpuagent.config import Config
 from gpuagent.daemon_api import AgentApi
 from gpuagent.dcgm.control import DcgmControl
+from gpuagent.dcgm.source import DcgmSource
 from gpuagent.diskio import DiskThread
 from gpuagent.events import EventLog
 from gpuagent.fleet.reporter import Reporter
 from gpuagent.metrics import MetricsServer, build_registry
-from gpuagent.model import GpuEvent, NodeSnapshot
+from gpuagent.model import DiagResult, GpuEvent, NodeSnapshot
 from gpuagent.node.inventory import InventoryKeeper
 from gpuagent.node.poller import NvmlPoller
 from gpuagent.node.publisher import SnapshotPublisher
@@ -79,6 +80,14 @@ class Agent:
         # DCGM, when its bindings are installed: what remediation and `gpuagent diag` run
         # DCGM's diagnostic through.
         self.dcgm: DcgmControl | None = None
+        self._dcgm_source: DcgmSource | None = None
+        if config.sources.dcgm.enabled:
+            self._dcgm_source = DcgmSource(
+                config.sources.dcgm,
+                changed=self._schedule_publish,
+                on_event=self.on_event,
+                profiling_wanted=self._gpus_without_gpm,
+            )
         # The components, wired once: each reaches the others only through what it gets here.
         trackers = {"nvml": SourceTracker("nvml")}  # in the order the snapshot lists them
         self.remediation = RemediationScheduler()
@@ -109,6 +118,7 @@ class Agent:
             api=self._api,
             simulated=self.simulator is not None,
         )
+        self.publisher.dcgm = self._dcgm_source
 
     # --- what the components hold, as the API, the tests and the CLI know it ----------------
 
@@ -158,6 +168,17 @@ class Agent:
 
     def _gpu_appeared(self) -> None:
         self.poller.gpu_appeared()
+
+    def _gpus_without_gpm(self) -> frozenset[str]:
+        """Bus ids of the answering GPUs whose NVML poll has no GPM profiling values."""
+        observation = self.poller.last_observation
+        if observation is None:
+            return frozenset()
+        return frozenset(
+            g.identity.pci_bus_id
+            for g in observation.gpus
+            if g.readings is not None and not g.readings.profiling
+        )
 
     def on_event(self, event: GpuEvent) -> None:
         """Every source's events arrive here, on the event loop."""
@@ -255,6 +276,7 @@ class Agent:
             simulator=self.simulator,
             nvml=lambda: self.poller.nvml,
             on_reset=self._on_gpu_reset,
+            dcgm=lambda: self.dcgm,
         )
         self.remediation.remediator = remediator
         if self.reporter is not None:
@@ -272,6 +294,8 @@ class Agent:
             self.inventory.load_baseline()
             self.inventory.may_learn = self.config.inventory.learn
             await self.inventory.refresh()
+        if self._dcgm_source is not None and await self._dcgm_source.load():
+            self.dcgm = self._dcgm_source
         await self.poller.poll_once()
         self.notifier.ready(self.summary())
 
@@ -295,6 +319,8 @@ class Agent:
                 running.append(tasks.create_task(self.sources.run_udev(), name="udev"))
             if self.reporter is not None:
                 running.append(tasks.create_task(self.reporter.run(), name="mqtt"))
+            if self.dcgm is not None and self._dcgm_source is not None:
+                running.append(tasks.create_task(self._dcgm_source.run(), name="dcgm"))
             await self._stop.wait()
             deadline = self._stop_deadline()
             if self.reporter is not None:
@@ -330,6 +356,8 @@ class Agent:
         if self._remediation_task is not None:
             await self._cancel_and_wait([self._remediation_task], deadline)
         await self._until(deadline, self._close_sources(), "closing NVML")
+        if self._dcgm_source is not None:
+            self._dcgm_source.close()
         if self.reporter is not None:
             self.reporter.close()
         if self.remediator is not None:
@@ -407,6 +435,14 @@ class Agent:
         """A remote reset request: through every rail local remediation has (mode, kill
         switch, budgets, no process on the GPU, cordoned first), never around them."""
         return await self.remediation.reset_gpu(bus_id, self.store.current)
+
+    async def run_diag(self, level: int, gpus: tuple[int, ...]) -> DiagResult:
+        """DCGM's diagnostic on request (`gpuagent diag`), audited; the snapshot that follows
+        shows it. Raises DiagUnavailableError when it cannot run here."""
+        try:
+            return await self.remediation.run_diag(level, gpus)
+        finally:
+            self._schedule_publish()
 
     def summary(self) -> str:
         return self.publisher.summary()

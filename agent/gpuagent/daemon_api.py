@@ -4,13 +4,17 @@ running daemon (gpuagent.daemon.Agent implements it)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuagent import __version__
 from gpuagent.api import ApiError, ApiServer
+from gpuagent.dcgm.control import DiagUnavailableError
+from gpuagent.dcgm.runner import LEVELS, result_json
 from gpuagent.drills import DRILL_KINDS, compose_line, write_kernel_line
-from gpuagent.model import GpuEvent
+from gpuagent.model import DiagResult, GpuEvent
 from gpuagent.sources.udev import PciChange
 from gpuagent.statusview import event_json, status_document
 
@@ -27,6 +31,8 @@ log = logging.getLogger(__name__)
 _MAX_EVENTS = 1000
 # Simulated udev events (a simulated node has no devices on the host's PCI bus).
 _SIMULATED_PCI = {"pci_remove": "remove", "pci_add": "add"}
+# Finished diagnostics whose results can still be asked for.
+_DIAG_KEEP = 16
 
 
 class ApiTarget(Protocol):
@@ -59,10 +65,41 @@ class ApiTarget(Protocol):
     def on_pci_change(self, change: PciChange) -> None:
         """A PCI function came or went (udev, or simulated)."""
 
+    async def run_diag(self, level: int, gpus: tuple[int, ...]) -> DiagResult:
+        """DCGM's diagnostic, audited (DiagUnavailableError: it cannot run here)."""
+        ...
+
+
+@dataclass
+class _DiagJob:
+    """One diagnostic asked for over the API. It runs as a task of its own: a level 3
+    diagnostic takes longer than any request may stay open, so the client asks for the
+    result (``diag_result``) until it is there."""
+
+    id: int
+    level: int
+    gpus: tuple[int, ...]
+    task: asyncio.Task[DiagResult]
+
+    def json(self) -> dict[str, Any]:
+        document: dict[str, Any] = {"id": self.id, "level": self.level, "gpus": list(self.gpus)}
+        if not self.task.done():
+            return {**document, "state": "running"}
+        if self.task.cancelled():
+            return {**document, "state": "error", "error": "the diagnostic was cancelled"}
+        exc = self.task.exception()
+        if isinstance(exc, DiagUnavailableError):
+            return {**document, "state": "unavailable", "error": str(exc)}
+        if exc is not None:
+            return {**document, "state": "error", "error": str(exc) or type(exc).__name__}
+        return {**document, "state": "done", "result": result_json(self.task.result())}
+
 
 class AgentApi:
     def __init__(self, agent: ApiTarget) -> None:
         self.agent = agent
+        self._diag_jobs: dict[int, _DiagJob] = {}
+        self._diag_ids = itertools.count(1)
 
     def register(self, server: ApiServer) -> None:
         server.route("ping", self.ping)
@@ -73,6 +110,8 @@ class AgentApi:
         server.route("actions", self.actions)
         server.route("inject", self.inject, changes_state=True)
         server.route("drill", self.drill, changes_state=True)
+        server.route("diag", self.diag, changes_state=True)
+        server.route("diag_result", self.diag_result)
 
     async def ping(self, _params: dict[str, Any]) -> dict[str, Any]:
         return {"version": __version__, "node": self.agent.node_name}
@@ -115,6 +154,40 @@ class AgentApi:
             "paused": remediator.paused,
             "actions": [record.json() for record in remediator.audit.recent(limit)],
         }
+
+    async def diag(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Start DCGM's diagnostic; the answer names the job to ask ``diag_result`` about."""
+        level, gpus = params.get("level", 1), params.get("gpus", [])
+        if isinstance(level, bool) or level not in LEVELS:
+            raise ApiError('"level" must be 1, 2 or 3')
+        if not isinstance(gpus, list) or any(
+            isinstance(g, bool) or not isinstance(g, int) for g in gpus
+        ):
+            raise ApiError('"gpus" must be a list of GPU indices')
+        for gpu in gpus:
+            self._bus_id(gpu)  # an unknown index is refused before anything runs
+        running = [job.id for job in self._diag_jobs.values() if not job.task.done()]
+        if running:
+            raise ApiError(f"diagnostic {running[0]} is still running")
+        chosen = tuple(sorted(set(gpus)))
+        job_id = next(self._diag_ids)
+        task = asyncio.get_running_loop().create_task(
+            self.agent.run_diag(level, chosen), name=f"diag-{job_id}"
+        )
+        task.add_done_callback(_retrieve)
+        self._diag_jobs[job_id] = _DiagJob(job_id, level, chosen, task)
+        for old in sorted(self._diag_jobs)[:-_DIAG_KEEP]:
+            if self._diag_jobs[old].task.done():
+                del self._diag_jobs[old]
+        log.info("diagnostic %d: level %d on %s", job_id, level, list(chosen) or "every GPU")
+        return self._diag_jobs[job_id].json()
+
+    async def diag_result(self, params: dict[str, Any]) -> dict[str, Any]:
+        job_id = params.get("id")
+        job = self._diag_jobs.get(job_id) if isinstance(job_id, int) else None
+        if job is None:
+            raise ApiError(f"no diagnostic {job_id!r} (the last {_DIAG_KEEP} are kept)")
+        return job.json()
 
     async def simulator(self, _params: dict[str, Any]) -> dict[str, Any]:
         """NVML call counts of a simulated daemon, for benchmarks."""
@@ -189,3 +262,9 @@ def _fault_params(params: dict[str, Any]) -> tuple[str, int, dict[str, Any]]:
     ):
         raise ApiError('needs "kind" (string), "gpu" (integer) and "values" (object)')
     return kind, gpu, values
+
+
+def _retrieve(task: asyncio.Task[DiagResult]) -> None:
+    """Mark the job's exception as seen: it is answered through ``diag_result``."""
+    if not task.cancelled():
+        task.exception()

@@ -345,9 +345,13 @@ class KernelLine:
     text: str = ""  # the message without timestamp or syslog prefixes
 
 
-EventSource = Literal["kmsg", "nvml", "udev", "drill"]
-# Kernel kinds, plus what udev reports about a GPU's PCI function.
-EventKind = KernelKind | Literal["gpu_removed", "gpu_added", "driver_unbound", "driver_bound"]
+EventSource = Literal["kmsg", "nvml", "udev", "drill", "dcgm"]
+# Kernel kinds, udev's, and a DCGM policy violation that has no XID of its own (PCIe,
+# retired pages, thermal, power, NVLink; DCGM's DBE and XID notifications are XIDs).
+EventKind = (
+    KernelKind
+    | Literal["gpu_removed", "gpu_added", "driver_unbound", "driver_bound", "dcgm_policy"]
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -117,6 +117,30 @@ def status_document(snapshot: NodeSnapshot) -> dict[str, Any]:
         },
         "recent_events": len(snapshot.events),
         "remediation": _remediation_json(snapshot),
+        "dcgm": _dcgm_json(snapshot),
+    }
+
+
+def _dcgm_json(snapshot: NodeSnapshot) -> dict[str, Any] | None:
+    """The DCGM source: None when it is not configured (``sources.dcgm.enabled = false``)."""
+    dcgm = snapshot.dcgm
+    if dcgm is None:
+        return None
+    return {
+        "state": dcgm.state,
+        "detail": dcgm.detail,
+        "version": dcgm.version,
+        "hostengine": dcgm.hostengine,
+        "incidents": [
+            {
+                "system": i.system,
+                "severity": i.severity.name,
+                "code": i.code,
+                "message": i.message,
+                "gpu": i.gpu,
+            }
+            for i in dcgm.incidents
+        ],
     }
 
 

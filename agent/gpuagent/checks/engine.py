@@ -15,6 +15,7 @@ from gpuagent.checks.aer import check_aer, remember_aer
 from gpuagent.checks.availability import check_availability, no_data
 from gpuagent.checks.bus import check_bus
 from gpuagent.checks.common import EventView, GpuView, NodeView, Outcome, to_finding
+from gpuagent.checks.dcgm import check_dcgm, check_dcgm_node, corroborate
 from gpuagent.checks.ecc import check_ecc, remember_sbe
 from gpuagent.checks.eventindex import EventIndex
 from gpuagent.checks.inventory import (
@@ -47,6 +48,7 @@ from gpuagent.checks.xid import check_xid
 from gpuagent.config import ChecksSection, ExpectedGpu, InventoryExpected
 from gpuagent.inventory.model import GpuInventory
 from gpuagent.model import (
+    DcgmStatus,
     Finding,
     GpuEvent,
     GpuReadings,
@@ -59,6 +61,10 @@ from gpuagent.model import (
 AVAILABILITY = "availability"
 NVML = "nvml"
 STATE_DIR = "state_dir"
+# Only when the DCGM source is present (configured, bindings loaded), after a GPU's other
+# checks (and after the node checks): see checks/dcgm.py. Not in the tables below, which
+# list the checks every node runs.
+DCGM = "dcgm"
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +164,11 @@ class _Context:
     # GPUs (by index) whose checks run with their own MIG expectation.
     gpu_configs: dict[int, ChecksSection] = field(default_factory=dict)
     storage_errors: tuple[tuple[str, str], ...] = ()
+    dcgm: DcgmStatus | None = None  # None, or "absent": no dcgm findings at all
+
+    @property
+    def dcgm_present(self) -> bool:
+        return self.dcgm is not None and self.dcgm.state != "absent"
 
     def config_for(self, index: int) -> ChecksSection:
         return self.gpu_configs.get(index, self.config)
@@ -220,6 +231,11 @@ def _gpu_findings(
         else:
             outcome = check.run(view)
         findings.append(to_finding(check.name, bus_id, outcome))
+    if context.dcgm_present:
+        assert context.dcgm is not None
+        mine = [i for i in context.dcgm.incidents if i.gpu == bus_id]
+        findings, left = corroborate(findings, mine)
+        findings.append(to_finding(DCGM, bus_id, check_dcgm(left, len(mine) - len(left))))
     findings.extend(_gpu_inventory_findings(state, readings, context))
     return findings
 
@@ -256,6 +272,10 @@ def _node_findings(
         if check.enabled(context.config)
     ]
     findings.append(to_finding(STATE_DIR, None, check_state_dir(context.storage_errors)))
+    if context.dcgm_present:
+        assert context.dcgm is not None
+        node = [i for i in context.dcgm.incidents if i.gpu is None or i.gpu not in bus_ids]
+        findings.append(to_finding(DCGM, None, check_dcgm_node(node)))
     if context.inventory is not None:
         findings += [
             to_finding(check.name, None, check.run(context.inventory))
@@ -276,6 +296,7 @@ def evaluate(
     inventory: InventoryView | None = None,
     expected_gpus: Sequence[ExpectedGpu] = (),
     storage_errors: tuple[tuple[str, str], ...] = (),
+    dcgm: DcgmStatus | None = None,
 ) -> tuple[NodeHealth, HealthMemory]:
     """Findings for the node and every GPU, plus the memory to pass to the next call.
 
@@ -283,7 +304,8 @@ def evaluate(
     recent events, oldest first; ``pcie`` the sysfs view of each GPU's PCIe path;
     ``inventory`` the node inventory with its expectations (None: no inventory checks);
     ``expected_gpus`` the GPUs whose MIG mode is expected to differ from ``config.mig``;
-    ``storage_errors`` (store, error) for each of the agent's stores that cannot be used.
+    ``storage_errors`` (store, error) for each of the agent's stores that cannot be used;
+    ``dcgm`` the DCGM source's status (its incidents make the ``dcgm`` findings).
     Findings come node first (in ``NODE_CHECK_NAMES`` order, then
     ``INVENTORY_NODE_CHECK_NAMES``), then GPU by GPU in the order given, each in
     ``CHECK_NAMES`` order followed by ``INVENTORY_CHECK_NAMES``.
@@ -297,6 +319,7 @@ def evaluate(
         inventory,
         _gpu_configs(config, expected_gpus),
         storage_errors,
+        dcgm,
     )
     findings = _node_findings(nvml, gpus, context)
     remembered: dict[str, GpuMemory] = {}

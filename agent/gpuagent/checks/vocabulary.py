@@ -100,3 +100,5 @@ class Runbook(enum.StrEnum):
     NVML_TIMEOUT = "nvml-timeout"
     NVML_ERROR = "nvml-error"
     NODE_STATE_DIR = "node-state-dir"
+    GPU_DCGM_HEALTH = "gpu-dcgm-health"
+    NODE_DCGM_HEALTH = "node-dcgm-health"

@@ -18,6 +18,13 @@ _MIG_PROFILE_RE = re.compile(r"^[1-9]\d*g\.[1-9]\d*gb([+-][a-z]+(\.[a-z]+)?)?$")
 _TOPIC_PREFIX_RE = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
 _HTTP_HOST_RE = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.\-]+)(:\d{1,5})?$")
 _LISTEN_RE = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]*):(\d{1,5})$")
+# Keys that were replaced: the loader calls them unknown; this says where they went.
+_REPLACED = {
+    "remediation.reset.dcgm_diag": (
+        "replaced by [remediation.diag]: after_reset_level = 1 runs the quick DCGM "
+        "diagnostic after a reset (dcgm_diag = true), 0 runs none (dcgm_diag = false)"
+    ),
+}
 
 
 def check_value(key: str, value: object) -> str | None:
@@ -62,6 +69,11 @@ def check_consistency(
     so a wrong value is not reported twice."""
     expected = config.inventory.expected
     problems = _check_expected_gpus(expected, text)
+    problems += [
+        ConfigError(message, key=key, line=find_line(text, key))
+        for key, message in _REPLACED.items()
+        if key in invalid
+    ]
     persistence = ("inventory.expected.persistence", "checks.persistence.enabled")
     if (
         expected.persistence == "disabled"

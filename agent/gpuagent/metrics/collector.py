@@ -21,12 +21,14 @@ from prometheus_client.samples import Sample
 
 from gpuagent.api import CONNECTION_REASON_PREFIX
 from gpuagent.metrics import names
+from gpuagent.metrics.diag import diag_families
 from gpuagent.metrics.events import event_families
 from gpuagent.metrics.inventory import inventory_families
 from gpuagent.metrics.names import GpuMetric, MetricSpec
 from gpuagent.model import (
     Finding,
     GpuIdentity,
+    GpuProfiling,
     GpuReadings,
     GpuState,
     NodeSnapshot,
@@ -140,12 +142,14 @@ class _Builder:
             *self._gpu_health(),
             *(self._table_family(m, dcgm=True) for m in names.DCGM_GPU_METRICS),
             *(self._table_family(m, dcgm=False) for m in names.AGENT_GPU_METRICS),
+            *self._profiling(),
             self._clock_event_reasons(),
             self._nvlink_up(),
             self._row_remap_banks(),
             *self._pcie(),
             *self._remediation(),
             *self._mqtt(),
+            *diag_families(self.snapshot),
             *event_families(
                 self.snapshot,
                 self._labels_for,
@@ -298,6 +302,38 @@ class _Builder:
                 samples.append(Sample(metric.name, labels, value))
         return family
 
+    def _profiling(self) -> list[Metric]:
+        """DCGM_FI_PROF_* and the NVLink bandwidth: GPM's values from the NVML poll, or for
+        a GPU without them the DCGM source's. A GPU with neither gets no series."""
+        from_dcgm: dict[str, list[GpuProfiling]] = {}
+        dcgm = self.snapshot.dcgm
+        for bus_id, profiling in dcgm.profiling if dcgm is not None else ():
+            from_dcgm.setdefault(_bus_key(bus_id), []).append(profiling)
+        measured: list[tuple[dict[str, str], dict[int, float]]] = []
+        for gpu, identity, readings in self.answering:
+            entries = readings.profiling or from_dcgm.get(_bus_key(identity.pci_bus_id), ())
+            for entry in entries:
+                labels = gpu.dcgm_label_dict
+                if entry.gpu_instance_id is not None:
+                    labels = {
+                        **labels,
+                        names.MIG_LABELS[0]: entry.gpu_instance_profile or "",
+                        names.MIG_LABELS[1]: str(entry.gpu_instance_id),
+                    }
+                measured.append((labels, dict(entry.values)))
+        families: list[Metric] = []
+        for metric in names.DCGM_PROFILING_METRICS:
+            family_type = (
+                GaugeMetricFamily if metric.kind.exposition_type == "gauge" else UnknownMetricFamily
+            )
+            family = family_type(metric.name, metric.help, labels=names.DCGM_LABELS)
+            for labels, values in measured:
+                value = values.get(metric.field_id)
+                if value is not None:
+                    family.samples.append(Sample(metric.name, labels, float(value)))
+            families.append(family)
+        return families
+
     def _clock_event_reasons(self) -> Metric:
         family = _gauge(names.GPU_CLOCK_EVENT_REASONS)
         for gpu, _identity, readings in self.answering:
@@ -359,6 +395,11 @@ def _pcie_links(paths: Sequence[PciePath], hostname: str) -> list[tuple[PcieLink
             if link.address not in seen:
                 seen[link.address] = (link, (link.address, link.role, device, hostname))
     return list(seen.values())
+
+
+def _bus_key(bus_id: str) -> str:
+    """One spelling for a PCI address, whether sysfs's or NVML's."""
+    return nvml_bus_id(bus_id).upper()
 
 
 def _answered(state: GpuState) -> GpuReadings | None:

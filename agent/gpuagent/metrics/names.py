@@ -194,6 +194,82 @@ DCGM_GPU_METRICS: tuple[GpuMetric, ...] = (
     ),
 )
 
+# MIG GPU instances: dcgm-exporter adds these two labels to an instance's series.
+MIG_LABELS = ("GPU_I_PROFILE", "GPU_I_ID")
+
+
+@dataclass(frozen=True, slots=True)
+class ProfilingMetric:
+    """A DCGM field served from profiling values (`GpuProfiling`), found by field id.
+
+    Each GPU (and MIG GPU instance) with a value gets a series; one without gets none.
+    """
+
+    name: str
+    kind: Kind
+    help: str
+    field_id: int  # dcgm_fields.h
+
+
+# dcgm-exporter's DCGM_FI_PROF_* rows (etc/default-counters.csv and its DCP list;
+# PCIE_*_BYTES appear twice there, and the default list's gauge rows win), and the NVLink
+# bandwidth, which NVML's throughput counters give.
+DCGM_PROFILING_METRICS: tuple[ProfilingMetric, ...] = (
+    ProfilingMetric(
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE", _G, "Ratio of time the graphics engine is active.", 1001
+    ),
+    ProfilingMetric(
+        "DCGM_FI_PROF_SM_ACTIVE",
+        _G,
+        "The ratio of cycles an SM has at least 1 warp assigned.",
+        1002,
+    ),
+    ProfilingMetric(
+        "DCGM_FI_PROF_SM_OCCUPANCY", _G, "The ratio of number of warps resident on an SM.", 1003
+    ),
+    ProfilingMetric(
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        _G,
+        "Ratio of cycles the tensor (HMMA) pipe is active.",
+        1004,
+    ),
+    ProfilingMetric(
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        _G,
+        "Ratio of cycles the device memory interface is active sending or receiving data.",
+        1005,
+    ),
+    ProfilingMetric(
+        "DCGM_FI_PROF_PIPE_FP64_ACTIVE", _G, "Ratio of cycles the fp64 pipes are active.", 1006
+    ),
+    ProfilingMetric(
+        "DCGM_FI_PROF_PIPE_FP32_ACTIVE", _G, "Ratio of cycles the fp32 pipes are active.", 1007
+    ),
+    ProfilingMetric(
+        "DCGM_FI_PROF_PIPE_FP16_ACTIVE", _G, "Ratio of cycles the fp16 pipes are active.", 1008
+    ),
+    ProfilingMetric(
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+        _G,
+        "The rate of data transmitted over the PCIe bus - including both protocol headers and"
+        " data payloads - in bytes per second.",
+        1009,
+    ),
+    ProfilingMetric(
+        "DCGM_FI_PROF_PCIE_RX_BYTES",
+        _G,
+        "The rate of data received over the PCIe bus - including both protocol headers and"
+        " data payloads - in bytes per second.",
+        1010,
+    ),
+    ProfilingMetric(
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        _C,
+        "Total number of NVLink bandwidth counters for all lanes.",
+        449,
+    ),
+)
+
 # Values dcgm-exporter has no default name for, under gpuagent's own names.
 AGENT_GPU_METRICS: tuple[GpuMetric, ...] = (
     GpuMetric(

@@ -18,12 +18,15 @@ from gpuagent.events import EventLog
 from gpuagent.inventory import NodeInventory
 from gpuagent.metrics import MetricsServer
 from gpuagent.model import (
+    DcgmStatus,
+    DiagResult,
     KmsgCounters,
     MqttStatus,
     NodeSnapshot,
     PciePath,
     RemediationStatus,
     Severity,
+    SourceStatus,
 )
 from gpuagent.sdnotify import Notifier
 from gpuagent.sources.nvml import NvmlObservation
@@ -68,7 +71,17 @@ class RemediationSink(Protocol):
 
     def storage_error(self) -> str | None: ...
 
+    def diag_results(self) -> tuple[DiagResult, ...]: ...
+
     def schedule(self, snapshot: NodeSnapshot) -> None: ...
+
+
+class DcgmView(Protocol):
+    """The DCGM source as publishing sees it."""
+
+    def snapshot_status(self) -> DcgmStatus | None: ...
+
+    def source_status(self) -> SourceStatus | None: ...
 
 
 class Spool(Protocol):
@@ -128,6 +141,7 @@ class SnapshotPublisher:
         self._pending = False
         self.reporter: SnapshotSink | None = None  # set at startup, when MQTT is on
         self.metrics: MetricsServer | None = None  # set at startup
+        self.dcgm: DcgmView | None = None  # set when sources.dcgm is enabled
         textfile = config.outputs.textfile
         self._textfile = (
             TextfileWriter(Path(textfile.dir), textfile.min_interval_seconds)
@@ -164,6 +178,11 @@ class SnapshotPublisher:
             errors.append(("audit", audit))
         return tuple(errors)
 
+    def _sources(self) -> tuple[SourceStatus, ...]:
+        rows = tuple(t.status for t in self._trackers.values())
+        dcgm = self.dcgm.source_status() if self.dcgm is not None else None
+        return rows if dcgm is None else (*rows, dcgm)
+
     def publish(self) -> None:
         observation = self._observations.last_observation
         if observation is None:
@@ -172,6 +191,7 @@ class SnapshotPublisher:
         events = self._events.recent()
         inventory = self._inventory.inventory(observation)
         pcie = self._kernel.pcie
+        dcgm = self.dcgm.snapshot_status() if self.dcgm is not None else None
         health, self._memory = evaluate(
             observation.gpus,
             observation.status,
@@ -183,6 +203,7 @@ class SnapshotPublisher:
             inventory=self._inventory.view(inventory),
             expected_gpus=self._config.inventory.expected.gpu,
             storage_errors=self._storage_errors(),
+            dcgm=dcgm,
         )
         self._inventory.learn(inventory, health.severity)
         self._sequence += 1
@@ -195,7 +216,7 @@ class SnapshotPublisher:
             nvml=observation.status,
             gpus=observation.gpus,
             health=health,
-            sources=tuple(t.status for t in self._trackers.values()),
+            sources=self._sources(),
             simulated=self._simulated,
             rejected_api_requests=tuple(sorted(self._api.rejected.items())),
             events=events,
@@ -203,8 +224,10 @@ class SnapshotPublisher:
             kmsg=self._kernel.kmsg_counters(),
             event_counts=self._events.counts(),
             remediation=self._remediation.status(),
+            diag=self._remediation.diag_results(),
             mqtt=self.reporter.status() if self.reporter is not None else None,
             inventory=inventory,
+            dcgm=dcgm,
         )
         _log_transitions(previous, snapshot)
         self._store.publish(snapshot)

@@ -1,5 +1,6 @@
 """Remediation beside publishing: one cycle at a time, on the newest snapshot, and the
-remote remediation commands (mode, GPU reset) through the same rails."""
+remote remediation commands (mode, GPU reset) through the same rails; DCGM's diagnostic
+on request (`gpuagent diag`), audited like the ones remediation runs itself."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import logging
 from collections.abc import Callable
 
 from gpuagent.config import Config
+from gpuagent.dcgm.control import DcgmControl
+from gpuagent.dcgm.runner import DiagRunner
 from gpuagent.fleet.commands import CommandRefusedError
-from gpuagent.model import NodeSnapshot, RemediationStatus
+from gpuagent.model import DiagResult, NodeSnapshot, RemediationStatus
 from gpuagent.remediation.aggregator import Ask
 from gpuagent.remediation.audit import AuditError, AuditStore
 from gpuagent.remediation.build import build_backends
@@ -32,6 +35,7 @@ def build_remediator(
     simulator: SimulatedNode | None,
     nvml: Callable[[], NvmlSource | None],
     on_reset: Callable[[str, float], None],
+    dcgm: Callable[[], DcgmControl | None] = lambda: None,
 ) -> Remediator:
     remediation = config.remediation
     return Remediator(
@@ -43,7 +47,9 @@ def build_remediator(
             timeout=remediation.reset.timeout_seconds,
             simulator=simulator,
             nvml=nvml,
+            dcgm=dcgm,
         ),
+        diag=DiagRunner(dcgm=dcgm, timeout=remediation.diag.timeout),
         node=node,
         cluster=config.agent.cluster,
         on_reset=on_reset,
@@ -73,6 +79,22 @@ class RemediationScheduler:
             cordoned_by_us=cordoned,
             counts=tuple((a, r, n) for (a, r), n in sorted(remediator.counts.items())),
             budgets=tuple(budgets),
+        )
+
+    def diag_results(self) -> tuple[DiagResult, ...]:
+        """The latest DCGM diagnostic of each level (for the snapshot)."""
+        remediator = self.remediator
+        if remediator is None or remediator.diag is None:
+            return ()
+        return remediator.diag.latest()
+
+    async def run_diag(self, level: int, gpus: tuple[int, ...]) -> DiagResult:
+        """A diagnostic asked for (`gpuagent diag`): run and audited. Raises
+        DiagUnavailableError when it cannot run here."""
+        assert self.remediator is not None
+        what = ",".join(map(str, gpus)) or "every GPU"
+        return await self.remediator.diagnose(
+            level, gpus, self.remediator.node, f"requested: level {level} on {what}"
         )
 
     def storage_error(self) -> str | None:

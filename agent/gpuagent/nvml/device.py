@@ -4,21 +4,25 @@ Runs on the GPU's worker thread (blocking), every call through `CallWorker.call`
 per poll are kept low: most counters come in one `nvmlDeviceGetFieldValues` batch, and
 values that rarely change (persistence, MIG/ECC mode, PCIe link state, memory clock, and
 the GPU instances while MIG is on) are read on the slower cadence and carried between
-slow reads.
+slow reads. On GPUs with GPM, profiling values (`gpuagent.nvml.gpm`) cost one sample and
+one metrics call per GPU (and MIG GPU instance) per poll.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pynvml
 
-from gpuagent.model import GpuIdentity, GpuProcess, GpuReadings
+from gpuagent.model import GpuIdentity, GpuProcess, GpuProfiling, GpuReadings
 from gpuagent.nvml.errors import GpuLostError, optional, required, text
+from gpuagent.nvml.gpm import GpmSampler, GpuInstance
 from gpuagent.nvml.worker import CallWorker
 
 _MIB = 1024 * 1024
@@ -56,6 +60,16 @@ _COUNTER_FIELDS: dict[int, str] = {
     pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN: "throttle_hw_thermal_ns",
     pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN: "throttle_hw_power_brake_ns",
 }
+# NVLink data moved (KiB since the driver loaded, TX and RX, summed over every link): what
+# DCGM turns into DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL, read here in the same batch.
+_ALL_LINKS = 0xFFFFFFFF
+_NVLINK_THROUGHPUT = (
+    (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _ALL_LINKS),
+    (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, _ALL_LINKS),
+)
+NVLINK_BANDWIDTH_TOTAL = 449  # DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL, in MB/s as DCGM reports it
+_KIB = 1024
+_MB = 1_000_000
 _BOOL_ATTRS = {"retired_pages_pending", "row_remap_pending", "row_remap_failure"}
 _MILLIWATT_ATTRS = {"power_w", "power_limit_w"}
 
@@ -169,6 +183,12 @@ class Device:
         self._nvlink_count = 0
         self._power_field_supported = True
         self._mig_profiles: tuple[MigProfile, ...] | None = None  # read once, when MIG is on
+        self.gpm = GpmSampler(worker, handle)
+        # (id, profile) of the GPU instances, for GPM: read on the slow cadence with the
+        # instance list, and only while GPM sampling is on and the GPU has it.
+        self._gpu_instances: tuple[GpuInstance, ...] = ()
+        self._profiling = False
+        self._nvlink_kib: tuple[int, float] | None = None  # (total, monotonic time) last poll
 
     def _get(self, call: str, fn: Callable[..., Any], *args: object) -> Any:
         return self.worker.call(call, optional, call, fn, self.handle, *args)
@@ -207,6 +227,8 @@ class Device:
         self._fields = list(_COUNTER_FIELDS) + [
             (pynvml.NVML_FI_DEV_NVLINK_GET_STATE, link) for link in range(self._nvlink_count)
         ]
+        if self._nvlink_count:
+            self._fields += _NVLINK_THROUGHPUT
         default_limit = self._get(
             "nvmlDeviceGetPowerManagementDefaultLimit",
             pynvml.nvmlDeviceGetPowerManagementDefaultLimit,
@@ -251,8 +273,17 @@ class Device:
 
     # --- readings (every poll) -------------------------------------------------------------
 
-    def read(self, include_slow: bool) -> GpuReadings:
-        """One poll. Raises GpuLostError or NvmlCallError; CallWorker times the calls."""
+    def release(self) -> None:
+        """Give back what the GPU holds in the driver (GPM samples): it leaves the session."""
+        self.gpm.release()
+
+    def read(self, include_slow: bool, profiling: bool = True) -> GpuReadings:
+        """One poll. Raises GpuLostError or NvmlCallError; CallWorker times the calls.
+
+        ``profiling``: sample GPM (one nvmlGpmSampleGet and one nvmlGpmMetricsGet per GPU
+        and MIG instance, on GPUs that have it).
+        """
+        self._set_profiling(profiling)
         if include_slow or not self._slow:
             self._slow = self._read_slow()
         values = dict(
@@ -280,7 +311,38 @@ class Device:
         for key, value in self._slow.items():
             if readings.get(key) is None:
                 readings[key] = value
+        if self._profiling:
+            readings["profiling"] = self._read_profiling(
+                bool(readings.get("mig_mode_current")), self._nvlink_bandwidth(values)
+            )
         return GpuReadings(**readings)
+
+    def _read_profiling(self, mig: bool, nvlink_mb_s: float | None) -> tuple[GpuProfiling, ...]:
+        """GPM's values; the NVLink bandwidth goes with the whole GPU's."""
+        found = self.gpm.poll(self._gpu_instances if mig else ())
+        if nvlink_mb_s is None or not found or found[0].gpu_instance_id is not None:
+            return found
+        whole = found[0]
+        values = (*whole.values, (NVLINK_BANDWIDTH_TOTAL, nvlink_mb_s))
+        return (dataclasses.replace(whole, values=values), *found[1:])
+
+    def _nvlink_bandwidth(self, values: dict[Any, Any]) -> float | None:
+        """NVLink TX+RX in MB/s since the previous poll, as DCGM computes field 449."""
+        tx, rx = (values.get(key) for key in _NVLINK_THROUGHPUT)
+        if tx is None or rx is None:
+            self._nvlink_kib = None
+            return None
+        now, total = time.monotonic(), int(tx) + int(rx)
+        previous, self._nvlink_kib = self._nvlink_kib, (total, now)
+        if previous is None or now <= previous[1] or total < previous[0]:
+            return None  # the first reading, or the counters restarted (driver reload)
+        return (total - previous[0]) * _KIB / _MB / (now - previous[1])
+
+    def _set_profiling(self, wanted: bool) -> None:
+        # Asked before the slow read, so the first one already lists the GPU instances.
+        self._profiling = wanted and self.gpm.query_support()
+        if not self._profiling:
+            self.gpm.release()  # sampling turned off: nothing held in the driver
 
     def _read_fast(self) -> dict[str, Any]:
         util = self._get("nvmlDeviceGetUtilizationRates", pynvml.nvmlDeviceGetUtilizationRates)
@@ -397,6 +459,7 @@ class Device:
         if not self._mig_profiles:
             return None
         names: list[str] = []
+        instances: list[GpuInstance] = []
         for profile in self._mig_profiles:
             slots = (pynvml.c_nvmlGpuInstance_t * profile.max_instances)()
             count = ctypes.c_uint(0)
@@ -410,7 +473,25 @@ class Device:
             if listed is None:
                 return None  # one profile not answering: the layout is not known
             names += [profile.name] * int(count.value)
+            if self._profiling:
+                instances += self._instance_ids(profile.name, slots[: int(count.value)])
+        self._gpu_instances = tuple(sorted(instances))
         return tuple(sorted(names))
+
+    def _instance_ids(self, profile: str, handles: list[Any]) -> list[GpuInstance]:
+        """(GPU instance id, profile) of each instance handle that answers."""
+        found = []
+        for handle in handles:
+            info = self.worker.call(
+                "nvmlGpuInstanceGetInfo",
+                optional,
+                "nvmlGpuInstanceGetInfo",
+                pynvml.nvmlGpuInstanceGetInfo,
+                handle,
+            )
+            if info is not None:
+                found.append((int(info.id), profile))
+        return found
 
     def _process(self, info: Any) -> GpuProcess:
         used = getattr(info, "usedGpuMemory", None)

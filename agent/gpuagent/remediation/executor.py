@@ -6,13 +6,17 @@ would be done, do nothing), the kill switch, the budget (counted from the audit 
 restarts and crash loops cannot exceed it), the preconditions (a reset needs an idle GPU,
 no MIG unless allowed, and the node cordoned first when configured), then a "started"
 record, the action, and its result. After a reset the GPU must come back healthy for
-`reset.verify_polls` polls; if it does not, the reset is escalated: the node is cordoned
-with "drain and reboot" and that GPU is never reset again.
+`reset.verify_polls` polls and then pass DCGM's diagnostic (`[remediation.diag]`
+after_reset_level); if it does not, the reset is escalated: the node is cordoned with
+"drain and reboot" and that GPU is never reset again. Before an uncordon the GPUs the cordon
+was for must pass the diagnostic (before_uncordon_level), or the node stays cordoned. Every
+diagnostic is audited (kind "diag").
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import shutil
 import time
@@ -21,7 +25,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, get_args
 
 from gpuagent.config import RemediationSection
-from gpuagent.model import NodeSnapshot, Severity
+from gpuagent.dcgm.control import DiagUnavailableError
+from gpuagent.dcgm.runner import DiagRunner, describe, failed_tests
+from gpuagent.model import DiagResult, NodeSnapshot, Severity
 from gpuagent.remediation.audit import AuditError, AuditRecord, AuditStore
 from gpuagent.remediation.backend import CordonBackend
 from gpuagent.remediation.gpu_ops import GpuOperationError, GpuOps
@@ -71,6 +77,7 @@ class Remediator:
         node: str,
         cluster: str,
         on_reset: Callable[[str, float], None] = lambda _bus, _when: None,
+        diag: DiagRunner | None = None,
         simulated: bool = False,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
@@ -82,6 +89,8 @@ class Remediator:
         self._node = node
         self._cluster = cluster
         self._on_reset = on_reset
+        # DCGM's diagnostic (None: never available, as on a node without DCGM or dcgmi).
+        self.diag = diag
         self._clock = clock
         self._wall = wall_clock
         self._persistenced = not simulated and shutil.which("nvidia-persistenced") is not None
@@ -95,6 +104,10 @@ class Remediator:
         self._audit_failing = False  # logged once per episode of an unusable audit trail
         # Called after every audit record (the MQTT reporter forwards them).
         self.on_record: Callable[[], None] = lambda: None
+
+    @property
+    def node(self) -> str:
+        return self._node
 
     @property
     def paused(self) -> bool:
@@ -220,6 +233,7 @@ class Remediator:
     async def _execute(self, action: PlannedAction, snapshot: NodeSnapshot) -> None:  # noqa: PLR0911 - one exit per guard
         if self._cooling_down(action):
             return
+        action = self._with_cordoned_gpus(action, snapshot)
         if self.mode == "observe":
             await self._record(action, "planned", "observe mode: not done")
             return
@@ -248,6 +262,14 @@ class Remediator:
         if action.kind == "reset_gpu":
             self._on_reset(action.target, self._clock())
             self._verifying[action.target] = _Verification(action.target)
+
+    def _with_cordoned_gpus(self, action: PlannedAction, snapshot: NodeSnapshot) -> PlannedAction:
+        """A cordon keeps the GPUs it is for in its record: the diagnostic before the
+        uncordon tests those."""
+        if action.kind != "cordon":
+            return action
+        gpus = self._cordon_request(action.reason, snapshot).gpus
+        return dataclasses.replace(action, params=(*action.params, ("gpus", ",".join(gpus))))
 
     # --- budgets and preconditions -------------------------------------------------------
 
@@ -300,6 +322,8 @@ class Remediator:
     async def _precondition_failure(  # noqa: PLR0911 - one exit per precondition
         self, action: PlannedAction, snapshot: NodeSnapshot
     ) -> str | None:
+        if action.kind == "uncordon":
+            return await self._diag_before_uncordon(snapshot)
         if action.kind != "reset_gpu":
             return None
         gpu = snapshot.gpu(action.target)
@@ -400,12 +424,16 @@ class Remediator:
             action = PlannedAction("reset_gpu", bus_id, "verification after reset")
             if state.good_polls >= needed:
                 del self._verifying[bus_id]
-                diag = await self._ops.dcgm_diag() if self.config.reset.dcgm_diag else None
-                if diag is not None and not diag[0]:
-                    await self._escalate(bus_id, f"DCGM diagnostic after the reset: {diag[1]}")
-                    continue
                 detail = f"healthy for {needed} polls after the reset"
-                await self._record(action, "verified", detail + (f"; {diag[1]}" if diag else ""))
+                level = self.config.diag.after_reset_level
+                if level and gpu is not None:
+                    reason = f"after the reset of {bus_id}"
+                    ok, note = await self._gate(level, (gpu.identity.index,), bus_id, reason)
+                    if not ok:
+                        await self._escalate(bus_id, f"DCGM diagnostic after the reset: {note}")
+                        continue
+                    detail += f"; {note}"
+                await self._record(action, "verified", detail)
             elif state.bad_polls >= needed:
                 del self._verifying[bus_id]
                 problems = "; ".join(f.reason for f in snapshot.health.problems(bus_id))
@@ -420,6 +448,7 @@ class Remediator:
         cordon = PlannedAction(
             "cordon", self._node, f"GPU {bus_id}: reset did not help, drain and reboot"
         )
+        cordon = dataclasses.replace(cordon, params=(("gpus", bus_id),))
         request = CordonRequest(
             node=self._node,
             cluster=self._cluster,
@@ -435,3 +464,76 @@ class Remediator:
             ok = ok and result.ok
             details.append(f"{backend.name}: {result.detail}")
         await self._record(cordon, "succeeded" if ok else "failed", "; ".join(details))
+
+    # --- DCGM's diagnostic -------------------------------------------------------------------
+
+    async def diagnose(
+        self, level: int, gpus: tuple[int, ...], target: str, reason: str
+    ) -> DiagResult:
+        """Run DCGM's diagnostic and audit it (kind "diag", on ``target``): "succeeded" when
+        it passed, "failed" when it failed or could not run, "skipped" when it is unavailable
+        (then DiagUnavailableError is raised as well)."""
+        action = PlannedAction(
+            "diag", target, reason, evidence=(("level", level), ("gpus", _ids(gpus)))
+        )
+        if self.diag is None:
+            why = "DCGM's diagnostic is not set up in this agent"
+            await self._record(action, "skipped", f"unavailable: {why}")
+            raise DiagUnavailableError(why)
+        try:
+            result = await self.diag.run(level, gpus)
+        except DiagUnavailableError as exc:
+            await self._record(action, "skipped", f"unavailable: {exc}")
+            raise
+        evidence = (
+            *action.evidence,
+            ("via", result.via),
+            ("passed", result.passed),
+            ("failed_tests", ", ".join(failed_tests(result))),
+            ("error", result.error),
+        )
+        action = dataclasses.replace(action, evidence=evidence)
+        await self._record(action, "succeeded" if result.passed else "failed", describe(result))
+        return result
+
+    async def _gate(
+        self, level: int, gpus: tuple[int, ...], target: str, reason: str
+    ) -> tuple[bool, str]:
+        """Whether the diagnostic lets remediation go on, and a note saying why."""
+        try:
+            result = await self.diagnose(level, gpus, target, reason)
+        except DiagUnavailableError as exc:
+            allowed = self.config.diag.when_unavailable == "pass"
+            verdict = "passed" if allowed else "blocked"
+            return (
+                allowed,
+                f"DCGM diagnostic unavailable ({exc}): {verdict} (diag.when_unavailable)",
+            )
+        return result.passed, f"DCGM diagnostic level {level} {describe(result)}"
+
+    async def _diag_before_uncordon(self, snapshot: NodeSnapshot) -> str | None:
+        level = self.config.diag.before_uncordon_level
+        if not level:
+            return None
+        gpus = self._cordoned_gpus(snapshot)
+        ok, note = await self._gate(level, gpus, self._node, "before the uncordon")
+        return None if ok else f"{note}: the node stays cordoned"
+
+    def _cordoned_gpus(self, snapshot: NodeSnapshot) -> tuple[int, ...]:
+        """The indices of the GPUs our last cordon was for; () (every GPU) when it named
+        none or none of them is still known."""
+        cordon = self.audit.last("cordon", None, ("succeeded",))
+        params = cordon.evidence.get("params") if cordon is not None else None
+        listed = params.get("gpus") if isinstance(params, dict) else None
+        if not isinstance(listed, str):
+            return ()
+        indices = set()
+        for bus in filter(None, listed.split(",")):
+            gpu = snapshot.gpu(bus)
+            if gpu is not None:
+                indices.add(gpu.identity.index)
+        return tuple(sorted(indices))
+
+
+def _ids(gpus: tuple[int, ...]) -> str:
+    return ",".join(str(g) for g in gpus) or "all"

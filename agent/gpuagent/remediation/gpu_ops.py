@@ -5,24 +5,28 @@ GPU's own NVML worker under `[sources.nvml] call_timeout_seconds`, like every ot
 call, so a wedged GPU never stalls the event loop and a setter never runs beside a poll of
 the same GPU. This module makes no NVML call itself. A reset runs the configured command
 (`nvidia-smi --gpu-reset -i <bus id>` by default); on a simulated node the simulated GPU is
-reset instead.
+reset instead. While DCGM's host engine holds the GPUs a reset fails, so DCGM lets go of
+them first (`DcgmControl.detach_driver`, where this DCGM can) and takes them back after,
+whether the reset worked or not.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import logging
 import os
 import shlex
-import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
 
+from gpuagent.dcgm.control import DcgmControl
 from gpuagent.nvml.errors import GpuLostError, NvmlCallError, NvmlUnavailableError
 from gpuagent.nvml.worker import CallTimeoutError
 from gpuagent.sim import SimulatedNode
 from gpuagent.sources.nvml import active_source
+
+log = logging.getLogger(__name__)
 
 # Processes that hold every GPU's device node open by design; they are not a workload.
 _SYSTEM_HOLDERS = frozenset({"nvidia-persistenced", "nv-hostengine", "nvidia-smi"})
@@ -55,10 +59,12 @@ class GpuOps:
         simulator: SimulatedNode | None = None,
         proc_root: Path = Path("/proc"),
         nvml: Callable[[], NvmlSetters | None] = active_source,
+        dcgm: Callable[[], DcgmControl | None] = lambda: None,
     ) -> None:
-        """``timeout``: the reset command's and dcgmi's; the NVML setters are timed per
-        call by the NVML source. ``nvml``: the source the setters go through (the one
-        this process opened, by default)."""
+        """``timeout``: the reset command's; the NVML setters are timed per call by the
+        NVML source. ``nvml``: the source the setters go through (the one this process
+        opened, by default). ``dcgm``: the DCGM source's control while it is up."""
+        self._dcgm = dcgm
         self._reset_command = reset_command
         self._timeout = timeout
         self._simulator = simulator
@@ -85,6 +91,15 @@ class GpuOps:
         return f"power limit set to {watts:.0f} W"
 
     async def reset(self, bus_id: str, index: int) -> str:
+        dcgm = self._dcgm()
+        detached = dcgm is not None and await _driver_call(dcgm.detach_driver, "detach")
+        try:
+            return await self._reset(bus_id, index)
+        finally:
+            if detached and dcgm is not None:
+                await _driver_call(dcgm.attach_driver, "attach")
+
+    async def _reset(self, bus_id: str, index: int) -> str:
         if self._simulator is not None:
             try:
                 self._simulator.reset_gpu(index)
@@ -97,20 +112,9 @@ class GpuOps:
             raise GpuOperationError(f"{argv[0]} exited {returncode}: {text}")
         return text or "reset"
 
-    async def dcgm_diag(self) -> tuple[bool, str] | None:
-        """`dcgmi diag -r 1 -j` (the quick DCGM diagnostic); None when DCGM is absent."""
-        dcgmi = shutil.which("dcgmi")
-        if dcgmi is None or self._simulator is not None:
-            return None
-        try:
-            _, text = await self._run([dcgmi, "diag", "-r", "1", "-j"], keep=None)
-        except GpuOperationError as exc:
-            return False, str(exc)
-        return parse_dcgm_diag(text)
-
-    async def _run(self, argv: list[str], keep: int | None = 500) -> tuple[int, str]:
+    async def _run(self, argv: list[str], keep: int = 500) -> tuple[int, str]:
         """Run ``argv`` (no shell) under the timeout: its exit code and output (the last
-        ``keep`` characters; all of it when ``keep`` is None)."""
+        ``keep`` characters)."""
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv,
@@ -130,7 +134,7 @@ class GpuOps:
                 f"{argv[0]} did not finish within {self._timeout:.0f} s"
             ) from None
         text = output.decode(errors="replace").strip()
-        return int(process.returncode or 0), text if keep is None else text[-keep:]
+        return int(process.returncode or 0), text[-keep:]
 
     async def device_holders(self, minor: int | None) -> list[tuple[int, str]]:
         """Processes (pid, name) other than us that hold /dev/nvidia<minor> open.
@@ -157,35 +161,17 @@ class GpuOps:
         return holders
 
 
-def parse_dcgm_diag(text: str) -> tuple[bool, str]:
-    """Whether a `dcgmi diag -j` report passed, and which tests failed.
-
-    The report nests test categories, tests and per-GPU results; any result whose status
-    is "Fail" fails the diagnostic. Found by walking the document rather than a fixed path,
-    since the nesting has changed between DCGM versions.
-    """
+async def _driver_call(call: Callable[[], Awaitable[bool]], what: str) -> bool:
+    """DCGM's detach or attach; whether it was done. A DCGM that cannot (or fails) must not
+    stop the reset: without the detach the reset may fail, and that failure is reported."""
     try:
-        document = json.loads(text)
-    except json.JSONDecodeError:
-        return False, "dcgmi diag printed no JSON: " + text.strip()[:200]
-    failed: list[str] = []
-
-    def walk(node: object, name: str) -> None:
-        if isinstance(node, dict):
-            here = str(node.get("name", name))
-            status = node.get("status")
-            if isinstance(status, str) and status.lower() == "fail":
-                failed.append(here)
-            for value in node.values():
-                walk(value, here)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item, name)
-
-    walk(document, "diagnostic")
-    if failed:
-        return False, "failed: " + ", ".join(sorted(set(failed)))
-    return True, "dcgmi diag -r 1 passed"
+        done = await call()
+    except Exception as exc:  # noqa: BLE001 - DCGM's own errors, whatever their type
+        log.warning("DCGM could not %s the driver: %s", what, exc)
+        return False
+    if not done:
+        log.info("this DCGM cannot %s the driver; going on without", what)
+    return done
 
 
 def _holds(proc: Path, device: str) -> bool:

@@ -15,6 +15,7 @@ ActionKind = Literal[
     "reset_gpu",
     "cap_power",
     "restore_power",
+    "diag",  # a DCGM diagnostic (on request, after a reset, before an uncordon): audited only
 ]
 ActionResult = Literal[
     "planned",  # observe mode: what would have been done

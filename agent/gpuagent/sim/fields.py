@@ -15,6 +15,7 @@ from typing import Any
 import pynvml
 
 from gpuagent.sim import codes
+from gpuagent.sim.gpm import nvlink_throughput_field
 from gpuagent.sim.gpu import SimGpu
 
 Result = tuple[int, int, int | float]
@@ -172,6 +173,8 @@ READERS: dict[int, Reader] = {
     codes.FI_NVLINK_CRC_DATA_TOTAL: _per_link(lambda g: g.nvlink_crc_data),
     codes.FI_NVLINK_REPLAY_TOTAL: _per_link(lambda g: g.nvlink_replay),
     codes.FI_NVLINK_RECOVERY_TOTAL: _per_link(lambda g: g.nvlink_recovery),
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: nvlink_throughput_field(receive=False),
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: nvlink_throughput_field(receive=True),
     codes.FI_TEMPERATURE_SHUTDOWN_TLIMIT: _tlimit(lambda g: g.profile.temperature_shutdown_c),
     codes.FI_TEMPERATURE_SLOWDOWN_TLIMIT: _tlimit(lambda g: g.profile.temperature_slowdown_c),
     codes.FI_TEMPERATURE_GPU_MAX_TLIMIT: _tlimit(lambda g: g.profile.temperature_gpu_max_c),

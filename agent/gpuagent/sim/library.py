@@ -18,6 +18,7 @@ import pynvml
 from gpuagent.sim import codes, hardware
 from gpuagent.sim.events import EventSet, supported_event_types
 from gpuagent.sim.fields import fill_field_values
+from gpuagent.sim.gpm import GpmDriver
 from gpuagent.sim.gpu import SimGpu
 from gpuagent.sim.state import NodeState
 
@@ -77,6 +78,12 @@ class SimulatedLibrary:
         for name, impl in self._before_init_functions().items():
             self._install(name, self._system_entry(name, impl, needs_init=False))
         for name, device_impl in self._device_functions().items():
+            self._install(name, self._device_entry(name, device_impl))
+        # GPM (Hopper and later, R520+ drivers): samples and metrics, see sim/gpm.py.
+        self.gpm = GpmDriver(state)
+        for name, impl in self.gpm.system_functions().items():
+            self._install(name, self._system_entry(name, impl, needs_init=True))
+        for name, device_impl in self.gpm.device_functions().items():
             self._install(name, self._device_entry(name, device_impl))
 
     def _install(self, name: str, entry: Entry) -> None:

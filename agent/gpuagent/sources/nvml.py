@@ -13,6 +13,7 @@ worker, all under the same per-call timeout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -172,7 +173,9 @@ class NvmlSource:
             if identity is None:
                 identity = await device.worker.run(device.read_identity, timeout)
                 self._identities[device.index] = shown = identity
-            readings = await device.worker.run(lambda: device.read(include_slow), timeout)
+            readings = await device.worker.run(
+                lambda: device.read(include_slow, self._config.profiling), timeout
+            )
         except CallTimeoutError as exc:
             return GpuState(shown, "timeout", error=f"nvml_timeout: {exc}")
         except GpuLostError as exc:
@@ -223,6 +226,11 @@ class NvmlSource:
 
     async def _close_session(self, session: Session) -> None:
         for device in session.devices:
+            # GPM samples live in the driver: free them, unless a call is in flight on the
+            # GPU (nothing waits behind it; nvmlShutdown frees what is left anyway).
+            if session.initialised and device.worker.in_flight() is None:
+                with contextlib.suppress(CallTimeoutError, NvmlUnavailableError):
+                    await device.worker.run(device.release, self._config.call_timeout_seconds)
             device.worker.close()
         if session.initialised:
             # Never while a call is in flight; skipped (logged) if one is wedged.

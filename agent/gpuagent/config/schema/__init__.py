@@ -40,6 +40,7 @@ from gpuagent.config.schema.checks import (
     ThermalCheck,
     XidCheck,
 )
+from gpuagent.config.schema.dcgm import DcgmSourceSection
 from gpuagent.config.schema.inventory import ExpectedGpu, InventoryExpected, InventorySection
 from gpuagent.config.schema.outputs import (
     MqttConnection,
@@ -85,6 +86,7 @@ __all__ = [
     "ChecksSection",
     "Config",
     "CordonBudgetSection",
+    "DcgmSourceSection",
     "EccCheck",
     "EventsSection",
     "ExpectedGpu",

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 from gpuagent.config.ranges import NON_NEGATIVE, POSITIVE
+from gpuagent.config.schema.dcgm import DcgmSourceSection
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,9 @@ class NvmlSourceSection:
     slow_interval_seconds: Annotated[float, POSITIVE] = 30.0
     # After NVML fails to initialise (driver not loaded, ...), retry this often.
     init_retry_seconds: Annotated[float, POSITIVE] = 30.0
+    # Profiling metrics (DCGM_FI_PROF_*) from GPM on GPUs that have it (Hopper and later):
+    # one sample and one metrics call per GPU and MIG instance each poll.
+    profiling: bool = True
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,7 @@ class SourcesSection:
     kmsg: KmsgSourceSection = field(default_factory=KmsgSourceSection)
     sysfs: SysfsSourceSection = field(default_factory=SysfsSourceSection)
     udev: UdevSourceSection = field(default_factory=UdevSourceSection)
+    dcgm: DcgmSourceSection = field(default_factory=DcgmSourceSection)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
 
-from gpuagent.config.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE
+from gpuagent.config.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, Range
 
 
 @dataclass(frozen=True)
@@ -75,8 +75,33 @@ class RemediationReset:
     allow_mig: bool = False
     # After a reset the GPU must answer and be healthy for this many polls.
     verify_polls: Annotated[int, AT_LEAST_ONE] = 3
-    # Run `dcgmi diag -r 1` after a reset when dcgmi is installed.
-    dcgm_diag: bool = True
+
+
+DIAG_LEVEL = Range(ge=0, le=3)
+
+
+@dataclass(frozen=True)
+class RemediationDiag:
+    """DCGM's diagnostic as a gate: a GPU passes it before it counts as repaired, and a
+    node before it returns to service (see docs/diagnostics.md)."""
+
+    # After a reset, once the GPU was healthy for reset.verify_polls polls: this level on
+    # that GPU (1 quick, 2 medium, 3 long; 0: none). A failure escalates like a failed reset.
+    after_reset_level: Annotated[int, DIAG_LEVEL] = 1
+    # Before an uncordon: this level on the GPUs the cordon was for (0: none). A failure
+    # leaves the node cordoned.
+    before_uncordon_level: Annotated[int, DIAG_LEVEL] = 1
+    # Neither DCGM nor dcgmi on the node: "pass" lets the gate through, "block" stops it.
+    when_unavailable: Literal["pass", "block"] = "pass"
+    # How long each level may run before it is stopped (and counts as failed).
+    level1_timeout_seconds: Annotated[float, POSITIVE] = 300.0
+    level2_timeout_seconds: Annotated[float, POSITIVE] = 1800.0
+    level3_timeout_seconds: Annotated[float, POSITIVE] = 7200.0
+
+    def timeout(self, level: int) -> float:
+        return {1: self.level1_timeout_seconds, 2: self.level2_timeout_seconds}.get(
+            level, self.level3_timeout_seconds
+        )
 
 
 @dataclass(frozen=True)
@@ -128,5 +153,6 @@ class RemediationSection:
     rules: list[RemediationRule] = field(default_factory=_default_rules)
     budgets: RemediationBudgets = field(default_factory=RemediationBudgets)
     reset: RemediationReset = field(default_factory=RemediationReset)
+    diag: RemediationDiag = field(default_factory=RemediationDiag)
     power: RemediationPower = field(default_factory=RemediationPower)
     cordon: RemediationCordon = field(default_factory=RemediationCordon)
