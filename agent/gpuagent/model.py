@@ -311,9 +311,7 @@ class DiagResult:
         return not self.error and all(t.outcome != "fail" for t in self.tests)
 
     def failures(self, gpu: int | None = None) -> tuple[DiagTest, ...]:
-        return tuple(
-            t for t in self.tests if t.outcome == "fail" and (gpu is None or t.gpu == gpu)
-        )
+        return tuple(t for t in self.tests if t.outcome == "fail" and (gpu is None or t.gpu == gpu))
 
 
 # --- kernel log, events and the PCIe bus ---------------------------------------------------
