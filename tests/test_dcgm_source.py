@@ -387,3 +387,44 @@ def test_no_profiling_watch_when_gpm_covers_every_gpu(engine: Any) -> None:
 
 def engine_module() -> ModuleType:
     return sys.modules["_standin_engine"]
+
+
+# --- the engine: dcgm findings only where DCGM is present ---------------------------------
+
+
+def _evaluate(dcgm: DcgmStatus | None, dbe: int) -> dict[str, Finding]:
+    from gpuagent.checks import HealthMemory, evaluate  # noqa: PLC0415
+    from gpuagent.config import ChecksSection  # noqa: PLC0415
+    from gpuagent.model import GpuIdentity, GpuReadings, GpuState, NvmlStatus  # noqa: PLC0415
+
+    gpu = GpuState(
+        GpuIdentity(0, "0000:18:00.0", "GPU-0", "NVIDIA H100 80GB HBM3"),
+        "ok",
+        GpuReadings(ecc_enabled=True, ecc_dbe_volatile=dbe, ecc_sbe_volatile=0),
+    )
+    health, _ = evaluate(
+        (gpu,), NvmlStatus(ok=True), ChecksSection(), HealthMemory(), 0.0, dcgm=dcgm
+    )
+    return {f"{f.gpu or 'node'}/{f.check}": f for f in health.findings}
+
+
+def test_engine_dedups_a_dcgm_dbe_against_the_ecc_finding() -> None:
+    dbe = DcgmIncident(
+        "memory", Severity.CRITICAL, "DCGM_FR_VOLATILE_DBE_DETECTED", "DBE", "0000:18:00.0"
+    )
+    status = DcgmStatus("up", incidents=(dbe,))
+    found = _evaluate(status, dbe=1)
+    assert found["0000:18:00.0/ecc"].severity is Severity.CRITICAL
+    assert ("dcgm_memory", "DCGM_FR_VOLATILE_DBE_DETECTED: DBE") in found[
+        "0000:18:00.0/ecc"
+    ].evidence
+    assert found["0000:18:00.0/dcgm"].severity is Severity.OK
+    # NVML saw nothing: DCGM's incident is the alarm.
+    found = _evaluate(status, dbe=0)
+    assert found["0000:18:00.0/dcgm"].severity is Severity.CRITICAL
+    assert found["node/dcgm"].severity is Severity.OK
+
+
+@pytest.mark.parametrize("dcgm", [None, DcgmStatus("absent", "no bindings")])
+def test_engine_without_dcgm_has_no_dcgm_findings(dcgm: DcgmStatus | None) -> None:
+    assert not [k for k in _evaluate(dcgm, dbe=0) if k.endswith("/dcgm")]

@@ -128,4 +128,32 @@ def render_status(doc: dict[str, Any], now: float | None = None) -> str:
                 for s in sources
             )
         )
+    lines.extend(_dcgm_lines(doc, now))
     return "\n".join(lines)
+
+
+def _dcgm_lines(doc: dict[str, Any], now: float) -> list[str]:
+    """DCGM's state (nothing on a node without DCGM) and the latest diagnostics."""
+    lines: list[str] = []
+    dcgm = doc.get("dcgm")
+    if dcgm and dcgm["state"] != "absent":
+        where = ", ".join(v for v in (dcgm.get("version"), dcgm.get("hostengine")) if v)
+        state = "up" if dcgm["state"] == "up" else "DOWN"
+        incidents = len(dcgm.get("incidents") or [])
+        lines.append(
+            f"DCGM {state}"
+            + (f" ({where})" if where else "")
+            + (f": {dcgm['detail']}" if dcgm.get("detail") and state == "DOWN" else "")
+            + (f", {incidents} health incident{'s' if incidents != 1 else ''}" if incidents else "")
+        )
+    for diag in doc.get("diag") or []:
+        verdict = "passed" if diag["passed"] else "FAILED"
+        failed = ", ".join(
+            f["test"] + ("" if f["gpu"] is None else f" (GPU {f['gpu']})") for f in diag["failed"]
+        )
+        minutes = (now - diag["finished"]) / 60
+        lines.append(
+            f"Diagnostic level {diag['level']} {verdict} {minutes:.0f} min ago"
+            + (f": {failed or diag['error']}" if not diag["passed"] else "")
+        )
+    return ["", *lines] if lines else []

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuagent.metrics.names import clock_event_reason_names
-from gpuagent.model import Finding, GpuEvent, GpuState, NodeSnapshot, SourceStatus
+from gpuagent.model import DiagResult, Finding, GpuEvent, GpuState, NodeSnapshot, SourceStatus
 
 SCHEMA_VERSION = 1
 
@@ -118,6 +118,20 @@ def status_document(snapshot: NodeSnapshot) -> dict[str, Any]:
         "recent_events": len(snapshot.events),
         "remediation": _remediation_json(snapshot),
         "dcgm": _dcgm_json(snapshot),
+        "diag": [_diag_json(result) for result in snapshot.diag],
+    }
+
+
+def _diag_json(result: DiagResult) -> dict[str, Any]:
+    """The latest diagnostic of one level: its verdict and the tests that failed."""
+    return {
+        "level": result.level,
+        "passed": result.passed,
+        "via": result.via,
+        "finished": result.finished,
+        "gpus": list(result.gpus),
+        "failed": [{"test": t.name, "gpu": t.gpu, "info": t.info} for t in result.failures()],
+        "error": result.error,
     }
 
 
