@@ -222,6 +222,28 @@ def test_driver_detach_and_diag_unavailable_when_down(engine: Any) -> None:
     asyncio.run(scenario())
 
 
+def test_diagnostic_through_the_bindings_while_up(engine: Any) -> None:
+    engine.set_diag_test(
+        "memory", results={1: "fail"}, errors=[{"gpu": 1, "code": 52, "msg": "bad"}]
+    )
+
+    async def scenario() -> None:
+        source = DcgmSource(_config())
+        task = asyncio.create_task(source.run())
+        try:
+            await _until(lambda: source.status().state == "up")
+            result = await source.run_diag(2, (0, 1))  # memory is a level 2 test
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            source.close()
+        assert (result.via, result.level, result.passed) == ("bindings", 2, False)
+        assert [(t.name, t.gpu) for t in result.failures()] == [("memory", 1)]
+
+    asyncio.run(scenario())
+    assert engine.calls("dcgmActionValidate_v2")
+
+
 # --- the check's de-dup rule ------------------------------------------------------------
 
 

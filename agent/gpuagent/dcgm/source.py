@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 from gpuagent.config import DcgmSourceSection
-from gpuagent.dcgm import health
+from gpuagent.dcgm import diag, health
 from gpuagent.dcgm.bindings import DcgmAbsentError, DcgmBindings, load
 from gpuagent.dcgm.control import DiagUnavailableError
 from gpuagent.dcgm.fields import ProfilingWatch
@@ -278,7 +277,6 @@ class DcgmSource:
 
     async def run_diag(self, level: int, gpu_ids: tuple[int, ...]) -> DiagResult:
         dcgm, handle = self._connected()
-        diag = importlib.import_module("gpuagent.dcgm.diag")
         try:
             result: DiagResult = await self._call(
                 lambda: diag.validate(dcgm.agent, dcgm.structs, handle, level, gpu_ids),
