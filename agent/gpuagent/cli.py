@@ -580,7 +580,7 @@ def _add_remediation_commands(add: Add) -> None:
 
     diag = add(
         "diag",
-        "run DCGM's diagnostic through the daemon; exit 0 passed, 1 failed, 2 could not run",
+        "run DCGM's diagnostic through the daemon; exit 0 passed, 1 failed, 2 unavailable",
     )
     _socket_options(diag)
     diag.add_argument(
