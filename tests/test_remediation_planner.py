@@ -768,6 +768,15 @@ def _xid_event(code: int) -> GpuEvent:
         pytest.param({}, "timeout", (), [], id="timeout-unknown"),
         pytest.param({}, "ok", (_xid_event(119),), [CORDON, RESET0], id="xid-119"),
         pytest.param({}, "ok", (_xid_event(79),), [CORDON], id="xid-79"),
+        # XID 64 (a row remap failed) asks for a reset; with no spare rows it cannot help.
+        pytest.param({}, "ok", (_xid_event(64),), [CORDON, RESET0], id="xid-64"),
+        pytest.param(
+            {"row_remap_failure": True},
+            "ok",
+            (_xid_event(64),),
+            [CORDON],
+            id="xid-64-with-row-remap-failure-no-reset",
+        ),
         pytest.param({}, "lost", (_xid_event(119),), [CORDON], id="xid-119-on-lost-gpu"),
         pytest.param({}, "ok", (_xid_event(31),), [], id="xid-31-app"),
         pytest.param({}, "ok", (), [], id="healthy"),

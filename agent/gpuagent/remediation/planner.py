@@ -275,9 +275,12 @@ def _positive(value: float) -> bool:
 
 def _reset(gpu: GpuState, asks: Sequence[_Ask], history: History) -> list[PlannedAction]:
     bus = gpu.identity.pci_bus_id
-    # An escalated GPU's reset already failed: it waits for a drain and reboot.
+    # An escalated GPU's reset already failed: it waits for a drain and reboot. A GPU
+    # whose row remapping failed has no spare rows left: whatever asks for a reset (XID 64
+    # comes with the failure), none can repair its memory, so it waits for replacement.
     lead = _leading(_of_kind(asks, "reset_gpu"))
-    if lead is None or bus in history.escalated:
+    remap_failed = gpu.readings is not None and gpu.readings.row_remap_failure is True
+    if lead is None or bus in history.escalated or remap_failed:
         return []
     return [_from_finding("reset_gpu", bus, lead.finding)]
 
