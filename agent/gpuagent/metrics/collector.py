@@ -24,7 +24,7 @@ from gpuagent.metrics import names
 from gpuagent.metrics.diag import diag_families
 from gpuagent.metrics.events import event_families
 from gpuagent.metrics.inventory import inventory_families
-from gpuagent.metrics.names import GpuMetric, MetricSpec
+from gpuagent.metrics.names import GpuMetric, Kind, MetricSpec
 from gpuagent.model import (
     Finding,
     GpuIdentity,
@@ -286,13 +286,11 @@ class _Builder:
         return [per_check, status]
 
     def _table_family(self, metric: GpuMetric, *, dcgm: bool) -> Metric:
-        family_type = (
-            GaugeMetricFamily if metric.kind.exposition_type == "gauge" else UnknownMetricFamily
-        )
-        family = family_type(
+        family = _typed_family(
             metric.name,
             metric.help,
-            labels=names.DCGM_LABELS if dcgm else names.GPU_LABELS,
+            metric.kind,
+            names.DCGM_LABELS if dcgm else names.GPU_LABELS,
         )
         samples = family.samples
         for gpu, identity, readings in self.answering:
@@ -323,10 +321,7 @@ class _Builder:
                 measured.append((labels, dict(entry.values)))
         families: list[Metric] = []
         for metric in names.DCGM_PROFILING_METRICS:
-            family_type = (
-                GaugeMetricFamily if metric.kind.exposition_type == "gauge" else UnknownMetricFamily
-            )
-            family = family_type(metric.name, metric.help, labels=names.DCGM_LABELS)
+            family = _typed_family(metric.name, metric.help, metric.kind, names.DCGM_LABELS)
             for labels, values in measured:
                 value = values.get(metric.field_id)
                 if value is not None:
@@ -395,6 +390,12 @@ def _pcie_links(paths: Sequence[PciePath], hostname: str) -> list[tuple[PcieLink
             if link.address not in seen:
                 seen[link.address] = (link, (link.address, link.role, device, hostname))
     return list(seen.values())
+
+
+def _typed_family(name: str, help_text: str, kind: Kind, labels: Sequence[str]) -> Metric:
+    """A gauge, or an untyped family for counters (see docs/metrics.md)."""
+    family_type = GaugeMetricFamily if kind.exposition_type == "gauge" else UnknownMetricFamily
+    return family_type(name, help_text, labels=labels)
 
 
 def _bus_key(bus_id: str) -> str:

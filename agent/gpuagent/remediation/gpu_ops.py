@@ -28,6 +28,8 @@ from gpuagent.sources.nvml import active_source
 
 log = logging.getLogger(__name__)
 
+# Characters of a reset command's output kept in its result.
+_KEEP_OUTPUT = 500
 # Processes that hold every GPU's device node open by design; they are not a workload.
 _SYSTEM_HOLDERS = frozenset({"nvidia-persistenced", "nv-hostengine", "nvidia-smi"})
 
@@ -112,9 +114,9 @@ class GpuOps:
             raise GpuOperationError(f"{argv[0]} exited {returncode}: {text}")
         return text or "reset"
 
-    async def _run(self, argv: list[str], keep: int = 500) -> tuple[int, str]:
-        """Run ``argv`` (no shell) under the timeout: its exit code and output (the last
-        ``keep`` characters)."""
+    async def _run(self, argv: list[str]) -> tuple[int, str]:
+        """Run ``argv`` (no shell) under the timeout: its exit code and the end of its
+        output."""
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv,
@@ -134,7 +136,7 @@ class GpuOps:
                 f"{argv[0]} did not finish within {self._timeout:.0f} s"
             ) from None
         text = output.decode(errors="replace").strip()
-        return int(process.returncode or 0), text[-keep:]
+        return int(process.returncode or 0), text[-_KEEP_OUTPUT:]
 
     async def device_holders(self, minor: int | None) -> list[tuple[int, str]]:
         """Processes (pid, name) other than us that hold /dev/nvidia<minor> open.
