@@ -105,3 +105,21 @@ def test_latest_newest_first_with_filter() -> None:
         log.add(event(f"e{i}", code=i, gpu=BUS if i % 2 else None))
     assert [e.code for e in log.latest(10)] == [3, 2, 1, 0]
     assert [e.code for e in log.latest(1, lambda e: e.gpu == BUS)] == [3]
+
+
+def test_a_reset_clears_the_gpus_earlier_faults_even_those_that_arrive_late() -> None:
+    log = EventLog(EventsSection())
+    assert log.add(event("kmsg:b:1", code=48, at=90.0))
+    assert log.add(event("kmsg:b:2", kind="aer", code=None, at=91.0))
+    assert log.forget(BUS, 110.0, frozenset({"xid", "gsp"})) == 1
+    # Stamped during the reset, read after it returned: cleared all the same...
+    assert log.add(event("nvml:late", source="nvml", code=48, at=109.0))
+    # ...but a fault after the reset, another kind, another GPU are kept.
+    assert log.add(event("kmsg:b:3", code=48, at=125.0))
+    assert log.add(event("kmsg:b:4", kind="aer", code=None, at=109.5))
+    assert log.add(event("kmsg:b:5", code=48, gpu="0000:5d:00.0", at=109.0))
+    kept = [e.event_id for e in log.recent()]
+    assert kept == ["kmsg:b:2", "kmsg:b:3", "kmsg:b:4", "kmsg:b:5"]
+    # Every one of them happened: the counts since start include the cleared ones.
+    xid48 = next(c for c in log.counts() if c.gpu == BUS and c.kind == "xid")
+    assert xid48.count == 3

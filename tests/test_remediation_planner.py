@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuagent.checks import HealthMemory, evaluate
+from gpuagent.checks.xid import judge
 from gpuagent.config import (
     ChecksSection,
     RemediationCordon,
@@ -91,17 +92,17 @@ def finding(
     return Finding(check, severity, reason or f"{check} {severity.name}", bus, evidence, action)
 
 
-def xid(code: int, severity: Severity = CRITICAL, *, bus: str | None = BUS0) -> Finding:
-    """An xid finding with the evidence the xid check gives: the XID and its catalog bucket."""
+def xid(code: int, line: str = "", *, bus: str | None = BUS0) -> Finding:
+    """An xid finding as the xid check makes it: its verdict, the XID and catalog bucket."""
     info = lookup(code)
     assert info is not None
-    verdict = {"RESET_GPU": "reset_gpu", "RESTART_BM": "drain_and_reboot"}
+    verdict = judge(code, line).verdict
     return finding(
         "xid",
-        severity,
-        f"Xid {code} ({info.mnemonic}): {info.action}",
+        verdict.severity,
+        f"Xid {code} ({info.mnemonic}): {verdict.label}",
         bus=bus,
-        action=verdict.get(info.action, "contact_support"),
+        action=verdict.action.value,
         evidence=(("xid_events", 1), ("xid", code), ("catalog_action", info.action)),
     )
 
@@ -196,9 +197,105 @@ DEFAULT_RULE_CASES = [
     pytest.param([xid(95)], {}, [CORDON, RESET0], id="xid-95-uncontained"),
     pytest.param([xid(119)], {}, [CORDON, RESET0], id="xid-119-gsp-rpc-timeout"),
     pytest.param([xid(120)], {}, [CORDON, RESET0], id="xid-120-gsp-error"),
-    pytest.param([xid(31, WARN)], {}, [], id="xid-31-application-error"),
-    pytest.param([xid(74)], {}, [], id="xid-74-contact-support"),
-    pytest.param([xid(48)], {}, [], id="xid-48-left-to-the-ecc-check"),
+    pytest.param([xid(31)], {}, [], id="xid-31-application-error"),
+    pytest.param(
+        [finding("xid", CRITICAL, "application errors too fast", action="investigate")],
+        {},
+        [],
+        id="xid-application-error-rate-no-cordon",
+    ),
+    pytest.param([xid(74)], {}, [CORDON], id="xid-74-contact-support"),
+    pytest.param([xid(48)], {}, [CORDON], id="xid-48-alone"),
+    pytest.param(
+        [xid(154, "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)")],
+        {},
+        [CORDON],
+        id="xid-154-reboot",
+    ),
+    pytest.param(
+        [xid(154, "GPU recovery action changed from 0x2 (Node Reboot Required) to 0x0 (None)")],
+        {},
+        [],
+        id="xid-154-no-recovery-needed",
+    ),
+    pytest.param(
+        [xid(145, "NVLink: RLW Error (0x1) link 3 RLW_RXPIPE Fatal XC0 i0")],
+        {},
+        [CORDON],
+        id="xid-145-fatal-nvlink5",
+    ),
+    pytest.param(
+        [xid(145, "NVLink: RLW Error (0x1) link 3 RLW_RXPIPE Nonfatal XC0 i0")],
+        {},
+        [],
+        id="xid-145-nonfatal-nvlink5",
+    ),
+    pytest.param(
+        [finding("sxid", CRITICAL, "fatal SXid 12028", bus=None, action="drain_and_reboot")],
+        {},
+        [CORDON],
+        id="sxid-fatal",
+    ),
+    pytest.param(
+        [finding("aer", CRITICAL, "uncorrectable AER error", action="drain_and_reboot")],
+        {},
+        [CORDON],
+        id="aer-uncorrectable",
+    ),
+    pytest.param(
+        [finding("fabric", CRITICAL, "nvidia-fabricmanager is failed", bus=None)],
+        {},
+        [CORDON],
+        id="fabric-manager-down",
+    ),
+    pytest.param(
+        [finding("driver", CRITICAL, "kernel module not loaded: nvidia", bus=None)],
+        {},
+        [CORDON],
+        id="driver-module-not-loaded",
+    ),
+    pytest.param(
+        [finding("kernel", CRITICAL, "driver/library version mismatch", bus=None)],
+        {},
+        [CORDON],
+        id="kernel-api-mismatch",
+    ),
+    pytest.param(
+        [finding("nvml", CRITICAL, "NVIDIA driver not loaded", bus=None, action="load_driver")],
+        {},
+        [CORDON],
+        id="nvml-driver-not-loaded",
+    ),
+    pytest.param(
+        [finding("nvml", CRITICAL, "version mismatch", bus=None, action="reboot")],
+        {},
+        [CORDON],
+        id="nvml-version-mismatch",
+    ),
+    pytest.param(
+        [finding("nvml", CRITICAL, "no permission to use NVML", bus=None, action="run_as_root")],
+        {},
+        [],
+        id="nvml-no-permission-is-ours-to-fix",
+    ),
+    pytest.param(
+        [finding("nvml", CRITICAL, "NVML timed out", bus=None, action="investigate")],
+        {},
+        [],
+        id="nvml-timeout-is-no-reason-to-cordon",
+    ),
+    pytest.param(
+        [finding("gpu_count", CRITICAL, "1 of 8 expected GPUs missing", bus=None)],
+        {},
+        [CORDON],
+        id="gpu-count-missing",
+    ),
+    pytest.param(
+        [finding("dcgm", CRITICAL, "DCGM health: memory failure", action="drain_and_reset")],
+        {},
+        [CORDON],
+        id="dcgm-health-failure",
+    ),
     pytest.param(
         [finding("bus", CRITICAL, "GPU has fallen off the bus", action="drain_and_reboot")],
         {},
@@ -307,7 +404,8 @@ def test_actions_carry_their_finding() -> None:
 
 def test_every_default_rule_is_covered() -> None:
     covered = {"persistence", "ecc", "row_remap", "retired_pages", "xid", "availability"}
-    covered |= {"bus", "nvlink", "thermal"}
+    covered |= {"bus", "nvlink", "thermal", "aer", "sxid", "dcgm", "kernel", "nvml"}
+    covered |= {"gpu_count", "driver", "fabric"}
     assert {rule.check for rule in _default_rules()} == covered
 
 
@@ -332,7 +430,7 @@ def test_unknown_never_acts(rule: RemediationRule) -> None:
     "found",
     [
         pytest.param(finding("ecc", WARN, action="drain_and_reset"), id="ecc"),
-        pytest.param(xid(119, WARN), id="xid-reset-bucket"),
+        pytest.param(dataclasses.replace(xid(119), severity=WARN), id="xid-reset-bucket"),
         pytest.param(finding("availability", WARN), id="availability"),
         pytest.param(finding("bus", WARN), id="bus"),
         pytest.param(finding("nvlink", WARN), id="nvlink"),
@@ -418,7 +516,7 @@ def test_one_cordon_summarises_every_gpu_worst_first() -> None:
     cordon = actions[0]
     assert cordon.reason == (
         f"GPU {BUS1}: 1 uncorrectable ECC error (ecc); "
-        f"GPU {BUS2}: Xid 79 (ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS): RESTART_BM (xid); "
+        f"GPU {BUS2}: Xid 79 (ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS): reboot required (xid); "
         f"GPU {BUS0}: reset required (row_remap)"
     )
     assert (cordon.check, cordon.severity) == ("ecc", "CRITICAL")
@@ -699,6 +797,12 @@ xids = [31]
 check = "thermal"
 severity = "WARN"
 actions = ["cap_power"]
+
+[[remediation.rules]]
+check = "pcie"
+severity = "WARN"
+actions = ["cordon"]
+finding_actions = ["reseat_or_replace"]
 """
 
 
@@ -708,9 +812,13 @@ actions = ["cap_power"]
         pytest.param(finding("aer", CRITICAL, "fatal AER"), [CORDON], id="aer-cordons"),
         pytest.param(finding("aer", WARN, "corrected rate"), [], id="aer-warn-below"),
         pytest.param(xid(79), [CORDON], id="xid-by-bucket"),
-        pytest.param(xid(31, WARN), [CORDON], id="xid-by-number"),
+        pytest.param(xid(31), [CORDON], id="xid-by-number"),
         pytest.param(xid(119), [], id="xid-neither"),
         pytest.param(finding("thermal", WARN), [CAP0], id="thermal-warn-caps"),
+        pytest.param(
+            finding("pcie", WARN, action="reseat_or_replace"), [CORDON], id="by-finding-action"
+        ),
+        pytest.param(finding("pcie", WARN, action="investigate"), [], id="other-finding-action"),
         pytest.param(
             finding("ecc", CRITICAL, action="drain_and_reset"), [], id="defaults-replaced"
         ),

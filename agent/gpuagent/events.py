@@ -28,6 +28,10 @@ class EventLog:
         self._counts: dict[_CountKey, EventCount] = {}
         self._recent: tuple[GpuEvent, ...] | None = ()
         self._counts_view: tuple[EventCount, ...] | None = ()
+        # gpu → (kinds, before) of its last reset: events of those kinds stamped before it
+        # that arrive late (an NVML event, a kernel line read after the reset returned)
+        # were cleared by that reset all the same.
+        self._cleared: dict[str, tuple[frozenset[str], float]] = {}
         self.duplicates = 0
 
     def add(self, event: GpuEvent) -> bool:
@@ -35,8 +39,10 @@ class EventLog:
         if event.event_id in self._ids or self._same_xid_other_source(event):
             self.duplicates += 1
             return False
-        self._events.append(event)
-        self._ids.add(event.event_id)
+        # Counted (it happened) but not kept for the checks when a reset already cleared it.
+        if not self._cleared_by_reset(event):
+            self._events.append(event)
+            self._ids.add(event.event_id)
         if event.kind == "xid" and event.code is not None:
             self._last_xid[(event.gpu, event.code)] = (event.source, event.monotonic)
         key = (event.gpu, event.kind, event.code, event.aer_severity)
@@ -52,6 +58,10 @@ class EventLog:
         self._recent = self._counts_view = None
         self._trim(event.monotonic)
         return True
+
+    def _cleared_by_reset(self, event: GpuEvent) -> bool:
+        cleared = self._cleared.get(event.gpu) if event.gpu is not None else None
+        return cleared is not None and event.kind in cleared[0] and event.monotonic < cleared[1]
 
     def _same_xid_other_source(self, event: GpuEvent) -> bool:
         if event.kind != "xid" or event.code is None:
@@ -82,7 +92,9 @@ class EventLog:
 
     def forget(self, gpu: str, before: float, kinds: frozenset[str]) -> int:
         """Drop ``gpu``'s events of ``kinds`` older than ``before`` (a GPU reset clears the
-        XIDs that asked for it); counts since start are kept. Returns how many went."""
+        XIDs that asked for it); counts since start are kept. Such events that arrive
+        later are not kept either. Returns how many went."""
+        self._cleared[gpu] = (kinds, before)
         kept = [
             e
             for e in self._events

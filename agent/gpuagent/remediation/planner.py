@@ -58,10 +58,13 @@ class _Ask:
 
 def rule_matches(rule: RemediationRule, finding: Finding) -> bool:
     """Whether ``rule`` applies to ``finding``: same check, at least the rule's severity
-    (never UNKNOWN), and for rules naming XID buckets or XIDs, one of them."""
+    (never UNKNOWN), for rules naming finding actions one of them, and for rules naming
+    XID buckets or XIDs, one of them."""
     if rule.check != finding.check or finding.severity not in _ACTIONABLE:
         return False
     if finding.severity.rank < Severity[rule.severity].rank:
+        return False
+    if rule.finding_actions and finding.action not in rule.finding_actions:
         return False
     return _xid_filter_matches(rule, finding)
 

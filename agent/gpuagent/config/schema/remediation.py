@@ -11,8 +11,9 @@ from gpuagent.config.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIV
 
 @dataclass(frozen=True)
 class RemediationRule:
-    """Findings → actions. A rule matches a finding by check and minimum severity, and,
-    for the xid check, optionally by the XID catalog's action bucket or the XIDs."""
+    """Findings → actions. A rule matches a finding by check and minimum severity,
+    optionally by the action the finding recommends, and, for the xid check, optionally by
+    the XID catalog's action bucket or the XIDs."""
 
     check: str
     actions: list[Literal["enable_persistence", "cordon", "reset_gpu", "cap_power"]]
@@ -20,12 +21,23 @@ class RemediationRule:
     # xid findings only: match when the finding's bucket is one of these ("" = any).
     xid_buckets: list[str] = field(default_factory=list)
     xids: list[Annotated[int, AT_LEAST_ONE]] = field(default_factory=list)
+    # Match only findings whose recommended action is one of these ("" = any), e.g.
+    # "drain_and_reboot": the action `gpuagent status` shows with each finding.
+    finding_actions: list[str] = field(default_factory=list)
     # Reason given with a cordon request (default: the finding's reason).
     cordon_reason: str = ""
 
 
+# The recommended actions (gpuagent.checks.vocabulary.Action) of findings the defaults
+# cordon for even where no rule for the whole check does.
+_OUT_OF_SERVICE = ("reset_gpu", "drain_and_reset", "drain_and_reboot", "contact_support")
+_DRIVER_BROKEN = ("load_driver", "install_driver", "reboot")
+
+
 def _default_rules() -> list[RemediationRule]:
-    # The runbooks' defaults; config.example.toml shows them as [[remediation.rules]].
+    # The runbooks' defaults; config.example.toml shows them as [[remediation.rules]] and
+    # docs/remediation-policy.md says why each is there. Every CRITICAL a check can report
+    # has a rule, except those no cordon helps (see that page).
     return [
         RemediationRule("persistence", ["enable_persistence"], "WARN"),
         RemediationRule("ecc", ["cordon", "reset_gpu"]),
@@ -37,10 +49,23 @@ def _default_rules() -> list[RemediationRule]:
             "retired_pages", ["cordon", "reset_gpu"], "WARN", cordon_reason="reset required"
         ),
         RemediationRule("xid", ["cordon", "reset_gpu"], xid_buckets=["RESET_GPU"]),
-        RemediationRule("xid", ["cordon"], xids=[79, 95, 119, 120]),
+        # Every other XID that takes the GPU out of service: Xid 48 alone, 74, 79, 154,
+        # fatal NVLink5 XIDs, "contact support". Not the application-error rate, whose
+        # cause is more often the workload than the GPU.
+        RemediationRule("xid", ["cordon"], finding_actions=list(_OUT_OF_SERVICE)),
         RemediationRule("availability", ["cordon"]),
         RemediationRule("bus", ["cordon"]),
         RemediationRule("nvlink", ["cordon"]),
+        RemediationRule("aer", ["cordon"]),
+        RemediationRule("sxid", ["cordon"]),
+        RemediationRule("dcgm", ["cordon"]),
+        RemediationRule("kernel", ["cordon"]),
+        # The driver cannot serve the GPUs; not the agent's own trouble (no permission,
+        # a timeout), which no cordon fixes.
+        RemediationRule("nvml", ["cordon"], finding_actions=list(_DRIVER_BROKEN)),
+        RemediationRule("gpu_count", ["cordon"]),
+        RemediationRule("driver", ["cordon"]),
+        RemediationRule("fabric", ["cordon"]),
         RemediationRule("thermal", ["cap_power"]),
     ]
 
