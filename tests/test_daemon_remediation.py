@@ -183,3 +183,33 @@ def test_the_kill_switch_pauses_every_action(tmp_path: Path) -> None:
         )
     finally:
         daemon.stop()
+
+
+def test_a_row_remap_failure_leaves_an_rma_bundle_named_in_the_actions(tmp_path: Path) -> None:
+    workdir = tmp_path / "node"
+    report = workdir / "nvidia-bug-report.sh"
+    workdir.mkdir()
+    report.write_text(
+        f"#!{sys.executable}\nimport sys\n"
+        "open(sys.argv[sys.argv.index('--output-file') + 1], 'w').write('report\\n')\n"
+    )
+    report.chmod(0o755)
+    scenario = '[node]\ngpus = 2\n[[fault]]\ngpu = 1\nkind = "row_remap_failure"\n'
+    extra = f'[remediation.evidence]\nbug_report_command = "{report}"\n'
+    daemon = start_daemon(workdir, scenario, config_extra=extra)
+    try:
+        # Observe mode (the default) collects it too: it changes nothing on the node.
+        _wait(lambda: "succeeded" in _steps(daemon, "evidence"))
+        record = next(a for a in _actions(daemon) if a["action"] == "evidence")
+        assert record["target"] == "0000:2a:00.0"
+        bundles = list((workdir / "state" / "evidence").glob("*.tar.gz"))
+        assert len(bundles) == 1
+        done = next(a for a in _actions(daemon) if a["result"] == "succeeded")
+        assert str(bundles[0]) in done["detail"]
+        assert "nvidia-bug-report: included" in done["detail"]
+        listing = run_cli("actions", "--socket", str(daemon.socket))
+        assert listing.returncode == 0, listing.stderr
+        assert "evidence" in listing.stdout
+        assert bundles[0].name in listing.stdout
+    finally:
+        daemon.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Any, Literal
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuagent.checks import HealthMemory, evaluate
+from gpuagent.checks.vocabulary import Action
 from gpuagent.checks.xid import judge
 from gpuagent.config import (
     ChecksSection,
@@ -20,6 +22,7 @@ from gpuagent.config import (
     _default_rules,
     parse_config,
 )
+from gpuagent.config.schema.remediation import FindingAction
 from gpuagent.kernel.xid import lookup
 from gpuagent.model import (
     EvidenceValue,
@@ -1053,3 +1056,7 @@ def test_plan_never_raises_and_keys_are_unique(
             assert isinstance(limit, float)
             assert isinstance(previous, float)
             assert 0 < limit < previous
+
+
+def test_rules_can_name_every_action_a_finding_recommends() -> None:
+    assert set(typing.get_args(FindingAction)) == {action.value for action in Action}

@@ -355,6 +355,8 @@ class Agent:
         await self._until(deadline, self._api.stop(), "the local API")
         if self._remediation_task is not None:
             await self._cancel_and_wait([self._remediation_task], deadline)
+        if self.remediator is not None:
+            await self._until(deadline, self.remediator.close(), "evidence bundles")
         await self._until(deadline, self._close_sources(), "closing NVML")
         if self._dcgm_source is not None:
             self._dcgm_source.close()

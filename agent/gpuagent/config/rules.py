@@ -33,14 +33,6 @@ def check_value(key: str, value: object) -> str | None:
         odd = [p for p in typing.cast("list[str]", value) if not _MIG_PROFILE_RE.match(p)]
         if odd:
             return f'{odd[0]!r} is not a GPU-instance profile name like "1g.10gb" or "1g.10gb+me"'
-    if key == "remediation.rules.finding_actions":
-        # Imported here, not at the top: the checks package imports this one.
-        from gpuagent.checks.vocabulary import Action  # noqa: PLC0415
-
-        known = {action.value for action in Action}
-        odd = [a for a in typing.cast("list[str]", value) if a not in known]
-        if odd:
-            return f"{odd[0]!r} is not a finding action (one of: {', '.join(sorted(known))})"
     if key == "aggregator.http_hosts":
         odd = [h for h in typing.cast("list[str]", value) if not _HTTP_HOST_RE.match(h)]
         if odd:

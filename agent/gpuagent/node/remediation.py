@@ -16,6 +16,7 @@ from gpuagent.model import DiagResult, NodeSnapshot, RemediationStatus
 from gpuagent.remediation.aggregator import Ask
 from gpuagent.remediation.audit import AuditError, AuditStore
 from gpuagent.remediation.build import build_backends
+from gpuagent.remediation.evidence import EvidenceCollector
 from gpuagent.remediation.executor import Remediator
 from gpuagent.remediation.gpu_ops import GpuOps
 from gpuagent.remediation.types import PlannedAction
@@ -50,6 +51,11 @@ def build_remediator(
             dcgm=dcgm,
         ),
         diag=DiagRunner(dcgm=dcgm, timeout=remediation.diag.timeout),
+        evidence=EvidenceCollector(
+            remediation.evidence, config.agent.state_dir / "evidence", node=node
+        )
+        if remediation.evidence.enabled
+        else None,
         node=node,
         cluster=config.agent.cluster,
         on_reset=on_reset,

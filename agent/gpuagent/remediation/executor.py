@@ -10,7 +10,9 @@ record, the action, and its result. After a reset the GPU must come back healthy
 after_reset_level); if it does not, the reset is escalated: the node is cordoned with
 "drain and reboot" and that GPU is never reset again. Before an uncordon the GPUs the cordon
 was for must pass the diagnostic (before_uncordon_level), or the node stays cordoned. Every
-diagnostic is audited (kind "diag").
+diagnostic is audited (kind "diag"). An escalation, a row-remap failure and the
+retired-page limit collect an RMA evidence bundle for the GPU, in the background (kind
+"evidence"; see gpuagent.remediation.evidence).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from gpuagent.dcgm.runner import DiagRunner, describe, failed_tests
 from gpuagent.model import DiagResult, NodeSnapshot, Severity
 from gpuagent.remediation.audit import AuditError, AuditRecord, AuditStore
 from gpuagent.remediation.backend import CordonBackend
+from gpuagent.remediation.evidence import ESCALATED, EvidenceCollector, rma_trigger
 from gpuagent.remediation.gpu_ops import GpuOperationError, GpuOps
 from gpuagent.remediation.planner import node_is_healthy, plan, thermal_ok
 from gpuagent.remediation.types import (
@@ -57,6 +60,8 @@ _COOLDOWN_RESULTS: tuple[ActionResult, ...] = (
     "refused",
     "skipped",
 )
+# How soon a bundle that could not be collected is tried again.
+_EVIDENCE_RETRY = 3600.0
 
 
 @dataclass
@@ -78,6 +83,7 @@ class Remediator:
         cluster: str,
         on_reset: Callable[[str, float], None] = lambda _bus, _when: None,
         diag: DiagRunner | None = None,
+        evidence: EvidenceCollector | None = None,
         simulated: bool = False,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
@@ -91,6 +97,9 @@ class Remediator:
         self._on_reset = on_reset
         # DCGM's diagnostic (None: never available, as on a node without DCGM or dcgmi).
         self.diag = diag
+        self.evidence = evidence
+        self._collecting: dict[str, asyncio.Task[None]] = {}  # bus id → its bundle's task
+        self._snapshot: NodeSnapshot | None = None  # the newest, for bundles
         self._clock = clock
         self._wall = wall_clock
         self._persistenced = not simulated and shutil.which("nvidia-persistenced") is not None
@@ -195,14 +204,17 @@ class Remediator:
             if not await self._audit_ready():
                 raise AuditError(self.audit.error)
             last = self.audit.last(action.kind, action.target, _ALL_RESULTS)
+            self._snapshot = snapshot
             await self._execute(action, snapshot)
             record = self.audit.last(action.kind, action.target, _ALL_RESULTS)
         return record if record is not None and (last is None or record.id != last.id) else None
 
     async def _cycle(self, snapshot: NodeSnapshot) -> None:
         now = self._clock()
+        self._snapshot = snapshot
         self._track(snapshot, now)
         await self._verify(snapshot)
+        self._gather_evidence(snapshot)
         for action in plan(snapshot, self.history(), now, self.config):
             try:
                 await self._execute(action, snapshot)
@@ -270,6 +282,68 @@ class Remediator:
             return action
         gpus = self._cordon_request(action.reason, snapshot).gpus
         return dataclasses.replace(action, params=(*action.params, ("gpus", ",".join(gpus))))
+
+    # --- RMA evidence ------------------------------------------------------------------------
+
+    def _gather_evidence(self, snapshot: NodeSnapshot) -> None:
+        """A bundle for each GPU a finding says is a replacement case, once while one is
+        kept (``evidence.max_age_days``): the same finding every poll asks for nothing new."""
+        if self.evidence is None:
+            return
+        now = self._wall()
+        kept_since = now - self.evidence.config.max_age_days * 86400.0
+        for finding in snapshot.health.problems():
+            trigger = rma_trigger(finding)
+            if trigger is None or finding.gpu is None:
+                continue
+            collected = self.audit.count("evidence", ("succeeded",), kept_since, finding.gpu)
+            # A bundle that could not be written (a full disk) is tried again, hourly.
+            tried = self.audit.count("evidence", ("started",), now - _EVIDENCE_RETRY, finding.gpu)
+            if not collected and not tried:
+                self._collect(finding.gpu, trigger, finding.reason)
+
+    def _collect(self, bus_id: str, trigger: str, reason: str) -> None:
+        """Collect a bundle in the background: a bug report takes minutes, and remediation
+        of the other GPUs (a thermal cap) must not wait for it."""
+        running = self._collecting.get(bus_id)
+        if self.evidence is None or self._snapshot is None or running is not None:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._bundle(self.evidence, self._snapshot, bus_id, trigger, reason),
+            name=f"evidence {bus_id}",
+        )
+        self._collecting[bus_id] = task
+        task.add_done_callback(lambda _: self._collecting.pop(bus_id, None))
+
+    async def _bundle(
+        self,
+        evidence: EvidenceCollector,
+        snapshot: NodeSnapshot,
+        bus_id: str,
+        trigger: str,
+        reason: str,
+    ) -> None:
+        action = PlannedAction("evidence", bus_id, reason, params=(("trigger", trigger),))
+        try:
+            await self._record(action, "started")
+            try:
+                bundle = await evidence.collect(snapshot, bus_id, trigger, reason)
+            except OSError as exc:
+                await self._record(action, "failed", f"cannot write the bundle: {exc}")
+                return
+            except asyncio.CancelledError:
+                await self._record(action, "failed", "stopped with the agent")
+                raise
+            await self._record(action, "succeeded", bundle.describe())
+        except AuditError as exc:
+            log.error("evidence for %s not recorded: %s", bus_id, exc)  # noqa: TRY400
+
+    async def close(self) -> None:
+        """Stop bundles still being collected (their bug reports with them)."""
+        tasks = list(self._collecting.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     # --- budgets and preconditions -------------------------------------------------------
 
@@ -443,6 +517,7 @@ class Remediator:
         """A reset that did not help: ask for drain and reboot, never reset this GPU again."""
         action = PlannedAction("reset_gpu", bus_id, "drain and reboot required")
         await self._record(action, "escalated", why)
+        self._collect(bus_id, ESCALATED, f"reset escalated: {why}")
         if not self._backends:
             return
         cordon = PlannedAction(

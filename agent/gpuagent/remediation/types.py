@@ -16,6 +16,7 @@ ActionKind = Literal[
     "cap_power",
     "restore_power",
     "diag",  # a DCGM diagnostic (on request, after a reset, before an uncordon): audited only
+    "evidence",  # an RMA evidence bundle collected for a GPU: audited only
 ]
 ActionResult = Literal[
     "planned",  # observe mode: what would have been done

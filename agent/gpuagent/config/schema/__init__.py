@@ -52,6 +52,7 @@ from gpuagent.config.schema.outputs import (
 from gpuagent.config.schema.remediation import (
     RemediationBudgets,
     RemediationCordon,
+    RemediationEvidence,
     RemediationKubernetes,
     RemediationPower,
     RemediationReset,
@@ -105,6 +106,7 @@ __all__ = [
     "PersistenceCheck",
     "RemediationBudgets",
     "RemediationCordon",
+    "RemediationEvidence",
     "RemediationKubernetes",
     "RemediationPower",
     "RemediationReset",

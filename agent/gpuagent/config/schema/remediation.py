@@ -8,6 +8,33 @@ from typing import Annotated, Literal
 
 from gpuagent.config.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, Range
 
+# What a finding recommends: the values of gpuagent.checks.vocabulary.Action, spelled out
+# here because the checks import the configuration (a test keeps the two the same).
+FindingAction = Literal[
+    "none",
+    "investigate",
+    "restart_app",
+    "reset_gpu",
+    "drain_and_reset",
+    "drain_and_reboot",
+    "check_cooling",
+    "check_power",
+    "reseat_or_replace",
+    "contact_support",
+    "enable_ecc",
+    "enable_persistence",
+    "set_mig_mode",
+    "set_mig_layout",
+    "disable_persistence",
+    "load_driver",
+    "install_driver",
+    "reboot",
+    "run_as_root",
+    "start_service",
+    "restore_settings",
+    "fix_state_dir",
+]
+
 
 @dataclass(frozen=True)
 class RemediationRule:
@@ -21,17 +48,22 @@ class RemediationRule:
     # xid findings only: match when the finding's bucket is one of these ("" = any).
     xid_buckets: list[str] = field(default_factory=list)
     xids: list[Annotated[int, AT_LEAST_ONE]] = field(default_factory=list)
-    # Match only findings whose recommended action is one of these ("" = any), e.g.
-    # "drain_and_reboot": the action `gpuagent status` shows with each finding.
-    finding_actions: list[str] = field(default_factory=list)
+    # Match only findings whose recommended action is one of these (none listed: any),
+    # e.g. "drain_and_reboot": the action `gpuagent status` shows with each finding.
+    finding_actions: list[FindingAction] = field(default_factory=list)
     # Reason given with a cordon request (default: the finding's reason).
     cordon_reason: str = ""
 
 
 # The recommended actions (gpuagent.checks.vocabulary.Action) of findings the defaults
 # cordon for even where no rule for the whole check does.
-_OUT_OF_SERVICE = ("reset_gpu", "drain_and_reset", "drain_and_reboot", "contact_support")
-_DRIVER_BROKEN = ("load_driver", "install_driver", "reboot")
+_OUT_OF_SERVICE: tuple[FindingAction, ...] = (
+    "reset_gpu",
+    "drain_and_reset",
+    "drain_and_reboot",
+    "contact_support",
+)
+_DRIVER_BROKEN: tuple[FindingAction, ...] = ("load_driver", "install_driver", "reboot")
 
 
 def _default_rules() -> list[RemediationRule]:
@@ -138,6 +170,22 @@ class RemediationPower:
 
 
 @dataclass(frozen=True)
+class RemediationEvidence:
+    """RMA evidence bundles under <state_dir>/evidence (see docs/remediation.md): collected
+    when a reset is escalated, rows can no longer be remapped or retired pages reach the
+    limit; read-only, so collected in observe mode too."""
+
+    enabled: bool = True
+    # Run with "--output-file FILE" added when installed; "" never runs it.
+    bug_report_command: str = "nvidia-bug-report.sh"
+    # A wedged GPU can hang it: stopped after this long, what it wrote so far kept.
+    bug_report_timeout_seconds: Annotated[float, POSITIVE] = 600.0
+    # Bundles older than this are removed, then the oldest while all exceed the size.
+    max_age_days: Annotated[float, POSITIVE] = 90.0
+    max_total_mib: Annotated[int, AT_LEAST_ONE] = 2048
+
+
+@dataclass(frozen=True)
 class RemediationKubernetes:
     # Empty: the in-cluster service account.
     kubeconfig: str = ""
@@ -181,3 +229,4 @@ class RemediationSection:
     diag: RemediationDiag = field(default_factory=RemediationDiag)
     power: RemediationPower = field(default_factory=RemediationPower)
     cordon: RemediationCordon = field(default_factory=RemediationCordon)
+    evidence: RemediationEvidence = field(default_factory=RemediationEvidence)
