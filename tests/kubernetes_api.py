@@ -37,7 +37,15 @@ READY = {
 }
 
 
-def make_node(*, unschedulable: bool = False, annotations: dict[str, str] | None = None) -> Any:
+def make_node(
+    *,
+    unschedulable: bool = False,
+    annotations: dict[str, str] | None = None,
+    allocatable: dict[str, str] | None = None,
+    capacity: dict[str, str] | None = None,
+) -> Any:
+    """A Node; ``allocatable`` and ``capacity`` add to the CPU and memory every node has
+    (``{"nvidia.com/gpu": "8"}``), capacity defaulting to allocatable."""
     spec: dict[str, Any] = {"podCIDR": "10.0.3.0/24", "taints": [dict(MAINTENANCE_TAINT)]}
     if unschedulable:
         spec["unschedulable"] = True
@@ -51,7 +59,16 @@ def make_node(*, unschedulable: bool = False, annotations: dict[str, str] | None
             "annotations": {"node.alpha.kubernetes.io/ttl": "0", **(annotations or {})},
         },
         "spec": spec,
-        "status": {"conditions": [dict(READY)]},
+        "status": {
+            "conditions": [dict(READY)],
+            "allocatable": {"cpu": "95", "memory": "2113309504Ki", **(allocatable or {})},
+            "capacity": {
+                "cpu": "96",
+                "memory": "2113411904Ki",
+                **(allocatable or {}),
+                **(capacity or {}),
+            },
+        },
     }
 
 

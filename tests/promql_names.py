@@ -115,6 +115,20 @@ def _full_snapshot() -> NodeSnapshot:
     findings = (
         *ok_findings(),
         Finding(check="pcie", severity=Severity.WARN, reason="degraded", gpu=bus),
+        # The Kubernetes GPU stack's families come from this finding's evidence.
+        Finding(
+            check="kubernetes",
+            severity=Severity.OK,
+            reason="8 healthy GPUs, 8 nvidia.com/gpu allocatable",
+            evidence=(
+                ("resource", "nvidia.com/gpu"),
+                ("gpus_advertised_expected", 8),
+                ("gpus_allocatable", 8),
+                ("gpus_capacity", 8),
+                ("device_plugin_registered", True),
+                ("cdi_gpus_missing", 0),
+            ),
+        ),
     )
     inventory = NodeInventory(
         host=HostFacts(

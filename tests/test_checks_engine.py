@@ -26,6 +26,7 @@ from gpuagent.config import (
     NvlinkCheck,
     PcieCheck,
     PersistenceCheck,
+    ProcessesCheck,
     SxidCheck,
     ThermalCheck,
     XidCheck,
@@ -59,6 +60,7 @@ ALL = (
     "persistence",
     "mig",
     "nvlink",
+    "processes",
 )
 NODE = ("nvml", "sxid", "kernel", "state_dir")
 ALL_OFF = ChecksSection(
@@ -72,6 +74,7 @@ ALL_OFF = ChecksSection(
     sxid=SxidCheck(enabled=False),
     aer=AerCheck(enabled=False),
     bus=BusCheck(enabled=False),
+    processes=ProcessesCheck(enabled=False),
 )
 
 
@@ -112,6 +115,9 @@ def test_findings_come_node_first_then_gpu_by_gpu_in_check_order() -> None:
         pytest.param(with_checks(xid=XidCheck(enabled=False)), ("xid",), id="xid"),
         pytest.param(with_checks(bus=BusCheck(enabled=False)), ("bus",), id="bus"),
         pytest.param(with_checks(aer=AerCheck(enabled=False)), ("aer",), id="aer"),
+        pytest.param(
+            with_checks(processes=ProcessesCheck(enabled=False)), ("processes",), id="processes"
+        ),
         pytest.param(with_checks(sxid=SxidCheck(enabled=False)), (), id="sxid-is-node-level"),
         pytest.param(ALL_OFF, ALL[1:], id="all-off-availability-stays"),
     ],

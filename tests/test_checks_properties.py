@@ -21,6 +21,7 @@ from gpuagent.config import (
     NvlinkCheck,
     PcieCheck,
     PersistenceCheck,
+    ProcessesCheck,
     SxidCheck,
     ThermalCheck,
     XidCheck,
@@ -61,10 +62,16 @@ def _field_strategy(hint: Any) -> st.SearchStrategy[Any]:
         tuple[str, ...] | None: st.none() | st.lists(st.text(max_size=10), max_size=8).map(tuple),
         tuple[int, int, int, int, int] | None: st.none()
         | st.tuples(COUNTER, COUNTER, COUNTER, COUNTER, COUNTER),
-        # The thermal check asks only whether any process runs (busy under MIG).
+        # The thermal check asks only whether any process runs (busy under MIG); the
+        # processes check also reads their memory, owner and whether they still exist.
         tuple[GpuProcess, ...]: st.lists(
             st.builds(
-                GpuProcess, pid=st.integers(1, 2**22), name=st.just("job"), used_mib=st.none()
+                GpuProcess,
+                pid=st.integers(1, 2**22),
+                name=st.just("job"),
+                used_mib=st.none() | ANY_FLOAT,
+                alive=MAYBE_BOOL,
+                user=st.none() | st.just("alice"),
             ),
             max_size=2,
         ).map(tuple),
@@ -247,6 +254,15 @@ CONFIGS = st.builds(
         rate_window_seconds=st.floats(min_value=1e-3, max_value=1e7) | ANY_FLOAT,
     ),
     bus=st.builds(BusCheck, enabled=st.booleans()),
+    processes=st.builds(
+        ProcessesCheck,
+        enabled=st.booleans(),
+        leak_threshold_mib=ANY_FLOAT,
+        leak_seconds=ANY_FLOAT,
+        gone_seconds=ANY_FLOAT,
+        hung_utilization_pct=ANY_FLOAT,
+        hung_seconds=ANY_FLOAT,
+    ),
 )
 
 NVML = st.builds(
@@ -275,6 +291,7 @@ def _enabled(config: ChecksSection) -> list[str]:
         "xid": config.xid.enabled,
         "bus": config.bus.enabled,
         "aer": config.aer.enabled,
+        "processes": config.processes.enabled,
     }
     return [name for name in CHECK_NAMES if switches[name]]
 

@@ -108,6 +108,17 @@ def test_values_are_applied() -> None:
             3,
             "missing required key",
         ),
+        # To Python 1 == True; in TOML 1 is no boolean.
+        ("[checks.kubernetes]\nenabled = 1\n", "checks.kubernetes.enabled", 2, "got int 1"),
+        (
+            (
+                "[[remediation.rules]]\ncheck = 'xid'\nactions = ['cordon']\n"
+                "finding_actions = ['drain_and_reboot', 'reboot_now']\n"
+            ),
+            "remediation.rules.finding_actions",
+            4,
+            "got str 'reboot_now'",
+        ),
     ],
 )
 def test_invalid_values_name_key_and_line(text: str, key: str, line: int, problem: str) -> None:

@@ -172,7 +172,10 @@ def test_process_on_gpu_is_shown_with_its_name(sixteen_gpus: DaemonProcess) -> N
     daemon = sixteen_gpus
     daemon.inject("process", 15, pid=4242, name="train.py", used_mib=1024)
     doc = daemon.wait_for(lambda d: bool(_gpu(d, 15).get("processes")))
-    assert _gpu(doc, 15)["processes"] == [{"pid": 4242, "name": "train.py", "used_mib": 1024.0}]
+    # Looked up in the simulator's process table: uid 0 by default.
+    assert _gpu(doc, 15)["processes"] == [
+        {"pid": 4242, "name": "train.py", "used_mib": 1024.0, "user": "root", "alive": True}
+    ]
 
 
 def test_clear_returns_a_gpu_to_healthy(sixteen_gpus: DaemonProcess) -> None:

@@ -134,6 +134,9 @@ def test_every_table_metric_is_exported_for_every_gpu_with_its_labels():
         ("gpuagent_gpu_pcie_link_width_max", 16.0),
         ("gpuagent_gpu_power_limit_watts", 700.0),
         ("gpuagent_gpu_processes", 1.0),
+        # 2048 MiB in use, 1024 of them held by the GPU's one process.
+        ("gpuagent_gpu_memory_unattributed_bytes", 1024.0 * 1024 * 1024),
+        ("gpuagent_gpu_processes_gone", 0.0),
     ],
 )
 def test_values_come_from_the_right_gpu(name, expected):
@@ -239,6 +242,7 @@ def test_unsupported_values_are_absent_not_zero():
         "gpuagent_gpu_pcie_link_generation_max",
         "gpuagent_gpu_pcie_link_width_max",
         "gpuagent_gpu_processes",
+        "gpuagent_gpu_processes_gone",
         "gpuagent_gpu_sm_clock_max_mhz",
     }
     assert values(found, "gpuagent_gpu_processes") == {"0": 0.0}
@@ -401,7 +405,7 @@ def test_only_gpu_findings_reach_gpu_families():
 _OPTIONAL_FIELDS = [
     name
     for name in GpuReadings.__slots__
-    if name not in ("nvlink_up", "processes")  # tuples, covered above
+    if name not in ("nvlink_up", "processes", "graphics_processes")  # tuples, covered above
 ]
 
 

@@ -109,7 +109,9 @@ def readings(index: int) -> GpuReadings:
         nvlink_crc_data_errors=0,
         nvlink_replay_errors=index,
         nvlink_recovery_errors=0,
-        processes=(GpuProcess(pid=4242 + index, name="python3", used_mib=1024.0),),
+        processes=(
+            GpuProcess(pid=4242 + index, name="python3", used_mib=1024.0, alive=True, user="ml"),
+        ),
         performance_state=0,
         violation_power_ns=1_000 + index,
         violation_thermal_ns=2_000 + index,

@@ -288,6 +288,26 @@ DEFAULT_RULE_CASES = [
         id="nvml-timeout-is-no-reason-to-cordon",
     ),
     pytest.param(
+        [
+            finding(
+                "kubernetes",
+                CRITICAL,
+                "8 healthy GPUs but 0 nvidia.com/gpu allocatable",
+                bus=None,
+                action="restart_device_plugin",
+            )
+        ],
+        {},
+        [CORDON],
+        id="kubernetes-gpus-not-advertised",
+    ),
+    pytest.param(
+        [finding("infiniband", CRITICAL, "mlx5_3/1 DOWN", bus=None, action="investigate")],
+        {},
+        [CORDON],
+        id="infiniband-port-down",
+    ),
+    pytest.param(
         [finding("gpu_count", CRITICAL, "1 of 8 expected GPUs missing", bus=None)],
         {},
         [CORDON],
@@ -408,7 +428,7 @@ def test_actions_carry_their_finding() -> None:
 def test_every_default_rule_is_covered() -> None:
     covered = {"persistence", "ecc", "row_remap", "retired_pages", "xid", "availability"}
     covered |= {"bus", "nvlink", "thermal", "aer", "sxid", "dcgm", "kernel", "nvml"}
-    covered |= {"gpu_count", "driver", "fabric"}
+    covered |= {"gpu_count", "driver", "fabric", "kubernetes", "infiniband"}
     assert {rule.check for rule in _default_rules()} == covered
 
 

@@ -463,6 +463,12 @@ def test_every_kind_has_a_test_here() -> None:
         "persistence_off", "nvlink_down", "nvlink_errors", "process", "process_exit", "xid",
         "clear", "ecc_mode", "mig_mode", "power_limit", "app_clocks", "fabric",
         "mig_instances",
+        # In test_sim_processes.py, with the node's process table:
+        "process_gone", "hung", "memory_leak",
+        # In test_sim_infiniband.py, with the node's HCAs:
+        "ib_port_down", "ib_rate", "ib_errors",
+        # In test_sim_kubernetes.py, with the node's Kubernetes GPU stack:
+        "device_plugin_down", "cdi_stale",
     }  # fmt: skip
     assert set(FAULT_KINDS) == tested
 

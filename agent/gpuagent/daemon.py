@@ -30,6 +30,7 @@ from gpuagent.fleet.reporter import Reporter
 from gpuagent.metrics import MetricsServer, build_registry
 from gpuagent.model import DiagResult, GpuEvent, NodeSnapshot
 from gpuagent.node.inventory import InventoryKeeper
+from gpuagent.node.kubernetes import KubernetesWatch, kubernetes_check_enabled
 from gpuagent.node.poller import NvmlPoller
 from gpuagent.node.publisher import SnapshotPublisher
 from gpuagent.node.remediation import RemediationScheduler, build_remediator
@@ -101,6 +102,7 @@ class Agent:
             schedule_publish=self._schedule_publish,
             inventory_changed=self.inventory.request_refresh,
             gpu_appeared=self._gpu_appeared,
+            simulated_infiniband=None if self.simulator is None else self.simulator.infiniband,
         )
         self.poller = NvmlPoller(
             config, trackers, self.simulator, publish=self._publish, on_event=self.on_event
@@ -119,6 +121,13 @@ class Agent:
             simulated=self.simulator is not None,
         )
         self.publisher.dcgm = self._dcgm_source
+        # Only on a Kubernetes node (checks.kubernetes): elsewhere it never reads or fires.
+        self.kubernetes: KubernetesWatch | None = None
+        if kubernetes_check_enabled(config):
+            self.kubernetes = KubernetesWatch(
+                config, trackers, self.simulator, schedule_publish=self._schedule_publish
+            )
+        self.publisher.kubernetes = self.kubernetes
 
     # --- what the components hold, as the API, the tests and the CLI know it ----------------
 
@@ -235,6 +244,10 @@ class Agent:
             if self.config.inventory.enabled:
                 self.inventory.load_baseline()
                 await self.inventory.refresh()
+            if self.config.sources.sysfs.enabled:
+                await self.sources.refresh_infiniband()
+            if self.kubernetes is not None:
+                await self.kubernetes.refresh()
             await self.poller.poll_once(watch_xid_events=False)
         finally:
             await self._close_sources()
@@ -296,6 +309,8 @@ class Agent:
             await self.inventory.refresh()
         if self._dcgm_source is not None and await self._dcgm_source.load():
             self.dcgm = self._dcgm_source
+        if self.kubernetes is not None:
+            await self.kubernetes.read_host()  # the Node is read by its loop: no wait here
         await self.poller.poll_once()
         self.notifier.ready(self.summary())
 
@@ -321,6 +336,8 @@ class Agent:
                 running.append(tasks.create_task(self.reporter.run(), name="mqtt"))
             if self.dcgm is not None and self._dcgm_source is not None:
                 running.append(tasks.create_task(self._dcgm_source.run(), name="dcgm"))
+            if self.kubernetes is not None:
+                running.append(tasks.create_task(self.kubernetes.loop(), name="kubernetes"))
             await self._stop.wait()
             deadline = self._stop_deadline()
             if self.reporter is not None:

@@ -104,6 +104,10 @@ class GpuProcess:
     pid: int
     name: str
     used_mib: float | None
+    # From procfs, looked up where NVML is read: whether /proc/<pid> exists and who owns
+    # it (a user name, or "uid N" where the uid has no name). None: not looked up.
+    alive: bool | None = None
+    user: str | None = None
 
 
 # Profiling values, keyed by DCGM field id number (DCGM_FI_PROF_GR_ENGINE_ACTIVE is 1001,
@@ -178,7 +182,10 @@ class GpuReadings:
     nvlink_crc_data_errors: int | None = None
     nvlink_replay_errors: int | None = None
     nvlink_recovery_errors: int | None = None
-    processes: tuple[GpuProcess, ...] = ()
+    processes: tuple[GpuProcess, ...] = ()  # compute processes
+    # Graphics processes (a display server): read only while no compute process is listed
+    # and memory is in use, to tell a desktop's display from memory held by no one.
+    graphics_processes: tuple[GpuProcess, ...] = ()
     performance_state: int | None = None  # P-state: 0 (fastest) to 15; None: not reported
     # How long NVML has held the clocks back, per cause, in ns since the driver loaded
     # (nvmlDeviceGetViolationStatus's perf policy counters, the fields DCGM exports as
@@ -400,6 +407,46 @@ class PciePath:
 
 
 @dataclass(frozen=True, slots=True)
+class IbPort:
+    """One port of an RDMA device (InfiniBand, or RoCE on Ethernet) as sysfs shows it."""
+
+    device: str  # "mlx5_0"
+    port: int
+    state_id: int | None = None  # `state`: 4 is ACTIVE (None: unreadable)
+    state: str = ""
+    phys_state_id: int | None = None  # `phys_state`: 5 is LinkUp
+    phys_state: str = ""
+    rate_gbps: float | None = None
+    link_layer: str = ""  # "InfiniBand" or "Ethernet" (RoCE)
+    # counters/ by file name (the data counters in bytes); hw_counters/ (the driver's).
+    counters: tuple[tuple[str, int], ...] = ()
+    hw_counters: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"{self.device}/{self.port}"
+
+    @property
+    def active(self) -> bool:
+        return self.state_id == 4 and self.phys_state_id == 5
+
+    def counter(self, name: str) -> int | None:
+        return dict(self.counters).get(name)
+
+
+@dataclass(frozen=True, slots=True)
+class IbDevice:
+    """An RDMA device under /sys/class/infiniband and its ports."""
+
+    name: str
+    hca_type: str = ""  # "MT4129" (ConnectX-7)
+    board_id: str = ""
+    firmware_version: str = ""
+    pci_address: str | None = None  # the PCI function it is, when sysfs links one
+    ports: tuple[IbPort, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class EventCount:
     """How many events of one kind (and code or AER severity) a device had since start."""
 
@@ -492,6 +539,8 @@ class NodeSnapshot:
     # Recent events, oldest first (bounded by the event log's retention).
     events: tuple[GpuEvent, ...] = ()
     pcie: tuple[PciePath, ...] = ()
+    # RDMA devices from sysfs; None: the sysfs source is off or could not list them.
+    infiniband: tuple[IbDevice, ...] | None = None
     kmsg: KmsgCounters = field(default_factory=KmsgCounters)
     event_counts: tuple[EventCount, ...] = ()
     remediation: RemediationStatus | None = None

@@ -88,6 +88,25 @@ def _inventory_lines(inventory: dict[str, Any] | None) -> list[str]:
     ]
 
 
+def _rdma_lines(ports: list[dict[str, Any]] | None) -> list[str]:
+    """One line for the node's RDMA ports: how many are up, at which rates, and every
+    port that is not ACTIVE/LinkUp by name. Nothing on a node without RDMA devices."""
+    if not ports:
+        return []
+    up = [p for p in ports if p["active"]]
+    rates = sorted({p["rate_gbps"] for p in up if p["rate_gbps"] is not None}, reverse=True)
+    down = [
+        f"{p['device']}/{p['port']} {p['state'] or '?'}/{p['phys_state'] or '?'}"
+        for p in ports
+        if not p["active"]
+    ]
+    return [
+        f"RDMA: {len(up)} of {len(ports)} ports active"
+        + (" at " + ", ".join(f"{r:g} Gb/s" for r in rates) if rates else "")
+        + (f"; down: {', '.join(down)}" if down else "")
+    ]
+
+
 def render_status(doc: dict[str, Any], now: float | None = None) -> str:
     node = doc["node"]
     now = time.time() if now is None else now
@@ -101,6 +120,7 @@ def render_status(doc: dict[str, Any], now: float | None = None) -> str:
         ),
     ]
     lines.extend(_inventory_lines(node.get("inventory")))
+    lines.extend(_rdma_lines(node.get("infiniband")))
     lines.extend(
         f"  {f['severity']} {f['check']}: {f['reason']} (action: {f['action']})"
         for f in node.get("findings", [])

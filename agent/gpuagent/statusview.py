@@ -9,7 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 from gpuagent.metrics.names import clock_event_reason_names
-from gpuagent.model import DiagResult, Finding, GpuEvent, GpuState, NodeSnapshot, SourceStatus
+from gpuagent.model import (
+    DiagResult,
+    Finding,
+    GpuEvent,
+    GpuProcess,
+    GpuState,
+    NodeSnapshot,
+    SourceStatus,
+)
 
 SCHEMA_VERSION = 1
 
@@ -55,10 +63,16 @@ def _gpu_json(snapshot: NodeSnapshot, gpu: GpuState) -> dict[str, Any]:
             performance_state=readings.performance_state,
             # Shown whether or not they cost anything: the thermal check decides that.
             clock_event_reasons=clock_event_reason_names(readings.clock_event_reasons),
-            processes=[
-                {"pid": p.pid, "name": p.name, "used_mib": p.used_mib} for p in readings.processes
-            ],
+            processes=[_process_json(p) for p in readings.processes],
         )
+    return doc
+
+
+def _process_json(process: GpuProcess) -> dict[str, Any]:
+    doc: dict[str, Any] = {"pid": process.pid, "name": process.name, "used_mib": process.used_mib}
+    # Only where procfs was consulted (not for a replayed capture).
+    if process.alive is not None:
+        doc.update(user=process.user, alive=process.alive)
     return doc
 
 
@@ -107,6 +121,7 @@ def status_document(snapshot: NodeSnapshot) -> dict[str, Any]:
             "nvml": {"ok": nvml.ok, "problem": nvml.problem, "message": nvml.message},
             "findings": [finding_json(f) for f in snapshot.health.problems() if f.gpu is None],
             "inventory": None if snapshot.inventory is None else snapshot.inventory.to_json(),
+            "infiniband": _infiniband_json(snapshot),
         },
         "gpus": [_gpu_json(snapshot, gpu) for gpu in snapshot.gpus],
         "sources": [_source_json(s) for s in snapshot.sources],
@@ -120,6 +135,25 @@ def status_document(snapshot: NodeSnapshot) -> dict[str, Any]:
         "dcgm": _dcgm_json(snapshot),
         "diag": [_diag_json(result) for result in snapshot.diag],
     }
+
+
+def _infiniband_json(snapshot: NodeSnapshot) -> list[dict[str, Any]] | None:
+    """Every RDMA port; None when they were not read (sysfs source off or unreadable)."""
+    if snapshot.infiniband is None:
+        return None
+    return [
+        {
+            "device": port.device,
+            "port": port.port,
+            "state": port.state or None,
+            "phys_state": port.phys_state or None,
+            "active": port.active,
+            "rate_gbps": port.rate_gbps,
+            "link_layer": port.link_layer or None,
+        }
+        for device in snapshot.infiniband
+        for port in device.ports
+    ]
 
 
 def _diag_json(result: DiagResult) -> dict[str, Any]:

@@ -18,6 +18,13 @@ from gpuagent.checks.common import EventView, GpuView, NodeView, Outcome, to_fin
 from gpuagent.checks.dcgm import check_dcgm, check_dcgm_node, corroborate
 from gpuagent.checks.ecc import check_ecc, remember_sbe
 from gpuagent.checks.eventindex import EventIndex
+from gpuagent.checks.infiniband import (
+    IbInput,
+    IbView,
+    applies,
+    check_infiniband,
+    remember_infiniband,
+)
 from gpuagent.checks.inventory import (
     InventoryView,
     check_drift,
@@ -33,12 +40,14 @@ from gpuagent.checks.inventory import (
     check_settings,
 )
 from gpuagent.checks.kernel import check_kernel
-from gpuagent.checks.memory import GpuMemory, HealthMemory
+from gpuagent.checks.kubernetes import KubernetesView, check_kubernetes
+from gpuagent.checks.memory import GpuMemory, HealthMemory, IbMemory
 from gpuagent.checks.mig import check_mig
 from gpuagent.checks.nvlink import check_nvlink, remember_nvlink
 from gpuagent.checks.nvml import check_nvml
 from gpuagent.checks.pcie import check_pcie, remember_bridges, remember_link
 from gpuagent.checks.persistence import check_persistence
+from gpuagent.checks.processes import check_processes, remember_processes
 from gpuagent.checks.retired_pages import check_retired_pages
 from gpuagent.checks.row_remap import check_row_remap
 from gpuagent.checks.state_dir import check_state_dir
@@ -47,6 +56,7 @@ from gpuagent.checks.thermal import check_thermal, remember_throttle
 from gpuagent.checks.xid import check_xid
 from gpuagent.config import ChecksSection, ExpectedGpu, InventoryExpected
 from gpuagent.inventory.model import GpuInventory
+from gpuagent.k8s.model import KubernetesFacts
 from gpuagent.model import (
     DcgmStatus,
     Finding,
@@ -56,6 +66,7 @@ from gpuagent.model import (
     NodeHealth,
     NvmlStatus,
     PciePath,
+    Severity,
 )
 
 AVAILABILITY = "availability"
@@ -65,6 +76,11 @@ STATE_DIR = "state_dir"
 # checks (and after the node checks): see checks/dcgm.py. Not in the tables below, which
 # list the checks every node runs.
 DCGM = "dcgm"
+# Only when the sysfs source reads RDMA devices and the node has some (or expects some),
+# after the node and inventory node checks: see checks/infiniband.py.
+INFINIBAND = "infiniband"
+# Only when the Kubernetes GPU stack is watched (checks.kubernetes): see checks/kubernetes.py.
+KUBERNETES = "kubernetes"
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +122,7 @@ GPU_CHECKS: tuple[ReadingsCheck | EventCheck, ...] = (
     ReadingsCheck("persistence", lambda c: c.persistence.enabled, check_persistence),
     ReadingsCheck("mig", lambda c: c.mig.enabled, check_mig),
     ReadingsCheck("nvlink", lambda c: c.nvlink.enabled, check_nvlink),
+    ReadingsCheck("processes", lambda c: c.processes.enabled, check_processes),
 )
 
 NODE_CHECKS: tuple[NodeCheck, ...] = (
@@ -204,6 +221,8 @@ def _remember(
         memory = remember_throttle(memory, readings, config.thermal, now)
     if config.nvlink.enabled:
         memory = remember_nvlink(memory, readings, config.nvlink, now)
+    if config.processes.enabled:
+        memory = remember_processes(memory, readings, config.processes, now)
     return memory
 
 
@@ -297,6 +316,8 @@ def evaluate(
     expected_gpus: Sequence[ExpectedGpu] = (),
     storage_errors: tuple[tuple[str, str], ...] = (),
     dcgm: DcgmStatus | None = None,
+    infiniband: IbInput | None = None,
+    kubernetes: KubernetesFacts | None = None,
 ) -> tuple[NodeHealth, HealthMemory]:
     """Findings for the node and every GPU, plus the memory to pass to the next call.
 
@@ -305,10 +326,13 @@ def evaluate(
     ``inventory`` the node inventory with its expectations (None: no inventory checks);
     ``expected_gpus`` the GPUs whose MIG mode is expected to differ from ``config.mig``;
     ``storage_errors`` (store, error) for each of the agent's stores that cannot be used;
-    ``dcgm`` the DCGM source's status (its incidents make the ``dcgm`` findings).
+    ``dcgm`` the DCGM source's status (its incidents make the ``dcgm`` findings);
+    ``infiniband`` the RDMA devices and expectations (None: no ``infiniband`` finding);
+    ``kubernetes`` the node's Kubernetes GPU stack (None: no ``kubernetes`` finding; it
+    comes last among the node findings, judged on the GPUs' own findings).
     Findings come node first (in ``NODE_CHECK_NAMES`` order, then
-    ``INVENTORY_NODE_CHECK_NAMES``), then GPU by GPU in the order given, each in
-    ``CHECK_NAMES`` order followed by ``INVENTORY_CHECK_NAMES``.
+    ``INVENTORY_NODE_CHECK_NAMES``, then ``infiniband``), then GPU by GPU in the order
+    given, each in ``CHECK_NAMES`` order followed by ``INVENTORY_CHECK_NAMES``.
     """
     paths = {path.device.address: path for path in pcie}
     context = _Context(
@@ -322,6 +346,8 @@ def evaluate(
         dcgm,
     )
     findings = _node_findings(nvml, gpus, context)
+    ib_memory = _infiniband(infiniband, config, memory.infiniband, now, findings)
+    node_findings = len(findings)
     remembered: dict[str, GpuMemory] = {}
     for state in gpus:
         bus_id = state.identity.pci_bus_id
@@ -331,5 +357,41 @@ def evaluate(
         gpu_memory = _remember(memory.for_gpu(bus_id), state, readings, path, context)
         remembered[bus_id] = gpu_memory
         findings.extend(_gpu_findings(state, readings, path, gpu_memory, context))
+    if kubernetes is not None:
+        findings.insert(node_findings, _kubernetes(kubernetes, gpus, findings, context))
     # Only GPUs present in this poll are kept, so removed GPUs do not linger.
-    return NodeHealth(tuple(findings)), HealthMemory(tuple(remembered.items()))
+    return NodeHealth(tuple(findings)), HealthMemory(tuple(remembered.items()), ib_memory)
+
+
+def _kubernetes(
+    facts: KubernetesFacts,
+    gpus: tuple[GpuState, ...],
+    findings: list[Finding],
+    context: _Context,
+) -> Finding:
+    """The ``kubernetes`` finding: healthy GPUs are those without a CRITICAL finding."""
+    unhealthy = frozenset(
+        f.gpu for f in findings if f.gpu is not None and f.severity is Severity.CRITICAL
+    )
+    identities = tuple(state.identity for state in gpus)
+    view = KubernetesView(facts, context.config.kubernetes, context.now, identities, unhealthy)
+    return to_finding(KUBERNETES, None, check_kubernetes(view))
+
+
+def _infiniband(
+    given: IbInput | None,
+    config: ChecksSection,
+    memory: IbMemory,
+    now: float,
+    findings: list[Finding],
+) -> IbMemory:
+    """Append the ``infiniband`` finding when there is something to judge; the memory."""
+    if given is None or not config.infiniband.enabled:
+        return IbMemory()
+    remembered = remember_infiniband(memory, given.devices, config.infiniband, now)
+    view = IbView(
+        given.devices, remembered, config.infiniband, given.expected, given.peermem_loaded
+    )
+    if applies(view):
+        findings.append(to_finding(INFINIBAND, None, check_infiniband(view)))
+    return remembered

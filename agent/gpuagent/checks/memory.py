@@ -104,13 +104,33 @@ class GpuMemory:
     nvlink_crc: CounterSeries = field(default_factory=CounterSeries)
     nvlink_replay: CounterSeries = field(default_factory=CounterSeries)
     nvlink_recovery: CounterSeries = field(default_factory=CounterSeries)
+    # The processes check's hold timers (checks/processes.py): since when memory has been
+    # held with no process; since when each listed PID has been missing from procfs; since
+    # when the GPU has done nothing with the processes in ``idle_pids`` on it.
+    memory_held_since: float | None = None
+    pids_gone_since: tuple[tuple[int, float], ...] = ()
+    idle_since: float | None = None
+    idle_pids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class IbMemory:
+    """What the infiniband check remembers about the node's RDMA ports ("mlx5_0/1")."""
+
+    # Physical-layer errors summed over the port's counters, and its link_downed counter.
+    errors: tuple[tuple[str, CounterSeries], ...] = ()
+    downed: tuple[tuple[str, CounterSeries], ...] = ()
+    # Ports seen ACTIVE while the agent ran (a port never up is most likely unused).
+    seen_active: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
 class HealthMemory:
-    """Per-GPU memory keyed by PCI bus id. ``HealthMemory()`` is the empty start state."""
+    """Per-GPU memory keyed by PCI bus id, and the node's RDMA ports. ``HealthMemory()``
+    is the empty start state."""
 
     gpus: tuple[tuple[str, GpuMemory], ...] = ()
+    infiniband: IbMemory = field(default_factory=IbMemory)
 
     def for_gpu(self, pci_bus_id: str) -> GpuMemory:
         return next((m for bus_id, m in self.gpus if bus_id == pci_bus_id), GpuMemory())

@@ -154,7 +154,8 @@ def _convert(  # noqa: PLR0911, PLR0912, C901
         return built
     if origin is Literal:
         choices = typing.get_args(hint)
-        if value not in choices:
+        # By type as well as value: to Python 1 == True, but `1` is no `true` in TOML.
+        if not any(type(value) is type(c) and value == c for c in choices):
             raise fail("one of " + ", ".join(repr(c) for c in choices))
         return value
     if origin in (types.UnionType, typing.Union):

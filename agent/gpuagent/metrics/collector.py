@@ -23,7 +23,9 @@ from gpuagent.api import CONNECTION_REASON_PREFIX
 from gpuagent.metrics import names
 from gpuagent.metrics.diag import diag_families
 from gpuagent.metrics.events import event_families
+from gpuagent.metrics.infiniband import infiniband_families
 from gpuagent.metrics.inventory import inventory_families
+from gpuagent.metrics.kubernetes import kubernetes_families
 from gpuagent.metrics.names import GpuMetric, Kind, MetricSpec
 from gpuagent.model import (
     Finding,
@@ -147,6 +149,8 @@ class _Builder:
             self._nvlink_up(),
             self._row_remap_banks(),
             *self._pcie(),
+            *infiniband_families(self.snapshot.infiniband),
+            *kubernetes_families(self.snapshot),
             *self._remediation(),
             *self._mqtt(),
             *diag_families(self.snapshot),

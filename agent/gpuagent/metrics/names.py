@@ -10,7 +10,10 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpuagent.checks.processes import gone_pids, unattributed_mib
 from gpuagent.model import GpuIdentity, GpuReadings
+
+_MIB = 1024 * 1024
 
 
 class Kind(enum.Enum):
@@ -68,6 +71,18 @@ def _seconds(field: str) -> ValueOf:
 
 def _process_count(_identity: GpuIdentity, readings: GpuReadings) -> object:
     return len(readings.processes)
+
+
+def _unattributed_bytes(_identity: GpuIdentity, readings: GpuReadings) -> object:
+    mib = unattributed_mib(readings)
+    return None if mib is None else mib * _MIB
+
+
+def _gone_count(_identity: GpuIdentity, readings: GpuReadings) -> object:
+    # Not supported where procfs was not consulted (a replayed capture): unknown, not 0.
+    if any(p.alive is None for p in readings.processes):
+        return None
+    return len(gone_pids(readings))
 
 
 def _dcgm(name: str, kind: Kind, help_text: str, field: str) -> GpuMetric:
@@ -339,6 +354,19 @@ AGENT_GPU_METRICS: tuple[GpuMetric, ...] = (
         _process_count,
     ),
     GpuMetric(
+        "gpuagent_gpu_memory_unattributed_bytes",
+        _G,
+        "GPU memory in use beyond what the GPU's listed processes hold (in bytes); with no "
+        "process at all, memory held by a leaked context.",
+        _unattributed_bytes,
+    ),
+    GpuMetric(
+        "gpuagent_gpu_processes_gone",
+        _G,
+        "Number of processes NVML lists on the GPU that have no /proc entry.",
+        _gone_count,
+    ),
+    GpuMetric(
         "gpuagent_gpu_performance_state",
         _G,
         "Performance state (P-state): 0 is the fastest, 15 the slowest.",
@@ -529,6 +557,34 @@ API_CONNECTIONS_REJECTED = MetricSpec(
     ("reason",),
 )
 
+# --- The Kubernetes GPU stack (the `kubernetes` finding's evidence; checks.kubernetes) ---
+KUBERNETES_GPUS_ALLOCATABLE = MetricSpec(
+    "gpuagent_kubernetes_gpus_allocatable",
+    "The Node's allocatable count of the device plugin's resource, as last read from the "
+    "Kubernetes API; absent until read.",
+    ("resource",),
+)
+KUBERNETES_GPUS_CAPACITY = MetricSpec(
+    "gpuagent_kubernetes_gpus_capacity",
+    "The Node's capacity of the device plugin's resource (unhealthy devices included).",
+    ("resource",),
+)
+KUBERNETES_GPUS_EXPECTED = MetricSpec(
+    "gpuagent_kubernetes_gpus_expected",
+    "What the Node should advertise: the GPUs without a CRITICAL finding, times "
+    "checks.kubernetes.replicas_per_gpu.",
+    ("resource",),
+)
+KUBERNETES_DEVICE_PLUGIN_REGISTERED = MetricSpec(
+    "gpuagent_kubernetes_device_plugin_registered",
+    "1 if the device plugin's socket is in kubelet's device plugin directory and kubelet "
+    "has its devices registered, 0 if not; absent when the directory cannot be read.",
+)
+CDI_GPUS_MISSING = MetricSpec(
+    "gpuagent_cdi_gpus_missing",
+    "GPUs that no NVIDIA CDI spec names (by index or UUID); absent when there is no spec.",
+)
+
 # --- PCIe links from sysfs (snapshot.pcie): the GPUs, NVSwitches and every bridge above --
 # `pci_bus_id` is the link's own address in sysfs form (bridges are not NVML devices);
 # `device_pci_bus_id` is the GPU or NVSwitch the path leads to, in NVML form, to join with
@@ -574,6 +630,104 @@ PCIE_AER_SEVERITIES: tuple[tuple[str, str], ...] = (
     ("nonfatal", "aer_nonfatal"),
     ("fatal", "aer_fatal"),
 )
+
+# --- RDMA ports from sysfs (snapshot.infiniband) ----------------------------------------
+# node_exporter's infiniband collector names and labels, so its dashboards work unchanged.
+IB_LABELS = ("device", "port")
+
+IB_INFO = MetricSpec(
+    "node_infiniband_info",
+    "RDMA device identity from /sys/class/infiniband/<device>; the value is always 1.",
+    ("device", "board_id", "firmware_version", "hca_type"),
+)
+IB_STATE = MetricSpec(
+    "node_infiniband_state_id",
+    "Logical state of the port (1: down, 2: init, 3: armed, 4: active, 5: active defer).",
+    IB_LABELS,
+)
+IB_PHYSICAL_STATE = MetricSpec(
+    "node_infiniband_physical_state_id",
+    "Physical state of the port (1: sleep, 2: polling, 3: disabled, 4: port configuration "
+    "training, 5: link up, 6: link error recovery, 7: phy test).",
+    IB_LABELS,
+)
+IB_RATE = MetricSpec(
+    "node_infiniband_rate_bytes_per_second",
+    "Signalling rate of the port's link in bytes per second.",
+    IB_LABELS,
+)
+IB_HW_COUNTERS = MetricSpec(
+    "gpuagent_infiniband_hw_events_total",
+    "The RDMA driver's per-port counters (hw_counters/: out_of_buffer, "
+    "local_ack_timeout_err, ...) since the driver loaded, by counter.",
+    (*IB_LABELS, "counter"),
+)
+
+
+def _ib_counter(name: str, help_text: str) -> MetricSpec:
+    return MetricSpec(f"node_infiniband_{name}", help_text, IB_LABELS)
+
+
+# (counters/ file, family): the port counters since the driver loaded.
+IB_PORT_COUNTERS: tuple[tuple[str, MetricSpec], ...] = (
+    ("symbol_error", _ib_counter(
+        "symbol_error_total", "Minor link errors detected on one or more physical lanes.")),
+    ("link_error_recovery", _ib_counter(
+        "link_error_recovery_total", "Times the link recovered from an error state.")),
+    ("link_downed", _ib_counter(
+        "link_downed_total", "Times the link failed to recover from an error state and went "
+        "down.")),
+    ("port_rcv_errors", _ib_counter(
+        "port_errors_received_total", "Packets with an error received on the port.")),
+    ("port_rcv_remote_physical_errors", _ib_counter(
+        "port_receive_remote_physical_errors_total", "Packets received marked bad (EBP "
+        "delimiter) by an earlier link.")),
+    ("port_rcv_switch_relay_errors", _ib_counter(
+        "port_receive_switch_relay_errors_total", "Received packets a switch could not "
+        "forward.")),
+    ("local_link_integrity_errors", _ib_counter(
+        "local_link_integrity_errors_total", "Times local physical errors exceeded the "
+        "LocalPhyErrors threshold.")),
+    ("excessive_buffer_overrun_errors", _ib_counter(
+        "excessive_buffer_overrun_errors_total", "Times buffer overruns persisted over "
+        "consecutive flow control update periods.")),
+    ("port_rcv_constraint_errors", _ib_counter(
+        "port_constraint_errors_received_total", "Received packets discarded by the port's "
+        "partition or filtering rules.")),
+    ("port_xmit_constraint_errors", _ib_counter(
+        "port_constraint_errors_transmitted_total", "Packets not transmitted because of the "
+        "port's partition or filtering rules.")),
+    ("port_rcv_discards", _ib_counter(
+        "port_discards_received_total", "Inbound packets the port discarded (port down or "
+        "congested).")),
+    ("port_xmit_discards", _ib_counter(
+        "port_discards_transmitted_total", "Outbound packets the port discarded (port down or "
+        "congested).")),
+    ("VL15_dropped", _ib_counter(
+        "vl15_dropped_total", "Incoming VL15 (subnet management) packets dropped for lack of "
+        "resources.")),
+    ("port_xmit_wait", _ib_counter(
+        "port_transmit_wait_total", "Ticks during which the port had data to send but sent "
+        "none.")),
+    ("port_rcv_data", _ib_counter(
+        "port_data_received_bytes_total", "Data octets received on the port.")),
+    ("port_xmit_data", _ib_counter(
+        "port_data_transmitted_bytes_total", "Data octets transmitted on the port.")),
+    ("port_rcv_packets", _ib_counter(
+        "port_packets_received_total", "Packets received on the port (errors included).")),
+    ("port_xmit_packets", _ib_counter(
+        "port_packets_transmitted_total", "Packets transmitted on the port (errors "
+        "included).")),
+    ("unicast_rcv_packets", _ib_counter(
+        "unicast_packets_received_total", "Unicast packets received (errors included).")),
+    ("unicast_xmit_packets", _ib_counter(
+        "unicast_packets_transmitted_total", "Unicast packets transmitted (errors included).")),
+    ("multicast_rcv_packets", _ib_counter(
+        "multicast_packets_received_total", "Multicast packets received (errors included).")),
+    ("multicast_xmit_packets", _ib_counter(
+        "multicast_packets_transmitted_total", "Multicast packets transmitted (errors "
+        "included).")),
+)  # fmt: skip
 
 # --- kernel-log, NVML and bus events (metrics/events.py) -------------------------------
 

@@ -6,14 +6,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from gpuagent.config import Config
 from gpuagent.model import GpuEvent, GpuState
 from gpuagent.sim import SimulatedNode
 from gpuagent.sources.nvml import NvmlObservation, NvmlSource, host_process_name
 from gpuagent.sources.nvml_events import NvmlEventWatcher
+from gpuagent.sources.procfs import ProcessTable
 from gpuagent.supervisor import SourceTracker
 
 # The daemon's log lines keep the logger name they always had.
@@ -47,13 +51,27 @@ class NvmlPoller:
         self._polled = asyncio.Event()  # set after every NVML poll's snapshot
         self._xid_watcher: NvmlEventWatcher | None = None
         self._xid_generation = 0
+        self._simulated_proc: Path | None = None
 
     def open(self) -> None:
         if self._simulator is not None:
             self._simulator.install()
             log.info("simulating %d GPUs beneath NVML", self._simulator.gpu_count)
         process_name = self._simulator.process_name if self._simulator else host_process_name
-        self.nvml = NvmlSource(self._config.sources.nvml, process_name=process_name)
+        self.nvml = NvmlSource(
+            self._config.sources.nvml,
+            process_name=process_name,
+            process_table=ProcessTable(self._proc_root()),
+        )
+
+    def _proc_root(self) -> Path:
+        """procfs for the GPU processes: the host's, or under --simulate the simulator's own
+        table (simulated PIDs do not exist on this machine)."""
+        if self._simulator is None:
+            return self._config.sources.nvml.proc_root
+        self._simulated_proc = Path(tempfile.mkdtemp(prefix="gpuagent-sim-proc-"))
+        self._simulator.serve_process_table(self._simulated_proc)
+        return self._simulated_proc
 
     async def close(self) -> None:
         if self._xid_watcher is not None:
@@ -62,6 +80,8 @@ class NvmlPoller:
             await self.nvml.close()
         if self._simulator is not None:
             self._simulator.uninstall()
+        if self._simulated_proc is not None:
+            shutil.rmtree(self._simulated_proc, ignore_errors=True)
 
     def gpu_appeared(self) -> None:
         """A GPU (re)appeared on the bus: enumerate again without restarting the daemon."""

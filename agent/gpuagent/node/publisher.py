@@ -13,13 +13,17 @@ from pathlib import Path
 from typing import Protocol
 
 from gpuagent.checks import HealthMemory, InventoryView, evaluate
+from gpuagent.checks.infiniband import PEERMEM, IbExpected, IbInput
 from gpuagent.config import Config
 from gpuagent.events import EventLog
 from gpuagent.inventory import NodeInventory
+from gpuagent.k8s.model import KubernetesFacts
 from gpuagent.metrics import MetricsServer
+from gpuagent.metrics.infiniband import without_node_exporter_families
 from gpuagent.model import (
     DcgmStatus,
     DiagResult,
+    IbDevice,
     KmsgCounters,
     MqttStatus,
     NodeSnapshot,
@@ -50,6 +54,9 @@ class KernelView(Protocol):
 
     @property
     def pcie(self) -> tuple[PciePath, ...]: ...
+
+    @property
+    def infiniband(self) -> tuple[IbDevice, ...] | None: ...
 
     def kmsg_counters(self) -> KmsgCounters: ...
 
@@ -82,6 +89,13 @@ class DcgmView(Protocol):
     def snapshot_status(self) -> DcgmStatus | None: ...
 
     def source_status(self) -> SourceStatus | None: ...
+
+
+class KubernetesView(Protocol):
+    """The Kubernetes GPU stack watch as publishing sees it."""
+
+    @property
+    def facts(self) -> KubernetesFacts: ...
 
 
 class Spool(Protocol):
@@ -142,6 +156,7 @@ class SnapshotPublisher:
         self.reporter: SnapshotSink | None = None  # set at startup, when MQTT is on
         self.metrics: MetricsServer | None = None  # set at startup
         self.dcgm: DcgmView | None = None  # set when sources.dcgm is enabled
+        self.kubernetes: KubernetesView | None = None  # set when checks.kubernetes applies
         textfile = config.outputs.textfile
         self._textfile = (
             TextfileWriter(Path(textfile.dir), textfile.min_interval_seconds)
@@ -183,6 +198,18 @@ class SnapshotPublisher:
         dcgm = self.dcgm.source_status() if self.dcgm is not None else None
         return rows if dcgm is None else (*rows, dcgm)
 
+    def _infiniband_input(
+        self, devices: tuple[IbDevice, ...] | None, inventory: NodeInventory | None
+    ) -> IbInput | None:
+        if not self._config.sources.sysfs.enabled:
+            return None
+        expected = self._config.inventory.expected
+        return IbInput(
+            devices,
+            IbExpected(tuple(expected.hcas), expected.ib_rate_gbps, expected.gpudirect),
+            inventory.host.module_loaded(PEERMEM) if inventory is not None else None,
+        )
+
     def publish(self) -> None:
         observation = self._observations.last_observation
         if observation is None:
@@ -191,6 +218,7 @@ class SnapshotPublisher:
         events = self._events.recent()
         inventory = self._inventory.inventory(observation)
         pcie = self._kernel.pcie
+        infiniband = self._kernel.infiniband
         dcgm = self.dcgm.snapshot_status() if self.dcgm is not None else None
         health, self._memory = evaluate(
             observation.gpus,
@@ -204,6 +232,8 @@ class SnapshotPublisher:
             expected_gpus=self._config.inventory.expected.gpu,
             storage_errors=self._storage_errors(),
             dcgm=dcgm,
+            infiniband=self._infiniband_input(infiniband, inventory),
+            kubernetes=self.kubernetes.facts if self.kubernetes is not None else None,
         )
         self._inventory.learn(inventory, health.severity)
         self._sequence += 1
@@ -221,6 +251,7 @@ class SnapshotPublisher:
             rejected_api_requests=tuple(sorted(self._api.rejected.items())),
             events=events,
             pcie=pcie,
+            infiniband=infiniband,
             kmsg=self._kernel.kmsg_counters(),
             event_counts=self._events.counts(),
             remediation=self._remediation.status(),
@@ -236,7 +267,9 @@ class SnapshotPublisher:
             exposition = self.metrics.exposition
             exposition.refresh()
             if self._textfile is not None:
-                self._textfile.offer(lambda: exposition.body(gzipped=False))
+                self._textfile.offer(
+                    lambda: without_node_exporter_families(exposition.body(gzipped=False))
+                )
         self._notifier.status(self.summary())
         if self.reporter is not None:
             self.reporter.offer_snapshot(snapshot)

@@ -1,4 +1,5 @@
-"""The event sources (kernel log, udev) and the sysfs PCIe paths, with their SourceTrackers.
+"""The event sources (kernel log, udev), the sysfs PCIe paths and RDMA ports, with their
+SourceTrackers.
 
 Every source's events arrive at EventSources.on_event, on the event loop: into the event
 log, out to the fleet reporter, and a publish is asked for.
@@ -14,7 +15,8 @@ from typing import Protocol
 
 from gpuagent.config import Config
 from gpuagent.events import EventLog
-from gpuagent.model import GpuEvent, KmsgCounters, PciePath
+from gpuagent.model import GpuEvent, IbDevice, KmsgCounters, PciePath
+from gpuagent.sources.infiniband import read_infiniband
 from gpuagent.sources.kmsg import KmsgSource
 from gpuagent.sources.pcie import read_pcie_paths
 from gpuagent.sources.udev import PciChange, UdevWatcher
@@ -49,6 +51,7 @@ class EventSources:
         schedule_publish: Callable[[], None],
         inventory_changed: Callable[[], None],
         gpu_appeared: Callable[[], None],
+        simulated_infiniband: Callable[[], tuple[IbDevice, ...]] | None = None,
     ) -> None:
         self._config = config
         self._events = events
@@ -58,7 +61,19 @@ class EventSources:
         self._gpu_appeared = gpu_appeared
         self.reporter: EventSink | None = None  # set at startup, when MQTT is on
         self.pcie: tuple[PciePath, ...] = ()
+        # RDMA devices; None until read, or when /sys/class/infiniband cannot be listed.
+        self._infiniband: tuple[IbDevice, ...] | None = None
+        # A simulated node's RDMA devices come from its scenario, not the host's sysfs.
+        self._simulated_infiniband = simulated_infiniband
         self._kmsg: KmsgSource | None = None
+
+    @property
+    def infiniband(self) -> tuple[IbDevice, ...] | None:
+        # A simulated node is asked each time (it is in memory), so an injected fault
+        # shows at the next publish rather than the next sysfs read.
+        if self._simulated_infiniband is not None:
+            return self._simulated_infiniband()
+        return self._infiniband
 
     def kmsg_counters(self) -> KmsgCounters:
         return self._kmsg.counters if self._kmsg is not None else KmsgCounters()
@@ -110,8 +125,23 @@ class EventSources:
                 tracker.failure(time.monotonic() - started, str(exc) or type(exc).__name__)
             else:
                 tracker.success(time.monotonic() - started)
+            await self.refresh_infiniband()
             self._schedule_publish()
             await asyncio.sleep(config.interval_seconds)
+
+    async def refresh_infiniband(self) -> None:
+        """Read the RDMA devices (the sysfs loop, and `gpuagent check` once)."""
+        # Apart from the PCIe paths: a tree without bus/pci (a container's) may still have
+        # RDMA devices, and a node without RDMA is not a sysfs failure.
+        root = self._config.sources.sysfs.root
+        if self._simulated_infiniband is not None:
+            return
+        try:
+            async with asyncio.timeout(_SYSFS_TIMEOUT_SECONDS):
+                self._infiniband = await asyncio.to_thread(read_infiniband, root)
+        except TimeoutError:
+            log.warning("reading %s/class/infiniband timed out", root)
+            self._infiniband = None
 
     async def run_udev(self) -> None:
         tracker = self._trackers.setdefault("udev", SourceTracker("udev"))

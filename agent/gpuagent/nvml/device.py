@@ -375,6 +375,7 @@ class Device:
                 pynvml.nvmlDeviceGetCurrentClocksEventReasons,
             ),
             "processes": tuple(self._process(p) for p in procs or ()),
+            "graphics_processes": self._graphics_processes(procs, memory),
             "performance_state": _pstate(
                 self._get("nvmlDeviceGetPerformanceState", pynvml.nvmlDeviceGetPerformanceState)
             ),
@@ -492,6 +493,16 @@ class Device:
             if info is not None:
                 found.append((int(info.id), profile))
         return found
+
+    def _graphics_processes(self, compute: Any, memory: Any) -> tuple[GpuProcess, ...]:
+        # Only asked for when memory is in use with no compute process: then a display
+        # server is what tells a desktop apart from memory held by no process.
+        if compute or memory is None or not memory.used:
+            return ()
+        procs = self._get(
+            "nvmlDeviceGetGraphicsRunningProcesses", pynvml.nvmlDeviceGetGraphicsRunningProcesses
+        )
+        return tuple(self._process(p) for p in procs or ())
 
     def _process(self, info: Any) -> GpuProcess:
         used = getattr(info, "usedGpuMemory", None)

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from gpuagent.k8s.client import KubernetesConfigError, load_api_client
 from gpuagent.remediation.backend import BackendConfigError
 from gpuagent.remediation.types import CordonRequest, CordonResult, CordonState
 
@@ -299,23 +300,10 @@ _CONFLICTED = f"the node changed under every one of {CONFLICT_ATTEMPTS} attempts
 
 
 def _load_config(kubeconfig: str) -> ApiClient:
-    from kubernetes import client, config  # noqa: PLC0415
-
-    # The loaders have no type hints; these names give them the one we rely on.
-    load_kube_config: Callable[..., None] = config.load_kube_config
-    load_incluster_config: Callable[..., None] = config.load_incluster_config
-    configuration = client.Configuration()
     try:
-        if kubeconfig:
-            load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-        else:
-            load_incluster_config(client_configuration=configuration)
-    except (config.ConfigException, OSError, ValueError) as exc:
-        where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
-        raise BackendConfigError(
-            f"remediation.cordon.kubernetes: cannot use {where}: {exc}"
-        ) from exc
-    return client.ApiClient(configuration)
+        return load_api_client(kubeconfig)
+    except KubernetesConfigError as exc:
+        raise BackendConfigError(f"remediation.cordon.kubernetes: {exc}") from exc
 
 
 def _changed(detail: str) -> CordonResult:

@@ -14,6 +14,7 @@ from typing import Literal
 
 from gpuagent.sim import codes, hardware
 from gpuagent.sim.gpu import SimGpu, SimProcess, make_instances
+from gpuagent.sim.infiniband import DOWN_STATES, ERROR_COUNTERS
 from gpuagent.sim.profiles import GpuProfile
 
 ParamValue = int | float | bool | str | tuple[str, ...]
@@ -172,12 +173,34 @@ def _nvlink_errors(gpu: SimGpu, params: Params, _at: float) -> Events:
 def _process(gpu: SimGpu, params: Params, _at: float) -> Events:
     pid = _int(params["pid"])
     used = int(_number(params["used_mib"]) * hardware.MIB)
-    gpu.processes[pid] = SimProcess(pid=pid, name=str(params["name"]), used_bytes=used)
+    gpu.processes[pid] = SimProcess(
+        pid=pid, name=str(params["name"]), used_bytes=used, uid=_int(params["uid"])
+    )
     return ()
 
 
 def _process_exit(gpu: SimGpu, params: Params, _at: float) -> Events:
     gpu.processes.pop(_int(params["pid"]), None)
+    return ()
+
+
+def _process_gone(gpu: SimGpu, params: Params, _at: float) -> Events:
+    # The PID leaves the process table; NVML goes on listing it with its memory.
+    process = gpu.processes.get(_int(params["pid"]))
+    if process is not None:
+        process.alive = False
+    return ()
+
+
+def _hung(gpu: SimGpu, params: Params, _at: float) -> Events:
+    process = gpu.processes.get(_int(params["pid"]))
+    if process is not None:
+        process.hung = True
+    return ()
+
+
+def _memory_leak(gpu: SimGpu, params: Params, _at: float) -> Events:
+    gpu.leaked_bytes += int(_number(params["used_mib"]) * hardware.MIB)
     return ()
 
 
@@ -216,6 +239,32 @@ def _app_clocks(gpu: SimGpu, params: Params, _at: float) -> Events:
 def _fabric(gpu: SimGpu, params: Params, _at: float) -> Events:
     gpu.fabric_state = codes.FABRIC_STATES[str(params["state"])]
     gpu.fabric_status = codes.SUCCESS if params["ok"] else codes.ERROR_UNKNOWN
+    return ()
+
+
+def _ib_port_down(gpu: SimGpu, params: Params, _at: float) -> Events:
+    gpu.hca.port_down(str(params["state"]))
+    return ()
+
+
+def _ib_rate(gpu: SimGpu, params: Params, _at: float) -> Events:
+    gpu.hca.rate_gbps = _number(params["gbps"])
+    return ()
+
+
+def _ib_errors(gpu: SimGpu, params: Params, _at: float) -> Events:
+    gpu.hca.counters[str(params["counter"])] += _int(params["count"])
+    return ()
+
+
+def _device_plugin_down(gpu: SimGpu, _params: Params, _at: float) -> Events:
+    # Node-wide (the plugin's socket is gone), kept on this GPU until `clear` here.
+    gpu.device_plugin_down = True
+    return ()
+
+
+def _cdi_stale(gpu: SimGpu, _params: Params, _at: float) -> Events:
+    gpu.in_cdi_spec = False
     return ()
 
 
@@ -283,10 +332,18 @@ KINDS: dict[str, FaultKind] = {
                 _PID,
                 Param("name", "str", required=True),
                 Param("used_mib", "number", required=True, minimum=0),
+                Param("uid", "int", default=0, minimum=0, maximum=2**32 - 2),
             ),
             _process,
         ),
         FaultKind("process_exit", (_PID,), _process_exit),
+        FaultKind("process_gone", (_PID,), _process_gone),
+        FaultKind("hung", (_PID,), _hung),
+        FaultKind(
+            "memory_leak",
+            (Param("used_mib", "number", required=True, minimum=0),),
+            _memory_leak,
+        ),
         FaultKind("xid", (Param("xid", "int", required=True, minimum=1, maximum=999),), _xid),
         FaultKind("ecc_mode", (Param("enabled", "bool", required=True),), _ecc_mode),
         FaultKind("mig_mode", (Param("enabled", "bool", required=True),), _mig_mode),
@@ -301,6 +358,27 @@ KINDS: dict[str, FaultKind] = {
             ),
             _fabric,
         ),
+        # The HCA beside the GPU (node key ib_hcas): see gpuagent.sim.infiniband.
+        FaultKind(
+            "ib_port_down",
+            (Param("state", "str", default="down", choices=tuple(DOWN_STATES)),),
+            _ib_port_down,
+        ),
+        FaultKind(
+            "ib_rate",
+            (Param("gbps", "number", required=True, minimum=1, maximum=3200),),
+            _ib_rate,
+        ),
+        FaultKind(
+            "ib_errors",
+            (
+                Param("counter", "str", default="symbol_error", choices=ERROR_COUNTERS),
+                Param("count", "int", default=100, minimum=1),
+            ),
+            _ib_errors,
+        ),
+        FaultKind("device_plugin_down", (), _device_plugin_down),
+        FaultKind("cdi_stale", (), _cdi_stale),
         FaultKind("clear", (), _clear),
     )
 }
@@ -378,7 +456,7 @@ def _check_for_model(
         problem = profile.mig_layout_problem(_names(checked["profiles"]))
         if problem is not None:
             raise FaultError(problem, key="profiles")
-    elif kind == "process":
+    elif kind in ("process", "memory_leak"):
         usable = profile.memory_total_mib - profile.memory_reserved_mib
         _within(checked, "used_mib", 0, usable)
     elif kind == "power_limit":

@@ -15,6 +15,7 @@ import pynvml
 
 from gpuagent.sim import codes, hardware
 from gpuagent.sim.hardware import BoardIdentity
+from gpuagent.sim.infiniband import SimHca
 from gpuagent.sim.profiles import GpuProfile, MigProfile
 from gpuagent.sim.readings import LiveReadings
 
@@ -45,6 +46,11 @@ class SimProcess:
     pid: int
     name: str
     used_bytes: int
+    uid: int = 0
+    # False: gone from the process table while NVML still lists it (`process_gone`).
+    alive: bool = True
+    # True: holds its memory but makes no progress, so it adds no load (`hung`).
+    hung: bool = False
 
 
 @dataclass(slots=True)
@@ -122,6 +128,13 @@ class SimGpu:
         self.on_pci_bus = True
         self.hang_until = 0.0  # elapsed seconds; calls before this block
         self.processes: dict[int, SimProcess] = {}
+        # Memory held with no process (a leaked context, `memory_leak`); a reset frees it.
+        self.leaked_bytes = 0
+        # The RDMA port beside this GPU (shown only when the node has `ib_hcas`).
+        self.hca = SimHca()
+        # The Kubernetes GPU stack's view (`cdi_stale`, `device_plugin_down`).
+        self.in_cdi_spec = True
+        self.device_plugin_down = False
 
         self.readings = LiveReadings(self)
         self.energy_mj = float(board.initial_energy_mj)
@@ -187,7 +200,7 @@ class SimGpu:
     # --- memory -----------------------------------------------------------------------
 
     def memory_used_bytes(self) -> int:
-        used = sum(p.used_bytes for p in self.processes.values())
+        used = self.leaked_bytes + sum(p.used_bytes for p in self.processes.values())
         usable = self.profile.memory_total_mib - self.profile.memory_reserved_mib
         return min(used, usable * hardware.MIB)
 
@@ -200,6 +213,7 @@ class SimGpu:
         self.retired_pending = False
         self.remap_pending = False
         self.hang_until = 0.0
+        self.leaked_bytes = 0
         self.ecc_enabled = self.ecc_pending
         self.mig_mode = self.mig_pending
         # GPU instances do not survive a reset; they are created again by whoever owns them.
@@ -225,3 +239,6 @@ class SimGpu:
         )
         self.nvlink_up = [True] * self.nvlinks
         self.processes.clear()
+        self.hca.clear()
+        self.in_cdi_spec = True
+        self.device_plugin_down = False

@@ -5,17 +5,30 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from types import TracebackType
 from typing import Self
 
 import pynvml
 
 from gpuagent.inventory.model import HostFacts
+from gpuagent.k8s.model import DevicePlugin, Toolkit
+from gpuagent.model import IbDevice
 from gpuagent.sim.faults import FaultError, check_params
 from gpuagent.sim.host import host_facts
+from gpuagent.sim.infiniband import device as hca_device
+from gpuagent.sim.kubernetes import kubernetes_host
 from gpuagent.sim.library import SimulatedLibrary
+from gpuagent.sim.proctable import write_process_table
 from gpuagent.sim.replay import unknown_host_facts
-from gpuagent.sim.scenario import INIT_ERRORS, Fault, NodeHardware, Scenario, check_node
+from gpuagent.sim.scenario import (
+    INIT_ERRORS,
+    Fault,
+    NodeHardware,
+    Scenario,
+    check_node,
+    hca_problem,
+)
 from gpuagent.sim.state import INIT_ERROR_CODES, NodeState
 
 
@@ -36,7 +49,8 @@ class SimulatedNode:
         self.scenario = scenario
         # Scenarios built in code get the same checks and defaults as parsed ones.
         faults = tuple(
-            self._checked(fault, scenario.node.gpus, resolved) for fault in scenario.faults
+            self._checked(fault, scenario.node.gpus, scenario.node.ib_hcas, resolved)
+            for fault in scenario.faults
         )
         self._state = NodeState(dataclasses.replace(scenario, faults=faults), resolved, clock)
         self._library = SimulatedLibrary(self._state)
@@ -95,6 +109,8 @@ class SimulatedNode:
     def inject(self, kind: str, gpu: int, params: Mapping[str, object]) -> None:
         """Apply a fault to GPU ``gpu`` now; ValueError if it is not a valid fault."""
         self._check_gpu(gpu, self.gpu_count, f"cannot inject {kind!r}")
+        if (problem := hca_problem(kind, gpu, self.scenario.node.ib_hcas)) is not None:
+            raise ValueError(f"cannot inject {kind!r} on GPU {gpu}: {problem}")
         resolved = self._state.hardware
         try:
             checked = check_params(kind, params, profile=resolved.profile, nvlinks=resolved.nvlinks)
@@ -146,6 +162,24 @@ class SimulatedNode:
             off_bus = frozenset(g.index for g in self._state.gpus if not g.on_pci_bus)
         return host_facts(self.scenario.node, self._state.hardware.profile, off_bus)
 
+    def infiniband(self) -> tuple[IbDevice, ...]:
+        """What /sys/class/infiniband would show: the HCA beside each of the first
+        `ib_hcas` GPUs, with the `ib_*` faults applied."""
+        node = self.scenario.node
+        with self._state.cond:
+            self._tick()
+            return tuple(
+                hca_device(gpu.index, gpu.hca, node.ib_rate_gbps, node.ib_link_layer)
+                for gpu in self._state.gpus[: node.ib_hcas]
+            )
+
+    def kubernetes_host(self) -> tuple[DevicePlugin, Toolkit]:
+        """kubelet's device plugin directory and the container toolkit, as the scenario
+        and the `device_plugin_down` and `cdi_stale` faults make them."""
+        with self._state.cond:
+            self._tick()
+            return kubernetes_host(self.scenario.node, self._state.gpus)
+
     # --- introspection -------------------------------------------------------------------
 
     def call_counts(self) -> dict[str, int]:
@@ -164,6 +198,14 @@ class SimulatedNode:
             for name in state.counts:
                 state.counts[name] = 0
             state.per_device[:] = [0] * len(state.per_device)
+
+    def serve_process_table(self, root: Path) -> None:
+        """Keep a /proc-like tree of the running simulated processes under ``root`` (see
+        gpuagent.sim.proctable), from now on, for the agent's `sources.nvml.proc_root`."""
+        with self._state.cond:
+            self._tick()
+            self._state.process_root = root
+            write_process_table(root, self._state.gpus)
 
     def process_name(self, pid: int) -> str | None:
         """The name of simulated process ``pid`` (NVML itself reports only pids)."""
@@ -189,8 +231,10 @@ class SimulatedNode:
         return now
 
     @classmethod
-    def _checked(cls, fault: Fault, gpus: int, resolved: NodeHardware) -> Fault:
+    def _checked(cls, fault: Fault, gpus: int, hcas: int, resolved: NodeHardware) -> Fault:
         cls._check_gpu(fault.gpu, gpus, f"fault {fault.kind!r}")
+        if (problem := hca_problem(fault.kind, fault.gpu, hcas)) is not None:
+            raise ValueError(f"fault {fault.kind!r} on GPU {fault.gpu}: {problem}")
         try:
             params = check_params(
                 fault.kind, fault.param_dict(), profile=resolved.profile, nvlinks=resolved.nvlinks

@@ -49,7 +49,8 @@ class LiveReadings:
     # --- load -------------------------------------------------------------------------
 
     def busy(self) -> bool:
-        return bool(self._gpu.processes)
+        # A hung process holds its memory (and keeps the clocks up) but adds no load.
+        return any(not p.hung for p in self._gpu.processes.values())
 
     def idle_clocks(self) -> bool:
         """Whether the GPU has clocked down to idle. A GPU with MIG on does not: its

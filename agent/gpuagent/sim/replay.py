@@ -35,7 +35,16 @@ _BUS_ID_RE = re.compile(r"^[0-9a-fA-F]{4,8}:([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.[
 # Faults that change what the captured readings depend on (load, heat, clocks, limits):
 # after one, the GPU's readings follow the profile's live model.
 LIVE_AFTER = frozenset(
-    {"process", "process_exit", "throttle", "app_clocks", "power_limit", "clear", "temperature"}
+    {
+        "process",
+        "process_exit",
+        "hung",
+        "throttle",
+        "app_clocks",
+        "power_limit",
+        "clear",
+        "temperature",
+    }
 )
 _REASON_BITS = (
     ("idle", codes.REASON_GPU_IDLE),

@@ -73,6 +73,17 @@ class NodeSpec:
     installed_kernels: list[str] = field(default_factory=list)
     kernels_without_module: list[str] = field(default_factory=list)
     os_release: str = "Debian GNU/Linux 12 (bookworm)"
+    # RDMA: GPUs 0..ib_hcas-1 each have an HCA mlx5_<i> beside them (0: no RDMA devices),
+    # with one port at this rate (Gb/s) and link layer ("Ethernet": RoCE).
+    ib_hcas: int = 0
+    ib_rate_gbps: float = 400.0
+    ib_link_layer: Literal["InfiniBand", "Ethernet"] = "InfiniBand"
+    # The Kubernetes GPU stack (read only when the agent's checks.kubernetes applies): the
+    # device plugin's socket, registered with kubelet; a CDI spec naming every GPU; the
+    # NVIDIA container runtime.
+    k8s_device_plugin: bool = True
+    k8s_cdi_spec: bool = True
+    k8s_runtime: bool = True
     # An `nvidia-smi -q` (or `-q -x`) capture to serve instead (relative to the scenario
     # file): the capture describes the node, so no other [node] key may be set with it.
     nvidia_smi: str = ""
@@ -216,6 +227,11 @@ def parse_scenario(text: str, base: Path | None = None) -> Scenario:
     if not isinstance(fault_tables, list) or not all(isinstance(t, dict) for t in fault_tables):
         raise ConfigError("expected [[fault]] tables", key="fault", line=find_line(text, "fault"))
     faults = tuple(_parse_fault(i, t, node, hardware_, text) for i, t in enumerate(fault_tables))
+    for index, fault in enumerate(faults):
+        if (problem := hca_problem(fault.kind, fault.gpu, node.ib_hcas)) is not None:
+            raise ConfigError(
+                problem, key=f"fault[{index}].gpu", line=_fault_line(text, index, "gpu")
+            )
     return Scenario(node=node, faults=faults, profile=scenario.profile, capture=scenario.capture)
 
 
@@ -276,6 +292,8 @@ def _check_node(node: NodeSpec, resolved: NodeHardware, text: str) -> None:
          problem or ""),
         ("fabric_state", node.fabric_state != "not_supported" and not profile.fabric,
          f"the {profile.name} is not in an NVSwitch fabric"),
+        ("ib_hcas", not 0 <= node.ib_hcas <= node.gpus, "must be 0..node.gpus (one per GPU)"),
+        ("ib_rate_gbps", not 0 < node.ib_rate_gbps <= 3200, "must be above 0, at most 3200"),
         ("kernels_without_module", not set(node.kernels_without_module)
          <= {node.kernel_release, *node.installed_kernels},
          "must name node.kernel_release or node.installed_kernels"),
@@ -284,6 +302,15 @@ def _check_node(node: NodeSpec, resolved: NodeHardware, text: str) -> None:
         if bad:
             dotted = f"node.{key}"
             raise ConfigError(message, key=dotted, line=find_line(text, dotted) if text else None)
+
+
+def hca_problem(kind: str, gpu: int, hcas: int) -> str | None:
+    """Why an `ib_*` fault cannot hit GPU ``gpu``'s HCA (None: it can, or not such a fault)."""
+    if not kind.startswith("ib_") or gpu < hcas:
+        return None
+    if hcas == 0:
+        return "this node has no HCAs (node.ib_hcas = 0)"
+    return f"GPU {gpu} has no HCA (node.ib_hcas = {hcas}: GPUs 0..{hcas - 1} have one)"
 
 
 def _parse_fault(

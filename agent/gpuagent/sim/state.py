@@ -12,12 +12,14 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from gpuagent.sim import codes, hardware
 from gpuagent.sim.events import EventSet
 from gpuagent.sim.faults import KINDS, ParamValue
 from gpuagent.sim.gpu import SimGpu
+from gpuagent.sim.proctable import write_process_table
 from gpuagent.sim.replay import replayed_gpu
 from gpuagent.sim.scenario import NodeHardware, Scenario
 
@@ -77,6 +79,8 @@ class NodeState:
         self.counts: dict[str, int] = {}
         self.per_device = [0] * len(self.gpus)
         self.event_sets: dict[int, EventSet] = {}
+        # Where the process table is served (`SimulatedNode.serve_process_table`); None: not.
+        self.process_root: Path | None = None
 
     @staticmethod
     def _replayed(scenario: Scenario) -> list[SimGpu]:
@@ -110,6 +114,8 @@ class NodeState:
             for event_set in self.event_sets.values():
                 event_set.offer(gpu, event_type, data)
         gpu.readings = gpu.readings.after_fault(kind)
+        if self.process_root is not None:
+            write_process_table(self.process_root, self.gpus)
         self.cond.notify_all()  # waiters re-check: a hang may be over, an event queued
 
     # --- call gates (lock held) ---------------------------------------------------------

@@ -23,11 +23,12 @@ from typing import Any
 import psutil
 
 from gpuagent.config import NvmlSourceSection
-from gpuagent.model import GpuIdentity, GpuState, NvmlStatus
+from gpuagent.model import GpuIdentity, GpuReadings, GpuState, NvmlStatus
 from gpuagent.nvml.device import Device
 from gpuagent.nvml.errors import GpuLostError, NvmlCallError, NvmlUnavailableError
 from gpuagent.nvml.session import Session, open_session, shutdown
 from gpuagent.nvml.worker import CallTimeoutError, CallWorker
+from gpuagent.sources.procfs import ProcessTable
 
 # The source opened last in this process (NVML is one library per process): where the
 # remediation setters find the GPUs' workers unless they are handed a source.
@@ -59,11 +60,14 @@ class NvmlSource:
         config: NvmlSourceSection,
         *,
         process_name: Callable[[int], str | None] = host_process_name,
+        process_table: ProcessTable | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._config = config
         self._process_name = process_name
+        # None: processes are not looked up in procfs (their alive and user stay None).
+        self._process_table = process_table
         self._clock = clock
         self._wall = wall_clock
         self._session_worker = CallWorker("nvml-session")
@@ -173,9 +177,7 @@ class NvmlSource:
             if identity is None:
                 identity = await device.worker.run(device.read_identity, timeout)
                 self._identities[device.index] = shown = identity
-            readings = await device.worker.run(
-                lambda: device.read(include_slow, self._config.profiling), timeout
-            )
+            readings = await device.worker.run(lambda: self._read(device, include_slow), timeout)
         except CallTimeoutError as exc:
             return GpuState(shown, "timeout", error=f"nvml_timeout: {exc}")
         except GpuLostError as exc:
@@ -189,6 +191,12 @@ class NvmlSource:
             sampled_at=self._wall(),
             sampled_monotonic=self._clock(),
         )
+
+    def _read(self, device: Device, include_slow: bool) -> GpuReadings:
+        """One poll of ``device``, on its worker: NVML, then procfs for its processes."""
+        readings = device.read(include_slow, self._config.profiling)
+        table = self._process_table
+        return readings if table is None else table.describe_all(readings)
 
     # --- remediation's setters, on the GPU's worker ---------------------------------------
 

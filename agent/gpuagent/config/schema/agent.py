@@ -56,6 +56,10 @@ class NvmlSourceSection:
     # Profiling metrics (DCGM_FI_PROF_*) from GPM on GPUs that have it (Hopper and later):
     # one sample and one metrics call per GPU and MIG instance each poll.
     profiling: bool = True
+    # procfs as the agent sees it: each GPU process's owner, and whether it still exists.
+    # An agent in a container sees only its own PID namespace unless it shares the host's
+    # (hostPID) or is given the host's /proc mounted elsewhere (then point this there).
+    proc_root: Path = Path("/proc")
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Literal
 
 from gpuagent.config.ranges import CELSIUS, FRACTION, NON_NEGATIVE, PERCENT, POSITIVE
@@ -100,6 +101,76 @@ class BusCheck:
 
 
 @dataclass(frozen=True)
+class ProcessesCheck:
+    # GPU memory held with no process, processes gone from /proc, and hung jobs: WARN only.
+    enabled: bool = True
+    # Framebuffer in use (beyond the driver's reserved share) with no process, above which
+    # the memory counts as held by a leaked context; idle GPUs hold a few hundred MiB.
+    leak_threshold_mib: Annotated[float, NON_NEGATIVE] = 1024.0
+    # How long memory must stay held with no process before it is WARN.
+    leak_seconds: Annotated[float, NON_NEGATIVE] = 60.0
+    # How long a process NVML lists must be missing from /proc before it is WARN.
+    gone_seconds: Annotated[float, NON_NEGATIVE] = 30.0
+    # GPU utilization at or below which a GPU with processes counts as doing nothing, and
+    # for how long without a break before its processes count as hung.
+    hung_utilization_pct: Annotated[float, PERCENT] = 1.0
+    hung_seconds: Annotated[float, NON_NEGATIVE] = 1800.0
+
+
+@dataclass(frozen=True)
+class InfinibandCheck:
+    # RDMA ports (InfiniBand, or RoCE on Ethernet) from /sys/class/infiniband: a port down
+    # or an expected HCA missing is CRITICAL; a slow link, link errors, a flapping link or
+    # GPUDirect RDMA without nvidia_peermem are WARN. Expectations: [inventory.expected].
+    enabled: bool = True
+    # Physical-layer errors (symbol errors, receive errors, link recoveries, ...) summed
+    # over a port, per minute, above which the port is WARN. A healthy link counts none.
+    link_errors_per_minute: Annotated[float, NON_NEGATIVE] = 1.0
+    # Window over which the error rate is measured and a link-down counts as new.
+    rate_window_seconds: Annotated[float, POSITIVE] = 600.0
+
+
+@dataclass(frozen=True)
+class KubernetesCheck:
+    # The Kubernetes GPU stack seen from the node: the device plugin registered, the Node
+    # advertising every healthy GPU, the container toolkit's runtime and CDI spec. "auto":
+    # on when remediation.cordon.backends has "kubernetes"; true or false decide alone.
+    enabled: Literal["auto", True, False] = "auto"
+    # The extended resource the device plugin advertises, and how many it advertises per
+    # GPU (more than 1 with time-slicing replicas).
+    resource: str = "nvidia.com/gpu"
+    replicas_per_gpu: Annotated[int, POSITIVE] = 1
+    # kubelet's device plugin directory: the plugin's socket (file names matching
+    # device_plugin_sockets) and kubelet's kubelet_internal_checkpoint.
+    device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
+    device_plugin_sockets: list[str] = field(default_factory=lambda: ["nvidia*.sock"])
+    # Where CDI specs are looked for (*.yaml, *.yml, *.json); a spec of kind
+    # nvidia.com/gpu must name every GPU (by index or UUID) once one exists.
+    cdi_dirs: list[str] = field(default_factory=lambda: ["/etc/cdi", "/var/run/cdi"])
+    # true: no CDI spec at all is WARN too (clusters that inject GPUs by CDI only).
+    require_cdi: bool = False
+    # The NVIDIA container runtime: any of these files, or a containerd config naming a
+    # runtime "nvidia". Empty lists: the runtime is not checked.
+    runtime_paths: list[str] = field(
+        default_factory=lambda: [
+            "/usr/bin/nvidia-container-runtime",
+            "/usr/local/nvidia/toolkit/nvidia-container-runtime",
+        ]
+    )
+    containerd_configs: list[str] = field(default_factory=lambda: ["/etc/containerd/config.toml"])
+    # The device plugin needs time to start and register (after a boot, a driver reload or
+    # its own restart): fewer GPUs advertised than healthy, or no plugin, is WARN, not
+    # CRITICAL, until the agent has run, and that state has held, this long.
+    registration_grace_seconds: Annotated[float, NON_NEGATIVE] = 300.0
+    # The device plugin directory, the CDI specs and the Node object (read-only, one GET,
+    # under node_read_timeout_seconds) are read this often; an advertised count older than
+    # node_stale_seconds is not trusted.
+    interval_seconds: Annotated[float, POSITIVE] = 60.0
+    node_read_timeout_seconds: Annotated[float, POSITIVE] = 10.0
+    node_stale_seconds: Annotated[float, POSITIVE] = 300.0
+
+
+@dataclass(frozen=True)
 class ChecksSection:
     ecc: EccCheck = field(default_factory=EccCheck)
     thermal: ThermalCheck = field(default_factory=ThermalCheck)
@@ -111,3 +182,6 @@ class ChecksSection:
     sxid: SxidCheck = field(default_factory=SxidCheck)
     aer: AerCheck = field(default_factory=AerCheck)
     bus: BusCheck = field(default_factory=BusCheck)
+    kubernetes: KubernetesCheck = field(default_factory=KubernetesCheck)
+    processes: ProcessesCheck = field(default_factory=ProcessesCheck)
+    infiniband: InfinibandCheck = field(default_factory=InfinibandCheck)

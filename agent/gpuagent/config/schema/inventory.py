@@ -43,6 +43,14 @@ class InventoryExpected:
     # Persistence mode every GPU should be in; "any": no expectation beyond the persistence
     # check's. "disabled" needs checks.persistence.enabled = false (that check wants it on).
     persistence: Literal["any", "enabled", "disabled"] = "any"
+    # RDMA (InfiniBand or RoCE) devices that must be present, by name ("mlx5_0"); every
+    # port of these is judged even if it never came up. Empty: no expectation.
+    hcas: list[str] = field(default_factory=list)
+    # Signalling rate (Gb/s) every judged RDMA port should run at; 0: the most common rate
+    # of the node's active ports.
+    ib_rate_gbps: Annotated[float, NON_NEGATIVE] = 0.0
+    # GPUDirect RDMA is used here: nvidia_peermem must be loaded (needs the inventory).
+    gpudirect: bool = False
     # GPUs that differ from the node-wide MIG expectation ([[inventory.expected.gpu]]).
     gpu: list[ExpectedGpu] = field(default_factory=list)
 

@@ -33,6 +33,8 @@ FindingAction = Literal[
     "start_service",
     "restore_settings",
     "fix_state_dir",
+    "restart_device_plugin",
+    "fix_container_toolkit",
 ]
 
 
@@ -98,6 +100,8 @@ def _default_rules() -> list[RemediationRule]:
         RemediationRule("gpu_count", ["cordon"]),
         RemediationRule("driver", ["cordon"]),
         RemediationRule("fabric", ["cordon"]),
+        RemediationRule("kubernetes", ["cordon"]),
+        RemediationRule("infiniband", ["cordon"]),
         RemediationRule("thermal", ["cap_power"]),
     ]
 

@@ -1,0 +1,46 @@
+"""The simulated node's process table: a small tree laid out like /proc.
+
+Simulated PIDs do not exist on the machine running the simulator, so the agent, which
+looks each GPU process up in procfs (`sources.nvml.proc_root`), is pointed at this tree
+instead: one ``<pid>/status`` (Name, Uid) and ``<pid>/comm`` per running simulated
+process. A process a `process_gone` fault took out of the table has no entry, although
+NVML still lists it. Written under the node lock whenever a fault changes processes.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+from gpuagent.sim.gpu import SimGpu, SimProcess
+
+# /proc/<pid>/comm holds at most this many bytes of the name (TASK_COMM_LEN - 1).
+_COMM_LENGTH = 15
+
+
+def write_process_table(root: Path, gpus: Iterable[SimGpu]) -> None:
+    """Make ``root`` list exactly the live processes of ``gpus``."""
+    live: dict[int, SimProcess] = {}
+    for gpu in gpus:
+        live.update({pid: p for pid, p in gpu.processes.items() if p.alive})
+    root.mkdir(parents=True, exist_ok=True)
+    for entry in root.iterdir():
+        if entry.name.isdigit() and int(entry.name) not in live:
+            shutil.rmtree(entry, ignore_errors=True)
+    for pid, process in live.items():
+        entry = root / str(pid)
+        entry.mkdir(exist_ok=True)
+        comm = process.name.rsplit("/", 1)[-1][:_COMM_LENGTH]
+        uid = process.uid
+        _write(entry / "comm", f"{comm}\n")
+        _write(entry / "status", f"Name:\t{comm}\nPid:\t{pid}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+
+
+def _write(path: Path, text: str) -> None:
+    # Replaced whole, never truncated in place: the agent may be reading it right now.
+    if path.exists() and path.read_text(encoding="utf-8") == text:
+        return
+    partial = path.with_name(f".{path.name}.new")
+    partial.write_text(text, encoding="utf-8")
+    partial.replace(path)

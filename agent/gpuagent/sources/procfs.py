@@ -1,0 +1,82 @@
+"""What procfs says about the processes NVML lists: whether each still exists, its owner.
+
+Read on the GPU's NVML worker thread, right after the process list, so the check that
+judges them stays pure and the event loop never touches the filesystem for it.
+
+NVML reports PIDs in the host's PID namespace. An agent running in a container without
+the host's PID namespace sees none of them in its own /proc, so every process would look
+gone: run it under systemd on the host, share the host's PID namespace (hostPID), or mount
+the host's /proc and point `sources.nvml.proc_root` there.
+"""
+
+from __future__ import annotations
+
+import pwd
+from dataclasses import replace
+from pathlib import Path
+
+from gpuagent.model import GpuProcess, GpuReadings
+
+
+class ProcessTable:
+    """Looks processes up under ``root`` (/proc, or a tree laid out like it)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._users: dict[int, str] = {}
+
+    def describe(self, process: GpuProcess) -> GpuProcess:
+        """``process`` with ``alive`` and ``user`` filled in, and its name where NVML and
+        the host gave none ("pid N")."""
+        entry = self.root / str(process.pid)
+        status = _read(entry / "status")
+        if status is None:
+            # Either the PID has no entry (gone) or it vanished between the two reads;
+            # only a missing directory says gone, an unreadable one says nothing.
+            return replace(process, alive=False if not entry.exists() else None)
+        fields = _status_fields(status)
+        name = process.name
+        if name == f"pid {process.pid}":
+            name = (_read(entry / "comm") or fields.get("Name", "")).strip() or name
+        return replace(process, name=name, alive=True, user=self._user(fields.get("Uid")))
+
+    def describe_all(self, readings: GpuReadings) -> GpuReadings:
+        """``readings`` with every compute and graphics process described."""
+        if not readings.processes and not readings.graphics_processes:
+            return readings
+        return replace(
+            readings,
+            processes=tuple(self.describe(p) for p in readings.processes),
+            graphics_processes=tuple(self.describe(p) for p in readings.graphics_processes),
+        )
+
+    def _user(self, uid_line: str | None) -> str | None:
+        # "Uid:\t<real>\t<effective>\t<saved>\t<fs>": the real uid owns the process.
+        parts = (uid_line or "").split()
+        if not parts or not parts[0].isdigit():
+            return None
+        uid = int(parts[0])
+        # Cached: the name may come from a directory service (NSS: LDAP, sssd), which is
+        # asked once per uid rather than on every poll of the GPU's worker.
+        if uid not in self._users:
+            try:
+                self._users[uid] = pwd.getpwuid(uid).pw_name
+            except KeyError:  # a uid with no passwd entry (a container's, a deleted user)
+                self._users[uid] = f"uid {uid}"
+        return self._users[uid]
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def _status_fields(text: str) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields[key] = value.strip()
+    return fields
