@@ -231,6 +231,8 @@ def start_daemon(
         f"[sources.nvml]\ninterval_seconds = {interval}\ncall_timeout_seconds = {call_timeout}\n"
         f"slow_interval_seconds = {interval}\ninit_retry_seconds = 1\n"
         f'[sources.kmsg]\npath = "{kmsg}"\n[sources.sysfs]\nroot = "{workdir / "sys"}"\n'
+        # The simulator's RDMA faults show at the next sysfs read, as on a real node.
+        f"interval_seconds = {interval}\n"
         f"{config_extra}"
     )
     scenario_path = workdir / "scenario.toml"

@@ -77,14 +77,14 @@ def node() -> Iterator[SimulatedNode]:
 async def test_the_nvml_source_carries_owner_and_presence(
     node: SimulatedNode, tmp_path: Path
 ) -> None:
-    node.serve_process_table(tmp_path)
+    node.serve_host_files(tmp_path)
     node.inject("process", 0, {"pid": 4242, "name": "train.py", "used_mib": 1024, "uid": 0})
     node.inject("process", 1, {"pid": 5151, "name": "eval.py", "used_mib": 512})
     node.inject("process_gone", 1, {"pid": 5151})
     source = NvmlSource(
         NvmlSourceSection(),
         process_name=node.process_name,
-        process_table=ProcessTable(tmp_path),
+        process_table=ProcessTable(tmp_path / "proc"),
         clock=FakeClock(),
     )
     try:

@@ -8,6 +8,7 @@ import pytest
 
 from gpuagent.config import ConfigError
 from gpuagent.sim import SimulatedNode, load_scenario, parse_scenario
+from gpuagent.sources.infiniband import read_infiniband
 
 HGX = '[node]\ngpus = 8\nmodel = "h100-sxm"\n'
 
@@ -137,3 +138,20 @@ def test_the_shipped_rdma_scenario_degrades_over_its_first_minute() -> None:
     assert devices[1].ports[0].counter("symbol_error") == 500
     assert devices[4].ports[0].rate_gbps == 200.0
     assert not devices[6].ports[0].active
+
+
+def test_the_served_sysfs_tree_reads_back_as_the_simulators_devices(tmp_path: Path) -> None:
+    node = make(HGX + "ib_hcas = 4\n")
+    node.serve_host_files(tmp_path)
+    assert read_infiniband(tmp_path / "sys") == node.infiniband()
+    # Faults rewrite the tree: what the daemon's sysfs reader sees next.
+    node.inject("ib_port_down", 1, {"state": "polling"})
+    node.inject("ib_rate", 2, {"gbps": 200})
+    node.inject("ib_errors", 3, {"count": 7})
+    port_dir = tmp_path / "sys" / "class" / "infiniband" / "mlx5_1" / "ports" / "1"
+    assert (port_dir / "state").read_text() == "1: DOWN\n"
+    assert (port_dir / "phys_state").read_text() == "2: Polling\n"
+    assert (port_dir / "rate").read_text() == "2.5 Gb/sec (1X SDR)\n"
+    assert read_infiniband(tmp_path / "sys") == node.infiniband()
+    node.inject("clear", 1, {})
+    assert read_infiniband(tmp_path / "sys") == node.infiniband()

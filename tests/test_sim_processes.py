@@ -35,7 +35,8 @@ def test_the_process_table_lists_running_processes_with_their_owner(
     node: SimulatedNode, tmp_path: Path
 ) -> None:
     node.inject("process", 0, {"pid": 4242, "name": "/opt/venv/bin/train.py", "used_mib": 10})
-    node.serve_process_table(tmp_path)
+    node.serve_host_files(tmp_path)
+    tmp_path /= "proc"
     node.inject("process", 1, {"pid": 77, "name": "eval", "used_mib": 10, "uid": 1234})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["4242", "77"]
     # comm holds the base name, cut to the kernel's 15 bytes.
@@ -51,7 +52,8 @@ def test_the_process_table_lists_running_processes_with_their_owner(
 
 
 def test_a_gone_process_leaves_the_table_but_not_nvml(node: SimulatedNode, tmp_path: Path) -> None:
-    node.serve_process_table(tmp_path)
+    node.serve_host_files(tmp_path)
+    tmp_path /= "proc"
     node.inject("process", 2, {"pid": 31, "name": "job", "used_mib": 2048})
     node.inject("process_gone", 2, {"pid": 31})
     node.inject("process_gone", 2, {"pid": 99})  # not running: nothing happens

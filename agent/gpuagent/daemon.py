@@ -102,7 +102,6 @@ class Agent:
             schedule_publish=self._schedule_publish,
             inventory_changed=self.inventory.request_refresh,
             gpu_appeared=self._gpu_appeared,
-            simulated_infiniband=None if self.simulator is None else self.simulator.infiniband,
         )
         self.poller = NvmlPoller(
             config, trackers, self.simulator, publish=self._publish, on_event=self.on_event
@@ -227,6 +226,9 @@ class Agent:
 
     def _open_sources(self) -> None:
         self.poller.open()
+        if self.poller.simulated_host is not None:
+            # A simulated node's RDMA devices are in the simulator's sysfs tree.
+            self.sources.infiniband_root = self.poller.simulated_host / "sys"
 
     async def _close_sources(self) -> None:
         await self.poller.close()

@@ -51,7 +51,8 @@ class NvmlPoller:
         self._polled = asyncio.Event()  # set after every NVML poll's snapshot
         self._xid_watcher: NvmlEventWatcher | None = None
         self._xid_generation = 0
-        self._simulated_proc: Path | None = None
+        # Under --simulate: where the simulator serves what procfs and sysfs would show.
+        self.simulated_host: Path | None = None
 
     def open(self) -> None:
         if self._simulator is not None:
@@ -69,9 +70,9 @@ class NvmlPoller:
         table (simulated PIDs do not exist on this machine)."""
         if self._simulator is None:
             return self._config.sources.nvml.proc_root
-        self._simulated_proc = Path(tempfile.mkdtemp(prefix="gpuagent-sim-proc-"))
-        self._simulator.serve_process_table(self._simulated_proc)
-        return self._simulated_proc
+        self.simulated_host = Path(tempfile.mkdtemp(prefix="gpuagent-sim-host-"))
+        self._simulator.serve_host_files(self.simulated_host)
+        return self.simulated_host / "proc"
 
     async def close(self) -> None:
         if self._xid_watcher is not None:
@@ -80,8 +81,8 @@ class NvmlPoller:
             await self.nvml.close()
         if self._simulator is not None:
             self._simulator.uninstall()
-        if self._simulated_proc is not None:
-            shutil.rmtree(self._simulated_proc, ignore_errors=True)
+        if self.simulated_host is not None:
+            shutil.rmtree(self.simulated_host, ignore_errors=True)
 
     def gpu_appeared(self) -> None:
         """A GPU (re)appeared on the bus: enumerate again without restarting the daemon."""

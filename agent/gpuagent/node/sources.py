@@ -51,7 +51,6 @@ class EventSources:
         schedule_publish: Callable[[], None],
         inventory_changed: Callable[[], None],
         gpu_appeared: Callable[[], None],
-        simulated_infiniband: Callable[[], tuple[IbDevice, ...]] | None = None,
     ) -> None:
         self._config = config
         self._events = events
@@ -62,18 +61,10 @@ class EventSources:
         self.reporter: EventSink | None = None  # set at startup, when MQTT is on
         self.pcie: tuple[PciePath, ...] = ()
         # RDMA devices; None until read, or when /sys/class/infiniband cannot be listed.
-        self._infiniband: tuple[IbDevice, ...] | None = None
-        # A simulated node's RDMA devices come from its scenario, not the host's sysfs.
-        self._simulated_infiniband = simulated_infiniband
+        self.infiniband: tuple[IbDevice, ...] | None = None
+        # The sysfs they are read from: `sources.sysfs.root`, or the simulator's tree.
+        self.infiniband_root = config.sources.sysfs.root
         self._kmsg: KmsgSource | None = None
-
-    @property
-    def infiniband(self) -> tuple[IbDevice, ...] | None:
-        # A simulated node is asked each time (it is in memory), so an injected fault
-        # shows at the next publish rather than the next sysfs read.
-        if self._simulated_infiniband is not None:
-            return self._simulated_infiniband()
-        return self._infiniband
 
     def kmsg_counters(self) -> KmsgCounters:
         return self._kmsg.counters if self._kmsg is not None else KmsgCounters()
@@ -133,15 +124,13 @@ class EventSources:
         """Read the RDMA devices (the sysfs loop, and `gpuagent check` once)."""
         # Apart from the PCIe paths: a tree without bus/pci (a container's) may still have
         # RDMA devices, and a node without RDMA is not a sysfs failure.
-        root = self._config.sources.sysfs.root
-        if self._simulated_infiniband is not None:
-            return
+        root = self.infiniband_root
         try:
             async with asyncio.timeout(_SYSFS_TIMEOUT_SECONDS):
-                self._infiniband = await asyncio.to_thread(read_infiniband, root)
+                self.infiniband = await asyncio.to_thread(read_infiniband, root)
         except TimeoutError:
             log.warning("reading %s/class/infiniband timed out", root)
-            self._infiniband = None
+            self.infiniband = None
 
     async def run_udev(self) -> None:
         tracker = self._trackers.setdefault("udev", SourceTracker("udev"))

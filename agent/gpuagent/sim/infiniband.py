@@ -2,14 +2,19 @@
 
 As on a rail-optimized HGX node, HCA ``mlx5_<i>`` sits beside GPU ``i`` (the scenario's
 `ib_hcas` gives how many GPUs have one), so the `ib_*` faults name the GPU whose HCA they
-hit. A simulated daemon takes these devices instead of reading the host's sysfs.
+hit. `write_sysfs` lays them out as /sys/class/infiniband does, and a simulated daemon
+reads that tree with the reader it uses on a real node.
 """
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Literal
 
 from gpuagent.model import IbDevice, IbPort
+from gpuagent.sim.files import replace_text
 
 LinkLayer = Literal["InfiniBand", "Ethernet"]
 
@@ -76,7 +81,7 @@ def device(index: int, hca: SimHca, rate_gbps: float, link_layer: LinkLayer) -> 
         rate_gbps=(hca.rate_gbps or rate_gbps) if trained else 2.5,
         link_layer=link_layer,
         counters=tuple(sorted(hca.counters.items())),
-        hw_counters=tuple((name, 0) for name in _HW_COUNTERS),
+        hw_counters=tuple((name, 0) for name in sorted(_HW_COUNTERS)),
     )
     return IbDevice(
         name=hca_name(index),
@@ -85,3 +90,49 @@ def device(index: int, hca: SimHca, rate_gbps: float, link_layer: LinkLayer) -> 
         firmware_version=_FIRMWARE,
         ports=(port,),
     )
+
+
+# The speed names the kernel prints after a 4X link's rate (a link down prints 1X SDR).
+_SPEEDS = {100.0: "4X EDR", 200.0: "4X HDR", 400.0: "4X NDR", 800.0: "4X XDR"}
+# The counters the specification keeps in 4-octet words (IbPort holds bytes).
+_WORD_COUNTERS = frozenset({"port_rcv_data", "port_xmit_data"})
+
+
+def write_sysfs(sys_root: Path, devices: Iterable[IbDevice]) -> None:
+    """Make ``sys_root``/class/infiniband show exactly ``devices``, as mlx5 lays it out."""
+    class_dir = sys_root / "class" / "infiniband"
+    class_dir.mkdir(parents=True, exist_ok=True)
+    wanted = {d.name: d for d in devices}
+    for entry in class_dir.iterdir():
+        if entry.name not in wanted:
+            shutil.rmtree(entry, ignore_errors=True)
+    for name, dev in wanted.items():
+        entry = class_dir / name
+        for file, text in (
+            ("hca_type", dev.hca_type),
+            ("board_id", dev.board_id),
+            ("fw_ver", dev.firmware_version),
+        ):
+            entry.mkdir(exist_ok=True)
+            replace_text(entry / file, f"{text}\n")
+        for port in dev.ports:
+            _write_port(entry / "ports" / str(port.port), port)
+
+
+def _write_port(directory: Path, port: IbPort) -> None:
+    for sub in ("counters", "hw_counters"):
+        (directory / sub).mkdir(parents=True, exist_ok=True)
+    rate = port.rate_gbps or 0.0
+    speed = "1X SDR" if rate <= 2.5 else _SPEEDS.get(rate, "4X")
+    for file, text in (
+        ("state", f"{port.state_id}: {port.state}"),
+        ("phys_state", f"{port.phys_state_id}: {port.phys_state}"),
+        ("rate", f"{rate:g} Gb/sec ({speed})"),
+        ("link_layer", port.link_layer),
+    ):
+        replace_text(directory / file, f"{text}\n")
+    for name, value in port.counters:
+        words = value // 4 if name in _WORD_COUNTERS else value
+        replace_text(directory / "counters" / name, f"{words}\n")
+    for name, value in port.hw_counters:
+        replace_text(directory / "hw_counters" / name, f"{value}\n")

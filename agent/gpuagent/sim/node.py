@@ -16,10 +16,8 @@ from gpuagent.k8s.model import DevicePlugin, Toolkit
 from gpuagent.model import IbDevice
 from gpuagent.sim.faults import FaultError, check_params
 from gpuagent.sim.host import host_facts
-from gpuagent.sim.infiniband import device as hca_device
 from gpuagent.sim.kubernetes import kubernetes_host
 from gpuagent.sim.library import SimulatedLibrary
-from gpuagent.sim.proctable import write_process_table
 from gpuagent.sim.replay import unknown_host_facts
 from gpuagent.sim.scenario import (
     INIT_ERRORS,
@@ -165,13 +163,9 @@ class SimulatedNode:
     def infiniband(self) -> tuple[IbDevice, ...]:
         """What /sys/class/infiniband would show: the HCA beside each of the first
         `ib_hcas` GPUs, with the `ib_*` faults applied."""
-        node = self.scenario.node
         with self._state.cond:
             self._tick()
-            return tuple(
-                hca_device(gpu.index, gpu.hca, node.ib_rate_gbps, node.ib_link_layer)
-                for gpu in self._state.gpus[: node.ib_hcas]
-            )
+            return self._state.infiniband()
 
     def kubernetes_host(self) -> tuple[DevicePlugin, Toolkit]:
         """kubelet's device plugin directory and the container toolkit, as the scenario
@@ -199,13 +193,14 @@ class SimulatedNode:
                 state.counts[name] = 0
             state.per_device[:] = [0] * len(state.per_device)
 
-    def serve_process_table(self, root: Path) -> None:
-        """Keep a /proc-like tree of the running simulated processes under ``root`` (see
-        gpuagent.sim.proctable), from now on, for the agent's `sources.nvml.proc_root`."""
+    def serve_host_files(self, root: Path) -> None:
+        """Keep what procfs and sysfs would show under ``root``, from now on: ``proc/`` the
+        running simulated processes (gpuagent.sim.proctable, for `sources.nvml.proc_root`)
+        and ``sys/class/infiniband`` the RDMA devices (for the sysfs source)."""
         with self._state.cond:
             self._tick()
-            self._state.process_root = root
-            write_process_table(root, self._state.gpus)
+            self._state.host_root = root
+            self._state.write_host_files(root)
 
     def process_name(self, pid: int) -> str | None:
         """The name of simulated process ``pid`` (NVML itself reports only pids)."""

@@ -13,6 +13,7 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
+from gpuagent.sim.files import replace_text
 from gpuagent.sim.gpu import SimGpu, SimProcess
 
 # /proc/<pid>/comm holds at most this many bytes of the name (TASK_COMM_LEN - 1).
@@ -33,14 +34,7 @@ def write_process_table(root: Path, gpus: Iterable[SimGpu]) -> None:
         entry.mkdir(exist_ok=True)
         comm = process.name.rsplit("/", 1)[-1][:_COMM_LENGTH]
         uid = process.uid
-        _write(entry / "comm", f"{comm}\n")
-        _write(entry / "status", f"Name:\t{comm}\nPid:\t{pid}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
-
-
-def _write(path: Path, text: str) -> None:
-    # Replaced whole, never truncated in place: the agent may be reading it right now.
-    if path.exists() and path.read_text(encoding="utf-8") == text:
-        return
-    partial = path.with_name(f".{path.name}.new")
-    partial.write_text(text, encoding="utf-8")
-    partial.replace(path)
+        replace_text(entry / "comm", f"{comm}\n")
+        replace_text(
+            entry / "status", f"Name:\t{comm}\nPid:\t{pid}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
+        )

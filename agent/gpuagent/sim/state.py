@@ -15,10 +15,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from gpuagent.model import IbDevice
 from gpuagent.sim import codes, hardware
 from gpuagent.sim.events import EventSet
 from gpuagent.sim.faults import KINDS, ParamValue
 from gpuagent.sim.gpu import SimGpu
+from gpuagent.sim.infiniband import device as hca_device
+from gpuagent.sim.infiniband import write_sysfs
 from gpuagent.sim.proctable import write_process_table
 from gpuagent.sim.replay import replayed_gpu
 from gpuagent.sim.scenario import NodeHardware, Scenario
@@ -79,8 +82,8 @@ class NodeState:
         self.counts: dict[str, int] = {}
         self.per_device = [0] * len(self.gpus)
         self.event_sets: dict[int, EventSet] = {}
-        # Where the process table is served (`SimulatedNode.serve_process_table`); None: not.
-        self.process_root: Path | None = None
+        # Where the host files are served (`SimulatedNode.serve_host_files`); None: not.
+        self.host_root: Path | None = None
 
     @staticmethod
     def _replayed(scenario: Scenario) -> list[SimGpu]:
@@ -114,9 +117,24 @@ class NodeState:
             for event_set in self.event_sets.values():
                 event_set.offer(gpu, event_type, data)
         gpu.readings = gpu.readings.after_fault(kind)
-        if self.process_root is not None:
-            write_process_table(self.process_root, self.gpus)
+        if self.host_root is not None:
+            self.write_host_files(self.host_root)
         self.cond.notify_all()  # waiters re-check: a hang may be over, an event queued
+
+    # --- the host's view (lock held) ----------------------------------------------------
+
+    def infiniband(self) -> tuple[IbDevice, ...]:
+        """The HCA beside each of the first `ib_hcas` GPUs, with the `ib_*` faults applied."""
+        spec = self.spec
+        return tuple(
+            hca_device(gpu.index, gpu.hca, spec.ib_rate_gbps, spec.ib_link_layer)
+            for gpu in self.gpus[: spec.ib_hcas]
+        )
+
+    def write_host_files(self, root: Path) -> None:
+        """``root``/proc: the running processes; ``root``/sys: the RDMA devices."""
+        write_process_table(root / "proc", self.gpus)
+        write_sysfs(root / "sys", self.infiniband())
 
     # --- call gates (lock held) ---------------------------------------------------------
 
