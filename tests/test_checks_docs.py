@@ -16,6 +16,7 @@ from gpuagent.checks import (
     Action,
     Runbook,
 )
+from gpuagent.checks.engine import DCGM, INFINIBAND, KUBERNETES
 from gpuagent.config import ChecksSection
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "checks.md").read_text(encoding="utf-8")
@@ -30,6 +31,27 @@ def test_every_check_has_a_section(name: str) -> None:
 @pytest.mark.parametrize("name", INVENTORY_NODE_CHECK_NAMES)
 def test_every_inventory_node_check_has_a_section(name: str) -> None:
     assert f"`{name}` (node)" in HEADINGS
+
+
+# The checks outside the tables: each only where its source applies.
+OPTIONAL_CHECKS = (DCGM, INFINIBAND, KUBERNETES)
+EVERY_CHECK = (
+    CHECK_NAMES
+    + NODE_CHECK_NAMES
+    + INVENTORY_CHECK_NAMES
+    + INVENTORY_NODE_CHECK_NAMES
+    + OPTIONAL_CHECKS
+)
+
+
+@pytest.mark.parametrize("name", OPTIONAL_CHECKS)
+def test_every_optional_check_has_a_section(name: str) -> None:
+    assert f"`{name}`" in HEADINGS or f"`{name}` (node)" in HEADINGS
+
+
+@pytest.mark.parametrize("name", EVERY_CHECK)
+def test_every_check_has_a_row_in_the_table(name: str) -> None:
+    assert re.search(rf"^\| `{name}`( \(node\))? (and `{name}` \(node\) )?\|", DOC, re.MULTILINE)
 
 
 @pytest.mark.parametrize("action", [a.value for a in Action])
