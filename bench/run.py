@@ -42,7 +42,16 @@ class Daemon:
         self.port = free_port()
         self.socket = workdir / "api.sock"
         scenario = workdir / f"node-{gpus}.toml"
-        scenario.write_text(f'[node]\ngpus = {gpus}\nmodel = "NVIDIA H100 80GB HBM3"\n')
+        # A busy HGX node: an HCA beside each GPU and a training process on each, so the
+        # RDMA sysfs reads and the procfs look-ups of the GPU processes are in the cost.
+        jobs = "".join(
+            f'[[fault]]\ngpu = {i}\nkind = "process"\npid = {4000 + i}\n'
+            f'name = "train.py"\nused_mib = 40000\n'
+            for i in range(gpus)
+        )
+        scenario.write_text(
+            f'[node]\ngpus = {gpus}\nmodel = "NVIDIA H100 80GB HBM3"\nib_hcas = {gpus}\n{jobs}'
+        )
         config = workdir / "config.toml"
         # The kernel log is a FIFO the benchmark can write to; sysfs an empty tree.
         self.kmsg = workdir / "kmsg"
