@@ -94,8 +94,20 @@ def test_dcgm_incident_is_a_finding_and_survives_a_restart(
     control.host_engine_down()
     daemon.wait_for(lambda d: d["dcgm"]["state"] == "down")
     assert daemon.metric("gpuagent_source_up", source="dcgm") == 0.0
+    # Down is not "nothing new": the node says DCGM cannot be seen.
+    node = daemon.wait_for(lambda d: _node_dcgm(d) is not None)["node"]
+    finding = _node_dcgm({"node": node})
+    assert finding is not None
+    assert finding["severity"] == "WARN"
+    assert finding["runbook"] == "node-dcgm-down"
+    assert finding["reason"].startswith("DCGM host engine unreachable")
     control.host_engine_up()
     daemon.wait_for(lambda d: d["dcgm"]["state"] == "up" and d["dcgm"]["incidents"])
+    daemon.wait_for(lambda d: _node_dcgm(d) is None)
+
+
+def _node_dcgm(doc: dict[str, Any]) -> dict[str, Any] | None:
+    return next((f for f in doc["node"]["findings"] if f["check"] == "dcgm"), None)
 
 
 def test_node_without_dcgm_is_unchanged(run_daemon: Run, tmp_path: Path) -> None:

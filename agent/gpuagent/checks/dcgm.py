@@ -5,7 +5,9 @@ retired_pages, row_remap; pcie: pcie, aer; thermal: thermal; nvlink: nvlink) is
 corroboration when that GPU's own finding for it is already not OK: it becomes evidence on
 that finding and raises no second alarm. Every other incident (another system, or one
 the agent's checks see nothing of) is a problem of this check, with DCGM's severity.
-Incidents of entities that are not GPUs (NVSwitches) make the node-level finding.
+Incidents of entities that are not GPUs (NVSwitches) make the node-level finding, and so
+does a host engine the source cannot reach: while it is down DCGM reports nothing, which
+must not read as "nothing new".
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import replace
 
 from gpuagent.checks.common import Evidence, Outcome, Problem
 from gpuagent.checks.vocabulary import Action, Runbook
-from gpuagent.model import DcgmIncident, Finding, Severity
+from gpuagent.model import DcgmIncident, DcgmStatus, Finding, Severity
 
 # DCGM health system → the agent's checks that watch the same thing.
 OWN_CHECKS: Mapping[str, tuple[str, ...]] = {
@@ -62,19 +64,42 @@ def corroborate(
     return findings, tuple(left)
 
 
-def check_dcgm(incidents: Sequence[DcgmIncident], corroborated: int = 0) -> Outcome:
-    """A GPU's incidents not already covered by its own findings."""
+def check_dcgm(
+    incidents: Sequence[DcgmIncident], corroborated: int = 0, *, down: bool = False
+) -> Outcome:
+    """A GPU's incidents not already covered by its own findings (``down``: the host
+    engine is unreachable, so there are none to know of; the node finding says so)."""
     evidence: Evidence = (
         ("dcgm_incidents", len(incidents)),
         ("dcgm_corroborating", corroborated),
         *_evidence(incidents),
     )
     problems = tuple(_problem(i, Runbook.GPU_DCGM_HEALTH) for i in incidents)
-    return Outcome("DCGM health watches report nothing new", evidence, problems)
+    ok = "DCGM unreachable: its health watches are not known" if down else _NOTHING_NEW
+    return Outcome(ok, evidence, problems)
 
 
-def check_dcgm_node(incidents: Sequence[DcgmIncident]) -> Outcome:
-    """Incidents of entities that are not GPUs (NVSwitches)."""
-    evidence: Evidence = (("dcgm_incidents", len(incidents)), *_evidence(incidents))
-    problems = tuple(_problem(i, Runbook.NODE_DCGM_HEALTH) for i in incidents)
-    return Outcome("DCGM health watches report nothing for the node", evidence, problems)
+_NOTHING_NEW = "DCGM health watches report nothing new"
+
+
+def check_dcgm_node(incidents: Sequence[DcgmIncident], status: DcgmStatus) -> Outcome:
+    """Incidents of entities that are not GPUs (NVSwitches), and a host engine the source
+    cannot reach."""
+    evidence: Evidence = (
+        ("dcgm_state", status.state),
+        ("dcgm_incidents", len(incidents)),
+        *_evidence(incidents),
+    )
+    problems = [_problem(i, Runbook.NODE_DCGM_HEALTH) for i in incidents]
+    if status.state == "down":
+        why = f": {status.detail}" if status.detail else ""
+        problems.append(
+            Problem(
+                Severity.WARN,
+                f"DCGM host engine unreachable{why}; its health watches, policy "
+                "notifications and diagnostics are unavailable until it is back",
+                Action.START_SERVICE,
+                Runbook.NODE_DCGM_DOWN,
+            )
+        )
+    return Outcome("DCGM health watches report nothing for the node", evidence, tuple(problems))

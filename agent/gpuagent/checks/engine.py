@@ -254,7 +254,9 @@ def _gpu_findings(
         assert context.dcgm is not None
         mine = [i for i in context.dcgm.incidents if i.gpu == bus_id]
         findings, left = corroborate(findings, mine)
-        findings.append(to_finding(DCGM, bus_id, check_dcgm(left, len(mine) - len(left))))
+        down = context.dcgm.state == "down"
+        outcome = check_dcgm(left, len(mine) - len(left), down=down)
+        findings.append(to_finding(DCGM, bus_id, outcome))
     findings.extend(_gpu_inventory_findings(state, readings, context))
     return findings
 
@@ -294,7 +296,7 @@ def _node_findings(
     if context.dcgm_present:
         assert context.dcgm is not None
         node = [i for i in context.dcgm.incidents if i.gpu is None or i.gpu not in bus_ids]
-        findings.append(to_finding(DCGM, None, check_dcgm_node(node)))
+        findings.append(to_finding(DCGM, None, check_dcgm_node(node, context.dcgm)))
     if context.inventory is not None:
         findings += [
             to_finding(check.name, None, check.run(context.inventory))

@@ -112,6 +112,7 @@ class Runbook(enum.StrEnum):
     NODE_STATE_DIR = "node-state-dir"
     GPU_DCGM_HEALTH = "gpu-dcgm-health"
     NODE_DCGM_HEALTH = "node-dcgm-health"
+    NODE_DCGM_DOWN = "node-dcgm-down"
     NODE_K8S_DEVICE_PLUGIN = "node-k8s-device-plugin"
     NODE_K8S_GPUS_NOT_ADVERTISED = "node-k8s-gpus-not-advertised"
     NODE_K8S_UNHEALTHY_GPU_ADVERTISED = "node-k8s-unhealthy-gpu-advertised"
