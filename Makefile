@@ -1,5 +1,8 @@
 # Build targets. `make deb` builds dist/gpuagent_<version>_<arch>.deb (see docs/packaging.md);
 # `make deb VERSION=0.1.0+1` builds another package version from the same tree.
+# `make image` builds the container image localhost/gpuagent:<version> from Debian packages
+# (no registry base image; see docs/kubernetes.md); `make image IMAGE=registry/gpuagent:tag`
+# names it otherwise.
 
 VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 ARCH := $(shell dpkg --print-architecture 2>/dev/null || echo amd64)
@@ -8,7 +11,9 @@ DEB := dist/gpuagent_$(VERSION)_$(ARCH).deb
 # What the package is built from: the agent and the files it installs.
 DEB_SOURCES := agent pyproject.toml README.md config.example.toml docs deploy systemd
 
-.PHONY: deb deb-deps deb-clean
+IMAGE ?= localhost/gpuagent:$(VERSION)
+
+.PHONY: deb deb-deps deb-clean image image-deps
 
 deb-deps:
 	scripts/setup debhelper dpkg-dev fakeroot lintian libsystemd-dev pkg-config python3.11 \
@@ -33,3 +38,9 @@ deb: deb-deps
 
 deb-clean:
 	rm -rf build/deb dist/gpuagent_*.deb
+
+image-deps:
+	scripts/setup mmdebstrap podman
+
+image: image-deps
+	scripts/build-image $(IMAGE)

@@ -235,11 +235,15 @@ class Control:
         self.unavailable = unavailable
         self.delay = delay
         self.calls: list[tuple[int, tuple[int, ...]]] = []
+        self.timeouts: list[float] = []
 
-    async def run_diag(self, level: int, gpu_ids: tuple[int, ...]) -> DiagResult:
+    async def run_diag(
+        self, level: int, gpu_ids: tuple[int, ...], limit_seconds: float
+    ) -> DiagResult:
         import asyncio  # noqa: PLC0415
 
         self.calls.append((level, gpu_ids))
+        self.timeouts.append(limit_seconds)
         if self.unavailable:
             raise DiagUnavailableError("host engine down")
         await asyncio.sleep(self.delay)
@@ -260,6 +264,7 @@ async def test_the_bindings_are_used_while_dcgm_is_up(tmp_path: Path) -> None:
     result = await diag.run(1, (0,))
     assert result.via == "bindings"
     assert control.calls == [(1, (0,))]
+    assert control.timeouts == [300.0]  # the level's one limit
     assert not (script.parent / "args.txt").exists()
 
 

@@ -232,7 +232,7 @@ def test_diagnostic_through_the_bindings_while_up(engine: Any) -> None:
         task = asyncio.create_task(source.run())
         try:
             await _until(lambda: source.status().state == "up")
-            result = await source.run_diag(2, (0, 1))  # memory is a level 2 test
+            result = await source.run_diag(2, (0, 1), 60.0)  # memory is a level 2 test
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -450,3 +450,22 @@ def test_engine_dedups_a_dcgm_dbe_against_the_ecc_finding() -> None:
 @pytest.mark.parametrize("dcgm", [None, DcgmStatus("absent", "no bindings")])
 def test_engine_without_dcgm_has_no_dcgm_findings(dcgm: DcgmStatus | None) -> None:
     assert not [k for k in _evaluate(dcgm, dbe=0) if k.endswith("/dcgm")]
+
+
+def test_a_diagnostic_past_its_limit_through_the_bindings_is_a_timeout(engine: Any) -> None:
+    engine.set_diag_duration(2.0)
+
+    async def scenario() -> None:
+        source = DcgmSource(_config())
+        task = asyncio.create_task(source.run())
+        try:
+            await _until(lambda: source.status().state == "up")
+            # The level's limit, not a second one of the source's: past it, it hung.
+            with pytest.raises(TimeoutError, match="did not finish"):
+                await source.run_diag(1, (0,), 0.3)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            source.close()
+
+    asyncio.run(scenario())

@@ -48,3 +48,11 @@ def test_the_replaced_key_says_where_it_went(value: str) -> None:
     message = str(info.value)
     assert "remediation.reset.dcgm_diag (line 3): replaced by [remediation.diag]" in message
     assert "after_reset_level" in message
+
+
+def test_the_dcgm_sources_diagnostic_limit_says_where_it_went() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config("[sources.dcgm]\nenabled = true\ndiag_timeout_seconds = 3600\n")
+    message = str(info.value)
+    assert "sources.dcgm.diag_timeout_seconds (line 3): replaced by [remediation.diag]" in message
+    assert "level3_timeout_seconds" in message

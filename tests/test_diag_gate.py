@@ -38,7 +38,9 @@ class FakeDcgm:
         self.flag = flag  # exists while detached
         self.calls: list[tuple[str, object]] = []
 
-    async def run_diag(self, level: int, gpu_ids: tuple[int, ...]) -> DiagResult:
+    async def run_diag(
+        self, level: int, gpu_ids: tuple[int, ...], limit_seconds: float
+    ) -> DiagResult:
         self.calls.append(("diag", (level, gpu_ids)))
         if self.unavailable:
             raise DiagUnavailableError("host engine down")
@@ -123,7 +125,9 @@ async def test_a_failed_diagnostic_after_the_reset_escalates(tmp_path: Path) -> 
 
 async def test_a_diagnostic_that_could_not_run_escalates(tmp_path: Path) -> None:
     class Broken(FakeDcgm):
-        async def run_diag(self, level: int, gpu_ids: tuple[int, ...]) -> DiagResult:
+        async def run_diag(
+            self, level: int, gpu_ids: tuple[int, ...], limit_seconds: float
+        ) -> DiagResult:
             return DiagResult(level, gpu_ids, 0.0, 1.0, "bindings", error="NVVS killed")
 
     h = Harness(tmp_path, gated(), diag=runner(Broken()))

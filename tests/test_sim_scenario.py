@@ -94,7 +94,13 @@ used_mib = 2048
             kind="process",
             gpu=0,
             at=1.5,
-            params=(("pid", 77), ("name", "train.py"), ("used_mib", 2048.0), ("uid", 0)),
+            params=(
+                ("pid", 77),
+                ("name", "train.py"),
+                ("used_mib", 2048.0),
+                ("uid", 0),
+                ("job", 0),
+            ),
         ),
     )
     assert scenario.faults[1].param_dict() == {"reasons": ("hw_slowdown", "sw_thermal")}

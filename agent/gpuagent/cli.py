@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from gpuagent.config import Config
+    from gpuagent.gpuselect import KnownGpu
     from gpuagent.model import KernelLine
     from gpuagent.sim import Scenario
 
@@ -29,6 +30,10 @@ EXIT_CONFIG_ERROR = 2
 EXIT_UNKNOWN = 3
 EXIT_DIAG_UNAVAILABLE = 2  # `gpuagent diag`: 0 passed, 1 failed, 2 could not be run
 DIAG_POLL_SECONDS = 2.0
+EXIT_NO_SUCH_GPU = 2  # a --gpu argument names no GPU the daemon knows
+WATCH_SECONDS = 2.0  # `gpuagent status --watch` without a number
+# Cursor home and erase the screen: each `status --watch` frame replaces the last.
+_CLEAR_SCREEN = "\x1b[H\x1b[2J"
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
@@ -54,6 +59,29 @@ def _socket_path(args: argparse.Namespace) -> Path:
     return _load_config(args.config).api.socket
 
 
+def _resolve_gpus(status: dict[str, Any], selectors: list[str]) -> list[KnownGpu]:
+    """The GPUs of ``status`` the --gpu arguments name; exit 2, listing the GPUs there are,
+    when one names none of them."""
+    from gpuagent.gpuselect import NoSuchGpuError, known_gpus, resolve_gpus  # noqa: PLC0415
+
+    try:
+        return resolve_gpus(selectors, known_gpus(status))
+    except NoSuchGpuError as exc:
+        _fail(str(exc), EXIT_NO_SUCH_GPU)
+
+
+def _daemon_gpus(socket: Path, selectors: list[str], unreachable_code: int) -> list[KnownGpu]:
+    """The daemon's GPUs the --gpu arguments name, resolved against its status document;
+    ``unreachable_code`` is the exit status when the daemon cannot be asked."""
+    from gpuagent.client import ClientError, call  # noqa: PLC0415
+
+    try:
+        status = call(socket, "status")
+    except ClientError as exc:
+        _fail(str(exc), unreachable_code)
+    return _resolve_gpus(status, selectors)
+
+
 def _check_scenario(path: Path | None) -> None:
     if path is None:
         return
@@ -77,7 +105,7 @@ def _setup_logging(level: str, log_format: str = "text") -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    config = _load_config(args.config)
+    config = _with_node_name(_load_config(args.config), args.node_name)
     _check_scenario(args.simulate)
     _setup_logging(args.log_level, args.log_format)
 
@@ -94,6 +122,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     except OSError as exc:
         _fail(str(exc))
     return 0
+
+
+def _with_node_name(config: Config, node_name: str | None) -> Config:
+    """``config`` with agent.node_name set from --node-name. A DaemonSet passes the Node's
+    name from the downward API this way (`--node-name=$(NODE_NAME)`), so one ConfigMap
+    serves every node."""
+    if node_name is None:
+        return config
+    import dataclasses  # noqa: PLC0415
+
+    from gpuagent.config.rules import check_value  # noqa: PLC0415
+
+    problem = check_value("agent.node_name", node_name)
+    if problem is not None:
+        _fail(f"invalid --node-name {node_name!r}: {problem}", EXIT_CONFIG_ERROR)
+    agent = dataclasses.replace(config.agent, node_name=node_name)
+    return dataclasses.replace(config, agent=agent)
 
 
 def _replayed_host(path: Path) -> Scenario:
@@ -130,25 +175,73 @@ def cmd_check(args: argparse.Namespace) -> int:
     import asyncio  # noqa: PLC0415
 
     from gpuagent.daemon import Agent  # noqa: PLC0415
-    from gpuagent.render import render_status  # noqa: PLC0415
+    from gpuagent.render import color_enabled, render_status  # noqa: PLC0415
     from gpuagent.statusview import status_document  # noqa: PLC0415
 
     snapshot = asyncio.run(Agent(config, simulate=simulate).collect_once(kernel_log))
     doc = status_document(snapshot)
-    print(json.dumps(doc, indent=2) if args.json else render_status(doc))
+    color = color_enabled(args.color, sys.stdout)
+    print(json.dumps(doc, indent=2) if args.json else render_status(doc, color=color))
     return int(snapshot.health.severity.value)
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    from gpuagent.client import ClientError, call  # noqa: PLC0415
-    from gpuagent.render import render_status  # noqa: PLC0415
+def _status_of(socket: Path, selectors: list[str]) -> dict[str, Any]:
+    """The daemon's status document, with only the GPUs --gpu names when it names any.
+    Raises ClientError when the daemon cannot be asked."""
+    from gpuagent.client import call  # noqa: PLC0415
 
+    doc: dict[str, Any] = call(socket, "status")
+    if not selectors:
+        return doc
+    chosen = {gpu.index for gpu in _resolve_gpus(doc, selectors)}
+    return {**doc, "gpus": [g for g in doc["gpus"] if g["index"] in chosen]}
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from gpuagent.client import ClientError  # noqa: PLC0415
+    from gpuagent.render import color_enabled, render_status  # noqa: PLC0415
+
+    if args.watch is not None and args.json:
+        _fail("--watch and --json cannot be combined", EXIT_CONFIG_ERROR)
+    socket = _socket_path(args)
+    selectors = args.gpu or []
+    color = color_enabled(args.color, sys.stdout)
+    if args.watch is not None:
+        return _watch_status(socket, selectors, args.watch, color)
     try:
-        doc = call(_socket_path(args), "status")
+        doc = _status_of(socket, selectors)
     except ClientError as exc:
         _fail(str(exc), EXIT_UNKNOWN)
-    print(json.dumps(doc, indent=2) if args.json else render_status(doc))
+    print(json.dumps(doc, indent=2) if args.json else render_status(doc, color=color))
     return 0
+
+
+def _watch_status(socket: Path, selectors: list[str], seconds: float, color: bool) -> int:
+    """Redraw the status every ``seconds`` until Ctrl-C, which ends it with status 0. On a
+    terminal each frame replaces the last; piped, the frames follow one another."""
+    import time  # noqa: PLC0415
+
+    from gpuagent.client import ClientError  # noqa: PLC0415
+    from gpuagent.render import render_status  # noqa: PLC0415
+
+    terminal = sys.stdout.isatty()
+    frames = 0
+    try:
+        while True:
+            try:
+                body = render_status(_status_of(socket, selectors), color=color)
+            except ClientError as exc:
+                if not frames:  # a wrong socket is told at once, not watched
+                    _fail(str(exc), EXIT_UNKNOWN)
+                body = f"gpuagent: {exc}"  # keep watching through a daemon restart
+            header = f"Every {seconds:g} s: gpuagent status  {time.strftime('%Y-%m-%d %H:%M:%S')}"
+            start = _CLEAR_SCREEN if terminal else ("\n" if frames else "")
+            sys.stdout.write(f"{start}{header}\n\n{body}\n")
+            sys.stdout.flush()
+            frames += 1
+            time.sleep(seconds)
+    except KeyboardInterrupt:
+        return 0
 
 
 def _parse_assignment(item: str) -> tuple[str, Any]:
@@ -175,16 +268,17 @@ def cmd_inject(args: argparse.Namespace) -> int:
             values[key] = value
     # Kernel-log faults are drills: a real line into the kernel log, on a node or simulated.
     method = "drill" if args.kind in DRILL_KINDS else "inject"
+    socket = _socket_path(args)
+    # The API takes the index; any other form of --gpu is resolved to it here.
+    (gpu,) = _daemon_gpus(socket, [args.gpu], unreachable_code=1)
     try:
-        result = call(
-            _socket_path(args), method, {"kind": args.kind, "gpu": args.gpu, "values": values}
-        )
+        result = call(socket, method, {"kind": args.kind, "gpu": gpu.index, "values": values})
     except ClientError as exc:
         _fail(str(exc))
     if method == "drill":
         print(f"wrote to {result['path']}: {result['line']}")
     else:
-        print(f"injected {args.kind} into GPU {args.gpu} (snapshot {result['sequence']})")
+        print(f"injected {args.kind} into GPU {gpu.index} (snapshot {result['sequence']})")
     return 0
 
 
@@ -220,7 +314,11 @@ def cmd_diag(args: argparse.Namespace) -> int:
     from gpuagent.client import ClientError, call  # noqa: PLC0415
 
     socket = _socket_path(args)
-    gpus = sorted(set(args.gpu or []))
+    gpus = (
+        [gpu.index for gpu in _daemon_gpus(socket, args.gpu, EXIT_DIAG_UNAVAILABLE)]
+        if args.gpu
+        else []
+    )
     try:
         job = call(socket, "diag", {"level": args.level, "gpus": gpus})
         while job["state"] == "running":
@@ -308,11 +406,16 @@ def cmd_remediation(args: argparse.Namespace) -> int:
 def cmd_events(args: argparse.Namespace) -> int:
     from gpuagent.client import ClientError, call  # noqa: PLC0415
 
+    socket = _socket_path(args)
     params: dict[str, Any] = {"limit": args.limit}
     if args.gpu:
-        params["gpu"] = args.gpu
+        # Events name GPUs by their canonical bus id (0000:3b:00.0).
+        from gpuagent.kernel.parse import canonical_pci  # noqa: PLC0415
+
+        (gpu,) = _daemon_gpus(socket, [args.gpu], EXIT_UNKNOWN)
+        params["gpu"] = canonical_pci(gpu.pci_bus_id) or gpu.pci_bus_id
     try:
-        events = call(_socket_path(args), "events", params)["events"]
+        events = call(socket, "events", params)["events"]
     except ClientError as exc:
         _fail(str(exc), EXIT_UNKNOWN)
     if args.json:
@@ -488,6 +591,29 @@ def _config_option(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--config", type=Path, help=f"configuration file (default {DEFAULT_CONFIG})")
 
 
+# What every --gpu accepts (see gpuagent.gpuselect).
+_GPU_FORMS = "an index (3), a PCI bus id (0000:ba:00.0, 00000000:BA:00.0, ba:00.0) or a UUID"
+
+
+def _color_option(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument(
+        "--color",
+        choices=["auto", "always", "never"],
+        default="auto",
+        help="colour the severities: auto (default) on a terminal unless NO_COLOR is set",
+    )
+
+
+def _watch_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"not a positive number of seconds: {text!r}")
+    return seconds
+
+
 def _socket_options(sub: argparse.ArgumentParser) -> None:
     group = sub.add_mutually_exclusive_group()
     group.add_argument("--config", type=Path, help="read api.socket from this file")
@@ -513,6 +639,11 @@ def _add_daemon_commands(add: Add) -> None:
     run = add("run", "run the daemon")
     _config_option(run)
     run.add_argument("--simulate", type=Path, metavar="SCENARIO", help="simulate the GPUs")
+    run.add_argument(
+        "--node-name",
+        metavar="NAME",
+        help="this node's name (overrides agent.node_name), e.g. a Kubernetes Node's name",
+    )
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     run.add_argument(
         "--log-format",
@@ -540,6 +671,7 @@ def _add_daemon_commands(add: Add) -> None:
         help="add a captured kernel log (dmesg or journalctl -k output) to the judgement",
     )
     check.add_argument("--json", action="store_true", help="print the status document")
+    _color_option(check)
     check.set_defaults(func=cmd_check)
 
 
@@ -547,6 +679,18 @@ def _add_client_commands(add: Add) -> None:
     status = add("status", "show per-GPU health from the running daemon")
     _socket_options(status)
     status.add_argument("--json", action="store_true", help="print the status document")
+    status.add_argument(
+        "--gpu", nargs="+", action="extend", metavar="GPU", help=f"only these GPUs: {_GPU_FORMS}"
+    )
+    status.add_argument(
+        "--watch",
+        nargs="?",
+        const=WATCH_SECONDS,
+        type=_watch_seconds,
+        metavar="SECONDS",
+        help=f"redraw every SECONDS (default {WATCH_SECONDS:g}) until Ctrl-C",
+    )
+    _color_option(status)
     status.set_defaults(func=cmd_status)
 
     inject = add(
@@ -557,7 +701,7 @@ def _add_client_commands(add: Add) -> None:
     )
     _socket_options(inject)
     inject.add_argument("kind", help="fault kind, e.g. xid, aer, ecc_dbe, temperature, clear")
-    inject.add_argument("--gpu", type=int, required=True, help="GPU index")
+    inject.add_argument("--gpu", required=True, help=f"the GPU: {_GPU_FORMS}")
     inject.add_argument(
         "values", nargs="*", metavar="N|KEY=VALUE", help="XID/SXid number, or values: count=2"
     )
@@ -565,7 +709,7 @@ def _add_client_commands(add: Add) -> None:
 
     events = add("events", "recent kernel-log, NVML and bus events from the running daemon")
     _socket_options(events)
-    events.add_argument("--gpu", help="only this GPU (PCI bus id, e.g. 0000:3b:00.0)")
+    events.add_argument("--gpu", help=f"only this GPU: {_GPU_FORMS}")
     events.add_argument("--limit", type=int, default=50, help="at most this many (newest first)")
     events.add_argument("--json", action="store_true", help="print JSON")
     events.set_defaults(func=cmd_events)
@@ -591,7 +735,7 @@ def _add_remediation_commands(add: Add) -> None:
         help="1 quick (seconds), 2 medium (minutes), 3 long (tens of minutes)",
     )
     diag.add_argument(
-        "--gpu", type=int, nargs="+", action="extend", metavar="INDEX", help="only these GPUs"
+        "--gpu", nargs="+", action="extend", metavar="GPU", help=f"only these GPUs: {_GPU_FORMS}"
     )
     diag.add_argument("--json", action="store_true", help="print JSON")
     diag.set_defaults(func=cmd_diag)

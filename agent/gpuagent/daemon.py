@@ -20,6 +20,7 @@ from pathlib import Path
 
 from gpuagent import __version__
 from gpuagent.api import ApiServer
+from gpuagent.attribution.source import AttributionSource
 from gpuagent.config import Config
 from gpuagent.daemon_api import AgentApi
 from gpuagent.dcgm.control import DcgmControl
@@ -127,6 +128,12 @@ class Agent:
                 config, trackers, self.simulator, schedule_publish=self._schedule_publish
             )
         self.publisher.kubernetes = self.kubernetes
+        # Workload attribution: off by default, and then nothing is read or attached.
+        self.attribution: AttributionSource | None = None
+        if config.attribution.enabled:
+            self.attribution = AttributionSource(config, trackers, self._schedule_publish)
+            self.sources.owners = self.attribution.owners_of
+        self.publisher.attribution = self.attribution
 
     # --- what the components hold, as the API, the tests and the CLI know it ----------------
 
@@ -340,6 +347,8 @@ class Agent:
                 running.append(tasks.create_task(self._dcgm_source.run(), name="dcgm"))
             if self.kubernetes is not None:
                 running.append(tasks.create_task(self.kubernetes.loop(), name="kubernetes"))
+            if self.attribution is not None and self.config.attribution.kubernetes:
+                running.append(tasks.create_task(self.attribution.loop(), name="attribution"))
             await self._stop.wait()
             deadline = self._stop_deadline()
             if self.reporter is not None:

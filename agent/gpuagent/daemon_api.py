@@ -14,6 +14,7 @@ from gpuagent.api import ApiError, ApiServer
 from gpuagent.dcgm.control import DiagUnavailableError
 from gpuagent.dcgm.runner import LEVELS, result_json
 from gpuagent.drills import DRILL_KINDS, compose_line, write_kernel_line
+from gpuagent.kernel.parse import canonical_pci
 from gpuagent.model import DiagResult, GpuEvent
 from gpuagent.sources.udev import PciChange
 from gpuagent.statusview import event_json, status_document
@@ -135,6 +136,10 @@ class AgentApi:
             raise ApiError(f'"limit" must be an integer from 1 to {_MAX_EVENTS}')
         if gpu is not None and not isinstance(gpu, str):
             raise ApiError('"gpu" must be a PCI bus id')
+        if gpu is not None:
+            # Events carry the canonical form; NVML's (00000000:BA:00.0) or a short one
+            # (ba:00.0) names the same GPU.
+            gpu = canonical_pci(gpu) or gpu
 
         def accept(event: GpuEvent) -> bool:
             return gpu is None or event.gpu == gpu

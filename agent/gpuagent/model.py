@@ -108,6 +108,23 @@ class GpuProcess:
     # it (a user name, or "uid N" where the uid has no name). None: not looked up.
     alive: bool | None = None
     user: str | None = None
+    # The Slurm job the process runs in, from its cgroup path (job_<id>); read only with
+    # `attribution.slurm` on. None: not in a job, or not looked up.
+    job: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Who a GPU (or one of its MIG devices) belongs to: a Kubernetes container the kubelet
+    allocated it to, or a Slurm job one of its processes runs in. Empty strings: not known
+    by that scheme (the labels dcgm-exporter leaves empty)."""
+
+    pod: str = ""
+    namespace: str = ""
+    container: str = ""
+    hpc_job: str = ""
+    # The MIG device's UUID ("MIG-..."); "" for the whole GPU.
+    device: str = ""
 
 
 # Profiling values, keyed by DCGM field id number (DCGM_FI_PROF_GR_ENGINE_ACTIVE is 1001,
@@ -222,6 +239,9 @@ class GpuState:
     error: str | None = None
     sampled_at: float | None = None  # wall clock of the last successful sample
     sampled_monotonic: float | None = None
+    # Its owners (workload attribution); empty when attribution is off or none is known.
+    # Several on a time-sliced or MIG GPU.
+    workloads: tuple[Workload, ...] = ()
 
 
 NvmlInitProblem = Literal[
@@ -378,6 +398,9 @@ class GpuEvent:
     pid: int | None = None
     process: str | None = None
     aer_severity: AerSeverity | None = None
+    # Who was on the GPU when it happened (workload attribution): "pod ml/train-0
+    # (trainer); job 42"; "" when attribution is off or nobody was known.
+    workloads: str = ""
 
 
 PcieRole = Literal["gpu", "nvswitch", "bridge"]
@@ -548,6 +571,9 @@ class NodeSnapshot:
     inventory: NodeInventory | None = None
     dcgm: DcgmStatus | None = None  # None: the DCGM source is not configured
     diag: tuple[DiagResult, ...] = ()  # the latest diagnostic of each level, oldest first
+    # Workload attribution's labels on the DCGM_FI_DEV_* series (pod, namespace, container,
+    # hpc_job: the Workload fields of that name); empty when attribution is off.
+    attribution_labels: tuple[str, ...] = ()
 
     def gpu(self, pci_bus_id: str) -> GpuState | None:
         return next((g for g in self.gpus if g.identity.pci_bus_id == pci_bus_id), None)

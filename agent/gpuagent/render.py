@@ -3,8 +3,12 @@ the CLI needs nothing but the JSON it received."""
 
 from __future__ import annotations
 
+import os
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal, TextIO
+
+ColorChoice = Literal["auto", "always", "never"]
 
 _COLUMNS = (
     "GPU",
@@ -20,6 +24,27 @@ _COLUMNS = (
 )
 # Clock event reasons that are normal operation, not worth a line on a healthy GPU.
 _ROUTINE_CLOCK_EVENTS = {"gpu_idle", "applications_clocks", "sw_power_cap"}
+# SGR colours of the severities: red, yellow, green, magenta.
+_SEVERITY_COLORS = {"CRITICAL": "31", "WARN": "33", "OK": "32", "UNKNOWN": "35"}
+
+
+def color_enabled(
+    choice: ColorChoice, stream: TextIO, environ: Mapping[str, str] = os.environ
+) -> bool:
+    """Whether to colour what goes to ``stream``: ``always``, ``never``, or (``auto``) on a
+    terminal only, unless NO_COLOR is set to anything but "" (https://no-color.org) or the
+    terminal is "dumb"."""
+    if choice != "auto":
+        return choice == "always"
+    if environ.get("NO_COLOR") or environ.get("TERM") == "dumb":
+        return False
+    return stream.isatty()
+
+
+def _paint(text: str, severity: str, color: bool) -> str:
+    """``text`` in the colour of ``severity`` (a severity name); unchanged without colour."""
+    code = _SEVERITY_COLORS.get(severity)
+    return f"\x1b[{code}m{text}\x1b[0m" if color and code else text
 
 
 def _fmt(value: object, unit: str = "", digits: int = 0) -> str:
@@ -107,12 +132,14 @@ def _rdma_lines(ports: list[dict[str, Any]] | None) -> list[str]:
     ]
 
 
-def render_status(doc: dict[str, Any], now: float | None = None) -> str:
+def render_status(doc: dict[str, Any], now: float | None = None, *, color: bool = False) -> str:
+    """The status table; with ``color``, severities in ANSI colours (for a terminal)."""
     node = doc["node"]
     now = time.time() if now is None else now
     age = now - doc["taken_at"]
     lines = [
-        f"Node {node['name']} (cluster {node['cluster']}): {node['health']}"
+        f"Node {node['name']} (cluster {node['cluster']}): "
+        + _paint(node["health"], node["health"], color)
         + (" [simulated]" if node.get("simulated") else ""),
         (
             f"Driver {node.get('driver_version') or '-'}"
@@ -122,21 +149,29 @@ def render_status(doc: dict[str, Any], now: float | None = None) -> str:
     lines.extend(_inventory_lines(node.get("inventory")))
     lines.extend(_rdma_lines(node.get("infiniband")))
     lines.extend(
-        f"  {f['severity']} {f['check']}: {f['reason']} (action: {f['action']})"
+        f"  {_paint(f['severity'], f['severity'], color)} {f['check']}: {f['reason']}"
+        f" (action: {f['action']})"
         for f in node.get("findings", [])
     )
     rows = [_COLUMNS, *(_gpu_row(g) for g in doc["gpus"])]
     widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS) - 1)]
     lines.append("")
-    for row in rows:
+    health = _COLUMNS.index("HEALTH")
+    for number, row in enumerate(rows):
         cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        if number:  # the padding stays outside the escape codes: they take no width
+            padding = cells[health][len(row[health]) :]
+            cells[health] = _paint(row[health], row[health], color) + padding
         lines.append("  ".join([*cells, row[-1]]).rstrip())
     problems = [(g, f) for g in doc["gpus"] for f in g.get("findings", [])[1:]]
     if problems:
         lines.append("")
         lines.extend(
-            f"GPU {g['index']} {f['severity']} {f['check']}: {f['reason']}" for g, f in problems
+            f"GPU {g['index']} {_paint(f['severity'], f['severity'], color)} {f['check']}: "
+            f"{f['reason']}"
+            for g, f in problems
         )
+    lines.extend(_workload_lines(doc["gpus"]))
     sources = doc.get("sources") or []
     if sources:
         lines.append("")
@@ -150,6 +185,26 @@ def render_status(doc: dict[str, Any], now: float | None = None) -> str:
         )
     lines.extend(_dcgm_lines(doc, now))
     return "\n".join(lines)
+
+
+def _workload_lines(gpus: list[dict[str, Any]]) -> list[str]:
+    """Who each GPU belongs to (workload attribution): nothing when off or nobody is known."""
+    owned = [(g, g.get("workloads") or []) for g in gpus]
+    if not any(workloads for _, workloads in owned):
+        return []
+    lines = ["", "Workloads:"]
+    for gpu, workloads in owned:
+        for workload in workloads:
+            who = []
+            if "pod" in workload:
+                who.append(
+                    f"pod {workload['namespace']}/{workload['pod']} ({workload['container']})"
+                )
+            if "hpc_job" in workload:
+                who.append(f"job {workload['hpc_job']}")
+            mig = f" on {workload['device']}" if "device" in workload else ""
+            lines.append(f"  GPU {gpu['index']}{mig}: {', '.join(who)}")
+    return lines
 
 
 def _dcgm_lines(doc: dict[str, Any], now: float) -> list[str]:

@@ -17,6 +17,7 @@ from gpuagent.model import (
     GpuState,
     NodeSnapshot,
     SourceStatus,
+    Workload,
 )
 
 SCHEMA_VERSION = 1
@@ -47,6 +48,8 @@ def _gpu_json(snapshot: NodeSnapshot, gpu: GpuState) -> dict[str, Any]:
         "health": snapshot.health.gpu_severity(ident.pci_bus_id).name,
         "sampled_at": gpu.sampled_at,
         "findings": [finding_json(f) for f in snapshot.health.problems(ident.pci_bus_id)],
+        # Who the GPU belongs to (workload attribution; empty when off or nobody is known).
+        "workloads": [workload_json(w) for w in gpu.workloads],
     }
     if readings is not None:
         doc.update(
@@ -73,7 +76,24 @@ def _process_json(process: GpuProcess) -> dict[str, Any]:
     # Only where procfs was consulted (not for a replayed capture).
     if process.alive is not None:
         doc.update(user=process.user, alive=process.alive)
+    if process.job is not None:
+        doc["job"] = process.job
     return doc
+
+
+def workload_json(workload: Workload) -> dict[str, str]:
+    """One owner, with only the fields its scheme knows ("device" only for a MIG device)."""
+    return {
+        name: value
+        for name, value in (
+            ("pod", workload.pod),
+            ("namespace", workload.namespace),
+            ("container", workload.container),
+            ("hpc_job", workload.hpc_job),
+            ("device", workload.device),
+        )
+        if value
+    }
 
 
 def event_json(event: GpuEvent) -> dict[str, Any]:
@@ -89,6 +109,8 @@ def event_json(event: GpuEvent) -> dict[str, Any]:
         "process": event.process,
         "aer_severity": event.aer_severity,
         "line": event.line,
+        # Only with attribution on and an owner known: otherwise the document is unchanged.
+        **({"workloads": event.workloads} if event.workloads else {}),
     }
 
 

@@ -18,11 +18,11 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from gpuagent.aggregator import peers, views
+from gpuagent.aggregator import page, peers, views
 from gpuagent.aggregator.commands import CommandError, command
 from gpuagent.aggregator.drift import fleet_drift
+from gpuagent.aggregator.fleetview import FleetView, Query
 from gpuagent.aggregator.ingest import Outgoing
-from gpuagent.aggregator.page import PAGE
 from gpuagent.aggregator.records import NodeRecord
 from gpuagent.aggregator.state import FleetState
 from gpuagent.aggregator.store import FleetStore
@@ -72,6 +72,8 @@ class Api:
     hosts: frozenset[str] = LOCAL_HOSTS
     # A command's body must arrive within this many seconds (408 otherwise).
     body_timeout: float = 10.0
+    # Grafana and runbook links on the page.
+    links: page.Links = field(default_factory=page.Links)
 
     # --- helpers --------------------------------------------------------------------------
 
@@ -149,6 +151,35 @@ class Api:
         except NotFoundError as exc:
             return _error(404, str(exc))
         return _json(views.node_detail(self.state, record, self.clock(), self.stale_after))
+
+    async def fleet(self, request: web.Request) -> web.Response:
+        """The page's fleet table: filtered and sorted here, not in the browser."""
+        q = request.query
+        try:
+            query = Query(
+                cluster=q.get("cluster", ""),
+                health=q.get("health", ""),
+                model=q.get("model", ""),
+                driver=q.get("driver", ""),
+                text=q.get("q", ""),
+                kind=q.get("kind", ""),
+                sort=q.get("sort", "health"),
+                descending=q.get("order", "asc") == "desc",
+                limit=self._limit(request) if "limit" in q else page.MAX_ROWS,
+            )
+        except (BadRequestError, ValueError) as exc:
+            return self._bad("fleet", str(exc))
+        return _json(FleetView(self.state, self.stale_after).fleet(query, self.clock()))
+
+    async def fleet_node(self, request: web.Request) -> web.Response:
+        """The page's node view: the node's detail, with shown health and finding onsets."""
+        try:
+            record = self._record(request)
+        except BadRequestError as exc:
+            return self._bad("fleet_node", str(exc))
+        except NotFoundError as exc:
+            return _error(404, str(exc))
+        return _json(FleetView(self.state, self.stale_after).node(record, self.clock()))
 
     async def events(self, request: web.Request) -> web.Response:
         try:
@@ -273,7 +304,7 @@ class Api:
         return response
 
     async def page(self, _: web.Request) -> web.Response:
-        return web.Response(text=PAGE, content_type="text/html", charset="utf-8")
+        return web.Response(text=page.render(self.links), content_type="text/html", charset="utf-8")
 
     async def metrics(self, _: web.Request) -> web.Response:
         body = generate_latest(self.registry)
@@ -388,4 +419,6 @@ def application(api: Api, middlewares: tuple[Any, ...] = ()) -> web.Application:
     app.router.add_get("/api/v1/actions", api.actions)
     app.router.add_get("/api/v1/cordons", api.cordons)
     app.router.add_get("/api/v1/drift", api.drift)
+    app.router.add_get("/api/v1/fleet", api.fleet)
+    app.router.add_get("/api/v1/fleet/{node}", api.fleet_node)
     return app

@@ -1,102 +1,320 @@
 """The fleet page: one self-contained HTML document (no external assets, so it works on
 an isolated management network) that fetches the API every second and redraws, so a fault
-shows within two seconds of its report. Each refresh asks only for the rows it shows and
-the counts. Node-supplied text is only ever set with textContent, never parsed as HTML."""
+shows within two seconds of its report.
+
+Two views, switched by the URL fragment so either can be bookmarked or pasted into a
+ticket: the fleet table (``#fleet?cluster=...&sort=...``), filtered and sorted by the
+aggregator (`/api/v1/fleet`) so a refresh carries only the rows shown, and a node's page
+(``#node/<cluster>/<name>``). Node-supplied text is only ever set with textContent, and
+links only ever get http(s) URLs, so a node name or finding reason cannot inject markup.
+"""
 
 from __future__ import annotations
 
+import functools
+import json
+from dataclasses import dataclass
 from typing import Final
 
 # Rows shown in the node table; the API has them all.
 MAX_ROWS: Final = 500
 REFRESH_MS: Final = 1000
+# History rows fetched for a node's page.
+NODE_HISTORY: Final = 50
 
-PAGE: Final = (
-    """<!DOCTYPE html>
+
+@dataclass(frozen=True)
+class Links:
+    """Where the page links to: Grafana ({node}, {cluster}, {gpu} replaced) and the
+    published docs/ (runbooks are <base>checks.md#<runbook>); empty: no links."""
+
+    grafana_url_template: str = ""
+    runbook_base_url: str = ""
+
+    def __post_init__(self) -> None:
+        for name, url in (
+            ("grafana_url_template", self.grafana_url_template),
+            ("runbook_base_url", self.runbook_base_url),
+        ):
+            if url and not url.startswith(("https://", "http://")):
+                raise ValueError(f"aggregator.{name} must be an http(s) URL, got {url!r}")
+        if self.runbook_base_url and not self.runbook_base_url.endswith("/"):
+            raise ValueError("aggregator.runbook_base_url must end with '/'")
+
+
+def runbook_url(base: str, runbook: str) -> str:
+    """The absolute link to a runbook id: its heading's anchor in checks.md."""
+    return f"{base}checks.md#{runbook}" if base and runbook else ""
+
+
+def _script_json(value: object) -> str:
+    """JSON safe inside <script>: no "</script>" or "<!--" can close or confuse it."""
+    return json.dumps(value).replace("<", "\\u003c").replace(">", "\\u003e")
+
+
+@functools.cache
+def render(links: Links = Links()) -> str:
+    config = {
+        "maxRows": MAX_ROWS,
+        "refreshMs": REFRESH_MS,
+        "history": NODE_HISTORY,
+        "grafana": links.grafana_url_template,
+        "runbookBase": links.runbook_base_url,
+    }
+    return _PAGE.replace("/*CONFIG*/{}", _script_json(config))
+
+
+_PAGE: Final = """<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>gpuagent fleet</title>
 <style>
-body { font: 14px system-ui, sans-serif; margin: 1.5em; color: #222; }
-h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.5em; }
+* { box-sizing: border-box; }
+body { font: 14px system-ui, sans-serif; margin: 1em; color: #222; }
+h1 { font-size: 1.4em; margin: 0.2em 0; } h2 { font-size: 1.15em; margin-top: 1.3em; }
+h1 a { color: inherit; text-decoration: none; }
+.scroll { overflow-x: auto; max-width: 100%; }
 table { border-collapse: collapse; }
-th, td { text-align: left; padding: 3px 10px; border-bottom: 1px solid #ddd; vertical-align: top; }
-th { background: #f4f4f4; }
+th, td { text-align: left; padding: 3px 8px; border-bottom: 1px solid #ddd; vertical-align: top; }
+td { overflow-wrap: break-word; }
+th { background: #f4f4f4; white-space: nowrap; }
+#nodes td:first-child { white-space: nowrap; }
+th button { font: inherit; font-weight: bold; border: 0; background: none; padding: 0;
+  cursor: pointer; color: #124; }
 .CRITICAL { color: #b00020; font-weight: bold; } .WARN { color: #a15c00; font-weight: bold; }
-.OK { color: #17702a; } .UNKNOWN, .offline, .stale { color: #666; font-style: italic; }
-#summary span { margin-right: 1.5em; } #error { color: #b00020; }
+.OK { color: #17702a; } .UNKNOWN, .offline, .stale, .old { color: #666; font-style: italic; }
+#summary span { margin-right: 1.2em; white-space: nowrap; } #error { color: #b00020; }
+#filters { display: flex; flex-wrap: wrap; gap: 0.5em; align-items: end; }
+#filters label { display: flex; flex-direction: column; font-size: 0.85em; }
+#filters select, #filters input { font: inherit; max-width: 12em; }
+#kinds li { margin: 0.15em 0; }
+dl.ident { display: grid; grid-template-columns: max-content 1fr; gap: 0.2em 1em; }
+dl.ident dt { font-weight: bold; } dl.ident dd { margin: 0; overflow-wrap: anywhere; }
+.banner { background: #eee; border-left: 4px solid #888; padding: 0.5em; }
+@media (max-width: 700px) {
+  body { margin: 0.5em; font-size: 13px; }
+  .wide { display: none; }
+  /* A node's tables become one card per row, each cell labelled. */
+  .stack table, .stack tbody, .stack tr, .stack td { display: block; }
+  .stack tr:first-child { display: none; }
+  .stack tr { border-bottom: 2px solid #ccc; padding: 0.3em 0; }
+  .stack td { border: 0; padding: 1px 4px; }
+  .stack td[data-label]:not([data-label=""])::before { content: attr(data-label) ": ";
+    font-weight: bold; }
+}
 </style>
 </head>
 <body>
-<h1>gpuagent fleet</h1>
+<h1><a href="#fleet">gpuagent fleet</a></h1>
 <p id="summary">Loading…</p>
 <p id="error"></p>
+<main id="fleet-view">
+<form id="filters" onsubmit="return false">
+<label>cluster<select name="cluster"><option value="">all</option></select></label>
+<label>health<select name="health"><option value="">all</option>
+<option>CRITICAL</option><option>WARN</option><option>UNKNOWN</option><option>OK</option>
+</select></label>
+<label>GPU model<select name="model"><option value="">all</option></select></label>
+<label>driver<select name="driver"><option value="">all</option></select></label>
+<label>search<input name="q" type="search" placeholder="node, cluster, reason"></label>
+</form>
+<h2>Findings by kind</h2>
+<ul id="kinds"></ul>
 <h2>Nodes</h2>
+<p id="kind"></p>
+<p id="matched"></p>
+<div class="scroll">
 <table id="nodes">
-<thead><tr><th>node</th><th>cluster</th><th>health</th><th>state</th><th>reasons</th>
-<th>GPUs</th><th>last seen</th><th>agent</th></tr></thead>
+<thead><tr><th><button data-sort="name">node</button></th>
+<th><button data-sort="cluster">cluster</button></th>
+<th><button data-sort="health">health</button></th><th>state</th><th>reasons</th>
+<th><button data-sort="finding_age">finding age</button></th>
+<th class="wide"><button data-sort="gpus">GPUs</button></th>
+<th><button data-sort="last_seen">last seen</button></th>
+<th class="wide">driver</th><th class="wide">agent</th></tr></thead>
 <tbody></tbody>
 </table>
+</div>
 <p id="more"></p>
 <h2>Drift</h2>
-<div id="drift"></div>
+<div id="drift" class="scroll"></div>
+</main>
+<main id="node-view" hidden></main>
 <script>
 "use strict";
-const MAX_ROWS = """
-    + str(MAX_ROWS)
-    + """;
-const REFRESH_MS = """
-    + str(REFRESH_MS)
-    + """;
+const CONFIG = /*CONFIG*/{};
 
 function el(tag, text, cls) {
   const e = document.createElement(tag);
-  if (text !== undefined) e.textContent = String(text);
+  if (text !== undefined && text !== null) e.textContent = String(text);
   if (cls) e.className = cls;
   return e;
 }
 
+// Only http(s) URLs become links: a javascript: URL from anywhere would run here.
+function link(url, text) {
+  if (!/^https?:\\/\\//.test(url)) return el("span", text);
+  const a = el("a", text);
+  a.href = url;
+  a.rel = "noopener noreferrer";
+  a.target = "_blank";
+  return a;
+}
+
+function inner(href, text) {
+  const a = el("a", text);
+  a.href = href;
+  return a;
+}
+
+function grafana(node, gpu) {
+  if (!CONFIG.grafana) return null;
+  const values = {node: node.name, cluster: node.cluster, gpu: gpu === undefined ? "All" : gpu};
+  const url = CONFIG.grafana.replace(/\\{(node|cluster|gpu)\\}/g,
+    (_, k) => encodeURIComponent(String(values[k])));
+  return link(url, "Grafana");
+}
+
+function runbook(id) {
+  if (!id) return el("span", "");
+  if (!CONFIG.runbookBase) return el("span", id);
+  return link(CONFIG.runbookBase + "checks.md#" + encodeURIComponent(id), id);
+}
+
+function duration(s) {
+  s = Math.max(0, Math.round(s));
+  if (s < 120) return s + " s";
+  if (s < 7200) return Math.round(s / 60) + " min";
+  if (s < 172800) return Math.round(s / 3600) + " h";
+  return Math.round(s / 86400) + " d";
+}
+
 function ago(t) {
-  const s = Math.max(0, Math.round(Date.now() / 1000 - t));
-  if (s < 120) return s + " s ago";
-  if (s < 7200) return Math.round(s / 60) + " min ago";
+  if (t === null || t === undefined) return "";
+  return duration(Date.now() / 1000 - t) + " ago";
+}
+
+function utc(t) {
   return new Date(t * 1000).toISOString().replace("T", " ").slice(0, 19) + " UTC";
 }
+
+function live(n) { return n.online && !n.stale; }
 
 function stateOf(n) {
   if (!n.online) return "offline" + (n.reason ? " (" + n.reason + ")" : "");
   return n.stale ? "stale" : "online";
 }
 
-function reasons(n) {
-  const out = n.findings.map(f => f.reason);
-  for (const g of n.gpus) {
-    for (const f of g.findings) out.push("GPU " + g.index + " " + g.pci_bus_id + ": " + f.reason);
-  }
-  return out.join("; ");
+function allFindings(n) {
+  const out = n.findings.map(f => ({where: "node", f: f}));
+  for (const g of n.gpus)
+    for (const f of g.findings) out.push({where: "GPU " + g.index + " " + g.pci_bus_id, f: f});
+  return out;
 }
 
-function renderNodes(nodes, counts) {
-  const body = document.querySelector("#nodes tbody");
+function nodeHref(n) {
+  return "#node/" + encodeURIComponent(n.cluster) + "/" + encodeURIComponent(n.name);
+}
+
+// --- the fleet table -------------------------------------------------------------------
+
+function fleetParams() {
+  const hash = location.hash.startsWith("#fleet?") ? location.hash.slice(7) : "";
+  return new URLSearchParams(hash);
+}
+
+function setFleetParams(params) {
+  for (const [k, v] of [...params]) if (!v) params.delete(k);
+  const text = params.toString();
+  history.replaceState(null, "", text ? "#fleet?" + text : "#fleet");
+  refresh();
+}
+
+function syncFilters(params, choices) {
+  const form = document.getElementById("filters");
+  for (const [name, values] of [["cluster", choices.clusters], ["model", choices.models],
+                                 ["driver", choices.drivers]]) {
+    const select = form.elements[name];
+    const wanted = ["", ...values];
+    const have = [...select.options].map(o => o.value);
+    if (wanted.join("\\n") !== have.join("\\n")) {
+      select.replaceChildren(...wanted.map(v => {
+        const o = el("option", v || "all");
+        o.value = v;
+        return o;
+      }));
+    }
+  }
+  for (const name of ["cluster", "health", "model", "driver", "q"]) {
+    const field = form.elements[name];
+    if (document.activeElement !== field) field.value = params.get(name) || "";
+  }
+}
+
+function renderFleet(doc, params) {
+  syncFilters(params, doc.choices);
+  const sort = params.get("sort") || "health";
+  for (const b of document.querySelectorAll("#nodes th button")) {
+    const mark = b.dataset.sort === sort ? (params.get("order") === "desc" ? " ▼" : " ▲") : "";
+    b.textContent = b.dataset.label + mark;
+  }
+  const now = Date.now() / 1000;
   const rows = [];
-  for (const n of nodes) {
+  for (const n of doc.nodes) {
     const tr = el("tr");
     tr.className = "node";
     tr.dataset.node = n.name;
     const state = stateOf(n);
-    tr.append(el("td", n.name), el("td", n.cluster), el("td", n.health, n.health),
-      el("td", state, state.split(" ")[0]), el("td", reasons(n)),
-      el("td", n.gpus.length), el("td", ago(n.last_seen)), el("td", n.agent_version));
+    const name = el("td");
+    name.append(inner(nodeHref(n), n.name));
+    const found = allFindings(n);
+    let reasons, age;
+    if (live(n)) {
+      reasons = el("td", found.map(x => (x.where === "node" ? "" : x.where + ": ") +
+        x.f.reason).join("; "));
+      const since = found.map(x => x.f.since).filter(t => typeof t === "number");
+      age = el("td", since.length ? duration(now - Math.min(...since)) : "");
+    } else {
+      // What an offline or stale node last said may be over: it is on its own page.
+      reasons = el("td", "no current report", "old");
+      age = el("td", "");
+    }
+    const gpus = el("td", n.gpus.length);
+    gpus.className = "wide";
+    const driver = el("td", n.driver);
+    driver.className = "wide";
+    const agent = el("td", n.agent_version);
+    agent.className = "wide";
+    tr.append(name, el("td", n.cluster), el("td", n.shown_health, n.shown_health),
+      el("td", state, state.split(" ")[0]), reasons, age, gpus,
+      el("td", ago(n.last_seen), live(n) ? "" : "stale"), driver, agent);
     rows.push(tr);
   }
-  body.replaceChildren(...rows);
-  const more = counts.nodes - nodes.length;
-  document.getElementById("more").textContent =
-    more > 0 ? more + " more nodes (all healthy or later in order): see /api/v1/nodes" : "";
-  const summary = document.getElementById("summary");
-  summary.replaceChildren(
+  document.querySelector("#nodes tbody").replaceChildren(...rows);
+  const filtered = [...params.keys()].some(k => k !== "sort" && k !== "order");
+  document.getElementById("matched").textContent = filtered ?
+    doc.matched + " of " + doc.counts.nodes + " nodes match" : "";
+  const more = doc.matched - doc.nodes.length;
+  document.getElementById("more").textContent = more > 0 ?
+    more + " more nodes: narrow the filters, or see /api/v1/fleet" : "";
+  const kinds = doc.kinds.map(k => {
+    const li = el("li");
+    const only = new URLSearchParams({kind: k.kind});
+    li.append(inner("#fleet?" + only, k.nodes + (k.nodes === 1 ? " node" : " nodes")),
+      el("span", " with " + k.kind + " (" + k.today + " started today)"));
+    return li;
+  });
+  const kind = params.get("kind");
+  document.getElementById("kind").replaceChildren(...(kind ? [el("span",
+    "Only nodes with " + kind + " "), inner("#fleet", "(show all)")] : []));
+  if (!kinds.length) kinds.push(el("li", "No findings on online nodes.", "OK"));
+  document.getElementById("kinds").replaceChildren(...kinds);
+}
+
+function renderSummary(counts) {
+  document.getElementById("summary").replaceChildren(
     el("span", counts.nodes + " nodes"),
     el("span", counts.critical + " critical", "CRITICAL"),
     el("span", counts.warning + " warning", "WARN"),
@@ -105,24 +323,14 @@ function renderNodes(nodes, counts) {
 }
 
 function renderDrift(clusters) {
-  const root = document.getElementById("drift");
   const parts = [];
   for (const c of clusters) {
     const section = el("div");
     section.className = "cluster";
     section.append(el("h3", "cluster " + c.cluster));
-    const table = el("table");
-    const head = el("tr");
-    head.append(el("th", "fingerprint"), el("th", "nodes"), el("th", "fields"));
-    table.append(head);
-    for (const f of c.fingerprints) {
-      const tr = el("tr");
-      const fields = Object.entries(f.fields).map(([k, v]) => k + "=" + v).join(", ");
-      tr.append(el("td", f.fingerprint_id + (f.majority ? " (majority)" : "")),
-        el("td", f.nodes), el("td", fields));
-      table.append(tr);
-    }
-    section.append(table);
+    const rows = c.fingerprints.map(f => [f.fingerprint_id + (f.majority ? " (majority)" : ""),
+      f.nodes, Object.entries(f.fields).map(([k, v]) => k + "=" + v).join(", ")]);
+    section.append(table(["fingerprint", "nodes", "fields"], rows));
     const drifted = c.drifted_nodes.map(d => d.node + " (" + d.fingerprint_id + ": " +
       Object.keys(d.differs).join(", ") + ")");
     section.append(el("p", drifted.length ? "Drifted: " + drifted.join("; ") :
@@ -132,30 +340,198 @@ function renderDrift(clusters) {
     parts.push(section);
   }
   if (!parts.length) parts.push(el("p", "No nodes yet."));
+  document.getElementById("drift").replaceChildren(...parts);
+}
+
+// A table from rows of cells: a cell is text, or a node to insert as it is.
+function table(head, rows, id) {
+  const t = el("table");
+  if (id) t.id = id;
+  const tr = el("tr");
+  tr.append(...head.map(h => el("th", h)));
+  t.append(tr);
+  for (const row of rows) {
+    const r = el("tr");
+    for (const [i, cell] of row.entries()) {
+      const td = el("td");
+      td.dataset.label = head[i];
+      if (cell instanceof Node) td.append(cell); else td.textContent = cell ?? "";
+      r.append(td);
+    }
+    t.append(r);
+  }
+  const wrap = el("div", undefined, id ? "scroll stack" : "scroll");
+  wrap.append(t);
+  return wrap;
+}
+
+// --- a node's page ---------------------------------------------------------------------
+
+function fields(obj, skip) {
+  return Object.entries(obj || {}).filter(([k]) => !skip.includes(k))
+    .map(([k, v]) => k + "=" + (typeof v === "object" ? JSON.stringify(v) : v)).join(", ");
+}
+
+// Pods, containers or HPC jobs on a GPU where the node reports them, else its processes.
+function workload(g) {
+  const items = Array.isArray(g.workloads) ? g.workloads : (g.workload ? [g.workload] : []);
+  const out = items.filter(w => w && typeof w === "object").map(w => {
+    const parts = [];
+    if (w.pod) parts.push("pod " + (w.namespace ? w.namespace + "/" : "") + w.pod);
+    if (w.container) parts.push("container " + w.container);
+    if (w.hpc_job) parts.push("job " + w.hpc_job);
+    if (w.device) parts.push("on " + w.device);
+    return parts.join(" ") || fields(w, []);
+  });
+  if (!out.length && Array.isArray(g.processes))
+    for (const p of g.processes) out.push(p.name + " (pid " + p.pid + ")");
+  return out.join("; ");
+}
+
+const ENVELOPE = ["schema", "type", "id", "node", "cluster", "time"];
+
+function renderNode(doc, events, actions, cordons) {
+  const root = document.getElementById("node-view");
+  const now = Date.now() / 1000;
+  const parts = [inner("#fleet", "← fleet"), el("h2", doc.name + " (" + doc.cluster + ")")];
+  const ident = el("dl", undefined, "ident");
+  const status = doc.status || {};
+  const nodeDoc = status.node || {};
+  const g = grafana(doc);
+  for (const [k, v] of [["health", el("span", doc.shown_health, doc.shown_health)],
+      ["state", stateOf(doc)], ["last seen", ago(doc.last_seen) + " (" + utc(doc.last_seen) + ")"],
+      ["agent", doc.agent_version], ["driver", nodeDoc.driver_version || doc.driver],
+      ["CUDA", nodeDoc.cuda_driver_version], ["hostname", nodeDoc.hostname],
+      ["fingerprint", doc.fingerprint_id], ["Grafana", g]]) {
+    if (v === undefined || v === null || v === "") continue;
+    const dd = el("dd");
+    if (v instanceof Node) dd.append(v); else dd.textContent = v;
+    ident.append(el("dt", k), dd);
+  }
+  parts.push(ident);
+  const current = live(doc);
+  if (!current)
+    parts.push(el("p", "Health unknown: the node is " + stateOf(doc) + ", last report " +
+      ago(doc.last_seen) + ". The GPUs and findings below are from that report and may " +
+      "no longer hold.", "banner"));
+  const findings = [...(doc.findings || []).map(f => ["node", f])];
+  for (const gpu of status.gpus || doc.gpus)
+    for (const f of gpu.findings || []) findings.push(["GPU " + gpu.index + " " + gpu.pci_bus_id,
+      f]);
+  parts.push(el("h2", "Findings"));
+  parts.push(findings.length ? table(["where", "severity", "reason", "action", "runbook",
+    "started"], findings.map(([where, f]) => [where, el("span", f.severity, current ?
+      f.severity : "old"), f.reason, f.action, runbook(f.runbook),
+      typeof f.since === "number" ? ago(f.since) + " (" + utc(f.since) + ")" : ""]), "findings")
+    : el("p", "None.", "OK"));
+  parts.push(el("h2", "GPUs"));
+  const gpus = status.gpus || doc.gpus;
+  parts.push(table(["GPU", "health", "model", "UUID", "serial", "bus id", "workload", ""],
+    gpus.map(x => [x.index, el("span", x.health, current ? x.health : "old"), x.model,
+      x.uuid, x.serial, x.pci_bus_id, workload(x), grafana(doc, x.index) || ""]), "gpus"));
+  parts.push(el("h2", "Events"));
+  parts.push(events.length ? table(["time", "category", "what"], events.map(e =>
+    [utc(e.time), e.category || e.type, fields(e.data || e, ENVELOPE)]), "events")
+    : el("p", "None stored."));
+  parts.push(el("h2", "Actions and cordon decisions"));
+  // An audit record ("action") carries what the agent did in "record"; a cordon request
+  // carries its fields at the top.
+  const acts = actions.map(a => [a.time, utc(a.time), a.record ? "action " +
+    (a.record.action || "") : a.type.replace("_", " "), fields(a.record || a, ENVELOPE)]);
+  for (const c of cordons) acts.push([c.time, utc(c.time), "cordon decision",
+    c.action + ": " + c.decision + (c.reason ? " (" + c.reason + ")" : "")]);
+  acts.sort((a, b) => b[0] - a[0]);
+  parts.push(acts.length ? table(["time", "what", "detail"], acts.map(a => a.slice(1)),
+    "actions") : el("p", "None stored."));
+  parts.push(el("h2", "Command replies"));
+  const replies = doc.replies || [];
+  parts.push(replies.length ? table(["time", "command", "ok", "detail"], replies.map(r =>
+    [utc(r.time), r.command_id, r.ok ? "ok" : "failed", r.detail]), "replies")
+    : el("p", "None."));
   root.replaceChildren(...parts);
 }
 
-async function refresh() {
+// --- refresh -------------------------------------------------------------------------
+
+async function get(url) {
+  const r = await fetch(url);
+  if (!r.ok) throw new Error(url + ": HTTP " + r.status);
+  return r.json();
+}
+
+function route() {
+  const m = /^#node\\/([^/]*)\\/([^/]*)$/.exec(location.hash);
   try {
-    const [nodes, drift] = await Promise.all(
-      [fetch("api/v1/nodes?limit=" + MAX_ROWS), fetch("api/v1/drift")].map(p => p.then(r => {
-        if (!r.ok) throw new Error(r.url + ": HTTP " + r.status);
-        return r.json();
-      })));
-    renderNodes(nodes.nodes, nodes.counts);
-    renderDrift(drift.clusters);
-    document.getElementById("error").textContent = "";
-    document.body.dataset.loaded = "1";
+    return m ? {cluster: decodeURIComponent(m[1]), node: decodeURIComponent(m[2])} : null;
   } catch (e) {
-    document.getElementById("error").textContent = "Refresh failed: " + e.message;
+    return null;  // a mangled link shows the fleet
   }
 }
+
+let generation = 0;
+
+async function refresh() {
+  const mine = ++generation;
+  const target = route();
+  document.getElementById("fleet-view").hidden = !!target;
+  document.getElementById("node-view").hidden = !target;
+  try {
+    if (target) {
+      const q = "?node=" + encodeURIComponent(target.node) + "&limit=" + CONFIG.history;
+      const [doc, events, actions, cordons, summary] = await Promise.all([
+        get("api/v1/fleet/" + encodeURIComponent(target.node) + "?cluster=" +
+          encodeURIComponent(target.cluster)),
+        get("api/v1/events" + q), get("api/v1/actions" + q), get("api/v1/cordons?limit=1000"),
+        get("api/v1/fleet?limit=1")]);
+      if (mine !== generation) return;
+      const own = x => x.node === target.node && x.cluster === target.cluster;
+      renderSummary(summary.counts);
+      renderNode(doc, events.events.filter(own), actions.actions.filter(own),
+        cordons.cordons.filter(own));
+      document.title = target.node + " · gpuagent";
+    } else {
+      const params = fleetParams();
+      const query = new URLSearchParams(params);
+      query.set("limit", CONFIG.maxRows);
+      const [fleet, drift] = await Promise.all([get("api/v1/fleet?" + query),
+        get("api/v1/drift")]);
+      if (mine !== generation) return;
+      renderSummary(fleet.counts);
+      renderFleet(fleet, params);
+      renderDrift(drift.clusters);
+      document.title = "gpuagent fleet";
+    }
+    document.getElementById("error").textContent = "";
+    if (!document.body.dataset.loaded) window.firstRenderMs = performance.now();
+    document.body.dataset.loaded = "1";
+    document.body.dataset.view = target ? "node" : "fleet";
+  } catch (e) {
+    if (mine === generation)
+      document.getElementById("error").textContent = "Refresh failed: " + e.message;
+  }
+}
+
+document.getElementById("filters").addEventListener("input", ev => {
+  const params = fleetParams();
+  params.set(ev.target.name, ev.target.value);
+  setFleetParams(params);
+});
+for (const b of document.querySelectorAll("#nodes th button")) {
+  b.dataset.label = b.textContent;
+  b.addEventListener("click", () => {
+    const params = fleetParams();
+    const same = (params.get("sort") || "health") === b.dataset.sort;
+    params.set("order", same && params.get("order") !== "desc" ? "desc" : "");
+    params.set("sort", b.dataset.sort);
+    setFleetParams(params);
+  });
+}
+window.addEventListener("hashchange", () => { window.scrollTo(0, 0); refresh(); });
 refresh();
 // A page in a background tab costs the aggregator nothing; it catches up when shown.
-setInterval(() => { if (!document.hidden) refresh(); }, REFRESH_MS);
+setInterval(() => { if (!document.hidden) refresh(); }, CONFIG.refreshMs);
 document.addEventListener("visibilitychange", () => { if (!document.hidden) refresh(); });
 </script>
 </body>
 </html>
 """
-)

@@ -21,6 +21,7 @@ from gpuagent.aggregator.http import Api, allowed_hosts, application
 from gpuagent.aggregator.httpguard import ConnectionGuard, GuardedSite
 from gpuagent.aggregator.ingest import Ingest
 from gpuagent.aggregator.metrics import FleetCollector, fleet_registry
+from gpuagent.aggregator.page import Links
 from gpuagent.aggregator.state import FleetState
 from gpuagent.aggregator.store import FleetStore
 from gpuagent.aggregator.supervise import Supervisor, TaskFailedError
@@ -72,6 +73,7 @@ class Aggregator:
             command_token=token,
             hosts=allowed_hosts(config.host_port[0], config.http_hosts),
             body_timeout=config.http.body_timeout_seconds,
+            links=Links(config.grafana_url_template, config.runbook_base_url),
         )
         self.guard = ConnectionGuard(
             header_timeout=config.http.header_timeout_seconds,

@@ -11,6 +11,7 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuagent.aggregator.onsets import Onsets
 from gpuagent.aggregator.records import NodeRecord
 
 # Replies kept per node for GET /api/v1/nodes/<node>.
@@ -64,11 +65,14 @@ class FleetState:
     connected: bool = False
     # Nodes per cluster, kept as nodes are added (read per cordon request and per scrape).
     sizes: Counter[str] = field(default_factory=Counter)
+    # When each node's findings started (the page shows their age).
+    onsets: Onsets = field(default_factory=Onsets)
 
     def put(self, record: NodeRecord) -> None:
         if record.key not in self.nodes:
             self.sizes[record.cluster] += 1
         self.nodes[record.key] = record
+        self.onsets.observe(record)
 
     def find(self, node: str, cluster: str | None = None) -> list[NodeRecord]:
         """Records named ``node`` (one per cluster it appears in), or just ``cluster``'s."""

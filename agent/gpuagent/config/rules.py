@@ -20,6 +20,10 @@ _HTTP_HOST_RE = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.\-]+)(:\d{1,5})?$")
 _LISTEN_RE = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]*):(\d{1,5})$")
 # Keys that were replaced: the loader calls them unknown; this says where they went.
 _REPLACED = {
+    "sources.dcgm.diag_timeout_seconds": (
+        "replaced by [remediation.diag] level1_timeout_seconds, level2_timeout_seconds and "
+        "level3_timeout_seconds: one limit per level, through DCGM's bindings or dcgmi alike"
+    ),
     "remediation.reset.dcgm_diag": (
         "replaced by [remediation.diag]: after_reset_level = 1 runs the quick DCGM "
         "diagnostic after a reset (dcgm_diag = true), 0 runs none (dcgm_diag = false)"
@@ -41,6 +45,12 @@ def check_value(key: str, value: object) -> str | None:
         match = _LISTEN_RE.match(str(value))
         if match is None or not 0 < int(match.group(2)) < 65536:
             return 'must be "HOST:PORT", e.g. "0.0.0.0:19400" or "[::1]:19400"'
+    if key in ("aggregator.grafana_url_template", "aggregator.runbook_base_url") and value:
+        # The fleet page makes these links: nothing but http(s) may be clicked there.
+        if not str(value).startswith(("https://", "http://")):
+            return "must be an absolute http(s) URL"
+        if key == "aggregator.runbook_base_url" and not str(value).endswith("/"):
+            return 'must end with "/" (runbooks are <base>checks.md#<runbook>)'
     return _check_topic_name(key, value)
 
 

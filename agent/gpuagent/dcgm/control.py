@@ -17,10 +17,14 @@ class DcgmControl(Protocol):
     Every method runs its DCGM calls off the event loop, under a timeout.
     """
 
-    async def run_diag(self, level: int, gpu_ids: tuple[int, ...]) -> DiagResult:
+    async def run_diag(
+        self, level: int, gpu_ids: tuple[int, ...], limit_seconds: float
+    ) -> DiagResult:
         """Run DCGM's diagnostic at ``level`` (1-3) on ``gpu_ids`` (DCGM GPU ids, which
-        are NVML indices; empty: every GPU). Raises DiagUnavailableError when it cannot
-        run; a diagnostic that ran and failed is a DiagResult that did not pass."""
+        are NVML indices; empty: every GPU) for at most ``limit_seconds`` (the call
+        runs on a thread: it is bounded there, not by cancelling the caller). Raises
+        DiagUnavailableError when it cannot run, TimeoutError when it ran past the
+        limit; a diagnostic that ran and failed is a DiagResult that did not pass."""
         ...
 
     async def detach_driver(self) -> bool:

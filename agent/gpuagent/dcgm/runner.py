@@ -82,7 +82,7 @@ class DiagRunner:
             started = time.time()
             try:
                 async with asyncio.timeout(timeout):
-                    return await control.run_diag(level, gpus)
+                    return await control.run_diag(level, gpus, timeout)
             except DiagUnavailableError as exc:
                 why = f"DCGM: {exc}"
             except TimeoutError:

@@ -275,15 +275,18 @@ class DcgmSource:
             raise DiagUnavailableError(f"DCGM is {self._state}: {self._detail}".rstrip(": "))
         return self._bindings, self._handle
 
-    async def run_diag(self, level: int, gpu_ids: tuple[int, ...]) -> DiagResult:
+    async def run_diag(
+        self, level: int, gpu_ids: tuple[int, ...], limit_seconds: float
+    ) -> DiagResult:
         dcgm, handle = self._connected()
         try:
             result: DiagResult = await self._call(
                 lambda: diag.validate(dcgm.agent, dcgm.structs, handle, level, gpu_ids),
-                self._config.diag_timeout_seconds,
+                limit_seconds,
             )
         except DcgmCallTimeoutError as exc:
-            raise DiagUnavailableError(f"the diagnostic did not finish: {exc}") from exc
+            # It ran and hung: a failure of the diagnostic, not a reason to try dcgmi.
+            raise TimeoutError(f"the diagnostic did not finish: {exc}") from exc
         return result
 
     async def _driver(self, function: str) -> bool:

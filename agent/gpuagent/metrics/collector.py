@@ -38,6 +38,7 @@ from gpuagent.model import (
     PciePath,
     Severity,
     SourceStatus,
+    Workload,
 )
 
 SnapshotGetter = Callable[[], NodeSnapshot | None]
@@ -79,15 +80,38 @@ def _counter(spec: MetricSpec) -> CounterMetricFamily:
 class _Gpu:
     """One GPU's label values, computed once per snapshot for all its families."""
 
-    __slots__ = ("bus_id", "dcgm_label_dict", "label_dict", "labels")
+    __slots__ = ("bus_id", "dcgm_label_dict", "dcgm_owner_dicts", "label_dict", "labels")
 
-    def __init__(self, identity: GpuIdentity | None, bus_id: str, host: str, driver: str) -> None:
+    def __init__(
+        self,
+        identity: GpuIdentity | None,
+        bus_id: str,
+        host: str,
+        driver: str,
+        *,
+        workloads: tuple[Workload, ...] = (),
+        attribution: Labels = (),
+    ) -> None:
         self.bus_id = bus_id
         self.labels = _gpu_labels(identity, bus_id, host)
         # The per-GPU tables add hundreds of samples with these label sets: one dict each,
         # shared by every sample, instead of add_metric zipping a new one per sample.
         self.label_dict = dict(zip(names.GPU_LABELS, self.labels, strict=True))
         self.dcgm_label_dict = {**self.label_dict, names.DCGM_LABELS[-1]: driver}
+        self.dcgm_owner_dicts = _owner_dicts(self.dcgm_label_dict, workloads, attribution)
+
+
+def _owner_dicts(
+    base: dict[str, str], workloads: tuple[Workload, ...], attribution: Labels
+) -> tuple[dict[str, str], ...]:
+    """The label sets of one GPU's DCGM_FI_DEV_* samples: its own without attribution; with
+    it, one per owner, as dcgm-exporter serves a shared GPU once per pod (empty values where
+    nobody is known, which PromQL reads as the label being absent)."""
+    if not attribution:
+        return (base,)
+    owners = {tuple(getattr(w, name) for name in attribution) for w in workloads}
+    values = sorted(owners) or [("",) * len(attribution)]
+    return tuple({**base, **dict(zip(attribution, v, strict=True))} for v in values)
 
 
 def _gpu_labels(identity: GpuIdentity | None, bus_id: str, hostname: str) -> Labels:
@@ -112,8 +136,16 @@ class _Builder:
         self.version = version
         driver = snapshot.nvml.driver_version or ""
         host = snapshot.hostname
+        attribution = snapshot.attribution_labels
         known = {
-            g.identity.pci_bus_id: _Gpu(g.identity, g.identity.pci_bus_id, host, driver)
+            g.identity.pci_bus_id: _Gpu(
+                g.identity,
+                g.identity.pci_bus_id,
+                host,
+                driver,
+                workloads=g.workloads,
+                attribution=attribution,
+            )
             for g in snapshot.gpus
         }
         self.gpus = [(known[g.identity.pci_bus_id], _answered(g)) for g in snapshot.gpus]
@@ -294,14 +326,17 @@ class _Builder:
             metric.name,
             metric.help,
             metric.kind,
-            names.DCGM_LABELS if dcgm else names.GPU_LABELS,
+            (*names.DCGM_LABELS, *self.snapshot.attribution_labels) if dcgm else names.GPU_LABELS,
         )
         samples = family.samples
         for gpu, identity, readings in self.answering:
             value = _number(metric.value(identity, readings))
-            if value is not None:
-                labels = gpu.dcgm_label_dict if dcgm else gpu.label_dict
-                samples.append(Sample(metric.name, labels, value))
+            if value is None:
+                continue
+            if not dcgm:
+                samples.append(Sample(metric.name, gpu.label_dict, value))
+                continue
+            samples.extend(Sample(metric.name, labels, value) for labels in gpu.dcgm_owner_dicts)
         return family
 
     def _profiling(self) -> list[Metric]:

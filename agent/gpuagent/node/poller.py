@@ -62,7 +62,7 @@ class NvmlPoller:
         self.nvml = NvmlSource(
             self._config.sources.nvml,
             process_name=process_name,
-            process_table=ProcessTable(self._proc_root()),
+            process_table=ProcessTable(self._proc_root(), slurm=self._config.attribution.slurm),
         )
 
     def _proc_root(self) -> Path:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
+from gpuagent.attribution.source import with_owner_evidence
 from gpuagent.checks import HealthMemory, InventoryView, evaluate
 from gpuagent.checks.infiniband import PEERMEM, IbExpected, IbInput
 from gpuagent.config import Config
@@ -23,6 +24,7 @@ from gpuagent.metrics.infiniband import without_node_exporter_families
 from gpuagent.model import (
     DcgmStatus,
     DiagResult,
+    GpuState,
     IbDevice,
     KmsgCounters,
     MqttStatus,
@@ -98,6 +100,12 @@ class KubernetesView(Protocol):
     def facts(self) -> KubernetesFacts: ...
 
 
+class AttributionView(Protocol):
+    """Workload attribution as publishing sees it: owners attached to the GPU states."""
+
+    def attach(self, gpus: tuple[GpuState, ...]) -> tuple[GpuState, ...]: ...
+
+
 class Spool(Protocol):
     @property
     def error(self) -> str | None: ...
@@ -157,6 +165,13 @@ class SnapshotPublisher:
         self.metrics: MetricsServer | None = None  # set at startup
         self.dcgm: DcgmView | None = None  # set when sources.dcgm is enabled
         self.kubernetes: KubernetesView | None = None  # set when checks.kubernetes applies
+        self.attribution: AttributionView | None = None  # set when attribution is on
+        attribution = config.attribution
+        # dcgm-exporter's names: --kubernetes's pod/namespace/container, HPC jobs' hpc_job.
+        self._attribution_labels = (
+            *(("pod", "namespace", "container") if attribution.kubernetes else ()),
+            *(("hpc_job",) if attribution.slurm else ()),
+        )
         textfile = config.outputs.textfile
         self._textfile = (
             TextfileWriter(Path(textfile.dir), textfile.min_interval_seconds)
@@ -220,8 +235,11 @@ class SnapshotPublisher:
         pcie = self._kernel.pcie
         infiniband = self._kernel.infiniband
         dcgm = self.dcgm.snapshot_status() if self.dcgm is not None else None
+        gpus = observation.gpus
+        if self.attribution is not None:
+            gpus = self.attribution.attach(gpus)
         health, self._memory = evaluate(
-            observation.gpus,
+            gpus,
             observation.status,
             self._config.checks,
             self._memory,
@@ -235,6 +253,8 @@ class SnapshotPublisher:
             infiniband=self._infiniband_input(infiniband, inventory),
             kubernetes=self.kubernetes.facts if self.kubernetes is not None else None,
         )
+        if self.attribution is not None:
+            health = with_owner_evidence(health, gpus)
         self._inventory.learn(inventory, health.severity)
         self._sequence += 1
         snapshot = NodeSnapshot(
@@ -244,7 +264,7 @@ class SnapshotPublisher:
             sequence=self._sequence,
             taken_at=time.time(),
             nvml=observation.status,
-            gpus=observation.gpus,
+            gpus=gpus,
             health=health,
             sources=self._sources(),
             simulated=self._simulated,
@@ -259,6 +279,7 @@ class SnapshotPublisher:
             mqtt=self.reporter.status() if self.reporter is not None else None,
             inventory=inventory,
             dcgm=dcgm,
+            attribution_labels=self._attribution_labels,
         )
         _log_transitions(previous, snapshot)
         self._store.publish(snapshot)

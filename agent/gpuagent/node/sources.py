@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Protocol
 
 from gpuagent.config import Config
@@ -59,6 +60,8 @@ class EventSources:
         self._inventory_changed = inventory_changed
         self._gpu_appeared = gpu_appeared
         self.reporter: EventSink | None = None  # set at startup, when MQTT is on
+        # Who is on a GPU now, by bus id (set when attribution is on): stamped on its events.
+        self.owners: Callable[[str], str] | None = None
         self.pcie: tuple[PciePath, ...] = ()
         # RDMA devices; None until read, or when /sys/class/infiniband cannot be listed.
         self.infiniband: tuple[IbDevice, ...] | None = None
@@ -71,6 +74,9 @@ class EventSources:
 
     def on_event(self, event: GpuEvent) -> None:
         """Every source's events arrive here, on the event loop."""
+        owners = self.owners(event.gpu) if self.owners and event.gpu else ""
+        if owners:
+            event = replace(event, workloads=owners)
         if not self._events.add(event):
             return
         if self.reporter is not None:

@@ -174,7 +174,11 @@ def _process(gpu: SimGpu, params: Params, _at: float) -> Events:
     pid = _int(params["pid"])
     used = int(_number(params["used_mib"]) * hardware.MIB)
     gpu.processes[pid] = SimProcess(
-        pid=pid, name=str(params["name"]), used_bytes=used, uid=_int(params["uid"])
+        pid=pid,
+        name=str(params["name"]),
+        used_bytes=used,
+        uid=_int(params["uid"]),
+        job=_int(params["job"]),
     )
     return ()
 
@@ -333,6 +337,8 @@ KINDS: dict[str, FaultKind] = {
                 Param("name", "str", required=True),
                 Param("used_mib", "number", required=True, minimum=0),
                 Param("uid", "int", default=0, minimum=0, maximum=2**32 - 2),
+                # A Slurm job id: the process's cgroup is that job's step 0; 0: no job.
+                Param("job", "int", default=0, minimum=0, maximum=2**32 - 1),
             ),
             _process,
         ),

@@ -47,6 +47,7 @@ class SimProcess:
     name: str
     used_bytes: int
     uid: int = 0
+    job: int = 0  # the Slurm job it runs in (its cgroup says so); 0: none
     # False: gone from the process table while NVML still lists it (`process_gone`).
     alive: bool = True
     # True: holds its memory but makes no progress, so it adds no load (`hung`).

@@ -2,9 +2,10 @@
 
 Simulated PIDs do not exist on the machine running the simulator, so the agent, which
 looks each GPU process up in procfs (`sources.nvml.proc_root`), is pointed at this tree
-instead: one ``<pid>/status`` (Name, Uid) and ``<pid>/comm`` per running simulated
-process. A process a `process_gone` fault took out of the table has no entry, although
-NVML still lists it. Written under the node lock whenever a fault changes processes.
+instead: one ``<pid>/status`` (Name, Uid), ``<pid>/comm`` and ``<pid>/cgroup`` (a Slurm
+job's where the process has one) per running simulated process. A process a
+`process_gone` fault took out of the table has no entry, although NVML still lists it.
+Written under the node lock whenever a fault changes processes.
 """
 
 from __future__ import annotations
@@ -38,3 +39,12 @@ def write_process_table(root: Path, gpus: Iterable[SimGpu]) -> None:
         replace_text(
             entry / "status", f"Name:\t{comm}\nPid:\t{pid}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
         )
+        replace_text(entry / "cgroup", _cgroup(process))
+
+
+def _cgroup(process: SimProcess) -> str:
+    """A cgroup v2 /proc/<pid>/cgroup: slurmstepd's layout for a job's step, else a login
+    session's."""
+    if process.job:
+        return f"0::/system.slice/slurmstepd.scope/job_{process.job}/step_0/user/task_0\n"
+    return f"0::/user.slice/user-{process.uid}.slice/session-1.scope\n"

@@ -15,19 +15,23 @@ import pwd
 from dataclasses import replace
 from pathlib import Path
 
+from gpuagent.attribution.slurm import parse_cgroup
 from gpuagent.model import GpuProcess, GpuReadings
 
 
 class ProcessTable:
     """Looks processes up under ``root`` (/proc, or a tree laid out like it)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, slurm: bool = False) -> None:
         self.root = root
+        # Read each process's cgroup for its Slurm job: only with attribution.slurm on, so
+        # attribution off costs not one more read.
+        self.slurm = slurm
         self._users: dict[int, str] = {}
 
     def describe(self, process: GpuProcess) -> GpuProcess:
-        """``process`` with ``alive`` and ``user`` filled in, and its name where NVML and
-        the host gave none ("pid N")."""
+        """``process`` with ``alive``, ``user`` (and with Slurm on ``job``) filled in, and
+        its name where NVML and the host gave none ("pid N")."""
         entry = self.root / str(process.pid)
         status = _read(entry / "status")
         if status is None:
@@ -38,7 +42,13 @@ class ProcessTable:
         name = process.name
         if name == f"pid {process.pid}":
             name = (_read(entry / "comm") or fields.get("Name", "")).strip() or name
-        return replace(process, name=name, alive=True, user=self._user(fields.get("Uid")))
+        job = self._job(entry) if self.slurm else None
+        return replace(process, name=name, alive=True, user=self._user(fields.get("Uid")), job=job)
+
+    def _job(self, entry: Path) -> str | None:
+        cgroup = _read(entry / "cgroup")
+        step = parse_cgroup(cgroup) if cgroup is not None else None
+        return step.job if step is not None else None
 
     def describe_all(self, readings: GpuReadings) -> GpuReadings:
         """``readings`` with every compute and graphics process described."""

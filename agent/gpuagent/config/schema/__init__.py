@@ -27,6 +27,7 @@ from gpuagent.config.schema.aggregator import (
     AggregatorSection,
     CordonBudgetSection,
 )
+from gpuagent.config.schema.attribution import AttributionSection
 from gpuagent.config.schema.checks import (
     AerCheck,
     BusCheck,
@@ -77,6 +78,7 @@ class Config:
     inventory: InventorySection = field(default_factory=InventorySection)
     remediation: RemediationSection = field(default_factory=RemediationSection)
     aggregator: AggregatorSection = field(default_factory=AggregatorSection)
+    attribution: AttributionSection = field(default_factory=AttributionSection)
 
 
 __all__ = [
@@ -86,6 +88,7 @@ __all__ = [
     "AggregatorHttpSection",
     "AggregatorSection",
     "ApiSection",
+    "AttributionSection",
     "BusCheck",
     "ChecksSection",
     "Config",

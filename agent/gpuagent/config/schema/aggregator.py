@@ -67,6 +67,13 @@ class AggregatorSection:
     # waited this long for a node that is away, rather than deliver it when the node comes
     # back (the node's session lasts a day).
     command_expiry_seconds: Annotated[int, MQTT_EXPIRY] = 300
+    # The fleet page links each node and GPU to Grafana through this URL, with {node},
+    # {cluster} and {gpu} (the GPU's index; "All" for the node) replaced; empty: no links.
+    # For example "https://grafana.example/d/gpuagent?var-instance={node}&var-gpu={gpu}".
+    grafana_url_template: str = ""
+    # Where docs/ is published (absolute, ending in "/"): the page links each finding's
+    # runbook to <base>checks.md#<runbook>; empty: runbooks are shown as plain text.
+    runbook_base_url: str = ""
     broker: MqttConnection = field(default_factory=MqttConnection)
     cordon_budget: CordonBudgetSection = field(default_factory=CordonBudgetSection)
     http: AggregatorHttpSection = field(default_factory=AggregatorHttpSection)

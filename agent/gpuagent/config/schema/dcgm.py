@@ -23,5 +23,3 @@ class DcgmSourceSection:
     profiling_interval_seconds: Annotated[float, POSITIVE] = 10.0
     # Reconnecting waits 1 s, then twice as long each time, up to this.
     reconnect_max_seconds: Annotated[float, POSITIVE] = 60.0
-    # The longest a DCGM diagnostic may run (level 3 takes tens of minutes).
-    diag_timeout_seconds: Annotated[float, POSITIVE] = 3600.0

@@ -1,0 +1,1 @@
+"""Generators for the deployment files under deploy/ that are derived from others."""

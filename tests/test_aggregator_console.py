@@ -1,0 +1,341 @@
+"""The fleet page as a console, in headless Chromium: the fleet table's filters, sorting
+and per-kind counts, offline nodes shown as unknown, a node's page, a phone-sized screen,
+and the time to serve and render a 10,000-node fleet. Screenshots go to
+page_support.SCREENSHOTS."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+import aggregator_support as msg
+from conftest import free_port
+from fleet_support import chromium
+from gpuagent.aggregator.records import from_online_state
+from gpuagent.aggregator.service import Aggregator
+from gpuagent.fleet import schema
+from page_support import Browser, browser, elapsed_ms
+
+GRAFANA = "https://grafana.example/d/gpuagent?var-instance={node}&var-gpu={gpu}"
+DOCS = "https://gpuagent.example/docs/"
+A100 = "NVIDIA A100-SXM4-80GB"
+HOSTILE = "XID 79 <img src=x onerror=\"document.title='pwned'\">"
+
+ROWS = "[...document.querySelectorAll('#nodes tbody tr')].map(r => r.dataset.node)"
+
+
+def xid(reason: str = "XID 79: GPU has fallen off the bus") -> dict[str, Any]:
+    finding = msg.finding("xid", "CRITICAL", reason)
+    finding.update(
+        action="reset_gpu", runbook="gpu-xid-reset-required", evidence={"xid": 79, "pid": 7}
+    )
+    return finding
+
+
+def warn(check: str, reason: str) -> dict[str, Any]:
+    return msg.finding(check, "WARN", reason)
+
+
+def fleet_messages(now: float) -> list[tuple[str, dict[str, Any]]]:
+    gpu = msg.gpu_doc(2, "CRITICAL", [xid(HOSTILE)])
+    gpu.update(
+        serial="1650923000123",
+        workloads=[{"namespace": "ml", "pod": "trainer-0", "container": "main"}],
+    )
+    a100 = msg.gpu_doc(0, "WARN", [warn("thermal", "GPU 0 at 91 C")])
+    a100["model"] = A100
+    lost = msg.gpu_doc(0, "WARN", [warn("ecc", "LOST-WARN-REASON")])
+    stale = msg.gpu_doc(0, "WARN", [warn("ecc", "STALE-WARN-REASON")])
+    h100 = {"driver": "550.54", "kernel": "6.1"}
+    return [
+        # Reported an hour ago and again now: its finding is an hour old.
+        ("state", msg.state("bad-node", health="CRITICAL", gpus=[gpu], when=now - 3600)),
+        ("state", msg.state("bad-node", health="CRITICAL", gpus=[gpu], fingerprint=h100)),
+        ("state", msg.state("bad-node-2", health="WARN", gpus=[msg.gpu_doc(1, "WARN", [xid()])])),
+        (
+            "state",
+            msg.state(
+                "warn-node",
+                cluster="c2",
+                health="WARN",
+                gpus=[a100],
+                fingerprint={"driver": "535.1", "kernel": "6.1"},
+            ),
+        ),
+        ("state", msg.state("ok-node", fingerprint=h100)),
+        ("state", msg.state("ok-node-2", cluster="c2")),
+        ("state", msg.state("lost-node", health="WARN", gpus=[lost])),
+        ("state", msg.offline("lost-node")),
+        ("state", msg.state("stale-node", health="WARN", gpus=[stale], when=now - 960)),
+        ("events", msg.event("bad-node")),
+        ("actions", _action("bad-node")),
+        ("actions", msg.cordon_request("bad-node")),
+        ("replies", msg.reply("bad-node", "cmd-1")),
+    ]
+
+
+def _action(node: str) -> dict[str, Any]:
+    message = schema.envelope("action", f"{node}:audit:1", node, "c1")
+    message["record"] = {"action": "cordon", "result": "started", "reason": "XID 79"}
+    return message
+
+
+async def rows(tab: Browser, expected: list[str]) -> None:
+    """Until the node table shows exactly ``expected``, in order."""
+    want = json.dumps(expected, separators=(",", ":"))
+    try:
+        await tab.wait_for(f"JSON.stringify({ROWS}) === {json.dumps(want)}")
+    except AssertionError:
+        raise AssertionError(f"rows {await tab.evaluate(ROWS)}, expected {expected}") from None
+
+
+async def text(tab: Browser, selector: str) -> str:
+    return str(await tab.evaluate(f"document.querySelector({json.dumps(selector)}).innerText"))
+
+
+async def row_text(tab: Browser, node: str) -> str:
+    return await text(tab, f'#nodes tr[data-node="{node}"]')
+
+
+async def test_the_console(tmp_path: Path) -> None:
+    port = free_port()
+    config = msg.config(tmp_path, port=port, grafana_url_template=GRAFANA, runbook_base_url=DOCS)
+    agg = Aggregator(config)
+    await agg.start()
+    base = f"http://127.0.0.1:{port}/"
+    try:
+        for channel, message in fleet_messages(time.time()):
+            agg.ingest.handle(
+                msg.topic(message["node"], channel, message["cluster"]), schema.encode(message)
+            )
+        async with browser(chromium(), tmp_path) as tab:
+            await fleet_table(tab, base)
+            await node_page(tab, base)
+            await phone(tab, base)
+    finally:
+        await agg.close()
+
+
+async def fleet_table(tab: Browser, base: str) -> None:
+    await tab.open(base)
+    await rows(
+        tab,
+        ["bad-node", "bad-node-2", "warn-node", "lost-node", "stale-node", "ok-node", "ok-node-2"],
+    )
+    # Node text is text: the reason's markup is shown, never run.
+    assert HOSTILE in await row_text(tab, "bad-node")
+    assert await tab.evaluate("document.querySelectorAll('img').length") == 0
+    assert await tab.evaluate("document.title") == "gpuagent fleet"
+    # Offline and stale nodes: health unknown, how long ago they were seen, nothing of the
+    # WARN they last reported.
+    for node, state in (("lost-node", "offline (connection lost)"), ("stale-node", "stale")):
+        row = await row_text(tab, node)
+        assert "UNKNOWN" in row, row
+        assert state in row, row
+        assert "WARN" not in row, row
+        assert "ago" in row, row
+    assert "16 min ago" in await row_text(tab, "stale-node")
+    # A finding's age; nodes per finding kind, online nodes only.
+    assert "60 min" in await row_text(tab, "bad-node")
+    kinds = await text(tab, "#kinds")
+    assert "2 nodes with xid 79 (2 started today)" in kinds
+    assert "1 node with thermal (1 started today)" in kinds
+    assert "ecc" not in kinds
+    # A kind's count lists its nodes.
+    await tab.evaluate("document.querySelector('#kinds a').click()")
+    await rows(tab, ["bad-node", "bad-node-2"])
+    assert await tab.evaluate("location.hash") == "#fleet?kind=xid+79"
+    assert "Only nodes with xid 79" in await text(tab, "#kind")
+    await tab.evaluate("location.hash = '#fleet'")
+    await rows(
+        tab,
+        ["bad-node", "bad-node-2", "warn-node", "lost-node", "stale-node", "ok-node", "ok-node-2"],
+    )
+    assert "7 nodes" in await text(tab, "#summary")
+    assert "Drifted: warn-node" not in await text(tab, "#drift")  # one node per cluster: c2
+    await tab.screenshot("fleet-desktop")
+
+    # Filters, as a person uses them: the table follows, and so does the URL.
+    await tab.evaluate(
+        "(() => { const s = document.querySelector('#filters [name=health]');"
+        " s.value = 'WARN'; s.dispatchEvent(new Event('input', {bubbles: true})); })()"
+    )
+    await rows(tab, ["bad-node-2", "warn-node"])
+    assert "health=WARN" in await tab.evaluate("location.hash")
+    assert "2 of 7 nodes match" in await text(tab, "#matched")
+    await tab.screenshot("fleet-filtered")
+    for fragment, expected in (
+        ("cluster=c2", ["warn-node", "ok-node-2"]),
+        ("health=UNKNOWN", ["lost-node", "stale-node"]),
+        (f"model={A100}", ["warn-node"]),
+        ("driver=535.1", ["warn-node"]),
+        ("q=fallen off", ["bad-node-2"]),
+        ("cluster=c1&health=OK", ["ok-node"]),
+    ):
+        await tab.evaluate(f"location.hash = {json.dumps('#fleet?' + fragment)}")
+        await rows(tab, expected)
+    options = await tab.evaluate(
+        "[...document.querySelectorAll('#filters [name=model] option')].map(o => o.value)"
+    )
+    assert options == ["", A100, "NVIDIA H100 80GB HBM3"]
+
+    # Sorting: a header sorts by it, a second click reverses.
+    await tab.evaluate("location.hash = '#fleet'")
+    await rows(
+        tab,
+        ["bad-node", "bad-node-2", "warn-node", "lost-node", "stale-node", "ok-node", "ok-node-2"],
+    )
+    by_name = sorted(
+        ["bad-node", "bad-node-2", "warn-node", "lost-node", "stale-node", "ok-node", "ok-node-2"]
+    )
+    await tab.evaluate("document.querySelector('button[data-sort=name]').click()")
+    await rows(tab, by_name)
+    await tab.evaluate("document.querySelector('button[data-sort=name]').click()")
+    await rows(tab, by_name[::-1])
+    assert "order=desc" in await tab.evaluate("location.hash")
+    await tab.evaluate("location.hash = '#fleet?sort=finding_age'")
+    # Oldest finding first (the stale node's dates from its report 16 min ago), nodes
+    # without findings last.
+    await tab.wait_for(f"{ROWS}.slice(0, 2).join() === 'bad-node,stale-node'")
+    assert (await tab.evaluate(ROWS))[-2:] == ["ok-node", "ok-node-2"]
+
+
+async def node_page(tab: Browser, base: str) -> None:
+    await tab.evaluate("document.querySelector('#nodes tr[data-node=\"bad-node\"] a').click()")
+    await tab.wait_for("document.body.dataset.view === 'node'")
+    assert await tab.evaluate("location.hash") == "#node/c1/bad-node"
+    # Events, actions and cordon decisions are written behind: the page shows them as they
+    # land.
+    await tab.wait_for(
+        "!!document.getElementById('events') && !!document.getElementById('actions')"
+    )
+    gpus = await text(tab, "#gpus")
+    for shown in ("GPU-2", "1650923000123", "0000:1a:00.0", "pod ml/trainer-0 container main"):
+        assert shown in gpus, gpus
+    findings = await text(tab, "#findings")
+    assert HOSTILE in findings
+    assert "reset_gpu" in findings
+    assert "60 min ago" in findings
+    runbooks = await tab.evaluate("[...document.querySelectorAll('#findings a')].map(a => a.href)")
+    assert runbooks == [DOCS + "checks.md#gpu-xid-reset-required"]
+    grafana = await tab.evaluate(
+        "[...document.querySelectorAll('#node-view a')].map(a => a.href)"
+        ".filter(h => h.startsWith('https://grafana'))"
+    )
+    assert grafana[:2] == [
+        "https://grafana.example/d/gpuagent?var-instance=bad-node&var-gpu=All",
+        "https://grafana.example/d/gpuagent?var-instance=bad-node&var-gpu=2",
+    ]
+    assert "xid" in await text(tab, "#events")
+    await tab.wait_for("document.getElementById('actions').innerText.includes('cordon decision')")
+    actions = await text(tab, "#actions")
+    assert "action cordon" in actions, actions
+    assert "approved" in actions, actions
+    assert "done" in await text(tab, "#replies")
+    assert await tab.evaluate("document.querySelectorAll('img').length") == 0
+    await tab.screenshot("node-desktop")
+
+    # An offline node's page: health unknown, its last report marked as such.
+    await tab.evaluate("location.hash = '#node/c1/lost-node'")
+    await tab.wait_for("document.title.startsWith('lost-node')")
+    view = await text(tab, "#node-view")
+    assert "Health unknown: the node is offline (connection lost)" in view
+    assert "UNKNOWN" in view
+    await tab.screenshot("node-offline")
+    await tab.evaluate("location.hash = '#node/c1/no-such-node'")
+    await tab.wait_for("document.getElementById('error').innerText.includes('HTTP 404')")
+
+
+async def phone(tab: Browser, base: str) -> None:
+    """On a phone the body never scrolls sideways: wide tables scroll inside themselves."""
+    await tab.viewport(390, 844, mobile=True)
+    overflow = "document.documentElement.scrollWidth - window.innerWidth"
+    await tab.open(base)
+    await rows(
+        tab,
+        ["bad-node", "bad-node-2", "warn-node", "lost-node", "stale-node", "ok-node", "ok-node-2"],
+    )
+    assert await tab.evaluate("window.innerWidth") == 390
+    assert await tab.evaluate(overflow) <= 0
+    await tab.screenshot("fleet-phone")
+    await tab.evaluate("location.hash = '#node/c1/bad-node'")
+    await tab.wait_for("document.body.dataset.view === 'node' && !!document.getElementById('gpus')")
+    assert await tab.evaluate(overflow) <= 0
+    # Each GPU is a card of labelled values, not a table row cut off at the screen's edge.
+    card = await tab.evaluate(
+        "(() => { const row = document.querySelector('#gpus tr:nth-child(2)');"
+        " const cells = [...row.querySelectorAll('td')];"
+        " return {display: [...new Set(cells.map(td => getComputedStyle(td).display))],"
+        " labelled: Object.fromEntries(cells.map(td => [td.dataset.label, td.innerText])),"
+        " right: row.getBoundingClientRect().right,"
+        " head: getComputedStyle(document.querySelector('#gpus tr')).display}; })()"
+    )
+    assert card["display"] == ["block"], card
+    assert card["head"] == "none", card
+    assert card["right"] <= 390, card
+    assert card["labelled"]["UUID"] == "GPU-2", card
+    assert card["labelled"]["workload"] == "pod ml/trainer-0 container main", card
+    await tab.screenshot("node-phone")
+
+
+FLEET = 10_000
+
+
+def big_fleet(agg: Aggregator, now: float) -> None:
+    """10,000 nodes of 8 GPUs, one in 20 with an XID, straight into the state."""
+    for i in range(FLEET):
+        name = f"gpu-{i:05d}"
+        bad = i % 20 == 0
+        gpus = [
+            msg.gpu_doc(
+                g, "CRITICAL" if bad and g == 3 else "OK", [xid()] if bad and g == 3 else None
+            )
+            for g in range(8)
+        ]
+        message = msg.state(
+            name,
+            cluster=f"c{i % 4}",
+            health="CRITICAL" if bad else "OK",
+            gpus=gpus,
+            when=now,
+            fingerprint={"driver": "550.54", "kernel": "6.1"},
+        )
+        agg.state.put(from_online_state(message, json.dumps(message), now))
+
+
+async def test_a_10000_node_fleet_serves_and_renders_fast(tmp_path: Path) -> None:
+    port = free_port()
+    agg = Aggregator(msg.config(tmp_path, port=port))
+    await agg.start()
+    base = f"http://127.0.0.1:{port}/"
+    try:
+        big_fleet(agg, time.time())
+        async with aiohttp.ClientSession() as session:
+            start = time.perf_counter()
+            async with session.get(base + "api/v1/fleet?limit=500") as response:
+                doc = await response.json()
+            serve_ms = elapsed_ms(start)
+        assert doc["matched"] == FLEET
+        assert len(doc["nodes"]) == 500
+        assert doc["kinds"] == [{"kind": "xid 79", "nodes": 500, "today": 500}]
+        async with browser(chromium(), tmp_path) as tab:
+            start = time.perf_counter()
+            await tab.open(base)
+            load_ms = elapsed_ms(start)
+            render_ms = await tab.evaluate("window.firstRenderMs")
+            assert len(await tab.evaluate(ROWS)) == 500
+            await tab.screenshot("fleet-10000")
+    finally:
+        await agg.close()
+    print(
+        f"\n10,000 nodes: /api/v1/fleet served in {serve_ms:.0f} ms; page rendered "
+        f"{render_ms:.0f} ms after navigation ({load_ms:.0f} ms to loaded, as measured here)"
+    )
+    # Generous bounds for a loaded CI machine; a regression to downloading or drawing the
+    # whole fleet takes several times longer.
+    assert serve_ms < 2000
+    assert render_ms < 5000

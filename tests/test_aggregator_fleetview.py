@@ -1,0 +1,225 @@
+"""The fleet console's server side: filters, sorting, shown health, finding onsets and
+per-kind counts (gpuagent.aggregator.fleetview), /api/v1/fleet, and the page's links."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+import aggregator_support as msg
+from conftest import free_port
+from gpuagent.aggregator import page
+from gpuagent.aggregator.fleetview import FleetView, Query, finding_kind, shown_health
+from gpuagent.aggregator.records import from_online_state, with_offline
+from gpuagent.aggregator.service import Aggregator
+from gpuagent.aggregator.state import FleetState
+from gpuagent.config import ConfigError, load_config
+
+NOW = 1_800_000_000.0
+STALE = 120.0
+
+
+def xid(code: int = 79) -> dict[str, Any]:
+    finding = msg.finding("xid", "CRITICAL", f"XID {code}")
+    finding["evidence"] = {"xid": code}
+    return finding
+
+
+def put(state: FleetState, node: str, when: float = NOW, **kwargs: Any) -> None:
+    message = msg.state(node, when=when, **kwargs)
+    state.put(from_online_state(message, json.dumps(message), when))
+
+
+def names(doc: dict[str, Any]) -> list[str]:
+    return [n["name"] for n in doc["nodes"]]
+
+
+@pytest.fixture
+def view() -> FleetView:
+    state = FleetState()
+    put(state, "a", health="CRITICAL", gpus=[msg.gpu_doc(0, "CRITICAL", [xid()])], when=NOW - 600)
+    put(state, "a", health="CRITICAL", gpus=[msg.gpu_doc(0, "CRITICAL", [xid()])])
+    put(
+        state,
+        "b",
+        cluster="c2",
+        health="WARN",
+        gpus=[msg.gpu_doc(1, "WARN", [xid(48)])],
+        fingerprint={"driver": "535.1"},
+    )
+    put(state, "c", fingerprint={"driver": "550.54"})
+    put(state, "old", health="WARN", gpus=[msg.gpu_doc(0, "WARN", [xid()])], when=NOW - 900)
+    message = msg.state("gone", health="WARN", gpus=[msg.gpu_doc(0, "WARN", [xid()])], when=NOW)
+    record = from_online_state(message, json.dumps(message), NOW)
+    state.put(record)
+    state.put(with_offline(msg.offline("gone"), record, NOW))
+    return FleetView(state, STALE)
+
+
+def test_offline_and_stale_nodes_show_unknown(view: FleetView) -> None:
+    shown = {n["name"]: n["shown_health"] for n in view.fleet(Query(), NOW)["nodes"]}
+    assert shown == {"a": "CRITICAL", "b": "WARN", "c": "OK", "old": "UNKNOWN", "gone": "UNKNOWN"}
+    gone = view.state.nodes[("c1", "gone")]
+    assert gone.health == "WARN"  # remembered, not shown
+    assert shown_health(gone, NOW, STALE) == "UNKNOWN"
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        (Query(), ["a", "b", "gone", "old", "c"]),
+        (Query(cluster="c2"), ["b"]),
+        (Query(health="UNKNOWN"), ["gone", "old"]),
+        (Query(health="OK"), ["c"]),
+        (Query(driver="550.54"), ["c"]),
+        (Query(model="NVIDIA H100 80GB HBM3", health="WARN"), ["b"]),
+        (Query(model="nothing"), []),
+        (Query(text="XID 48"), ["b"]),
+        (Query(text="GON"), ["gone"]),  # names too, any case
+        (Query(kind="xid 48"), ["b"]),
+        (Query(kind="xid 79", health="CRITICAL"), ["a"]),
+        (Query(sort="name"), ["a", "b", "c", "gone", "old"]),
+        (Query(sort="name", descending=True), ["old", "gone", "c", "b", "a"]),
+        (Query(sort="last_seen"), ["old", "a", "b", "c", "gone"]),
+        (Query(sort="finding_age"), ["old", "a", "b", "gone", "c"]),
+        (Query(limit=2), ["a", "b"]),
+    ],
+)
+def test_filters_and_sorting(view: FleetView, query: Query, expected: list[str]) -> None:
+    doc = view.fleet(query, NOW)
+    assert names(doc) == expected
+    assert doc["matched"] == (len(expected) if query.limit > len(expected) else 5)
+    assert doc["counts"]["nodes"] == 5
+
+
+def test_findings_date_from_their_first_report(view: FleetView) -> None:
+    rows = {n["name"]: n for n in view.fleet(Query(), NOW)["nodes"]}
+    assert rows["a"]["gpus"][0]["findings"][0]["since"] == NOW - 600
+    assert rows["b"]["gpus"][0]["findings"][0]["since"] == NOW
+    # A finding that clears and comes back starts again.
+    put(view.state, "a", gpus=[msg.gpu_doc(0)], when=NOW + 10)
+    put(view.state, "a", gpus=[msg.gpu_doc(0, "CRITICAL", [xid()])], when=NOW + 20)
+    row = view.row(view.state.nodes[("c1", "a")], NOW + 20)
+    assert row["gpus"][0]["findings"][0]["since"] == NOW + 20
+
+
+def test_kinds_count_online_nodes_per_finding_kind(view: FleetView) -> None:
+    assert view.kinds(NOW) == [
+        {"kind": "xid 48", "nodes": 1, "today": 1},
+        {"kind": "xid 79", "nodes": 1, "today": 1},
+    ]
+    put(view.state, "d", gpus=[msg.gpu_doc(0, "CRITICAL", [xid(), xid(79)])])
+    assert view.kinds(NOW)[0] == {"kind": "xid 79", "nodes": 2, "today": 2}  # most first
+    # Two days on, every node is stale: none counted.
+    assert view.kinds(NOW + 2 * 86400) == []
+    # Where they still count as fresh (a, d and old): counted, but none started today.
+    patient = FleetView(view.state, stale_after=10 * 86400)
+    assert patient.kinds(NOW + 2 * 86400)[0] == {"kind": "xid 79", "nodes": 3, "today": 0}
+    assert finding_kind({"check": "thermal", "evidence": {"thermal": True}}) == "thermal"
+    assert finding_kind({}) == "unknown"
+
+
+def test_choices_offer_every_cluster_model_and_driver(view: FleetView) -> None:
+    assert view.choices() == {
+        "clusters": ["c1", "c2"],
+        "models": ["NVIDIA H100 80GB HBM3"],
+        "drivers": ["535.1", "550.54"],
+    }
+
+
+def test_node_detail_dates_the_status_documents_findings(view: FleetView) -> None:
+    doc = view.node(view.state.nodes[("c1", "a")], NOW)
+    assert doc["shown_health"] == "CRITICAL"
+    assert doc["status"]["gpus"][0]["findings"][0]["since"] == NOW - 600
+    assert doc["status"]["gpus"][0]["uuid"] == "GPU-0"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "problem"),
+    [({"health": "BAD"}, "health must be one of"), ({"sort": "x"}, "sort must be one of")],
+)
+def test_a_bad_query_is_refused(kwargs: dict[str, Any], problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        Query(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("links", "problem"),
+    [
+        ({"grafana_url_template": "javascript:alert(1)"}, "grafana_url_template"),
+        ({"runbook_base_url": "ftp://x/"}, "runbook_base_url must be an http"),
+        ({"runbook_base_url": "https://x.example/docs"}, "must end with '/'"),
+    ],
+)
+def test_links_must_be_http(links: dict[str, str], problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        page.Links(**links)
+
+
+def test_the_page_carries_its_links_safely() -> None:
+    hostile = "https://grafana.example/d?x=</script><script>alert(1)</script>{node}"
+    html = page.render(page.Links(grafana_url_template=hostile))
+    assert html.count("</script>") == 1
+    assert "\\u003c/script\\u003e" in html
+    assert "<script>alert" not in html
+    assert page.runbook_url("https://d.example/docs/", "gpu-lost") == (
+        "https://d.example/docs/checks.md#gpu-lost"
+    )
+    assert page.runbook_url("", "gpu-lost") == ""
+
+
+async def test_the_fleet_endpoint(tmp_path: Path) -> None:
+    port = free_port()
+    agg = Aggregator(msg.config(tmp_path, port=port))
+    await agg.start()
+    base = f"http://127.0.0.1:{port}/api/v1/"
+    try:
+        put(agg.state, "a", health="WARN", when=agg.api.clock())
+        async with aiohttp.ClientSession() as session:
+            async with session.get(base + "fleet?health=WARN&sort=name&order=desc") as r:
+                assert r.status == 200
+                doc = await r.json()
+            assert names(doc) == ["a"]
+            for bad in ("sort=x", "health=bad", "limit=0"):
+                async with session.get(base + "fleet?" + bad) as r:
+                    assert r.status == 400, bad
+            async with session.get(base + "fleet/a") as r:
+                assert (await r.json())["shown_health"] == "WARN"
+            async with session.get(base + "fleet/nope") as r:
+                assert r.status == 404
+    finally:
+        await agg.close()
+    assert agg.state.counters.bad_requests["fleet"] == 3
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ('grafana_url_template = "javascript:alert(1)"', "must be an absolute http(s) URL"),
+        ('runbook_base_url = "gpuagent.example/docs/"', "must be an absolute http(s) URL"),
+        ('runbook_base_url = "https://gpuagent.example/docs"', 'must end with "/"'),
+    ],
+)
+def test_the_configuration_refuses_links_the_page_could_not_use(
+    tmp_path: Path, line: str, problem: str
+) -> None:
+    path = tmp_path / "aggregator.toml"
+    path.write_text(f"[aggregator]\n{line}\n")
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        load_config(path)
+
+
+def test_the_configuration_takes_links(tmp_path: Path) -> None:
+    path = tmp_path / "aggregator.toml"
+    path.write_text(
+        '[aggregator]\ngrafana_url_template = "https://g.example/d?n={node}"\n'
+        'runbook_base_url = "https://gpuagent.example/docs/"\n'
+    )
+    section = load_config(path).aggregator
+    assert section.grafana_url_template == "https://g.example/d?n={node}"
+    assert section.runbook_base_url == "https://gpuagent.example/docs/"
