@@ -3,7 +3,8 @@
 munged, slurmctld and slurmd from Debian's packages run in the foreground as children of
 the test process, with a key, a socket, a slurm.conf, state and logs of their own in a
 temporary directory and free ports on 127.0.0.1, so they neither need nor touch a Slurm
-or munge installation of the machine. Nothing uses cgroups (tests may run in a container).
+or munge installation of the machine. By default nothing uses cgroups (tests may run in a
+container); ``start_cluster(..., proctrack="cgroup")`` has slurmd put jobs in cgroups v1.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ PROGRAMS = ("munged", "slurmctld", "slurmd", "scontrol", "sinfo")
 PACKAGES = "slurmctld slurmd slurm-client munge"
 NODE = "gpuagent-test-node"
 STARTUP_SECONDS = 30.0
+# Where the host mounts its cgroup hierarchies (one directory per v1 controller).
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def require_programs() -> None:
@@ -44,6 +47,8 @@ class SlurmCluster:
     node: str
     conf: Path
     munge_socket: Path
+    # "cgroup": slurmd creates cgroups for the jobs' processes, which stop() removes.
+    proctrack: str = "linuxproc"
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
@@ -98,11 +103,42 @@ class SlurmCluster:
             for path in sorted((self.root / "log").glob("*"))
         )
 
+    def cgroups(self) -> list[Path]:
+        """The cgroup v1 trees slurmd made for this node's jobs: ``slurm_<node>`` in each
+        hierarchy proctrack/cgroup uses (Debian's slurmd names its root after the node)."""
+        return sorted(CGROUP_ROOT.glob(f"*/slurm_{self.node}"))
+
+    def job_cgroups(self, job: str = "*") -> list[Path]:
+        """The cgroups of job ``job`` (of every job by default): ``slurm_<node>/uid_<uid>/
+        job_<id>`` in each tree; slurmd removes them when the job ends."""
+        return [path for tree in self.cgroups() for path in tree.glob(f"uid_*/job_{job}")]
+
     def stop(self) -> None:
-        """Stop the daemons, newest first (slurmd, slurmctld, munged), and reap them."""
+        """Stop the daemons, newest first (slurmd, slurmctld, munged), and reap them; with
+        proctrack/cgroup, end the jobs first and remove the cgroups slurmd made."""
+        if self.proctrack == "cgroup" and self.processes:
+            self._end_jobs()
         for process in reversed(self.processes):
             _stop(process)
         self.processes.clear()
+        if self.proctrack == "cgroup":
+            _remove_cgroups(self.cgroups())
+
+    def _end_jobs(self) -> None:
+        # A job's slurmstepd and tasks outlive slurmd (they are not in its process group):
+        # cancel every job and let slurmd clean each one up while it still runs. squeue
+        # lists a job until slurmd reports it done, including one still being launched.
+        if jobs := self._jobs():
+            self.run("scancel", *jobs)
+        deadline = time.monotonic() + 15
+        while self._jobs() or self.job_cgroups():
+            if time.monotonic() > deadline:
+                break  # _remove_cgroups kills what is left
+            time.sleep(0.1)
+
+    def _jobs(self) -> list[str]:
+        """The ids of the jobs slurmctld has not seen end (none if it does not answer)."""
+        return self.run("squeue", "--noheader", "--format=%i").stdout.split()
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
@@ -117,13 +153,35 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
-def start_cluster(root: Path, node: str = NODE) -> SlurmCluster:
-    """Start munged, slurmctld and slurmd under ``root``; return once the node is idle."""
+def _remove_cgroups(trees: list[Path]) -> None:
+    """Kill any process left in ``trees`` and remove their cgroups, deepest first."""
+    for tree in trees:
+        directories = sorted((d for d in tree.rglob("*") if d.is_dir()), reverse=True)
+        for directory in [*directories, tree]:
+            deadline = time.monotonic() + 10
+            while pids := (directory / "cgroup.procs").read_text().split():
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"processes {pids} outlived SIGKILL in {directory}")
+                time.sleep(0.05)
+            directory.rmdir()
+
+
+def start_cluster(root: Path, node: str = NODE, *, proctrack: str = "linuxproc") -> SlurmCluster:
+    """Start munged, slurmctld and slurmd under ``root``; return once the node is idle.
+
+    ``proctrack="cgroup"`` tracks jobs with proctrack/cgroup (see _write_cgroup_conf): each
+    step's processes then run in cgroups slurmd creates, which needs root and the host's
+    cgroup hierarchies. The default uses no cgroups."""
     for sub in ("munge", "state", "spool", "log"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     # munged wants its socket's directory searchable by everyone.
     (root / "munge").chmod(0o755)
-    cluster = SlurmCluster(root, node, root / "slurm.conf", root / "munge" / "munge.sock")
+    cluster = SlurmCluster(
+        root, node, root / "slurm.conf", root / "munge" / "munge.sock", proctrack=proctrack
+    )
     try:
         _start_munged(cluster)
         _write_conf(cluster)
@@ -207,8 +265,9 @@ def _write_conf(cluster: SlurmCluster) -> None:
         f"SlurmdPidFile={root / 'slurmd.pid'}",
         f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}",
         f"SlurmdLogFile={root / 'log' / 'slurmd.log'}",
-        # No cgroups, no accounting, no job containers: nothing outside the temp dir.
-        "ProctrackType=proctrack/linuxproc",
+        # By default no cgroups, no accounting, no job containers: nothing outside the
+        # temp dir.
+        f"ProctrackType=proctrack/{cluster.proctrack}",
         "TaskPlugin=task/none",
         "JobAcctGatherType=jobacct_gather/none",
         "AccountingStorageType=accounting_storage/none",
@@ -223,6 +282,24 @@ def _write_conf(cluster: SlurmCluster) -> None:
         f"PartitionName=gpu Nodes={cluster.node} Default=YES MaxTime=INFINITE State=UP",
     ]
     cluster.conf.write_text("\n".join(lines) + "\n")
+    if cluster.proctrack == "cgroup":
+        _write_cgroup_conf(cluster)
+
+
+def _write_cgroup_conf(cluster: SlurmCluster) -> None:
+    # slurmd reads cgroup.conf from slurm.conf's directory. cgroup/v1, not autodetect: its
+    # cgroups are the slurm_<node> trees SlurmCluster.cgroups() knows how to find and remove
+    # (cgroup/v2 in 22.05 asks systemd for a scope, which a container may not have). Nothing
+    # is constrained: proctrack/cgroup only needs the freezer hierarchy to track processes.
+    lines = [
+        "CgroupPlugin=cgroup/v1",
+        f"CgroupMountpoint={CGROUP_ROOT}",
+        "ConstrainCores=no",
+        "ConstrainRAMSpace=no",
+        "ConstrainSwapSpace=no",
+        "ConstrainDevices=no",
+    ]
+    (cluster.conf.parent / "cgroup.conf").write_text("\n".join(lines) + "\n")
 
 
 def _node_definition(node: str, host: str) -> str:

@@ -15,12 +15,20 @@ import grpc
 import pytest
 
 from gpuagent.attribution.kubelet import KubeletClient
-from gpuagent.attribution.owners import DeviceOwner, device_uuid
+from gpuagent.attribution.owners import DeviceOwner, device_on_gpu, device_uuid
 from gpuagent.attribution.slurm import SlurmStep, parse_cgroup
 from gpuagent.attribution.source import TRACKER, AttributionSource, with_owner_evidence
 from gpuagent.config import Config
 from gpuagent.config.schema import AttributionSection
-from gpuagent.model import Finding, GpuProcess, GpuState, NodeHealth, Severity, Workload
+from gpuagent.model import (
+    Finding,
+    GpuProcess,
+    GpuState,
+    MigDevice,
+    NodeHealth,
+    Severity,
+    Workload,
+)
 from gpuagent.render import render_status
 from gpuagent.sources.procfs import ProcessTable
 from gpuagent.statusview import status_document
@@ -196,6 +204,47 @@ def test_kubernetes_owners_attach_by_uuid_with_every_sharer_shown() -> None:
         Workload(pod="infer-b", namespace="serve", container="server"),
     )
     assert gpu2.workloads == ()
+
+
+MIG1 = "MIG-0b7e1d2c-3a4f-5e6d-8c9b-0a1f2e3d4c5b"
+
+
+@pytest.mark.parametrize(
+    ("device", "gpu", "migs", "expected"),
+    [
+        (GPU0, GPU0, (), ""),  # the whole GPU
+        (GPU0, GPU1, (), None),
+        (MIG0, GPU0, (MIG0, MIG1), MIG0),  # one of the GPU's MIG devices
+        (MIG1, GPU0, (MIG0, MIG1), MIG1),
+        (MIG0, GPU1, (MIG1,), None),  # another GPU's MIG device
+        (MIG0, GPU0, (), None),  # MIG devices not known (yet): not guessed
+        (f"MIG-{GPU0}/1/0", GPU0, (), f"MIG-{GPU0}/1/0"),  # drivers before 470
+        (f"MIG-{GPU0}/1/0", GPU1, (MIG0,), None),
+        (GPU0.replace("GPU-", "MIG-"), GPU0, (), None),  # a MIG UUID is not its GPU's
+    ],
+)
+def test_devices_match_their_gpu_or_its_mig_devices(
+    device: str, gpu: str, migs: tuple[str, ...], expected: str | None
+) -> None:
+    assert device_on_gpu(device, gpu, frozenset(migs)) == expected
+
+
+def test_mig_device_owners_attach_to_the_gpu_listing_the_device() -> None:
+    source = _source(kubernetes=True)
+    source.owners = (
+        DeviceOwner(MIG0, "a", "ml", "worker", "nvidia.com/mig-1g.10gb"),
+        DeviceOwner(MIG1, "b", "ml", "worker", "nvidia.com/mig-3g.40gb"),
+        DeviceOwner(GPU0, "whole", "ml", "worker", "nvidia.com/gpu"),
+    )
+    gpus = _gpus((), ())
+    migs = (MigDevice(MIG0, 1, 0), MigDevice(MIG1, 2, 0))
+    gpu1 = replace(gpus[1], readings=replace(readings(1), mig_devices=migs))
+    gpu0, gpu1 = source.attach((gpus[0], gpu1))
+    assert gpu0.workloads == (Workload(pod="whole", namespace="ml", container="worker"),)
+    assert gpu1.workloads == (
+        Workload(pod="a", namespace="ml", container="worker", device=MIG0),
+        Workload(pod="b", namespace="ml", container="worker", device=MIG1),
+    )
 
 
 def test_unknown_owners_attach_nothing() -> None:

@@ -37,6 +37,7 @@ from gpuagent.model import (
     GpuProfiling,
     GpuReadings,
     GpuState,
+    MigDevice,
     NvmlInitProblem,
     NvmlStatus,
     PcieLink,
@@ -83,6 +84,16 @@ def _field_strategy(hint: Any) -> st.SearchStrategy[Any]:
                 values=st.lists(st.tuples(st.integers(1001, 1016), ANY_FLOAT), max_size=4).map(
                     tuple
                 ),
+            ),
+            max_size=2,
+        ).map(tuple),
+        # No check judges MIG devices (attribution reads them); any must be harmless.
+        tuple[MigDevice, ...]: st.lists(
+            st.builds(
+                MigDevice,
+                uuid=st.text(max_size=12),
+                gpu_instance_id=COUNTER,
+                compute_instance_id=COUNTER,
             ),
             max_size=2,
         ).map(tuple),

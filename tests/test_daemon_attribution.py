@@ -12,6 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import DaemonProcess
+from gpuagent.sim.hardware import mig_device_uuid
 from kubelet_podresources import FakeKubelet
 
 pytestmark = pytest.mark.integration
@@ -110,3 +111,49 @@ def test_attribution_off_reads_nothing_and_keeps_the_labels(
     families = {f.name: f for f in text_string_to_metric_families(daemon.metrics())}
     labels = set(families["DCGM_FI_DEV_GPU_TEMP"].samples[0].labels)
     assert not labels & (K8S_LABELS | {"hpc_job"})
+
+
+MIG_NODE = (
+    '[node]\ngpus = 2\nmodel = "NVIDIA H100 80GB HBM3"\nmig_mode = true\n'
+    'mig_profiles = ["3g.40gb", "3g.40gb"]\n'
+)
+
+
+def test_pods_on_mig_devices_by_their_own_uuids_end_to_end(
+    run_daemon: Run, kubelet: FakeKubelet
+) -> None:
+    daemon = run_daemon(MIG_NODE, config_extra=_attribution(kubelet, slurm=False))
+    doc = daemon.wait_for(
+        lambda d: (
+            len(d["gpus"]) == 2 and all(len(g.get("mig_devices", ())) == 2 for g in d["gpus"])
+        ),
+        timeout=15,
+    )
+    gpu0 = next(g for g in doc["gpus"] if g["index"] == 0)
+    # The UUIDs the driver gives, which name no GPU: the simulator derives them the same way.
+    first, second = gpu0["mig_devices"]
+    assert [(m["gpu_instance_id"], m["compute_instance_id"]) for m in gpu0["mig_devices"]] == [
+        (1, 0),
+        (2, 0),
+    ]
+    assert first["uuid"] == mig_device_uuid(gpu0["uuid"], 1, 0)
+    assert second["uuid"] == mig_device_uuid(gpu0["uuid"], 2, 0)
+    kubelet.allocations = [
+        ("mig-a", "ml", "trainer", "nvidia.com/mig-3g.40gb", (first["uuid"],)),
+        ("mig-b", "ml", "trainer", "nvidia.com/mig-3g.40gb", (second["uuid"],)),
+    ]
+    doc = daemon.wait_for(lambda d: len(_workloads(d, 0)) == 2, timeout=20)
+    assert _workloads(doc, 0) == [
+        {"pod": "mig-a", "namespace": "ml", "container": "trainer", "device": first["uuid"]},
+        {"pod": "mig-b", "namespace": "ml", "container": "trainer", "device": second["uuid"]},
+    ]
+    assert _workloads(doc, 1) == []  # the other GPU's MIG devices are allocated to nobody
+
+    # /metrics: one series per pod on the MIG GPU, as for a shared whole GPU.
+    temp = "DCGM_FI_DEV_GPU_TEMP"
+    assert daemon.metric(temp, gpu="0", pod="mig-a", namespace="ml", container="trainer") > 0
+    assert daemon.metric(temp, gpu="0", pod="mig-b", namespace="ml", container="trainer") > 0
+    assert daemon.metric(temp, gpu="1", pod="mig-a") == 0
+
+    table = daemon.cli("status", "--socket", str(daemon.socket)).stdout
+    assert f"GPU 0 on {first['uuid']}: pod ml/mig-a (trainer)" in table

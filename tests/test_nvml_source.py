@@ -10,6 +10,7 @@ from conftest import FakeClock
 from gpuagent.config import NvmlSourceSection
 from gpuagent.nvml.device import mig_profile_name
 from gpuagent.sim import SimulatedNode, parse_scenario
+from gpuagent.sim.hardware import mig_device_uuid
 from gpuagent.sim.scenario import INIT_ERRORS
 from gpuagent.sources.nvml import NvmlSource
 
@@ -202,8 +203,51 @@ async def test_no_mig_calls_while_mig_is_off(node: SimulatedNode) -> None:
     assert all(
         g.readings is not None and g.readings.mig_instances is None for g in observation.gpus
     )
+    assert all(g.readings is not None and g.readings.mig_devices == () for g in observation.gpus)
     called = node.call_counts()
-    assert not {"nvmlDeviceGetGpuInstanceProfileInfoV", "nvmlDeviceGetGpuInstances"} & set(called)
+    assert not {
+        "nvmlDeviceGetGpuInstanceProfileInfoV",
+        "nvmlDeviceGetGpuInstances",
+        "nvmlDeviceGetMaxMigDeviceCount",
+        "nvmlDeviceGetMigDeviceHandleByIndex",
+        "nvmlDeviceGetGpuInstanceId",
+    } & set(called)
+
+
+async def test_mig_devices_are_read_on_the_slow_cadence_while_mig_is_on() -> None:
+    with SimulatedNode(parse_scenario(MIG_NODE)) as node:
+        clock = FakeClock()
+        source = _source(node, clock, slow_interval_seconds=30)
+        first, _second = (await source.poll()).gpus
+        assert first.readings is not None
+        devices = first.readings.mig_devices
+        assert [(d.gpu_instance_id, d.compute_instance_id) for d in devices] == [
+            (1, 0),
+            (2, 0),
+            (3, 0),
+        ]
+        assert devices[0].uuid == mig_device_uuid(first.identity.uuid, 1, 0)
+        assert len({d.uuid for d in devices}) == 3
+        # Between slow reads the devices are carried, not asked for.
+        node.reset_call_counts()
+        node.inject("mig_instances", 0, {"profiles": ["7g.80gb"]})
+        clock.now += 5
+        carried = (await source.poll()).gpus[0].readings
+        assert carried is not None
+        assert carried.mig_devices == devices
+        assert node.call_counts().get("nvmlDeviceGetMigDeviceHandleByIndex", 0) == 0
+        clock.now += 30
+        fresh = (await source.poll()).gpus[0].readings
+        assert fresh is not None
+        assert [(d.gpu_instance_id, d.uuid) for d in fresh.mig_devices] == [
+            (1, mig_device_uuid(first.identity.uuid, 1, 0))
+        ]
+        counts = node.call_counts()
+        await source.close()
+    # One slow read of two GPUs: every slot of each, and three calls per MIG device.
+    assert counts["nvmlDeviceGetMaxMigDeviceCount"] == 2
+    assert counts["nvmlDeviceGetMigDeviceHandleByIndex"] == 2 * 7
+    assert counts["nvmlDeviceGetGpuInstanceId"] == 1 + 3
 
 
 @pytest.mark.parametrize(

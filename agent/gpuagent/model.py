@@ -127,6 +127,16 @@ class Workload:
     device: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class MigDevice:
+    """One MIG device (a compute instance of a GPU instance), as the device plugin hands
+    it to containers: by its own UUID, which does not name the GPU it is on."""
+
+    uuid: str  # "MIG-<uuid>"
+    gpu_instance_id: int
+    compute_instance_id: int
+
+
 # Profiling values, keyed by DCGM field id number (DCGM_FI_PROF_GR_ENGINE_ACTIVE is 1001,
 # DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL 449, ...), in DCGM's units: ratios 0-1 for activity,
 # bytes per second for PCIe and NVLink traffic. Field numbers, not names, since DCGM
@@ -188,6 +198,8 @@ class GpuReadings:
     # The GPU instances' profile names ("1g.10gb"), sorted; None unless MIG mode is on and
     # NVML lists them (read on the slow cadence).
     mig_instances: tuple[str, ...] | None = None
+    # The MIG devices, by slot; empty unless MIG mode is on (read on the slow cadence).
+    mig_devices: tuple[MigDevice, ...] = ()
     ecc_enabled_pending: bool | None = None  # takes effect at the next reset
     applications_clock_mhz: int | None = None  # graphics; the default unless someone set it
     # NVSwitch systems: the GPU's registration with Fabric Manager. None: not supported.

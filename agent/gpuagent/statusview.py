@@ -15,6 +15,7 @@ from gpuagent.model import (
     GpuEvent,
     GpuProcess,
     GpuState,
+    MigDevice,
     NodeSnapshot,
     SourceStatus,
     Workload,
@@ -68,7 +69,17 @@ def _gpu_json(snapshot: NodeSnapshot, gpu: GpuState) -> dict[str, Any]:
             clock_event_reasons=clock_event_reason_names(readings.clock_event_reasons),
             processes=[_process_json(p) for p in readings.processes],
         )
+        if readings.mig_devices:  # MIG mode only: the IDs Kubernetes owners are matched by
+            doc["mig_devices"] = [_mig_device_json(m) for m in readings.mig_devices]
     return doc
+
+
+def _mig_device_json(device: MigDevice) -> dict[str, Any]:
+    return {
+        "uuid": device.uuid,
+        "gpu_instance_id": device.gpu_instance_id,
+        "compute_instance_id": device.compute_instance_id,
+    }
 
 
 def _process_json(process: GpuProcess) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Protocol
 
-from gpuagent.attribution.owners import DeviceOwner
+from gpuagent.attribution.owners import DeviceOwner, device_on_gpu
 from gpuagent.config import Config
 from gpuagent.model import GpuState, NodeHealth, Severity, Workload
 from gpuagent.supervisor import SourceTracker
@@ -105,9 +105,11 @@ class AttributionSource:
         workloads: list[Workload] = []
         if self._config.kubernetes:
             uuid = gpu.identity.uuid
+            # Read on the slow cadence; none known while the GPU is not read.
+            migs = {m.uuid for m in gpu.readings.mig_devices} if gpu.readings else set()
             for device, owners in by_device.items():
-                if device == uuid or _mig_parent(device) == uuid:
-                    mig = device if device != uuid else ""
+                mig = device_on_gpu(device, uuid, migs)
+                if mig is not None:
                     workloads.extend(
                         Workload(
                             pod=o.pod, namespace=o.namespace, container=o.container, device=mig
@@ -129,14 +131,6 @@ class AttributionSource:
         if before is not None and pids - before:
             # A new process: likely a new pod's; ask now rather than up to an interval later.
             self._wake.set()
-
-
-def _mig_parent(device: str) -> str | None:
-    """The GPU UUID inside an old-style MIG device ID ("MIG-GPU-<uuid>/<gi>/<ci>", drivers
-    before 470); None for today's "MIG-<uuid>", which does not name its GPU."""
-    if device.startswith("MIG-GPU-"):
-        return device.removeprefix("MIG-").split("/", 1)[0]
-    return None
 
 
 def _job_order(job: str) -> tuple[int, str]:

@@ -3,9 +3,9 @@
 Runs on the GPU's worker thread (blocking), every call through `CallWorker.call`. Calls
 per poll are kept low: most counters come in one `nvmlDeviceGetFieldValues` batch, and
 values that rarely change (persistence, MIG/ECC mode, PCIe link state, memory clock, and
-the GPU instances while MIG is on) are read on the slower cadence and carried between
-slow reads. On GPUs with GPM, profiling values (`gpuagent.nvml.gpm`) cost one sample and
-one metrics call per GPU (and MIG GPU instance) per poll.
+the GPU instances and MIG devices while MIG is on) are read on the slower cadence and
+carried between slow reads. On GPUs with GPM, profiling values (`gpuagent.nvml.gpm`) cost
+one sample and one metrics call per GPU (and MIG GPU instance) per poll.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import pynvml
 
-from gpuagent.model import GpuIdentity, GpuProcess, GpuProfiling, GpuReadings
+from gpuagent.model import GpuIdentity, GpuProcess, GpuProfiling, GpuReadings, MigDevice
 from gpuagent.nvml.errors import GpuLostError, optional, required, text
 from gpuagent.nvml.gpm import GpmSampler, GpuInstance
 from gpuagent.nvml.worker import CallWorker
@@ -418,6 +418,8 @@ class Device:
         )
         slow.update(self._read_fabric())
         slow["mig_instances"] = self._read_mig_instances() if slow["mig_mode_current"] else None
+        # Only GPUs in MIG mode are asked: a whole GPU costs no call for this.
+        slow["mig_devices"] = self._read_mig_devices() if slow["mig_mode_current"] else ()
         if not self._power_field_supported:
             limit = self._get(
                 "nvmlDeviceGetEnforcedPowerLimit", pynvml.nvmlDeviceGetEnforcedPowerLimit
@@ -478,6 +480,42 @@ class Device:
                 instances += self._instance_ids(profile.name, slots[: int(count.value)])
         self._gpu_instances = tuple(sorted(instances))
         return tuple(sorted(names))
+
+    def _read_mig_devices(self) -> tuple[MigDevice, ...]:
+        """Every MIG device, by slot: what a "MIG-<uuid>" device plugin ID is matched to.
+
+        Slots are not filled in order (destroying an instance empties its slot), so each
+        one up to the maximum is asked; an empty one answers NotFound.
+        """
+        count = self._get("nvmlDeviceGetMaxMigDeviceCount", pynvml.nvmlDeviceGetMaxMigDeviceCount)
+        found = []
+        for slot in range(count or 0):
+            handle = self._get(
+                "nvmlDeviceGetMigDeviceHandleByIndex",
+                pynvml.nvmlDeviceGetMigDeviceHandleByIndex,
+                slot,
+            )
+            device = None if handle is None else self._mig_device(handle)
+            if device is not None:
+                found.append(device)
+        return tuple(found)
+
+    def _mig_device(self, handle: Any) -> MigDevice | None:
+        """One MIG device's UUID and instance ids; None unless all three answer."""
+        uuid = text(self._get_on(handle, "nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID))
+        gpu_instance = self._get_on(
+            handle, "nvmlDeviceGetGpuInstanceId", pynvml.nvmlDeviceGetGpuInstanceId
+        )
+        compute_instance = self._get_on(
+            handle, "nvmlDeviceGetComputeInstanceId", pynvml.nvmlDeviceGetComputeInstanceId
+        )
+        if not uuid or gpu_instance is None or compute_instance is None:
+            return None
+        return MigDevice(uuid, int(gpu_instance), int(compute_instance))
+
+    def _get_on(self, handle: Any, call: str, fn: Callable[..., Any]) -> Any:
+        """A call on another handle of this GPU (a MIG device's), through its worker."""
+        return self.worker.call(call, optional, call, fn, handle)
 
     def _instance_ids(self, profile: str, handles: list[Any]) -> list[GpuInstance]:
         """(GPU instance id, profile) of each instance handle that answers."""

@@ -88,7 +88,7 @@ def supports_gpm(profile: GpuProfile) -> bool:
 
 def instance_id(gpu: SimGpu, instance: SimGpuInstance) -> int:
     """The GPU instance id NVML reports: 1, 2, ... in creation order (see module doc)."""
-    return gpu.mig_instances.index(instance) + 1
+    return gpu.gpu_instance_id(instance)
 
 
 @dataclass(slots=True)

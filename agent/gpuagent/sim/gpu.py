@@ -9,7 +9,7 @@ Callers hold the node lock.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pynvml
 
@@ -56,10 +56,12 @@ class SimProcess:
 
 @dataclass(slots=True)
 class SimGpuInstance:
-    """A MIG GPU instance; NVML hands out a pointer to ``handle``."""
+    """A MIG GPU instance; NVML hands out a pointer to ``handle``, and a pointer to
+    ``device`` for the MIG device of its one compute instance."""
 
     profile: MigProfile
     handle: pynvml.struct_c_nvmlGpuInstance_t
+    device: pynvml.struct_c_nvmlDevice_t = field(default_factory=pynvml.struct_c_nvmlDevice_t)
 
 
 def make_instances(profile: GpuProfile, names: tuple[str, ...]) -> list[SimGpuInstance]:
@@ -168,6 +170,19 @@ class SimGpu:
     def remapped_rows_supported(self) -> bool:
         profile = self.profile
         return profile.row_remapping and (profile.row_remapping_under_mig or not self.mig_mode)
+
+    def mig_device_count(self) -> int:
+        """nvmlDeviceGetMaxMigDeviceCount: as many MIG devices as the smallest profile's
+        instances fit (7 on an A100 or H100)."""
+        return max((p.max_instances for p in self.profile.mig_profiles), default=0)
+
+    def gpu_instance_id(self, instance: SimGpuInstance) -> int:
+        """The GPU instance id NVML reports: 1, 2, ... in creation order."""
+        return self.mig_instances.index(instance) + 1
+
+    def mig_device_uuid(self, instance: SimGpuInstance) -> bytes:
+        gi = self.gpu_instance_id(instance)
+        return hardware.mig_device_uuid(self.board.uuid, gi, hardware.COMPUTE_INSTANCE_ID).encode()
 
     def retired_pages_supported(self) -> bool:
         # Page retirement needs ECC on, as nvidia-smi's N/A with ECC off shows.

@@ -20,6 +20,11 @@ NVSWITCH_BUSES = (0x05, 0x06, 0x07, 0x08)
 
 ENCODER_SAMPLING_PERIOD_US = 167_000
 NO_INSTANCE_ID = 0xFFFFFFFF  # gpuInstanceId/computeInstanceId when MIG is off
+# Each GPU instance has one compute instance spanning it (`nvidia-smi mig -cgi ... -C`),
+# and the first compute instance of a GPU instance gets id 0.
+COMPUTE_INSTANCE_ID = 0
+# Namespace of the MIG device UUIDs (uuid5 of the GPU's UUID and the instance ids).
+_MIG_UUID_NAMESPACE = uuid.UUID("6f1c3e2a-8d4b-5a7e-9c0f-1b2d3e4f5a6b")
 
 # How the simulated readings drift: slow sine waves, one phase per GPU.
 LOAD_PERIOD_SECONDS = 600.0
@@ -61,3 +66,11 @@ def make_identity(seed: int, index: int, bus: int, device: int = 0) -> BoardIden
         temperature_offset=rng.uniform(0.0, 3.0),
         initial_energy_mj=rng.randrange(10**9, 5 * 10**10),
     )
+
+
+def mig_device_uuid(gpu_uuid: str, gpu_instance_id: int, compute_instance_id: int) -> str:
+    """A MIG device's UUID ("MIG-<uuid>"): the same for the same GPU and instance ids in
+    every run, and distinct between GPUs and instances. Like the driver's, it does not
+    show its GPU's UUID."""
+    name = f"{gpu_uuid}/{gpu_instance_id}/{compute_instance_id}"
+    return f"MIG-{uuid.uuid5(_MIG_UUID_NAMESPACE, name)}"

@@ -19,10 +19,12 @@ from gpuagent.sim import codes, hardware
 from gpuagent.sim.events import EventSet, supported_event_types
 from gpuagent.sim.fields import fill_field_values
 from gpuagent.sim.gpm import GpmDriver
-from gpuagent.sim.gpu import SimGpu
+from gpuagent.sim.gpu import SimGpu, SimGpuInstance
 from gpuagent.sim.state import NodeState
 
 Entry = Callable[..., Any]
+# A device function's answer for a MIG device handle: (parent GPU, its instance, now, args).
+MigEntry = Callable[..., int]
 _ERROR_STRINGS: dict[int, bytes] = {
     code: text.encode()
     for code, text in pynvml.NVMLError._errcode_to_string.items()  # noqa: SLF001
@@ -77,8 +79,9 @@ class SimulatedLibrary:
             self._install(name, self._system_entry(name, impl, needs_init=True))
         for name, impl in self._before_init_functions().items():
             self._install(name, self._system_entry(name, impl, needs_init=False))
+        mig_functions = _mig_device_functions()
         for name, device_impl in self._device_functions().items():
-            self._install(name, self._device_entry(name, device_impl))
+            self._install(name, self._device_entry(name, device_impl, mig_functions.get(name)))
         # GPM (Hopper and later, R520+ drivers): samples and metrics, see sim/gpm.py.
         self.gpm = GpmDriver(state)
         for name, impl in self.gpm.system_functions().items():
@@ -110,7 +113,7 @@ class SimulatedLibrary:
 
         return entry
 
-    def _device_entry(self, name: str, impl: Entry) -> Entry:
+    def _device_entry(self, name: str, impl: Entry, mig_impl: MigEntry | None = None) -> Entry:
         state = self._state
         counts = state.counts
         per_device = state.per_device
@@ -124,13 +127,23 @@ class SimulatedLibrary:
                 if state.init_count == 0:
                     return codes.ERROR_UNINITIALIZED
                 gpu = state.gpu_for_handle(handle)
+                instance: SimGpuInstance | None = None
                 if gpu is None:
-                    return codes.ERROR_INVALID_ARGUMENT
+                    found = state.mig_for_handle(handle)
+                    if found is None:
+                        return codes.ERROR_INVALID_ARGUMENT
+                    gpu, instance = found
                 per_device[gpu.index] += 1
+                # A MIG device is part of its GPU: a hung or lost GPU takes it along.
                 if gpu.lost or gpu.hang_until > now:
                     code, now = state.gate(gpu, now)
                     if code != codes.SUCCESS:
                         return code
+                if instance is not None:
+                    # Most queries have no per-MIG-device answer: a driver refuses them.
+                    if mig_impl is None:
+                        return codes.ERROR_NOT_SUPPORTED
+                    return mig_impl(gpu, instance, now, *args)
                 result: int = impl(gpu, now, *args)
                 return result
 
@@ -328,6 +341,11 @@ class SimulatedLibrary:
             ),
             "nvmlDeviceGetGpuInstanceProfileInfoV": _gpu_instance_profile_info,
             "nvmlDeviceGetGpuInstances": _gpu_instances,
+            "nvmlDeviceGetMaxMigDeviceCount": _max_mig_device_count,
+            "nvmlDeviceGetMigDeviceHandleByIndex": _mig_device_handle,
+            # Only MIG device handles have instance ids (see _mig_device_functions).
+            "nvmlDeviceGetGpuInstanceId": _not_a_mig_device,
+            "nvmlDeviceGetComputeInstanceId": _not_a_mig_device,
             "nvmlDeviceGetInforomImageVersion": lambda g, _n, buf, size: _put_string(
                 buf, size, g.profile.inforom_version.encode()
             ),
@@ -613,6 +631,50 @@ def _gpu_instances(gpu: SimGpu, _now: float, profile_id: Any, instances: Any, co
     for slot, instance in enumerate(found):
         instances[slot] = ctypes.pointer(instance.handle)
     _out(count).value = len(found)
+    return codes.SUCCESS
+
+
+def _max_mig_device_count(gpu: SimGpu, _now: float, out: Any) -> int:
+    if not gpu.mig_mode:
+        return codes.ERROR_NOT_SUPPORTED  # no MIG on this model, or MIG mode off
+    _out(out).value = gpu.mig_device_count()
+    return codes.SUCCESS
+
+
+def _mig_device_handle(gpu: SimGpu, _now: float, index: Any, out: Any) -> int:
+    if not gpu.mig_mode:
+        return codes.ERROR_NOT_SUPPORTED
+    which = _int(index)
+    if not 0 <= which < gpu.mig_device_count():
+        return codes.ERROR_INVALID_ARGUMENT
+    if which >= len(gpu.mig_instances):
+        return codes.ERROR_NOT_FOUND  # an empty slot: no compute instance there
+    _out(out).contents = gpu.mig_instances[which].device
+    return codes.SUCCESS
+
+
+def _not_a_mig_device(_gpu: SimGpu, _now: float, _out_id: Any) -> int:
+    return codes.ERROR_NOT_SUPPORTED
+
+
+def _mig_device_functions() -> dict[str, MigEntry]:
+    """What a MIG device handle answers; every other device function refuses it."""
+    return {
+        "nvmlDeviceGetUUID": lambda g, i, _n, buf, size: _put_string(
+            buf, size, g.mig_device_uuid(i)
+        ),
+        "nvmlDeviceGetGpuInstanceId": _mig_gpu_instance_id,
+        "nvmlDeviceGetComputeInstanceId": _mig_compute_instance_id,
+    }
+
+
+def _mig_gpu_instance_id(gpu: SimGpu, instance: SimGpuInstance, _now: float, out: Any) -> int:
+    _out(out).value = gpu.gpu_instance_id(instance)
+    return codes.SUCCESS
+
+
+def _mig_compute_instance_id(_gpu: SimGpu, _instance: SimGpuInstance, _now: float, out: Any) -> int:
+    _out(out).value = hardware.COMPUTE_INSTANCE_ID
     return codes.SUCCESS
 
 

@@ -19,7 +19,7 @@ from gpuagent.model import IbDevice
 from gpuagent.sim import codes, hardware
 from gpuagent.sim.events import EventSet
 from gpuagent.sim.faults import KINDS, ParamValue
-from gpuagent.sim.gpu import SimGpu
+from gpuagent.sim.gpu import SimGpu, SimGpuInstance
 from gpuagent.sim.infiniband import device as hca_device
 from gpuagent.sim.infiniband import write_sysfs
 from gpuagent.sim.proctable import write_process_table
@@ -143,6 +143,19 @@ class NodeState:
             return self.by_address.get(ctypes.addressof(handle.contents))
         except (AttributeError, TypeError, ValueError):  # not a device handle, or NULL
             return None
+
+    def mig_for_handle(self, handle: Any) -> tuple[SimGpu, SimGpuInstance] | None:
+        """The GPU and GPU instance of a MIG device handle; None for any other pointer,
+        or for a MIG device whose instance has since been destroyed (a stale handle)."""
+        try:
+            address = ctypes.addressof(handle.contents)
+        except (AttributeError, TypeError, ValueError):
+            return None
+        for gpu in self.gpus:
+            for instance in gpu.mig_instances:
+                if ctypes.addressof(instance.device) == address:
+                    return gpu, instance
+        return None
 
     def gate(self, gpu: SimGpu, now: float) -> tuple[int, float]:
         """Return code and time after honouring the GPU's fault state: hang, then lost."""
