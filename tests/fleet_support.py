@@ -119,13 +119,17 @@ class LivePage:
 
 
 @asynccontextmanager
-async def live_page(browser: str, url: str, home: Path) -> AsyncIterator[LivePage]:
+async def devtools_page(
+    browser: str, url: str, home: Path, *extra_args: str
+) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
+    """Headless Chromium on ``url``: the DevTools socket of its one page."""
     profile = home / "chromium-profile"
     process = await asyncio.create_subprocess_exec(
         browser,
         "--headless=new",
         "--no-sandbox",
         "--disable-gpu",
+        *extra_args,
         "--remote-debugging-port=0",
         f"--user-data-dir={profile}",
         url,
@@ -143,10 +147,16 @@ async def live_page(browser: str, url: str, home: Path) -> AsyncIterator[LivePag
                 targets = await response.json()
             (page,) = [t for t in targets if t["type"] == "page"]
             async with session.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0) as ws:
-                yield LivePage(ws)
+                yield ws
     finally:
         process.terminate()
         await process.wait()
+
+
+@asynccontextmanager
+async def live_page(browser: str, url: str, home: Path) -> AsyncIterator[LivePage]:
+    async with devtools_page(browser, url, home) as ws:
+        yield LivePage(ws)
 
 
 def xid_records(first_seq: int, count: int, bus: str) -> list[str]:

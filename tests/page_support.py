@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 
-from fleet_support import until
+from fleet_support import devtools_page
 
 REPO = Path(__file__).resolve().parent.parent
 SCREENSHOTS = Path(
@@ -86,38 +86,12 @@ class Browser:
 
 @asynccontextmanager
 async def browser(executable: str, home: Path) -> AsyncIterator[Browser]:
-    profile = home / "chromium-profile"
-    process = await asyncio.create_subprocess_exec(
-        executable,
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--hide-scrollbars",
-        "--window-size=1280,900",
-        "--remote-debugging-port=0",
-        f"--user-data-dir={profile}",
-        "about:blank",
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-        env={**os.environ, "HOME": str(home)},
-    )
-    try:
-        # Chromium writes the port it chose, then a newline and the browser's own path.
-        active = profile / "DevToolsActivePort"
-        await until(lambda: "\n" in (active.read_text() if active.exists() else ""), 30)
-        port = int(active.read_text().split()[0])
-        async with aiohttp.ClientSession() as session:
-            async with session.get(f"http://127.0.0.1:{port}/json/list") as response:
-                targets = await response.json()
-            page = next(t for t in targets if t["type"] == "page")
-            async with session.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0) as ws:
-                tab = Browser(ws)
-                await tab.call("Page.enable")
-                await tab.viewport(1280, 900)
-                yield tab
-    finally:
-        process.terminate()
-        await process.wait()
+    window = ("--hide-scrollbars", "--window-size=1280,900")
+    async with devtools_page(executable, "about:blank", home, *window) as ws:
+        tab = Browser(ws)
+        await tab.call("Page.enable")
+        await tab.viewport(1280, 900)
+        yield tab
 
 
 def elapsed_ms(start: float) -> float:
