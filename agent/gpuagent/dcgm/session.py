@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from gpuagent.dcgm.bindings import DcgmBindings
+from gpuagent.jobthread import Job, serve_jobs
 
 T = TypeVar("T")
 
@@ -36,12 +37,12 @@ class DcgmWorkerClosedError(Exception):
 
 class DcgmWorker:
     def __init__(self, name: str = "dcgm") -> None:
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], object], Future[object]] | None] = (
-            queue.SimpleQueue()
-        )
+        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._closed = False
         self._stuck = False
-        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread = threading.Thread(
+            target=serve_jobs, args=(self._jobs,), name=name, daemon=True
+        )
         self._thread.start()
 
     @property
@@ -69,16 +70,6 @@ class DcgmWorker:
         if not self._closed:
             self._closed = True
             self._jobs.put(None)
-
-    def _serve(self) -> None:
-        while (item := self._jobs.get()) is not None:
-            job, future = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(job())
-            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting side
-                future.set_exception(exc)
 
 
 @dataclass(frozen=True, slots=True)

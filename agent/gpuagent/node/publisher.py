@@ -93,7 +93,7 @@ class DcgmView(Protocol):
     def source_status(self) -> SourceStatus | None: ...
 
 
-class KubernetesView(Protocol):
+class KubernetesWatchView(Protocol):
     """The Kubernetes GPU stack watch as publishing sees it."""
 
     @property
@@ -164,7 +164,7 @@ class SnapshotPublisher:
         self.reporter: SnapshotSink | None = None  # set at startup, when MQTT is on
         self.metrics: MetricsServer | None = None  # set at startup
         self.dcgm: DcgmView | None = None  # set when sources.dcgm is enabled
-        self.kubernetes: KubernetesView | None = None  # set when checks.kubernetes applies
+        self.kubernetes: KubernetesWatchView | None = None  # set when checks.kubernetes applies
         self.attribution: AttributionView | None = None  # set when attribution is on
         attribution = config.attribution
         # dcgm-exporter's names: --kubernetes's pod/namespace/container, HPC jobs' hpc_job.

@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from typing import TypeVar
 
+from gpuagent.jobthread import Job, serve_jobs
 from gpuagent.nvml.errors import NvmlUnavailableError
 
 T = TypeVar("T")
@@ -67,9 +68,7 @@ _draining = 0
 class CallWorker:
     def __init__(self, name: str) -> None:
         self.name = name
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], object], Future[object]] | None] = (
-            queue.SimpleQueue()
-        )
+        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._call: _Call | None = None  # written by the worker thread only, under `_gate`
         self._abandoned: Future[object] | None = None  # a job whose waiter timed out
         self._lock = threading.Lock()
@@ -204,14 +203,7 @@ class CallWorker:
 
     def _serve(self) -> None:
         try:
-            while (item := self._jobs.get()) is not None:
-                job, future = item
-                if not future.set_running_or_notify_cancel():
-                    continue
-                try:
-                    future.set_result(job())
-                except BaseException as exc:  # noqa: BLE001 - handed to the awaiting side
-                    future.set_exception(exc)
+            serve_jobs(self._jobs)
         finally:
             self._exited.set_result(None)
 

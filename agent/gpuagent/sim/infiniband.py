@@ -15,6 +15,7 @@ from typing import Literal
 
 from gpuagent.model import IbDevice, IbPort
 from gpuagent.sim.files import replace_text
+from gpuagent.sources.infiniband import WORD_COUNTERS
 
 LinkLayer = Literal["InfiniBand", "Ethernet"]
 
@@ -94,8 +95,6 @@ def device(index: int, hca: SimHca, rate_gbps: float, link_layer: LinkLayer) -> 
 
 # The speed names the kernel prints after a 4X link's rate (a link down prints 1X SDR).
 _SPEEDS = {100.0: "4X EDR", 200.0: "4X HDR", 400.0: "4X NDR", 800.0: "4X XDR"}
-# The counters the specification keeps in 4-octet words (IbPort holds bytes).
-_WORD_COUNTERS = frozenset({"port_rcv_data", "port_xmit_data"})
 
 
 def write_sysfs(sys_root: Path, devices: Iterable[IbDevice]) -> None:
@@ -132,7 +131,8 @@ def _write_port(directory: Path, port: IbPort) -> None:
     ):
         replace_text(directory / file, f"{text}\n")
     for name, value in port.counters:
-        words = value // 4 if name in _WORD_COUNTERS else value
+        # sysfs keeps these in 4-octet words; IbPort holds bytes.
+        words = value // 4 if name in WORD_COUNTERS else value
         replace_text(directory / "counters" / name, f"{words}\n")
     for name, value in port.hw_counters:
         replace_text(directory / "hw_counters" / name, f"{value}\n")

@@ -17,7 +17,7 @@ from gpuagent.model import IbDevice, IbPort
 _STATE_RE = re.compile(r"^\s*(\d+)\s*:\s*(\S.*?)\s*$")
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec")
 # Counters the InfiniBand specification counts in 4-octet words; kept in bytes.
-_WORD_COUNTERS = frozenset({"port_rcv_data", "port_xmit_data"})
+WORD_COUNTERS = frozenset({"port_rcv_data", "port_xmit_data"})
 # hw_counters/lifespan is how long (ms) the driver caches the counters: a setting.
 _NOT_COUNTERS = frozenset({"lifespan"})
 
@@ -97,7 +97,7 @@ def _counters(directory: Path) -> tuple[tuple[str, int], ...]:
         if path.name in _NOT_COUNTERS or text is None or not text.isdigit():
             continue
         value = int(text)
-        found.append((path.name, value * 4 if path.name in _WORD_COUNTERS else value))
+        found.append((path.name, value * 4 if path.name in WORD_COUNTERS else value))
     return tuple(found)
 
 
