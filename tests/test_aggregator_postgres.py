@@ -121,7 +121,7 @@ def postgres() -> Iterator[Postgres]:
     ctl(str(pg_ctl), "-D", str(data), "-l", str(root / "log"), "-o", options, "-w", "start")
     try:
         server = Postgres(root, port)
-        schema = resources.files("gpuagent.aggregator").joinpath("schema.sql").read_text()
+        schema = resources.files("gpuagent.aggregator").joinpath("sql/0001_fleet.sql").read_text()
         server.run(schema + schema)  # IF NOT EXISTS: a restart applies it again
         yield server
     finally:

@@ -10,6 +10,7 @@ from pathlib import Path
 import aggregator_support as msg
 from gpuagent.aggregator.records import from_online_state
 from gpuagent.aggregator.store import CordonRow, FleetStore
+from gpuagent.config import CordonBudgetSection
 from gpuagent.fleet import schema
 
 
@@ -18,7 +19,7 @@ def store(tmp_path: Path, **kwargs: float) -> FleetStore:
         tmp_path / "db" / "fleet.sqlite",
         retention_seconds=kwargs.get("retention", 3600.0),
         max_events=int(kwargs.get("max_events", 1000)),
-        budget_window_seconds=kwargs.get("window", 0.0),
+        budget=CordonBudgetSection(window_seconds=kwargs.get("window", 3600.0)),
     )
 
 
@@ -109,7 +110,7 @@ async def test_cordon_rows_read_back_newest_first(tmp_path: Path) -> None:
 def test_the_schema_uses_only_portable_types() -> None:
     """SQLite accepts any type name; PostgreSQL does not. Hold the schema to the types both
     understand, so it can move to PostgreSQL unchanged."""
-    text = resources.files("gpuagent.aggregator").joinpath("schema.sql").read_text()
+    text = resources.files("gpuagent.aggregator").joinpath("sql/0001_fleet.sql").read_text()
     body = "\n".join(line.split("--")[0] for line in text.splitlines())
     columns = re.findall(r"^\s+(\w+) ([A-Z ]+?)(?:\(\d+\))?(?: NOT NULL)?,?$", body, re.MULTILINE)
     assert len(columns) > 20

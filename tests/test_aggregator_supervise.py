@@ -196,8 +196,8 @@ async def test_a_batch_the_database_refuses_stays_queued_and_unacknowledged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = await _store(tmp_path)
-    flaky = FlakyConnection(store._conn())
-    store._db = flaky  # type: ignore[assignment]
+    flaky = FlakyConnection(store.database._db)  # type: ignore[attr-defined]
+    store.database._db = flaky  # type: ignore[attr-defined]
     acked: list[str] = []
     first = msg.event("n1", "n1:boot:1")
     store.queue_event(first, schema.encode(first).decode())

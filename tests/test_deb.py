@@ -124,10 +124,20 @@ sys.exit(0 if result.ok and result.changed else 1)
 """
 
 
+# psycopg with its C implementation (psycopg-c, built against Debian's libpq) and the pool.
+PSYCOPG = """
+import psycopg, psycopg_pool
+assert psycopg.pq.__impl__ == "c", psycopg.pq.__impl__
+assert psycopg.pq.version() > 0
+"""
+
+
 def _check_optional_dependencies(tmp_path: Path) -> None:
     """The private virtualenv has what the optional features need: the systemd bindings
-    (journal fields) and a Kubernetes client that cordons through a kubeconfig."""
+    (journal fields), psycopg's C implementation and pool (the aggregator's PostgreSQL
+    store), and a Kubernetes client that cordons through a kubeconfig."""
     _run(VENV_PYTHON, "-I", "-c", "import systemd.journal")
+    _run(VENV_PYTHON, "-I", "-c", PSYCOPG)
     with serve(FakeApiServer(make_node())) as fake:
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", fake)
         _run(VENV_PYTHON, "-I", "-c", CORDON, NODE, str(kubeconfig))

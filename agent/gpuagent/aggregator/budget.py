@@ -35,6 +35,9 @@ class CordonBudget:
         """Take back an approval given before a restart (from the store)."""
         self._approved.setdefault(cluster, {})[node] = approved_at
 
+    def clear(self) -> None:
+        self._approved.clear()
+
     def release(self, cluster: str, node: str) -> None:
         self._approved.get(cluster, {}).pop(node, None)
 

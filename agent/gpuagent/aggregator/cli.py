@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from gpuagent import __version__
+from gpuagent.aggregator.database import describe
 from gpuagent.config import AggregatorSection, ConfigError, load_config
 
 DEFAULT_CONFIG = Path("/etc/gpuagent/aggregator.toml")
@@ -47,6 +48,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # The store writes on a thread; hand the GIL back to the event loop quickly, so
     # message handling does not queue behind a batch of inserts (default: 5 ms).
     sys.setswitchinterval(0.0005)
+    from gpuagent.aggregator.store import StoreOpenError  # noqa: PLC0415
     from gpuagent.aggregator.supervise import TaskFailedError  # noqa: PLC0415
 
     try:
@@ -55,6 +57,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         _fail(f"stopping: {exc}")
     except ConfigError as exc:  # a file the configuration names cannot be read
         _fail(str(exc), 2)
+    except StoreOpenError as exc:  # the database is unreachable, or its schema too new
+        _fail(str(exc))
     except OSError as exc:  # e.g. the listen address is taken, the database unwritable
         _fail(str(exc))
     return 0
@@ -65,7 +69,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     broker = config.broker
     print(  # noqa: T201 - a CLI
         f"{args.file}: valid (listen {config.listen}, broker {broker.host}:{broker.port}, "
-        f"database {config.database})"
+        f"database {describe(config.database)})"
     )
     return 0
 

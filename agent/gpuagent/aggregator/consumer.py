@@ -14,6 +14,7 @@ node's spool, and sent again.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import socket
@@ -77,6 +78,9 @@ class Consumer:
     ) -> None:
         self.connection = config.broker
         self.share_group = config.share_group
+        # With a shared database every aggregator decides cordon requests (in the
+        # database); with SQLite only the arbiter, whose budget it is.
+        self.shared_database = store.shared
         self.arbiter = config.cordon_budget.arbiter
         self.command_expiry = config.command_expiry_seconds
         self.handler = handler
@@ -129,16 +133,18 @@ class Consumer:
 
     def subscriptions(self) -> tuple[list[str], list[str]]:
         """(what to subscribe to, what not to hold). Every node channel, shared in the share
-        group, except ``actions``: cordon requests travel there beside action records, and
-        only one aggregator may decide them, since the budget lives in its memory. The
-        arbiter takes every node's ``actions`` outside the share group; the others none."""
+        group. With SQLite, ``actions`` is the exception: cordon requests travel there beside
+        action records, and only one aggregator may decide them, since the budget is in its
+        database. The arbiter takes every node's ``actions`` outside the share group; the
+        others none. With a shared database any aggregator decides, and ``actions`` is
+        shared like the rest."""
         prefix = self.connection.topic_prefix
         wanted = [
             subscription(prefix, channel, self.share_group)
             for channel in NODE_CHANNELS
-            if channel != "actions"
+            if channel != "actions" or self.shared_database
         ]
-        if self.arbiter:
+        if self.arbiter and not self.shared_database:
             wanted.append(subscription(prefix, "actions"))
         actions = {subscription(prefix, "actions", group) for group in (self.share_group, "")}
         return wanted, sorted(actions - set(wanted))
@@ -168,12 +174,13 @@ class Consumer:
                     asyncio.get_running_loop().call_soon(self._send_acks)
                 self._acks.setdefault(out.topic, []).append(out.acknowledges)
                 continue
-            if out.record is not None and self.store.refused(out.record):
+            body = out.body()
+            if body is None or (out.record is not None and self.store.refused(out.record)):
                 # Unstored, an approval would be forgotten by a restart; the node's request
                 # times out instead, and it asks again.
                 log.error("MQTT: not sending to %s: its record could not be stored", out.topic)
                 continue
-            self._spawn(out)
+            self._spawn(dataclasses.replace(out, payload=body, deferred=None))
 
     def _send_acks(self) -> None:
         """One acknowledgement per node of this commit, at QoS 0 and straight through paho

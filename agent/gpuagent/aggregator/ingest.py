@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gpuagent.aggregator.budget import CordonBudget
+from gpuagent.aggregator import decisions
+from gpuagent.aggregator.budget import BudgetDecision, CordonBudget
 from gpuagent.aggregator.records import from_online_state, with_offline
 from gpuagent.aggregator.state import FleetState
 from gpuagent.aggregator.store import CordonRow, FleetStore, row_key
@@ -51,6 +52,19 @@ class Outgoing:
     # Instead of a payload: the id of a spooled message to acknowledge to the node on
     # ``topic``; the consumer sends a node's acknowledgements of one commit together.
     acknowledges: str | None = None
+    # A cordon request decided in the shared database: its decision is only known once
+    # the batch is written; the payload is empty until then, and stays empty if the
+    # decision could not be stored.
+    deferred: Deferred | None = None
+
+    def body(self) -> bytes | None:
+        """What to send: the payload, or a deferred decision's (None: nothing)."""
+        return self.payload if self.deferred is None else self.deferred.payload
+
+
+@dataclass
+class Deferred:
+    payload: bytes | None = None
 
 
 class Ingest:
@@ -142,10 +156,16 @@ class Ingest:
             self.state.add_reply(message["cluster"], message["node"], message)
             self.store.queue_reply(message, raw)
         elif kind == "cordon_request":
-            if self.budget.config.arbiter:
-                return [self._cordon(message, key)]
-            self._not_arbiter(topic)
+            return self._cordon_request(topic, message, key)
         return self._ack(message)
+
+    def _cordon_request(self, topic: str, message: dict[str, Any], key: str) -> list[Outgoing]:
+        if self.store.shared:
+            return [self._cordon_in_database(message, key)]
+        if self.budget.config.arbiter:
+            return [self._cordon(message, key)]
+        self._not_arbiter(topic)
+        return []
 
     def _ack(self, message: dict[str, Any]) -> list[Outgoing]:
         """The node keeps a spooled message (an event, action record or reply) until we say
@@ -187,6 +207,7 @@ class Ingest:
         return NodeTopics(self.prefix, message["cluster"], message["node"]).topic("cmd")
 
     def _cordon(self, message: dict[str, Any], key: str) -> Outgoing:
+        """Decided here, from the budget in memory (SQLite: one aggregator decides)."""
         now = self.clock()
         cluster, node, action = message["cluster"], message["node"], message["action"]
         known = self.state.cluster_size(cluster) + (0 if (cluster, node) in self.state.nodes else 1)
@@ -202,12 +223,42 @@ class Ingest:
             retry_after_seconds=result.retry_after_seconds,
         )
         self.store.queue_cordon(row)
+        payload = self._decided(message, key, result)
+        return Outgoing(self._cmd_topic(message), payload, record=key)
+
+    def _cordon_in_database(self, message: dict[str, Any], key: str) -> Outgoing:
+        """Decided in the shared database with the next batch (`decisions`): any
+        aggregator may take the request, and all of them share one budget."""
+        request = decisions.CordonRequest(
+            key, message["cluster"], message["node"], message["action"], self.clock()
+        )
+        deferred = Deferred()
+
+        def decided() -> None:
+            done = request.decided
+            if done is None:
+                return  # refused by the database: the node asks again later
+            if done.decision == "approved":
+                # The budget in memory only feeds the metrics here; the database decides.
+                decisions.replay(
+                    self.budget, [(request.cluster, request.node, done.action, done.time)]
+                )
+            result = BudgetDecision(done.decision, done.reason, done.retry_after_seconds)
+            deferred.payload = self._decided(message, key, result)
+
+        self.store.queue_request(request)
+        self.store.after_write(decided)
+        return Outgoing(self._cmd_topic(message), b"", record=key, deferred=deferred)
+
+    def _decided(self, message: dict[str, Any], key: str, result: BudgetDecision) -> bytes:
+        """Count, audit and encode a decision; remember it to answer a re-sent request."""
+        cluster, node = message["cluster"], message["node"]
         self.state.counters.decisions[(cluster, result.decision)] += 1
         audit.info(
             "cordon decision: cluster=%s node=%s action=%s request=%s decision=%s reason=%s%s",
             cluster,
             node,
-            action,
+            message["action"],
             message["id"],
             result.decision,
             result.reason,
@@ -228,7 +279,7 @@ class Ingest:
         self._decisions[key] = payload
         if len(self._decisions) > _DECISIONS_KEPT:
             self._decisions.popitem(last=False)
-        return Outgoing(self._cmd_topic(message), payload, record=key)
+        return payload
 
 
 def _text(payload: bytes, message: dict[str, Any]) -> str:

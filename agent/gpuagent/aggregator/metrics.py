@@ -246,8 +246,10 @@ class FleetCollector(Collector):
             "Nodes that may still be cordoned in the current window, by cluster.",
             labels=["cluster"],
         )
-        # Only the arbiter's budget is the fleet's: the others have none to report.
-        for cluster in self.state.clusters() if self.budget.config.arbiter else ():
+        # With SQLite only the arbiter's budget is the fleet's: the others have none to
+        # report. A shared database's budget is every aggregator's (refreshed from it).
+        decides = self.store.shared or self.budget.config.arbiter
+        for cluster in self.state.clusters() if decides else ():
             left = self.budget.remaining(cluster, self.state.cluster_size(cluster), now)
             remaining.add_metric([cluster], float(left))
         yield remaining

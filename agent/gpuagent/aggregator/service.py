@@ -17,11 +17,14 @@ from aiohttp import web
 
 from gpuagent.aggregator.budget import CordonBudget
 from gpuagent.aggregator.consumer import Consumer
+from gpuagent.aggregator.database import describe
+from gpuagent.aggregator.decisions import replay
 from gpuagent.aggregator.http import Api, allowed_hosts, application
 from gpuagent.aggregator.httpguard import ConnectionGuard, GuardedSite
 from gpuagent.aggregator.ingest import Ingest
 from gpuagent.aggregator.metrics import FleetCollector, fleet_registry
 from gpuagent.aggregator.page import Links
+from gpuagent.aggregator.sharedview import SharedView
 from gpuagent.aggregator.state import FleetState
 from gpuagent.aggregator.store import FleetStore
 from gpuagent.aggregator.supervise import Supervisor, TaskFailedError
@@ -45,9 +48,20 @@ class Aggregator:
             config.database,
             retention_seconds=config.events_retention_seconds,
             max_events=config.max_events,
-            budget_window_seconds=config.cordon_budget.window_seconds,
+            budget=config.cordon_budget,
+            postgres=config.postgres,
         )
         self.budget = CordonBudget(config.cordon_budget)
+        # A shared database: the others' writes, read into this one's view.
+        self.view: SharedView | None = None
+        if self.store.shared:
+            self.view = SharedView(
+                self.state,
+                self.store,
+                self.budget,
+                interval=config.postgres.refresh_interval_seconds,
+                clock=clock,
+            )
         prefix = config.broker.topic_prefix
         self.ingest = Ingest(
             self.state,
@@ -100,11 +114,17 @@ class Aggregator:
         host, port = self.config.host_port
         await GuardedSite(self._runner, host, port, self.guard).start()
         log.info(
-            "aggregator: HTTP on %s, %d nodes from %s",
+            "aggregator: HTTP on %s, %d nodes from %s (schema version %d)",
             self.config.listen,
             len(self.state.nodes),
-            self.config.database,
+            describe(self.config.database),
+            self.store.schema_version,
         )
+        if self.store.shared and not self.config.cordon_budget.arbiter:
+            log.info(
+                "aggregator: cordon_budget.arbiter = false is ignored with a shared "
+                "database: every aggregator decides cordon requests in it"
+            )
         if not self.api.command_token:
             log.warning(
                 "aggregator: commands are disabled: no command token (%s); "
@@ -116,20 +136,18 @@ class Aggregator:
         self.supervisor.start("mqtt-consumer", self.consumer.run)
         self.supervisor.start("store-writer", lambda: self.store.run_writer(self._stop))
         self.supervisor.start("stale-sweep", self._sweep_stale)
+        if self.view is not None:
+            self.supervisor.start("shared-view", self.view.run)
 
     async def _restore(self) -> None:
+        if self.view is not None:
+            await self.view.start()
+            return
         for record in await self.store.load_nodes():
             self.state.put(record)
         # The budget must survive a restart, or a restart would reopen it.
         window = self.config.cordon_budget.window_seconds
-        rows = await self.store.cordons(since=self.clock() - window, limit=1_000_000)
-        for row in reversed(rows):  # oldest first
-            if row.decision != "approved":
-                continue
-            if row.action == "cordon":
-                self.budget.restore(row.cluster, row.node, row.time)
-            elif row.action == "uncordon":
-                self.budget.release(row.cluster, row.node)
+        replay(self.budget, await self.store.approvals(self.clock() - window))
 
     async def _sweep_stale(self) -> None:
         """Mark nodes stale (and back) in the database; memory computes it at read time."""

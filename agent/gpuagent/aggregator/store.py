@@ -1,12 +1,15 @@
-"""Fleet state in SQLite (WAL), written behind the in-memory state in batches.
+"""Fleet state in a database (SQLite, or PostgreSQL shared by several aggregators; see
+`database`), written behind the in-memory state in batches.
 
 Handling a message only queues rows; a writer task commits everything queued in one
 transaction every `FLUSH_INTERVAL_SECONDS`, so thousands of messages a second cost a few
 transactions, not thousands. A batch the database refuses is written again row by row,
 so a bad row loses only itself. The node table is coalesced (only a node's latest record
-is written). All SQLite work runs on one worker thread, off the event loop. Message keys
-(`row_key`) are primary keys, so a duplicate that slipped past the in-memory window is
-still stored once.
+is written), and a row is never replaced by an older report (another aggregator may have
+written a newer one). Writes run on one worker thread, off the event loop; with SQLite
+reads run there too, with PostgreSQL on threads of their own. Message keys (`row_key`)
+are primary keys, so a duplicate that slipped past the in-memory window, or went to
+another aggregator, is still stored once.
 """
 
 from __future__ import annotations
@@ -16,17 +19,18 @@ import contextlib
 import dataclasses
 import json
 import logging
-import sqlite3
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gpuagent.aggregator import decisions, migrations
+from gpuagent.aggregator.database import Session, database, describe
 from gpuagent.aggregator.records import NodeRecord, from_online_state
+from gpuagent.config.schema.aggregator import CordonBudgetSection, PostgresSection
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -50,6 +54,10 @@ ON CONFLICT (cluster, node) DO UPDATE SET
     last_seen = excluded.last_seen, agent_version = excluded.agent_version,
     fingerprint_id = excluded.fingerprint_id, stale = excluded.stale,
     document = excluded.document
+-- Never back to an older report, nor an offline node online again with the same one (a
+-- late copy); another aggregator may have written the newer one.
+WHERE excluded.last_seen > nodes.last_seen
+   OR (excluded.last_seen = nodes.last_seen AND (nodes.online OR NOT excluded.online))
 """
 _INSERT = {
     "events": "INSERT INTO events (id, cluster, node, time, category, body) "
@@ -78,6 +86,28 @@ _SELECT_NODES = (
     "SELECT cluster, node, online, health, reason, last_seen, agent_version, document FROM nodes"
 )
 _SELECT_BODIES = "SELECT body FROM {table}{where} ORDER BY time DESC LIMIT ?"
+_SELECT_APPROVALS = (
+    "SELECT cluster, node, action, time FROM cordons "
+    "WHERE time > ? AND decision = 'approved' ORDER BY time"
+)
+
+# PostgreSQL only (a shared database): what other aggregators wrote. `changed` is the id of
+# the transaction that last wrote a node row (migration 3); a row this aggregator has not
+# read yet was written by a transaction still running when it last looked, whose id is at
+# least that snapshot's xmin. The snapshot and the rows come from one statement, so they
+# agree.
+_SNAPSHOT = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text"
+_CHANGED_NODES = (
+    "SELECT s.xmin::text, n.cluster, n.node, n.online, n.last_seen, n.reason "
+    "FROM (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin) AS s "
+    "LEFT JOIN nodes AS n ON n.changed >= ?::xid8"
+)
+_NODES_BY_KEY = (
+    "SELECT cluster, node, online, health, reason, last_seen, agent_version, document FROM nodes "
+    "WHERE (cluster, node) IN (SELECT * FROM unnest(?::text[], ?::text[]))"
+)
+# Node rows read back per statement.
+_KEYS_PER_READ = 1000
 
 
 def row_key(cluster: str, node: str, message_id: str) -> str:
@@ -118,11 +148,13 @@ class _Pending:
     rows: dict[str, list[tuple[Any, ...]]] = field(
         default_factory=lambda: {table: [] for table in _INSERT}
     )
+    # Cordon requests, decided after the rows are committed (`FleetStore.queue_request`).
+    requests: list[decisions.CordonRequest] = field(default_factory=list)
     # Run once the rows above are committed or dropped (`FleetStore.after_write`).
     callbacks: list[Callable[[], None]] = field(default_factory=list)
 
     def __len__(self) -> int:
-        return len(self.nodes) + sum(len(r) for r in self.rows.values())
+        return len(self.nodes) + sum(len(r) for r in self.rows.values()) + len(self.requests)
 
     def then(self, later: _Pending) -> _Pending:
         """This batch (not written) followed by ``later``: ``later``'s node records are
@@ -130,6 +162,7 @@ class _Pending:
         merged = _Pending(nodes={**self.nodes, **later.nodes})
         for table in merged.rows:
             merged.rows[table] = self.rows[table] + later.rows[table]
+        merged.requests = self.requests + later.requests
         merged.callbacks = self.callbacks + later.callbacks
         return merged
 
@@ -171,23 +204,44 @@ class _Dropped:
         return f"{self.table}: {type(self.error).__name__}"
 
 
+class _ServerTroubleError(Exception):
+    """The database failed as a whole while writing a batch (carries its error)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class StoreOpenError(RuntimeError):
+    """The database could not be opened or brought to this aggregator's schema."""
+
+
 class FleetStore:
     def __init__(
         self,
-        path: Path,
+        location: str | Path,
         *,
         retention_seconds: float,
         max_events: int,
-        budget_window_seconds: float = 0.0,
+        budget: CordonBudgetSection | None = None,
+        postgres: PostgresSection | None = None,
     ) -> None:
-        self.path = path
+        self.location = location
+        self.database = database(location, postgres)
         # Every history table (events, actions, replies, commands, cordons) keeps this long;
         # events also at most max_events; cordon decisions at least the budget's window.
         self.retention_seconds = retention_seconds
         self.max_events = max_events
-        self.budget_window_seconds = budget_window_seconds
+        # Decisions made in the database (a shared one) follow this budget.
+        self.budget = budget or CordonBudgetSection()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleet-store")
-        self._db: sqlite3.Connection | None = None
+        # Reads (the API, the refresh of a shared view) do not wait behind a batch where
+        # the database takes more than one connection.
+        self._reads = self._executor
+        if self.database.shared:
+            readers = max(1, (postgres or PostgresSection()).pool_max_size - 1)
+            self._reads = ThreadPoolExecutor(readers, thread_name_prefix="fleet-store-read")
+        self._open_now = False
         self._pending = _Pending()
         # Batches whose single transaction failed, and rows then refused, by table.
         self.write_errors = 0
@@ -198,30 +252,41 @@ class FleetStore:
         self.prune_errors = 0
         # Whether the last write left its batch queued for another try.
         self.retrying = False
+        # The schema version of the database, once open.
+        self.schema_version = 0
         self._last_failure: dict[str, float] = {}
         self._logged_reasons: set[str] = set()
         # Keys of the rows most recently dropped, for `refused`.
         self._refused: OrderedDict[str, None] = OrderedDict()
 
-    # --- life cycle (all SQLite calls run on the store's one thread) ------------------
+    @property
+    def shared(self) -> bool:
+        """Whether other aggregators write this database too."""
+        return self.database.shared
+
+    # --- life cycle --------------------------------------------------------------------
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    def _conn(self) -> sqlite3.Connection:
-        if self._db is None:
+    async def _read(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._reads, fn, *args)
+
+    def _session(self) -> contextlib.AbstractContextManager[Session]:
+        if not self._open_now:
             raise RuntimeError("store is not open")
-        return self._db
+        return self.database.session()
 
     def _open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
-        # WAL with synchronous=NORMAL: a power cut can lose the last batches, never
-        # corrupt the file; node reports are re-sent every state interval anyway.
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.executescript(resources.files("gpuagent.aggregator").joinpath("schema.sql").read_text())
-        self._db = db
+        try:
+            self.database.open()
+            self._open_now = True
+            with self._session() as session:
+                self.schema_version = migrations.migrate(session, self.database.dialect)
+        except Exception as exc:
+            self._close()
+            where = describe(self.location)
+            raise StoreOpenError(f"cannot open the fleet database {where}: {exc}") from exc
 
     async def open(self) -> None:
         await self._call(self._open)
@@ -230,11 +295,11 @@ class FleetStore:
         await self.flush()
         await self._call(self._close)
         self._executor.shutdown(wait=True)
+        self._reads.shutdown(wait=True)
 
     def _close(self) -> None:
-        if self._db is not None:
-            self._db.close()
-            self._db = None
+        self._open_now = False
+        self.database.close()
 
     # --- queueing (event loop, no I/O) ---------------------------------------------------
 
@@ -289,6 +354,12 @@ class FleetStore:
             )
         )
 
+    def queue_request(self, request: decisions.CordonRequest) -> None:
+        """Decide ``request`` in the database with the next batch, after its rows (so the
+        node count includes nodes that just reported): ``request.decided`` is set before
+        the callbacks given after this one run."""
+        self._pending.requests.append(request)
+
     # --- writing --------------------------------------------------------------------------
 
     def after_write(self, callback: Callable[[], None]) -> None:
@@ -304,9 +375,9 @@ class FleetStore:
 
     async def flush(self) -> None:
         """Write what is queued, then run the callbacks given so far. If the database as a
-        whole failed (locked, I/O error, full disk; `retrying` is then true), the batch is
-        queued again, ahead of anything queued since, and its callbacks wait for the next
-        try."""
+        whole failed (locked, I/O error, full disk, connection lost; `retrying` is then
+        true), the batch is queued again, ahead of anything queued since, and its callbacks
+        wait for the next try."""
         if not self._pending and not self._pending.callbacks:
             return
         batch, self._pending = self._pending, _Pending()
@@ -365,39 +436,58 @@ class FleetStore:
                     row.reason,
                 )
 
-    def _write(self, batch: _Pending) -> tuple[bool, list[_Dropped], sqlite3.Error | None]:
-        """Commit the batch in one transaction. If the database refuses it, write its rows
-        one by one, each in a transaction of its own, so that a bad row costs only itself,
-        not every other node's rows of the same batch. A row failing with an
-        OperationalError (locked, I/O error, disk full) is the database's trouble, not the
-        row's: then nothing is dropped and the error is returned, for the batch to be tried
-        again (rows already written are written again: their keys absorb it). (Whether the
-        batch failed, the rows dropped, the database's error.)"""
-        db = self._conn()
+    def _write(self, batch: _Pending) -> tuple[bool, list[_Dropped], Exception | None]:
+        """Commit the batch, then decide its cordon requests. (Whether the batch's single
+        transaction failed, the rows dropped, the database's error if it failed as a
+        whole: then the batch is to be tried again, and rows already written are written
+        again: their keys absorb it.)"""
         if not batch:
             return False, [], None
         try:
-            db.execute("BEGIN")
-            for _, sql, rows in batch.statements():
-                db.executemany(sql, rows)
-            db.execute("COMMIT")
-        # Whatever the error (a constraint, a value SQLite cannot bind, a full disk), the
-        # writer must carry on; the rows are tried again one by one just below.
-        except Exception:  # noqa: BLE001
-            _rollback(db)
-        else:
-            return False, [], None
+            with self._session() as session:
+                failed, dropped = self._write_rows(session, batch)
+                dropped += self._decide(session, batch.requests)
+        except _ServerTroubleError as trouble:
+            return True, [], trouble.error
+        except Exception as exc:
+            # The connection itself (the pool has none to give, the server went away).
+            if not self.database.server_trouble(exc):
+                raise
+            return True, [], exc
+        return failed, dropped, None
+
+    def _write_rows(self, session: Session, batch: _Pending) -> tuple[bool, list[_Dropped]]:
+        """The rows in one transaction. If the database refuses it, write them one by one,
+        each in a transaction of its own, so that a bad row costs only itself, not every
+        other node's rows of the same batch. A row failing because the database as a whole
+        failed (locked, I/O error, disk full, connection lost) is not the row's fault:
+        then nothing is dropped and _ServerTroubleError is raised."""
+        if _in_one_transaction(session, batch):
+            return False, []
         dropped = []
         for table, sql, rows in batch.statements():
             for row in rows:
                 try:
-                    db.execute(sql, row)
-                except sqlite3.OperationalError as exc:
-                    _rollback(db)
-                    return True, [], exc
-                except Exception as exc:  # noqa: BLE001 - as above: only this row is lost
+                    with session.transaction():
+                        session.execute(sql, row)
+                except Exception as exc:  # as above: only this row is lost
+                    if self.database.server_trouble(exc):
+                        raise _ServerTroubleError(exc) from exc
                     dropped.append(_Dropped(table, None if table == "nodes" else row[0], exc))
-        return True, dropped, None
+        return True, dropped
+
+    def _decide(self, session: Session, requests: list[decisions.CordonRequest]) -> list[_Dropped]:
+        dropped = []
+        for request in requests:
+            if request.decided is not None:
+                continue  # decided before a later part of the batch failed
+            try:
+                request.decided = decisions.decide(session, request, self.budget)
+            except Exception as exc:  # only this request is lost
+                if self.database.server_trouble(exc):
+                    raise _ServerTroubleError(exc) from exc
+                dropped.append(_Dropped("cordons", request.key, exc))
+        return dropped
 
     async def run_writer(self, stop: asyncio.Event) -> None:
         """Flush every FLUSH_INTERVAL_SECONDS, prune every PRUNE_INTERVAL_SECONDS. Neither
@@ -437,22 +527,17 @@ class FleetStore:
         return await self._call(self._prune, now)
 
     def _prune(self, now: float) -> int:
-        db = self._conn()
-        try:
-            return self._delete_old(db, now)
-        except Exception:
-            _rollback(db)  # leave no transaction open for the next batch
-            raise
-
-    def _delete_old(self, db: sqlite3.Connection, now: float) -> int:
-        removed = 0
-        for table in _INSERT:
-            keep = self.retention_seconds
-            if table == "cordons":
-                # A restart restores the budget from the approvals within its window.
-                keep = max(keep, self.budget_window_seconds)
-            removed += db.execute(_PRUNE_BY_AGE.format(table=table), (now - keep,)).rowcount
-        removed += db.execute(_PRUNE_BY_COUNT, (self.max_events - 1,)).rowcount
+        # One transaction: several aggregators pruning at once each delete what is old.
+        with self._session() as session, session.transaction():
+            removed = 0
+            for table in _INSERT:
+                keep = self.retention_seconds
+                if table == "cordons":
+                    # The budget is decided from the approvals within its window.
+                    keep = max(keep, self.budget.window_seconds)
+                sql = _PRUNE_BY_AGE.format(table=table)
+                removed += session.execute(sql, (now - keep,)).rowcount
+            removed += session.execute(_PRUNE_BY_COUNT, (self.max_events - 1,)).rowcount
         return int(removed)
 
     # --- reading ------------------------------------------------------------------------
@@ -462,23 +547,23 @@ class FleetStore:
     ) -> list[dict[str, Any]]:
         where, args = _filters(node=node, since=since)
         sql = _SELECT_BODIES.format(table="events", where=where)
-        return await self._call(self._bodies, sql, (*args, limit))
+        return await self._read(self._bodies, sql, (*args, limit))
 
     async def actions(self, *, node: str | None, limit: int) -> list[dict[str, Any]]:
         where, args = _filters(node=node, since=None)
         sql = _SELECT_BODIES.format(table="actions", where=where)
-        return await self._call(self._bodies, sql, (*args, limit))
+        return await self._read(self._bodies, sql, (*args, limit))
+
+    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        with self._session() as session:
+            return list(session.execute(sql, args).fetchall())
 
     def _bodies(self, sql: str, args: tuple[Any, ...]) -> list[dict[str, Any]]:
-        return [json.loads(body) for (body,) in self._conn().execute(sql, args)]
+        return [json.loads(body) for (body,) in self._rows(sql, args)]
 
     async def cordons(self, *, since: float | None = None, limit: int = 1000) -> list[CordonRow]:
-        return await self._call(self._cordons, since, limit)
-
-    def _cordons(self, since: float | None, limit: int) -> list[CordonRow]:
-        rows = self._conn().execute(
-            _SELECT_CORDONS, (since if since is not None else float("-inf"), limit)
-        )
+        start = since if since is not None else float("-inf")
+        rows = await self._read(self._rows, _SELECT_CORDONS, (start, limit))
         return [
             CordonRow(key.removeprefix(row_key(cluster, node, "")), cluster, node, *rest)
             for key, cluster, node, *rest in rows
@@ -487,37 +572,74 @@ class FleetStore:
     async def count(self, table: str) -> int:
         if table not in _INSERT and table != "nodes":
             raise ValueError(table)
-        return await self._call(self._count, table)
-
-    def _count(self, table: str) -> int:
-        (count,) = self._conn().execute(f"SELECT COUNT(*) FROM {table}").fetchone()  # noqa: S608
-        return int(count)
+        rows = await self._read(self._rows, f"SELECT COUNT(*) FROM {table}")  # noqa: S608
+        return int(rows[0][0])
 
     async def load_nodes(self) -> list[NodeRecord]:
-        """The node table as last written, for a restart."""
-        return await self._call(self._load_nodes)
+        """The node table as last written, for a start."""
+        rows = await self._read(self._rows, _SELECT_NODES)
+        return [node_record(row) for row in rows]
 
-    def _load_nodes(self) -> list[NodeRecord]:
+    async def approvals(self, since: float) -> list[tuple[str, str, str, float]]:
+        """Approved cordon decisions (cluster, node, action, time) after ``since``, oldest
+        first."""
+        rows = await self._read(self._rows, _SELECT_APPROVALS, (since,))
+        return [(c, n, a, float(t)) for c, n, a, t in rows]
+
+    # --- what other aggregators wrote (a shared database) ------------------------------
+
+    async def snapshot(self) -> str:
+        """A mark to pass to `changed_nodes`: rows written after it are read then."""
+        rows = await self._read(self._rows, _SNAPSHOT)
+        return str(rows[0][0])
+
+    async def changed_nodes(
+        self, since: str
+    ) -> tuple[str, list[tuple[str, str, bool, float, str]]]:
+        """(the next mark, and (cluster, node, online, last_seen, reason) of every node row
+        written after the mark ``since``; some written just before it may come again)."""
+        rows = await self._read(self._rows, _CHANGED_NODES, (since,))
+        mark = str(rows[0][0])
+        changed = [(c, n, bool(o), float(t), r) for _, c, n, o, t, r in rows if c is not None]
+        return mark, changed
+
+    async def node_records(self, keys: list[tuple[str, str]]) -> list[NodeRecord]:
+        """The stored records of these nodes (cluster, node)."""
         records = []
-        rows = self._conn().execute(_SELECT_NODES)
-        for cluster, node, online, health, reason, last_seen, version, document in rows:
-            base = NodeRecord(cluster, node, bool(online), health, reason, last_seen, version)
-            if document:
-                try:
-                    parsed = from_online_state(json.loads(document), document, last_seen)
-                except (ValueError, KeyError, TypeError):
-                    parsed = base
-                base = dataclasses.replace(
-                    parsed, online=bool(online), health=health, reason=reason, last_seen=last_seen
-                )
-            records.append(base)
+        for start in range(0, len(keys), _KEYS_PER_READ):
+            chunk = keys[start : start + _KEYS_PER_READ]
+            args = ([c for c, _ in chunk], [n for _, n in chunk])
+            rows = await self._read(self._rows, _NODES_BY_KEY, args)
+            records += [node_record(row) for row in rows]
         return records
 
 
-def _rollback(db: sqlite3.Connection) -> None:
-    if db.in_transaction:
-        with contextlib.suppress(sqlite3.Error):
-            db.execute("ROLLBACK")
+def _in_one_transaction(session: Session, batch: _Pending) -> bool:
+    """Whether the batch's rows went in, in one transaction."""
+    try:
+        with session.transaction():
+            for _, sql, rows in batch.statements():
+                session.executemany(sql, rows)
+    # Whatever the error (a constraint, a value the database cannot bind, a full disk),
+    # the writer must carry on: the caller tries the rows again one by one.
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+def node_record(row: tuple[Any, ...]) -> NodeRecord:
+    """A record from a row of the node table (`_SELECT_NODES`)."""
+    cluster, node, online, health, reason, last_seen, version, document = row
+    base = NodeRecord(cluster, node, bool(online), health, reason, last_seen, version)
+    if not document:
+        return base
+    try:
+        parsed = from_online_state(json.loads(document), document, last_seen)
+    except (ValueError, KeyError, TypeError):
+        return base
+    return dataclasses.replace(
+        parsed, online=bool(online), health=health, reason=reason, last_seen=last_seen
+    )
 
 
 def _key(message: dict[str, Any]) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import typing
 from collections.abc import Collection
+from urllib.parse import urlsplit
 
 from gpuagent.config.errors import ConfigError, find_line, nth_line
 from gpuagent.config.schema import Config, InventoryExpected
@@ -46,12 +47,35 @@ def check_value(key: str, value: object) -> str | None:
         if match is None or not 0 < int(match.group(2)) < 65536:
             return 'must be "HOST:PORT", e.g. "0.0.0.0:19400" or "[::1]:19400"'
     if key in ("aggregator.grafana_url_template", "aggregator.runbook_base_url") and value:
-        # The fleet page makes these links: nothing but http(s) may be clicked there.
-        if not str(value).startswith(("https://", "http://")):
-            return "must be an absolute http(s) URL"
-        if key == "aggregator.runbook_base_url" and not str(value).endswith("/"):
-            return 'must end with "/" (runbooks are <base>checks.md#<runbook>)'
+        return _check_link(key, str(value))
+    if key == "aggregator.database":
+        return _check_database(str(value))
     return _check_topic_name(key, value)
+
+
+def _check_link(key: str, value: str) -> str | None:
+    # The fleet page makes these links: nothing but http(s) may be clicked there.
+    if not value.startswith(("https://", "http://")):
+        return "must be an absolute http(s) URL"
+    if key == "aggregator.runbook_base_url" and not value.endswith("/"):
+        return 'must end with "/" (runbooks are <base>checks.md#<runbook>)'
+    return None
+
+
+def _check_database(value: str) -> str | None:
+    if not value:
+        return 'must be a SQLite file path or a "postgresql://..." URL'
+    parts = urlsplit(value)
+    if parts.scheme not in ("postgresql", "postgres"):
+        return None
+    try:
+        password = parts.password
+    except ValueError:
+        return "is not a valid URL"
+    if password is not None or "password=" in parts.query:
+        # Configuration files are readable by more people than the database should be.
+        return "must not contain a password: put it in aggregator.postgres.password_file"
+    return None
 
 
 def _check_topic_name(key: str, value: object) -> str | None:

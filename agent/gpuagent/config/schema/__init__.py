@@ -26,6 +26,7 @@ from gpuagent.config.schema.aggregator import (
     AggregatorHttpSection,
     AggregatorSection,
     CordonBudgetSection,
+    PostgresSection,
 )
 from gpuagent.config.schema.attribution import AttributionSection
 from gpuagent.config.schema.checks import (
@@ -112,6 +113,7 @@ __all__ = [
     "OutputsSection",
     "PcieCheck",
     "PersistenceCheck",
+    "PostgresSection",
     "ProcessesCheck",
     "RemediationBudgets",
     "RemediationCordon",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Annotated
 
 from gpuagent.config.ranges import MQTT_EXPIRY, NON_NEGATIVE, PERCENT, POSITIVE
@@ -18,9 +17,26 @@ class CordonBudgetSection:
     max_nodes: Annotated[int, NON_NEGATIVE] = 2
     max_percent: Annotated[float, PERCENT] = 10.0
     window_seconds: Annotated[float, POSITIVE] = 3600.0
-    # Whether this aggregator decides cordon requests. Exactly one of the aggregators in a
-    # share group must (docs/fleet.md): the budget lives in its memory.
+    # With SQLite: whether this aggregator decides cordon requests. Exactly one of the
+    # aggregators in a share group must (docs/fleet.md): the budget lives in its database.
+    # With PostgreSQL every aggregator decides, each decision in one transaction on the
+    # shared database, and this is ignored.
     arbiter: bool = True
+
+
+@dataclass(frozen=True)
+class PostgresSection:
+    # The database password: the first line of this file (a systemd credential, e.g.
+    # /run/credentials/gpuagent-aggregator.service/db-password). Empty: none, or libpq's
+    # own ways (client certificate in the URL, ~/.pgpass). Never in the URL itself.
+    password_file: str = ""
+    # Connections per aggregator: one writes, the others serve reads (API, refresh).
+    pool_max_size: Annotated[int, POSITIVE] = 8
+    connect_timeout_seconds: Annotated[float, POSITIVE] = 10.0
+    # How often each aggregator reads what the others wrote into its in-memory fleet view
+    # (the API, page and fleet metrics answer from it): the staleness bound across
+    # aggregators is this plus the write-behind interval (50 ms).
+    refresh_interval_seconds: Annotated[float, POSITIVE] = 1.0
 
 
 @dataclass(frozen=True)
@@ -44,8 +60,9 @@ DEFAULT_COMMAND_TOKEN_FILE = "/run/credentials/gpuagent-aggregator.service/comma
 class AggregatorSection:
     # HTTP: the JSON API (/api/v1/...), the fleet page (/) and fleet metrics (/metrics).
     listen: str = "127.0.0.1:19500"
-    # Fleet state (SQLite).
-    database: Path = Path("/var/lib/gpuagent-aggregator/fleet.sqlite")
+    # Fleet state: a SQLite file (one aggregator), or a PostgreSQL URL
+    # ("postgresql://user@host/db?sslmode=verify-full&...") shared by several.
+    database: str = "/var/lib/gpuagent-aggregator/fleet.sqlite"
     # Shared-subscription group: every aggregator with the same group splits the fleet's
     # messages; empty: plain subscriptions (one aggregator sees everything).
     share_group: str = "gpuagent"
@@ -76,6 +93,7 @@ class AggregatorSection:
     runbook_base_url: str = ""
     broker: MqttConnection = field(default_factory=MqttConnection)
     cordon_budget: CordonBudgetSection = field(default_factory=CordonBudgetSection)
+    postgres: PostgresSection = field(default_factory=PostgresSection)
     http: AggregatorHttpSection = field(default_factory=AggregatorHttpSection)
 
     @property

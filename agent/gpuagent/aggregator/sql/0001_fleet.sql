@@ -1,4 +1,5 @@
--- Fleet state of the gpuagent aggregator.
+-- Fleet state of the gpuagent aggregator: migration 1, the tables.
+-- oldest_compatible: 1
 --
 -- Portable SQL: only types and statements SQLite and PostgreSQL both take (VARCHAR, TEXT,
 -- BOOLEAN, BIGINT, DOUBLE PRECISION; INSERT ... ON CONFLICT), so the same schema can live
