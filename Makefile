@@ -16,8 +16,8 @@ IMAGE ?= localhost/gpuagent:$(VERSION)
 .PHONY: deb deb-deps deb-clean image image-deps
 
 deb-deps:
-	scripts/setup debhelper dpkg-dev fakeroot lintian libsystemd-dev pkg-config python3.11 \
-		python3.11-dev python3.11-venv
+	scripts/setup debhelper dpkg-dev fakeroot lintian libpq-dev libsystemd-dev pkg-config \
+		python3.11 python3.11-dev python3.11-venv
 
 deb: deb-deps
 	rm -rf $(DEB_TREE) && mkdir -p $(DEB_TREE) dist

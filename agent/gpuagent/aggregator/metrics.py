@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gpuagent.aggregator.budget import CordonBudget
+from gpuagent.aggregator.sharedview import SharedView
 from gpuagent.aggregator.state import FleetState
 from gpuagent.aggregator.store import FleetStore
 
@@ -28,7 +29,9 @@ class FleetCollector(Collector):
         *,
         stale_after: float,
         clock: Callable[[], float] = time.time,
+        view: SharedView | None = None,
     ) -> None:
+        self.view = view
         self.state = state
         self.budget = budget
         self.store = store
@@ -89,6 +92,8 @@ class FleetCollector(Collector):
                 store.prune_errors,
             ),
         ]
+        if self.view is not None:
+            single += self._view(self.view)
         for family_type, name, help_text, value in single:
             family = family_type(name, help_text)
             family.add_metric([], float(value))
@@ -101,6 +106,29 @@ class FleetCollector(Collector):
         for table, count in sorted(store.rows_dropped.items()):
             dropped.add_metric([table], float(count))
         yield dropped
+
+    @staticmethod
+    def _view(
+        view: SharedView,
+    ) -> list[tuple[type[GaugeMetricFamily | CounterMetricFamily], str, str, float]]:
+        age = view.age()
+        return [
+            (
+                GaugeMetricFamily,
+                "gpuagent_fleet_view_age_seconds",
+                (
+                    "Seconds since this aggregator's fleet view last caught up with the shared "
+                    "database (what the other aggregators wrote)."
+                ),
+                float("nan") if age is None else age,
+            ),
+            (
+                CounterMetricFamily,
+                "gpuagent_fleet_view_refresh_errors",
+                "Failed reads of the shared fleet database; the view keeps what it had.",
+                view.refresh_errors,
+            ),
+        ]
 
     def _nodes(self, now: float) -> Iterable[Metric]:
         health: Counter[tuple[str, str]] = Counter()

@@ -74,7 +74,12 @@ class Aggregator:
         self.consumer = Consumer(config, self.ingest.handle, self.state, self.store)
         token, self._no_token_reason = _command_token(config.command_token_file)
         collector = FleetCollector(
-            self.state, self.budget, self.store, stale_after=config.stale_after_seconds, clock=clock
+            self.state,
+            self.budget,
+            self.store,
+            stale_after=config.stale_after_seconds,
+            clock=clock,
+            view=self.view,
         )
         self.api = Api(
             state=self.state,

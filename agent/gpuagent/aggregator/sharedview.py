@@ -46,7 +46,8 @@ class SharedView:
         self._mark: str | None = None
         # When the last refresh finished (monotonic), for gpuagent_fleet_view_age_seconds.
         self.refreshed_at: float | None = None
-        self.refreshes = 0
+        self.refresh_errors = 0
+        self._failing = False
 
     async def start(self) -> None:
         """Load the whole node table (the mark first: what is written while loading comes
@@ -58,9 +59,30 @@ class SharedView:
         self.refreshed_at = time.monotonic()
 
     async def run(self) -> None:
+        """Refresh every interval. A database away (restarting, failing over) is no reason
+        to stop: the view keeps what it has, its age shows how old that is, and the
+        refresh after it returns reads everything written meanwhile."""
         while True:
             await asyncio.sleep(self.interval)
-            await self.refresh()
+            try:
+                await self.refresh()
+            except Exception:
+                self.refresh_errors += 1
+                if not self._failing:
+                    log.exception(
+                        "shared view: reading the fleet database failed; the view keeps what "
+                        "it has (gpuagent_fleet_view_age_seconds) and is tried every %.1f s",
+                        self.interval,
+                    )
+                self._failing = True
+            else:
+                if self._failing:
+                    log.info("shared view: reading the fleet database again")
+                self._failing = False
+
+    def age(self) -> float | None:
+        """Seconds since the view last caught up with the database (None: never)."""
+        return None if self.refreshed_at is None else time.monotonic() - self.refreshed_at
 
     async def refresh(self) -> None:
         if self._mark is None:
@@ -87,7 +109,6 @@ class SharedView:
         await self._budget()
         self._mark = mark
         self.refreshed_at = time.monotonic()
-        self.refreshes += 1
 
     async def _budget(self) -> None:
         """The cordon budget every aggregator spends, for the metrics (decisions read the
