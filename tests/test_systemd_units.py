@@ -97,7 +97,7 @@ def test_aggregator_credentials_drop_in_verifies(tmp_path: Path) -> None:
     from_unit = _settings(AGGREGATOR_UNIT).get("LoadCredential", [])
     from_drop_in = _settings_of(drop_in).get("LoadCredential", [])
     loaded = {value.partition(":")[0] for value in from_unit + from_drop_in}
-    assert loaded == {"mqtt-key", "mqtt-password", "command-token"}
+    assert loaded == {"mqtt-key", "mqtt-password", "db-password", "command-token"}
     assert len(loaded) == len(from_unit + from_drop_in)  # none loaded twice
     config_text = _fleet_doc_block("# /etc/gpuagent/aggregator.toml")
     parse_config(config_text)  # keys the aggregator knows, values of the right types
@@ -108,6 +108,7 @@ def test_aggregator_credentials_drop_in_verifies(tmp_path: Path) -> None:
         aggregator["command_token_file"],
         aggregator["broker"]["key_file"],
         aggregator["broker"]["password_file"],
+        aggregator["postgres"]["password_file"],
     ]
     assert all(path.startswith(CREDENTIALS_DIR) for path in paths), paths
     assert {path.removeprefix(CREDENTIALS_DIR) for path in paths} == loaded
