@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import re
 import tempfile
+import time
 from functools import cache
 from pathlib import Path
 
 from prometheus_client import generate_latest
 
 import aggregator_support as msg
+from gpuagent.aggregator.metrics import FleetCollector, fleet_registry
 from gpuagent.aggregator.service import Aggregator
+from gpuagent.aggregator.sharedview import SharedView
 from gpuagent.fleet import schema
 from gpuagent.inventory.model import (
     GpuInventory,
@@ -189,7 +192,15 @@ def _fleet_exposition() -> str:
         for channel, message in messages:
             agg.ingest.handle(msg.topic(message["node"], channel), schema.encode(message))
         agg.ingest.handle(msg.topic("n1", "events"), b"not json")
-        return generate_latest(agg.api.registry).decode()
+        # What only an aggregator sharing a PostgreSQL database adds (its view's freshness;
+        # the view reads nothing until it runs).
+        view = SharedView(agg.state, agg.store, agg.budget, interval=1.0)
+        view.refreshed_at = time.monotonic()
+        shared = FleetCollector(agg.state, agg.budget, agg.store, stale_after=120.0, view=view)
+        return (
+            generate_latest(agg.api.registry).decode()
+            + generate_latest(fleet_registry(shared)).decode()
+        )
 
 
 @cache
