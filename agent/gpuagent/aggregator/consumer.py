@@ -46,6 +46,14 @@ MAX_ACK_IDS = 256
 # about 50 ms: without this, mosquitto's default of 20 unacknowledged messages would cap
 # the aggregator at a few hundred messages/s.
 RECEIVE_MAXIMUM = 65535
+# How long the broker keeps the session of an aggregator that shares a database and a share
+# group after it went away. mosquitto goes on giving such a session its turn of the
+# group's messages, queued there until it returns: a long session would hold 1/N of the
+# fleet's state reports and cordon requests while a dead aggregator stays dead. A restart
+# within this keeps what was queued; after it, the others take everything (and the nodes
+# send again what the expired session held). Shorter than stale_after_seconds' default
+# (120 s), so no node looks stale for it. A lone aggregator keeps the agent's one day.
+SHARED_SESSION_EXPIRY_SECONDS = 60
 
 
 def _direct_queue(
@@ -216,6 +224,8 @@ class Consumer:
 
     async def _session(self, options: dict[str, Any]) -> None:
         options["properties"].ReceiveMaximum = RECEIVE_MAXIMUM
+        if self.shared_database and self.share_group:
+            options["properties"].SessionExpiryInterval = SHARED_SESSION_EXPIRY_SECONDS
         client = aiomqtt.Client(**options, queue_type=_direct_queue(self._deliver))
         # paho acknowledges a message when the handler returns, before its rows are
         # written; `_written` acknowledges instead.
