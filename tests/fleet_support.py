@@ -16,12 +16,46 @@ import aiohttp
 import pytest
 
 import aggregator_support as msg
-from conftest import free_port, require
+from conftest import DaemonProcess, free_port, require
 from gpuagent.aggregator.service import Aggregator
 from gpuagent.config import AggregatorSection
 from mqtt_broker import Broker
 
 H100 = '[node]\ngpus = 8\nmodel = "NVIDIA H100 80GB HBM3"\n'
+# Agents resend unacknowledged messages after 1 s, 2 s, 4 s ... instead of 30 s, 60 s ...:
+# the same path, sooner.
+FAST_RESEND = "ack_timeout_seconds = 1.0\n"
+Run = Callable[..., DaemonProcess]
+
+
+def reporting_agent(run_daemon: Run, broker: Broker, name: str) -> DaemonProcess:
+    """A simulated 8-GPU H100 node's agent reporting to ``broker`` as ``name``."""
+    config = broker.agent_config(name, extra=FAST_RESEND)
+    return run_daemon(H100, config_extra=config, node_name=name)
+
+
+def second_gpu_bus(daemon: DaemonProcess) -> str:
+    bus: str = daemon.status()["gpus"][1]["pci_bus_id"]
+    return bus
+
+
+def metric_total(daemon: DaemonProcess, name: str) -> float:
+    """The sum of the agent's samples named ``name`` (with or without labels, or one
+    labelled series given whole)."""
+    total = 0.0
+    for line in daemon.metrics().splitlines():
+        if line.startswith((name + "{", name + " ")):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def spool_empty(daemon: DaemonProcess) -> bool:
+    return metric_total(daemon, "gpuagent_mqtt_spool_messages") == 0
+
+
+def events_published(daemon: DaemonProcess) -> float:
+    """Event publishes the broker acknowledged (first sends and resends)."""
+    return metric_total(daemon, 'gpuagent_mqtt_published_total{channel="events"}')
 
 
 async def until(check: Callable[[], bool | Awaitable[bool]], timeout: float = 5.0) -> float:

@@ -1,27 +1,24 @@
 """The fleet schema and the store's statements, run as written on a real PostgreSQL.
 
-The aggregator keeps its state in SQLite; the schema and every statement are meant to
-move to a PostgreSQL shared by several aggregators unchanged (docs/fleet.md). This holds
-them to it: a throwaway cluster on a Unix socket, the schema applied twice, and each
+The store runs one set of statements on SQLite and on a PostgreSQL shared by several
+aggregators (docs/fleet.md). This holds each to PostgreSQL as written, beneath the
+driver: a throwaway cluster on a Unix socket, the first migration applied twice, and each
 statement prepared with `$n` placeholders where the store writes `?`.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import re
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from importlib import resources
-from pathlib import Path
 
 import pytest
 
+import postgres_server
 from conftest import require_that
 from gpuagent.aggregator import store
+from postgres_server import PostgresServer
 
 pytestmark = pytest.mark.integration
 
@@ -34,11 +31,6 @@ ROWS: dict[str, list[tuple[Value, ...]]] = {
     "replies": [("p1", "c", "n1", 1.0, "{}")],
     "commands": [("k1", "c", "n1", 1.0, "refresh", "{}")],
 }
-
-
-def _binary(name: str) -> Path | None:
-    found = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), key=lambda p: p.parts[-3])
-    return found[-1] if found else None
 
 
 def _literal(value: Value) -> str:
@@ -62,78 +54,19 @@ def _prepared(statement: str, values: tuple[Value, ...]) -> str:
     return f"PREPARE s AS {numbered};\nEXECUTE s{args};\nDEALLOCATE s;\n"
 
 
-class Postgres:
-    def __init__(self, socket_dir: Path, port: int) -> None:
-        self.socket_dir = socket_dir
-        self.port = port
-
-    def run(self, sql: str) -> list[str]:
-        psql = _binary("psql") or Path("psql")
-        proc = subprocess.run(
-            [
-                *(str(psql), "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1"),
-                *("-h", str(self.socket_dir), "-p", str(self.port)),
-                *("-U", "gpuagent", "-d", "postgres", "-f", "-"),
-            ],
-            input=sql,
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=60,
-        )
-        assert proc.returncode == 0, proc.stderr
-        return proc.stdout.splitlines()
-
-    def count(self, table: str) -> int:
-        return int(self.run(f"SELECT COUNT(*) FROM {table};")[0])
-
-
-def _free_port() -> int:
-    import socket  # noqa: PLC0415
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
-def postgres() -> Iterator[Postgres]:
-    initdb, pg_ctl = _binary("initdb"), _binary("pg_ctl")
+def postgres() -> Iterator[PostgresServer]:
     require_that(
-        initdb is not None and pg_ctl is not None,
+        postgres_server.available(),
         "PostgreSQL's initdb and pg_ctl (Debian package postgresql; the test command installs it)",
     )
-    assert initdb is not None
-    assert pg_ctl is not None
-    root = Path(tempfile.mkdtemp(prefix="gpuagent-pg-"))
-    as_owner: list[str] = []
-    if os.geteuid() == 0:
-        # PostgreSQL will not run as root: the throwaway cluster belongs to its own user.
-        shutil.chown(root, "postgres")
-        as_owner = ["runuser", "-u", "postgres", "--"]
-    data, port = root / "data", _free_port()
-    options = f"-c listen_addresses='' -k {root} -p {port} -c fsync=off"
-
-    def ctl(*args: str) -> None:
-        subprocess.run([*as_owner, *args], check=True, capture_output=True, timeout=120)
-
-    ctl(str(initdb), "-D", str(data), "-A", "trust", "-U", "gpuagent", "-E", "UTF8", "--no-sync")
-    ctl(str(pg_ctl), "-D", str(data), "-l", str(root / "log"), "-o", options, "-w", "start")
-    try:
-        server = Postgres(root, port)
+    with postgres_server.throwaway_postgres() as server:
         schema = resources.files("gpuagent.aggregator").joinpath("sql/0001_fleet.sql").read_text()
         server.run(schema + schema)  # IF NOT EXISTS: a restart applies it again
         yield server
-    finally:
-        subprocess.run(
-            [*as_owner, str(pg_ctl), "-D", str(data), "-m", "immediate", "-w", "stop"],
-            capture_output=True,
-            check=False,
-        )
-        shutil.rmtree(root, ignore_errors=True)
 
 
-def test_every_insert_runs_and_a_duplicate_is_stored_once(postgres: Postgres) -> None:
+def test_every_insert_runs_and_a_duplicate_is_stored_once(postgres: PostgresServer) -> None:
     assert set(ROWS) == set(store._INSERT)
     for table, rows in ROWS.items():
         statements = [_prepared(store._INSERT[table], row) for row in rows]
@@ -141,7 +74,7 @@ def test_every_insert_runs_and_a_duplicate_is_stored_once(postgres: Postgres) ->
         assert postgres.count(table) == len(rows), table
 
 
-def test_the_node_upsert_replaces_the_row(postgres: Postgres) -> None:
+def test_the_node_upsert_replaces_the_row(postgres: PostgresServer) -> None:
     row: tuple[Value, ...] = ("c", "n1", True, "OK", "", 1.0, "0.1.0", "fp", False, "{}")
     changed = (*row[:2], False, "CRITICAL", "connection lost", 2.0, *row[6:])
     postgres.run(_prepared(store._UPSERT_NODE, row) + _prepared(store._UPSERT_NODE, changed))
@@ -150,7 +83,7 @@ def test_the_node_upsert_replaces_the_row(postgres: Postgres) -> None:
     ]
 
 
-def test_reads_and_prunes_run(postgres: Postgres) -> None:
+def test_reads_and_prunes_run(postgres: PostgresServer) -> None:
     postgres.run("DELETE FROM events;")
     postgres.run(
         "".join(

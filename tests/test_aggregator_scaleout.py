@@ -27,8 +27,17 @@ import pytest
 
 import aggregator_support as msg
 import postgres_server
-from conftest import DaemonProcess, free_port, require_that
-from fleet_support import H100, aggregator, until, xid_records
+from conftest import free_port, require_that
+from fleet_support import (
+    Run,
+    aggregator,
+    events_published,
+    reporting_agent,
+    second_gpu_bus,
+    spool_empty,
+    until,
+    xid_records,
+)
 from gpuagent.aggregator import consumer
 from gpuagent.aggregator.service import Aggregator
 from gpuagent.config import MqttConnection
@@ -39,12 +48,9 @@ from mqtt_broker import Broker
 from postgres_server import PostgresServer
 
 pytestmark = pytest.mark.integration
-Run = Callable[..., DaemonProcess]
 
 SHARE_GROUP = "gpuagent"
 REFRESH = 0.2
-# Resends after 1 s, 2 s, 4 s ... instead of 30 s, 60 s ...: the same path, sooner.
-FAST_RESEND = "ack_timeout_seconds = 1.0\n"
 
 
 @pytest.fixture(scope="module")
@@ -392,33 +398,6 @@ def aggregator_processes(
             process.stop()
 
 
-def _agent(run_daemon: Run, broker: Broker, name: str) -> DaemonProcess:
-    config = broker.agent_config(name, extra=FAST_RESEND)
-    return run_daemon(H100, config_extra=config, node_name=name)
-
-
-def _bus(daemon: DaemonProcess) -> str:
-    bus: str = daemon.status()["gpus"][1]["pci_bus_id"]
-    return bus
-
-
-def _metric(daemon: DaemonProcess, name: str) -> float:
-    total = 0.0
-    for line in daemon.metrics().splitlines():
-        if line.startswith((name + "{", name + " ")):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
-def _spool_empty(daemon: DaemonProcess) -> bool:
-    return _metric(daemon, "gpuagent_mqtt_spool_messages") == 0
-
-
-def _events_published(daemon: DaemonProcess) -> float:
-    """Event publishes the broker acknowledged (first sends and resends)."""
-    return _metric(daemon, 'gpuagent_mqtt_published_total{channel="events"}')
-
-
 def _stored_exactly(
     postgres: PostgresServer, database: str, count: int
 ) -> Callable[[], Awaitable[bool]]:
@@ -458,9 +437,10 @@ async def test_an_aggregator_killed_midway_loses_nothing(
         await asyncio.gather(a.wait_connected(), b.wait_connected())
         # One at a time: run_daemon numbers its working directories as it is called.
         daemons = [
-            await asyncio.to_thread(_agent, run_daemon, mqtt_broker, f"gpu-{i}") for i in range(2)
+            await asyncio.to_thread(reporting_agent, run_daemon, mqtt_broker, f"gpu-{i}")
+            for i in range(2)
         ]
-        buses = [_bus(d) for d in daemons]
+        buses = [second_gpu_bus(d) for d in daemons]
         for daemon, bus in zip(daemons, buses, strict=True):
             daemon.write_kernel_log(*xid_records(1000, 60, bus))
         await until(_stored_exactly(postgres, database, 120), timeout=20)
@@ -489,7 +469,7 @@ async def test_an_aggregator_killed_midway_loses_nothing(
             for process in (a, again):
                 ids = await _event_ids(process.base, node)
                 assert len(ids) == len(set(ids)) == 150
-        await until(lambda: all(_spool_empty(d) for d in daemons), 15)
+        await until(lambda: all(spool_empty(d) for d in daemons), 15)
 
 
 # --- 4. the broker restarted ---------------------------------------------------------------
@@ -509,18 +489,18 @@ async def test_a_broker_killed_under_two_aggregators_loses_nothing(
     the agent's spool sends them again once an aggregator is back. What was sent before,
     during and after the outage is all stored, once, and both aggregators show it."""
     async with two_aggregators(tmp_path, mqtt_broker, database, reconnect_seconds=6.0) as (a, b):
-        daemon = await asyncio.to_thread(_agent, run_daemon, mqtt_broker, "gpu-k")
+        daemon = await asyncio.to_thread(reporting_agent, run_daemon, mqtt_broker, "gpu-k")
         await until(
             lambda: all(("default", "gpu-k") in agg.state.nodes for agg in (a, b)), timeout=10
         )
-        bus = _bus(daemon)
+        bus = second_gpu_bus(daemon)
         daemon.write_kernel_log(*xid_records(1000, 100, bus))
         await until(_stored_exactly(postgres, database, 100), timeout=20)
         await asyncio.to_thread(mqtt_broker.kill)
         daemon.write_kernel_log(*xid_records(1100, 100, bus))
         await asyncio.to_thread(daemon.wait_for, lambda d: d["kmsg"]["records_read"] == 200, 20)
         await asyncio.to_thread(mqtt_broker.start)
-        await asyncio.to_thread(daemon.wait_for, lambda _: _events_published(daemon) >= 200, 20)
+        await asyncio.to_thread(daemon.wait_for, lambda _: events_published(daemon) >= 200, 20)
         # Published before either aggregator was back: to nobody.
         assert not a.state.connected
         assert not b.state.connected
@@ -536,9 +516,9 @@ async def test_a_broker_killed_under_two_aggregators_loses_nothing(
         for agg in (a, b):
             ids = await _event_ids(_base(agg), "gpu-k")
             assert len(ids) == len(set(ids)) == 300
-        await until(lambda: _spool_empty(daemon), 15)
+        await until(lambda: spool_empty(daemon), 15)
         # The outage's 100 went twice at least: dropped by the broker, then sent again.
-        assert _events_published(daemon) >= 400
+        assert events_published(daemon) >= 400
         consumed = a.state.counters.events["kernel"] + b.state.counters.events["kernel"]
         assert consumed >= 300
         assert a.state.counters.events["kernel"] > 0

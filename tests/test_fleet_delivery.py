@@ -16,7 +16,6 @@ import re
 import signal
 import ssl
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +23,25 @@ import aiohttp
 import paho.mqtt.client as mqtt
 import pytest
 
-from conftest import DaemonProcess
-from fleet_support import H100, aggregator, until, xid_records
+from fleet_support import (
+    FAST_RESEND,
+    H100,
+    Run,
+    aggregator,
+    events_published,
+    metric_total,
+    reporting_agent,
+    second_gpu_bus,
+    spool_empty,
+    until,
+    xid_records,
+)
 from gpuagent.config import MqttOutput
 from gpuagent.fleet.reporter import Reporter
 from gpuagent.model import GpuEvent
 from mqtt_broker import Broker
 
 pytestmark = pytest.mark.integration
-Run = Callable[..., DaemonProcess]
-# Resends after 1 s, 2 s, 4 s ... instead of 30 s, 60 s ...: the same path, sooner.
-FAST_RESEND = "ack_timeout_seconds = 1.0\n"
 
 
 async def _kernel_event_ids(base: str, node: str) -> list[str]:
@@ -56,34 +63,6 @@ async def _exactly(base: str, node: str, count: int, timeout: float) -> None:
     assert len(ids) == len(set(ids)) == count
 
 
-def _agent(run_daemon: Run, broker: Broker, name: str) -> DaemonProcess:
-    config = broker.agent_config(name, extra=FAST_RESEND)
-    return run_daemon(H100, config_extra=config, node_name=name)
-
-
-def _bus(daemon: DaemonProcess) -> str:
-    bus: str = daemon.status()["gpus"][1]["pci_bus_id"]
-    return bus
-
-
-def _metric(daemon: DaemonProcess, name: str) -> float:
-    total = 0.0
-    for line in daemon.metrics().splitlines():
-        if line.startswith((name + "{", name + " ")):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
-def _events_published(daemon: DaemonProcess) -> float:
-    """Event publishes the broker acknowledged (first sends and resends)."""
-    line = 'gpuagent_mqtt_published_total{channel="events"} '
-    return sum(float(m[len(line) :]) for m in daemon.metrics().splitlines() if m.startswith(line))
-
-
-def _spool_empty(daemon: DaemonProcess) -> bool:
-    return _metric(daemon, "gpuagent_mqtt_spool_messages") == 0
-
-
 @pytest.mark.parametrize("share_group", ["", "gpuagent"])
 async def test_a_broker_restart_while_the_aggregator_is_away_loses_nothing(
     tmp_path: Path, mqtt_broker: Broker, run_daemon: Run, share_group: str
@@ -94,15 +73,15 @@ async def test_a_broker_restart_while_the_aggregator_is_away_loses_nothing(
     the node sends them again."""
     async with aggregator(tmp_path, mqtt_broker, share_group=share_group):
         pass  # its session and subscriptions exist at the broker now
-    daemon = await asyncio.to_thread(_agent, run_daemon, mqtt_broker, "gpu-r")
+    daemon = await asyncio.to_thread(reporting_agent, run_daemon, mqtt_broker, "gpu-r")
     await asyncio.to_thread(mqtt_broker.stop)
     await asyncio.to_thread(mqtt_broker.start)
-    daemon.write_kernel_log(*xid_records(100, 100, _bus(daemon)))
+    daemon.write_kernel_log(*xid_records(100, 100, second_gpu_bus(daemon)))
     # The broker has all 100 before the aggregator comes back.
-    await asyncio.to_thread(daemon.wait_for, lambda _: _events_published(daemon) >= 100, 20)
+    await asyncio.to_thread(daemon.wait_for, lambda _: events_published(daemon) >= 100, 20)
     async with aggregator(tmp_path, mqtt_broker, share_group=share_group) as agg:
         await _exactly(f"http://{agg.config.listen}", "gpu-r", 100, timeout=60)
-        await until(lambda: _spool_empty(daemon), timeout=10)
+        await until(lambda: spool_empty(daemon), timeout=10)
 
 
 @pytest.mark.parametrize("share_group", ["", "gpuagent"])
@@ -117,20 +96,20 @@ async def test_a_broker_killed_while_everything_runs_loses_nothing(
         tmp_path, mqtt_broker, reconnect_seconds=6.0, share_group=share_group
     ) as agg:
         base = f"http://{agg.config.listen}"
-        daemon = await asyncio.to_thread(_agent, run_daemon, mqtt_broker, "gpu-k")
+        daemon = await asyncio.to_thread(reporting_agent, run_daemon, mqtt_broker, "gpu-k")
         await until(lambda: ("default", "gpu-k") in agg.state.nodes, timeout=10)
-        bus = _bus(daemon)
+        bus = second_gpu_bus(daemon)
         daemon.write_kernel_log(*xid_records(1000, 200, bus))
         await _exactly(base, "gpu-k", 200, timeout=20)
         await asyncio.to_thread(mqtt_broker.kill)
         daemon.write_kernel_log(*xid_records(1200, 200, bus))
         await asyncio.to_thread(daemon.wait_for, lambda d: d["kmsg"]["records_read"] == 400, 20)
         await asyncio.to_thread(mqtt_broker.start)
-        await asyncio.to_thread(daemon.wait_for, lambda _: _events_published(daemon) >= 400, 20)
+        await asyncio.to_thread(daemon.wait_for, lambda _: events_published(daemon) >= 400, 20)
         assert not agg.state.connected  # published before the aggregator was back
         daemon.write_kernel_log(*xid_records(1400, 200, bus))
         await _exactly(base, "gpu-k", 600, timeout=90)
-        await until(lambda: _spool_empty(daemon), timeout=10)
+        await until(lambda: spool_empty(daemon), timeout=10)
 
 
 async def test_the_agent_reconnects_before_the_aggregator(
@@ -138,17 +117,17 @@ async def test_the_agent_reconnects_before_the_aggregator(
 ) -> None:
     """The broker crashes and comes back; the agent is back first and publishes while the
     aggregator has no session at the broker: the messages wait in the agent's spool."""
-    daemon = await asyncio.to_thread(_agent, run_daemon, mqtt_broker, "gpu-f")
+    daemon = await asyncio.to_thread(reporting_agent, run_daemon, mqtt_broker, "gpu-f")
     async with aggregator(tmp_path, mqtt_broker, "a"):
         pass
     await asyncio.to_thread(mqtt_broker.kill)
     await asyncio.to_thread(mqtt_broker.start)
     await asyncio.to_thread(
-        daemon.wait_for, lambda _: _metric(daemon, "gpuagent_mqtt_connections_total") >= 2, 20
+        daemon.wait_for, lambda _: metric_total(daemon, "gpuagent_mqtt_connections_total") >= 2, 20
     )
-    daemon.write_kernel_log(*xid_records(200, 100, _bus(daemon)))
-    await asyncio.to_thread(daemon.wait_for, lambda _: _events_published(daemon) >= 100, 20)
-    assert _metric(daemon, "gpuagent_mqtt_spool_awaiting_ack_messages") == 100
+    daemon.write_kernel_log(*xid_records(200, 100, second_gpu_bus(daemon)))
+    await asyncio.to_thread(daemon.wait_for, lambda _: events_published(daemon) >= 100, 20)
+    assert metric_total(daemon, "gpuagent_mqtt_spool_awaiting_ack_messages") == 100
     async with aggregator(tmp_path, mqtt_broker, "a") as agg:
         await _exactly(f"http://{agg.config.listen}", "gpu-f", 100, timeout=60)
 
@@ -234,16 +213,16 @@ async def test_a_node_certificate_cannot_take_over_another_client_id(
     with gpu-t's or the aggregator's client id takes over nobody and wipes no session."""
     async with aggregator(tmp_path, mqtt_broker) as agg:
         base = f"http://{agg.config.listen}"
-        daemon = await asyncio.to_thread(_agent, run_daemon, mqtt_broker, "gpu-t")
+        daemon = await asyncio.to_thread(reporting_agent, run_daemon, mqtt_broker, "gpu-t")
         await until(lambda: ("default", "gpu-t") in agg.state.nodes, timeout=10)
         disconnects = agg.state.counters.disconnects.copy()
-        daemon.write_kernel_log(*xid_records(300, 100, _bus(daemon)))
+        daemon.write_kernel_log(*xid_records(300, 100, second_gpu_bus(daemon)))
         await asyncio.to_thread(
             _takeovers, mqtt_broker, "node-a", ["gpuagent-gpu-t", agg.consumer.client_id]
         )
         await _exactly(base, "gpu-t", 100, timeout=30)
-        assert _metric(daemon, "gpuagent_mqtt_connections_total") == 1
-        assert _metric(daemon, "gpuagent_mqtt_disconnects_total") == 0
+        assert metric_total(daemon, "gpuagent_mqtt_connections_total") == 1
+        assert metric_total(daemon, "gpuagent_mqtt_disconnects_total") == 0
         assert agg.state.counters.disconnects == disconnects
 
 
@@ -257,11 +236,11 @@ async def test_a_takeover_is_seen_as_a_disconnect_with_its_reason(
     config = mqtt_broker.agent_config(None, extra=FAST_RESEND)
     daemon = await asyncio.to_thread(run_daemon, H100, config_extra=config, node_name="gpu-p")
     await asyncio.to_thread(
-        daemon.wait_for, lambda _: _metric(daemon, "gpuagent_mqtt_connected") == 1, 20
+        daemon.wait_for, lambda _: metric_total(daemon, "gpuagent_mqtt_connected") == 1, 20
     )
     await asyncio.to_thread(_takeovers, mqtt_broker, "", ["gpuagent-gpu-p"], tls=False)
     await asyncio.to_thread(
-        daemon.wait_for, lambda _: _metric(daemon, "gpuagent_mqtt_disconnects_total") >= 1, 10
+        daemon.wait_for, lambda _: metric_total(daemon, "gpuagent_mqtt_disconnects_total") >= 1, 10
     )
     metrics = await asyncio.to_thread(daemon.metrics)
     assert re.search(r'gpuagent_mqtt_disconnects_total\{reason="[A-Za-z ]+"\} [1-9]', metrics)
@@ -272,9 +251,9 @@ async def test_sigterm_while_the_connection_is_lost_stops_the_agent(
 ) -> None:
     """Stopping wins over reconnecting: SIGTERM right as the broker goes away ends the
     daemon well within systemd's TimeoutStopSec (10 s), cleanly."""
-    daemon = await asyncio.to_thread(_agent, run_daemon, mqtt_broker, "gpu-s")
+    daemon = await asyncio.to_thread(reporting_agent, run_daemon, mqtt_broker, "gpu-s")
     await asyncio.to_thread(
-        daemon.wait_for, lambda _: _metric(daemon, "gpuagent_mqtt_connected") == 1, 20
+        daemon.wait_for, lambda _: metric_total(daemon, "gpuagent_mqtt_connected") == 1, 20
     )
     await asyncio.to_thread(mqtt_broker.kill)
     daemon.process.send_signal(signal.SIGTERM)
