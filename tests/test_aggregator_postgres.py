@@ -11,13 +11,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator
-from importlib import resources
 
 import pytest
 
 import postgres_server
 from conftest import require_that
-from gpuagent.aggregator import store
+from gpuagent.aggregator import migrations, store
 from postgres_server import PostgresServer
 
 pytestmark = pytest.mark.integration
@@ -61,8 +60,11 @@ def postgres() -> Iterator[PostgresServer]:
         "PostgreSQL's initdb and pg_ctl (Debian package postgresql; the test command installs it)",
     )
     with postgres_server.throwaway_postgres() as server:
-        schema = resources.files("gpuagent.aggregator").joinpath("sql/0001_fleet.sql").read_text()
-        server.run(schema + schema)  # IF NOT EXISTS: a restart applies it again
+        first, *later = migrations.known()
+        schema = first.sql["postgresql"]
+        server.run(schema + schema)  # IF NOT EXISTS: the tables of an older file stay
+        for migration in later:
+            server.run(migration.sql["postgresql"])
         yield server
 
 
@@ -75,12 +77,16 @@ def test_every_insert_runs_and_a_duplicate_is_stored_once(postgres: PostgresServ
 
 
 def test_the_node_upsert_replaces_the_row(postgres: PostgresServer) -> None:
-    row: tuple[Value, ...] = ("c", "n1", True, "OK", "", 1.0, "0.1.0", "fp", False, "{}")
+    row: tuple[Value, ...] = ("c", "n1", True, "OK", "", 1.0, "0.1.0", "fp", False, "{}", "{}")
     changed = (*row[:2], False, "CRITICAL", "connection lost", 2.0, *row[6:])
     postgres.run(_prepared(store._UPSERT_NODE, row) + _prepared(store._UPSERT_NODE, changed))
     assert postgres.run(_prepared(store._SELECT_NODES, ())) == [
         "c|n1|f|CRITICAL|connection lost|2|0.1.0|{}"
     ]
+    postgres.run(_prepared(store._MARK_STALE, (True, "c", "n1", 1.0)))  # an older report
+    assert postgres.run("SELECT stale FROM nodes;") == ["f"]
+    postgres.run(_prepared(store._MARK_STALE, (True, "c", "n1", 2.0)))
+    assert postgres.run("SELECT stale FROM nodes;") == ["t"]
 
 
 def test_reads_and_prunes_run(postgres: PostgresServer) -> None:

@@ -180,6 +180,9 @@ async def test_every_aggregator_answers_for_the_whole_fleet(
         for agg in (a, b):
             shown = await _get(_base(agg), "/api/v1/nodes/n07")
             assert (shown["online"], shown["reason"]) == (False, "connection lost")
+            # Its last report, whichever aggregator consumed it (the other reads it from
+            # the database).
+            assert shown["status"]["node"]["health"] == "WARN"
 
         ids = set()
         for client, node in zip(clients, nodes, strict=True):

@@ -589,6 +589,67 @@ async def test_the_shared_view_follows_what_the_other_aggregator_wrote(db: Db) -
         assert budget.remaining("c1", 10, now) == BUDGET.max_nodes - 1
 
 
+async def test_the_view_reads_summaries_and_documents_only_on_demand(db: Db) -> None:
+    """Another aggregator's node comes into the view from its summary (the GPUs, findings
+    and fingerprint, not the document); its page reads the document from the database;
+    and a node going offline through a record without a document keeps it stored."""
+    a, b = make_store(db.url), make_store(db.url)
+    async with opened(a, b):
+        state = FleetState()
+        view = SharedView(state, b, CordonBudget(BUDGET), interval=1.0)
+        await view.start()
+        written = node("n1", "c1", 200.0, health="WARN")
+        a.queue_node(written, stale=False)
+        await a.flush()
+        await view.refresh()
+        read = state.nodes[("c1", "n1")]
+        assert read.document == ""
+        assert (read.health, read.gpus, read.findings) == (
+            written.health,
+            written.gpus,
+            written.findings,
+        )
+        assert (read.fingerprint_id, read.fingerprint) == (
+            written.fingerprint_id,
+            written.fingerprint,
+        )
+        assert await b.node_document("c1", "n1") == written.document
+
+        # Its Last Will, taken here: the record written has no document; the stored one stays.
+        b.queue_node(dataclasses.replace(read, online=False, reason="shutdown"), stale=False)
+        await b.flush()
+        assert db.run("SELECT online FROM nodes WHERE node = 'n1';") == ["f"]
+        assert await a.node_document("c1", "n1") == written.document
+
+
+async def test_a_row_written_without_a_summary_is_read_from_its_document(db: Db) -> None:
+    """During a rolling upgrade an aggregator from before summaries writes reports without
+    one: its summary no longer matches the row's report, and the view reads the document
+    instead of showing an older report's GPUs."""
+    a, b = make_store(db.url), make_store(db.url)
+    async with opened(a, b):
+        state = FleetState()
+        view = SharedView(state, b, CordonBudget(BUDGET), interval=1.0)
+        await view.start()
+        a.queue_node(node("n1", "c1", 200.0, health="OK"), stale=False)
+        await a.flush()
+        await view.refresh()
+        assert state.nodes[("c1", "n1")].health == "OK"
+        # The older aggregator's upsert: every column it knows, the summary left as it was.
+        message = msg.state(
+            "n1", when=300.0, health="CRITICAL", gpus=[msg.gpu_doc(0), msg.gpu_doc(1)]
+        )
+        document = json.dumps(message).replace("'", "''")
+        db.run(
+            "UPDATE nodes SET last_seen = 300, health = 'CRITICAL', "
+            f"document = '{document}' WHERE node = 'n1';"
+        )
+        await view.refresh()
+        read = state.nodes[("c1", "n1")]
+        assert (read.last_seen, read.health) == (300.0, "CRITICAL")
+        assert len(read.gpus) == 2  # the newer report's, from its document
+
+
 # --- credentials and TLS ---------------------------------------------------------------------
 
 

@@ -188,11 +188,15 @@ class FleetView:
             "drivers": sorted(drivers),
         }
 
-    def node(self, record: NodeRecord, now: float | None = None) -> dict[str, Any]:
+    def node(
+        self, record: NodeRecord, now: float | None = None, document: str | None = None
+    ) -> dict[str, Any]:
         """The node page's document: the API's node detail, with shown health and the
-        start of every finding, also those in the status document."""
+        start of every finding, also those in the status document (``document``, the
+        stored report; by default the record's own)."""
         now = time.time() if now is None else now
-        doc = views.node_detail(self.state, record, now, self.stale_after)
+        document = record.document if document is None else document
+        doc = views.node_detail(self.state, record, now, self.stale_after, document)
         doc.update(self.row(record, now))
         status = doc.get("status")
         gpus = status.get("gpus") if isinstance(status, dict) else None

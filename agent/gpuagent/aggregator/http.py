@@ -150,7 +150,20 @@ class Api:
             return self._bad("node", str(exc))
         except NotFoundError as exc:
             return _error(404, str(exc))
-        return _json(views.node_detail(self.state, record, self.clock(), self.stale_after))
+        document = await self._document(record)
+        detail = views.node_detail(self.state, record, self.clock(), self.stale_after, document)
+        return _json(detail)
+
+    async def _document(self, record: NodeRecord) -> str:
+        """The node's last report as stored: the record's, or, for a record read from a
+        shared database's summary, the database's."""
+        if record.document:
+            return record.document
+        try:
+            return await self.store.node_document(record.cluster, record.node)
+        except Exception:  # the page without its status, rather than no page
+            log.exception("API: reading the last report of %s failed", record.node)
+            return ""
 
     async def fleet(self, request: web.Request) -> web.Response:
         """The page's fleet table: filtered and sorted here, not in the browser."""
@@ -179,7 +192,9 @@ class Api:
             return self._bad("fleet_node", str(exc))
         except NotFoundError as exc:
             return _error(404, str(exc))
-        return _json(FleetView(self.state, self.stale_after).node(record, self.clock()))
+        document = await self._document(record)
+        view = FleetView(self.state, self.stale_after)
+        return _json(view.node(record, self.clock(), document))
 
     async def events(self, request: web.Request) -> web.Response:
         try:

@@ -1,8 +1,9 @@
 """What the aggregator remembers of one node, built from its state reports.
 
-A record keeps the few fields the API, page, metrics and drift need, plus the state
-report's raw JSON: parsing every node's full status document into Python objects would
-cost ten times its size in memory, and only `GET /api/v1/nodes/<node>` needs it whole.
+A record keeps the few fields the API, page, metrics and drift need. The state report's
+raw JSON travels with a new record to the database and is read back from there: only
+`GET /api/v1/nodes/<node>` needs it whole, and 100,000 reports of 10-50 KB each would be
+gigabytes in memory (parsed into Python objects, ten times that).
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ class NodeRecord:
     findings: tuple[dict[str, Any], ...] = ()
     fingerprint_id: str = UNKNOWN_FINGERPRINT
     fingerprint: tuple[tuple[str, str], ...] = ()
-    # The last online state message, as received (JSON text).
+    # The last online state message, as received (JSON text), on its way to the database;
+    # the records the fleet state keeps leave it there (empty), and a node's page reads it
+    # back (`FleetStore.node_document`).
     document: str = ""
 
     @property
@@ -136,9 +139,46 @@ def with_offline(
     return dataclasses.replace(previous, online=False, reason=reason)
 
 
-def status_of(record: NodeRecord) -> dict[str, Any] | None:
-    """The status document of the node's last online report, parsed on demand."""
-    if not record.document:
+def status_of(document: str) -> dict[str, Any] | None:
+    """The status document of a node's last online report (its message as stored)."""
+    if not document:
         return None
-    status = json.loads(record.document).get("status")
+    status = json.loads(document).get("status")
     return status if isinstance(status, dict) else None
+
+
+def summary_json(record: NodeRecord) -> str:
+    """What the fleet view needs of the record beyond the node table's columns, and the
+    report's time (`from_summary` refuses a summary of another report)."""
+    return json.dumps(
+        {
+            "last_seen": record.last_seen,
+            "gpus": [gpu.json() for gpu in record.gpus],
+            "findings": list(record.findings),
+            "fingerprint_id": record.fingerprint_id,
+            "fingerprint": dict(record.fingerprint),
+        },
+        separators=(",", ":"),
+    )
+
+
+def from_summary(base: NodeRecord, summary: str) -> NodeRecord | None:
+    """``base`` (the node table's columns) with what `summary_json` kept; None if the
+    summary is missing, malformed, or of another report than ``base.last_seen``."""
+    try:
+        doc = json.loads(summary) if summary else None
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or doc.get("last_seen") != base.last_seen:
+        return None
+    fingerprint = doc.get("fingerprint")
+    fingerprint_id = doc.get("fingerprint_id")
+    return dataclasses.replace(
+        base,
+        gpus=tuple(_gpu(g) for g in _dicts(doc.get("gpus"))),
+        findings=_dicts(doc.get("findings")),
+        fingerprint_id=fingerprint_id if isinstance(fingerprint_id, str) else UNKNOWN_FINGERPRINT,
+        fingerprint=tuple(sorted((str(k), str(v)) for k, v in fingerprint.items()))
+        if isinstance(fingerprint, dict)
+        else (),
+    )

@@ -165,7 +165,7 @@ class Aggregator:
                 is_stale = record.is_stale(now, self.config.stale_after_seconds)
                 if is_stale != (key in stale):
                     (stale.add if is_stale else stale.discard)(key)
-                    self.store.queue_node(record, stale=is_stale)
+                    self.store.queue_stale(record, stale=is_stale)
 
     def stop(self) -> None:
         self._stop.set()

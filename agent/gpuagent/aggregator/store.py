@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from gpuagent.aggregator import decisions, migrations
 from gpuagent.aggregator.database import Session, database, describe
-from gpuagent.aggregator.records import NodeRecord, from_online_state
+from gpuagent.aggregator.records import NodeRecord, from_online_state, from_summary, summary_json
 from gpuagent.config.schema.aggregator import CordonBudgetSection, PostgresSection
 
 log = logging.getLogger(__name__)
@@ -47,18 +47,22 @@ REFUSED_KEPT = 10_000
 
 _UPSERT_NODE = """
 INSERT INTO nodes (cluster, node, online, health, reason, last_seen, agent_version,
-                   fingerprint_id, stale, document)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                   fingerprint_id, stale, document, summary)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (cluster, node) DO UPDATE SET
     online = excluded.online, health = excluded.health, reason = excluded.reason,
     last_seen = excluded.last_seen, agent_version = excluded.agent_version,
     fingerprint_id = excluded.fingerprint_id, stale = excluded.stale,
-    document = excluded.document
+    -- A record read from the summary has no document (a node going offline): keep it.
+    document = CASE WHEN excluded.document = '' THEN nodes.document ELSE excluded.document END,
+    summary = excluded.summary
 -- Never back to an older report, nor an offline node online again with the same one (a
 -- late copy); another aggregator may have written the newer one.
 WHERE excluded.last_seen > nodes.last_seen
    OR (excluded.last_seen = nodes.last_seen AND (nodes.online OR NOT excluded.online))
 """
+# The stale flag alone (the sweep): the document is not written again for it.
+_MARK_STALE = "UPDATE nodes SET stale = ? WHERE cluster = ? AND node = ? AND last_seen = ?"
 _INSERT = {
     "events": "INSERT INTO events (id, cluster, node, time, category, body) "
     "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
@@ -102,10 +106,18 @@ _CHANGED_NODES = (
     "FROM (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin) AS s "
     "LEFT JOIN nodes AS n ON n.changed >= ?::xid8"
 )
+_SUMMARIES_BY_KEY = (
+    "SELECT cluster, node, online, health, reason, last_seen, agent_version, summary FROM nodes "
+    "WHERE (cluster, node) IN (SELECT * FROM unnest(?::text[], ?::text[]))"
+)
 _NODES_BY_KEY = (
     "SELECT cluster, node, online, health, reason, last_seen, agent_version, document FROM nodes "
     "WHERE (cluster, node) IN (SELECT * FROM unnest(?::text[], ?::text[]))"
 )
+_SELECT_SUMMARIES = (
+    "SELECT cluster, node, online, health, reason, last_seen, agent_version, summary FROM nodes"
+)
+_SELECT_DOCUMENT = "SELECT document FROM nodes WHERE cluster = ? AND node = ?"
 # Node rows read back per statement.
 _KEYS_PER_READ = 1000
 
@@ -145,6 +157,10 @@ class CordonRow:
 @dataclass
 class _Pending:
     nodes: dict[tuple[str, str], tuple[NodeRecord, bool]] = field(default_factory=dict)
+    # Stale flags to set or clear: (stale, cluster, node, last_seen) by node.
+    stale: dict[tuple[str, str], tuple[bool, str, str, float]] = field(default_factory=dict)
+    # Whether to write each node's summary (a shared database reads it).
+    summaries: bool = False
     rows: dict[str, list[tuple[Any, ...]]] = field(
         default_factory=lambda: {table: [] for table in _INSERT}
     )
@@ -154,12 +170,17 @@ class _Pending:
     callbacks: list[Callable[[], None]] = field(default_factory=list)
 
     def __len__(self) -> int:
-        return len(self.nodes) + sum(len(r) for r in self.rows.values()) + len(self.requests)
+        rows = sum(len(r) for r in self.rows.values())
+        return len(self.nodes) + len(self.stale) + rows + len(self.requests)
 
     def then(self, later: _Pending) -> _Pending:
         """This batch (not written) followed by ``later``: ``later``'s node records are
         newer, its rows and callbacks come after this batch's."""
-        merged = _Pending(nodes={**self.nodes, **later.nodes})
+        merged = _Pending(
+            nodes={**self.nodes, **later.nodes},
+            stale={**self.stale, **later.stale},
+            summaries=self.summaries,
+        )
         for table in merged.rows:
             merged.rows[table] = self.rows[table] + later.rows[table]
         merged.requests = self.requests + later.requests
@@ -169,13 +190,16 @@ class _Pending:
     def statements(self) -> Iterator[tuple[str, str, list[tuple[Any, ...]]]]:
         """(table, statement, rows) for each table with rows queued."""
         if self.nodes:
-            yield "nodes", _UPSERT_NODE, [_node_row(r, stale) for r, stale in self.nodes.values()]
+            rows = [_node_row(r, stale, summary=self.summaries) for r, stale in self.nodes.values()]
+            yield "nodes", _UPSERT_NODE, rows
+        if self.stale:
+            yield "nodes", _MARK_STALE, list(self.stale.values())
         for table, rows in self.rows.items():
             if rows:
                 yield table, _INSERT[table], rows
 
 
-def _node_row(r: NodeRecord, stale: bool) -> tuple[Any, ...]:
+def _node_row(r: NodeRecord, stale: bool, *, summary: bool) -> tuple[Any, ...]:
     return (
         r.cluster,
         r.node,
@@ -187,6 +211,7 @@ def _node_row(r: NodeRecord, stale: bool) -> tuple[Any, ...]:
         r.fingerprint_id,
         stale,
         r.document,
+        summary_json(r) if summary else "",
     )
 
 
@@ -242,7 +267,9 @@ class FleetStore:
             readers = max(1, (postgres or PostgresSection()).pool_max_size - 1)
             self._reads = ThreadPoolExecutor(readers, thread_name_prefix="fleet-store-read")
         self._open_now = False
-        self._pending = _Pending()
+        self._pending = self._new_pending()
+        # The batch being written (its node documents are not in the database yet).
+        self._writing = self._new_pending()
         # Batches whose single transaction failed, and rows then refused, by table.
         self.write_errors = 0
         self.rows_dropped: Counter[str] = Counter()
@@ -303,11 +330,20 @@ class FleetStore:
 
     # --- queueing (event loop, no I/O) ---------------------------------------------------
 
+    def _new_pending(self) -> _Pending:
+        return _Pending(summaries=self.database.shared)
+
     def pending(self) -> int:
         return len(self._pending)
 
     def queue_node(self, record: NodeRecord, *, stale: bool) -> None:
         self._pending.nodes[record.key] = (record, stale)
+        self._pending.stale.pop(record.key, None)
+
+    def queue_stale(self, record: NodeRecord, *, stale: bool) -> None:
+        """Mark the node's row stale (or fresh again), if it still holds this report."""
+        row = (stale, record.cluster, record.node, record.last_seen)
+        self._pending.stale[record.key] = row
 
     def queue_event(self, message: dict[str, Any], raw: str) -> None:
         self._pending.rows["events"].append(
@@ -380,7 +416,8 @@ class FleetStore:
         wait for the next try."""
         if not self._pending and not self._pending.callbacks:
             return
-        batch, self._pending = self._pending, _Pending()
+        batch, self._pending = self._pending, self._new_pending()
+        self._writing = batch
         # Through the store's thread even without rows: the callbacks of one batch must not
         # run before those of a batch still being written.
         try:
@@ -388,6 +425,8 @@ class FleetStore:
         except BaseException:  # cancelled, or the store closed under it: nothing is lost
             self._pending = batch.then(self._pending)
             raise
+        finally:
+            self._writing = self._new_pending()
         self.write_errors += failed
         self.retrying = error is not None
         if error is not None:
@@ -576,9 +615,22 @@ class FleetStore:
         return int(rows[0][0])
 
     async def load_nodes(self) -> list[NodeRecord]:
-        """The node table as last written, for a start."""
-        rows = await self._read(self._rows, _SELECT_NODES)
-        return [node_record(row) for row in rows]
+        """The node table as last written, for a start. From a shared database the
+        summaries (documents only where a summary does not match its row)."""
+        if not self.database.shared:
+            rows = await self._read(self._rows, _SELECT_NODES)
+            # Parsed for what the view needs; the documents stay in the database.
+            return [dataclasses.replace(node_record(row), document="") for row in rows]
+        return await self._from_summaries(await self._read(self._rows, _SELECT_SUMMARIES))
+
+    async def node_document(self, cluster: str, node: str) -> str:
+        """The node's last state message ("" if none): queued, or as stored."""
+        for batch in (self._pending, self._writing):
+            queued = batch.nodes.get((cluster, node))
+            if queued is not None and queued[0].document:
+                return queued[0].document
+        rows = await self._read(self._rows, _SELECT_DOCUMENT, (cluster, node))
+        return str(rows[0][0]) if rows else ""
 
     async def approvals(self, since: float) -> list[tuple[str, str, str, float]]:
         """Approved cordon decisions (cluster, node, action, time) after ``since``, oldest
@@ -604,13 +656,27 @@ class FleetStore:
         return mark, changed
 
     async def node_records(self, keys: list[tuple[str, str]]) -> list[NodeRecord]:
-        """The stored records of these nodes (cluster, node)."""
-        records = []
-        for start in range(0, len(keys), _KEYS_PER_READ):
-            chunk = keys[start : start + _KEYS_PER_READ]
+        """The stored records of these nodes (cluster, node), from their summaries."""
+        rows = []
+        for chunk in _chunks(keys):
+            args = ([c for c, _ in chunk], [n for _, n in chunk])
+            rows += await self._read(self._rows, _SUMMARIES_BY_KEY, args)
+        return await self._from_summaries(rows)
+
+    async def _from_summaries(self, rows: list[Any]) -> list[NodeRecord]:
+        """Records from rows of (node columns..., summary); a row whose summary does not
+        match (written by an aggregator from before summaries) from its document."""
+        records, unsummarised = [], []
+        for *columns, summary in rows:
+            record = from_summary(node_record((*columns, "")), summary)
+            if record is None:
+                unsummarised.append((columns[0], columns[1]))
+            else:
+                records.append(record)
+        for chunk in _chunks(unsummarised):
             args = ([c for c, _ in chunk], [n for _, n in chunk])
             rows = await self._read(self._rows, _NODES_BY_KEY, args)
-            records += [node_record(row) for row in rows]
+            records += [dataclasses.replace(node_record(r), document="") for r in rows]
         return records
 
 
@@ -640,6 +706,11 @@ def node_record(row: tuple[Any, ...]) -> NodeRecord:
     return dataclasses.replace(
         parsed, online=bool(online), health=health, reason=reason, last_seen=last_seen
     )
+
+
+def _chunks(keys: list[tuple[str, str]]) -> Iterator[list[tuple[str, str]]]:
+    for start in range(0, len(keys), _KEYS_PER_READ):
+        yield keys[start : start + _KEYS_PER_READ]
 
 
 def _key(message: dict[str, Any]) -> str:

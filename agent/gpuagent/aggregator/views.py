@@ -29,12 +29,14 @@ def node_json(record: NodeRecord, now: float, stale_after: float) -> dict[str, A
 
 
 def node_detail(
-    state: FleetState, record: NodeRecord, now: float, stale_after: float
+    state: FleetState, record: NodeRecord, now: float, stale_after: float, document: str
 ) -> dict[str, Any]:
+    """The node's page: its record, replies, and the status of its last report
+    (``document``, the stored message)."""
     doc = node_json(record, now, stale_after)
     doc["fingerprint"] = dict(record.fingerprint)
     doc["replies"] = list(reversed(state.replies.get(record.key, ())))
-    doc["status"] = status_of(record)
+    doc["status"] = status_of(document)
     return doc
 
 
