@@ -36,7 +36,7 @@ class PostgresSection:
     # How often each aggregator reads what the others wrote into its in-memory fleet view
     # (the API, page and fleet metrics answer from it): the staleness bound across
     # aggregators is this plus the write-behind interval (50 ms).
-    refresh_interval_seconds: Annotated[float, POSITIVE] = 1.0
+    refresh_interval_seconds: Annotated[float, POSITIVE] = 0.5
 
 
 @dataclass(frozen=True)
