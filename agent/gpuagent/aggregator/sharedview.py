@@ -4,8 +4,9 @@ Each aggregator consumes only its share of the node messages, but answers the AP
 page and the fleet metrics for the whole fleet. So every `refresh_interval_seconds` it
 reads from the database the node rows the others wrote since it last looked (the
 database marks each row with the transaction that wrote it), and the approvals that make
-up the cordon budget. Only rows newer than what it holds are read whole (a node's state
-document); its own writes and the stale flags compare equal and cost one short row each.
+up the cordon budget. Only rows newer than what it holds are read further, as their
+summary (what the view needs of a report, a tenth of its document); its own writes and
+the stale flags compare equal and cost one short row each.
 
 The in-memory view is then at most one interval plus one write-behind batch behind the
 database, on every aggregator; a record consumed here is never replaced by an older one
