@@ -34,7 +34,14 @@ def test_an_unusable_state_directory_degrades_reporting_and_remediation_only(
     config = mqtt_broker.agent_config() + '[remediation]\nmode = "enforce"\n'
     daemon = start_daemon(workdir, H100, config, node_name="gpu-ro")
     try:
-        status = daemon.wait_for(lambda d: _state_dir_finding(d) is not None, timeout=10)
+        # The remediation store and the spool open at different moments: the finding
+        # names each once it has failed.
+        status = daemon.wait_for(
+            lambda d: (
+                "fleet reports held in memory" in (_state_dir_finding(d) or {}).get("reason", "")
+            ),
+            timeout=10,
+        )
         finding = _state_dir_finding(status)
         assert finding is not None
         assert finding["severity"] == "WARN"
