@@ -30,9 +30,10 @@ _APPROVALS = (
 )
 _CLUSTER_SIZE = "SELECT COUNT(*) FROM nodes WHERE cluster = ?"
 _KNOWN_NODE = "SELECT COUNT(*) FROM nodes WHERE cluster = ? AND node = ?"
-_INSERT = (
+# Also the store's statement for decisions made in memory (SQLite).
+INSERT_CORDON = (
     "INSERT INTO cordons (request_id, cluster, node, action, decision, time, reason, "
-    "retry_after_seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    "retry_after_seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (request_id) DO NOTHING"
 )
 
 
@@ -96,7 +97,7 @@ def decide(session: Session, request: CordonRequest, config: CordonBudgetSection
             result.retry_after_seconds,
         )
         session.execute(
-            _INSERT,
+            INSERT_CORDON,
             (
                 request.key,
                 request.cluster,

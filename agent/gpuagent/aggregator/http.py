@@ -144,26 +144,31 @@ class Api:
         )
 
     async def node(self, request: web.Request) -> web.Response:
-        try:
-            record = self._record(request)
-        except BadRequestError as exc:
-            return self._bad("node", str(exc))
-        except NotFoundError as exc:
-            return _error(404, str(exc))
-        document = await self._document(record)
+        found = await self._node_and_document(request, "node")
+        if isinstance(found, web.Response):
+            return found
+        record, document = found
         detail = views.node_detail(self.state, record, self.clock(), self.stale_after, document)
         return _json(detail)
 
-    async def _document(self, record: NodeRecord) -> str:
-        """The node's last report as stored: the record's, or, for a record read from a
-        shared database's summary, the database's."""
-        if record.document:
-            return record.document
+    async def _node_and_document(
+        self, request: web.Request, endpoint: str
+    ) -> tuple[NodeRecord, str] | web.Response:
+        """The node the request names and its last report as stored (the record's own,
+        or the database's: the fleet state keeps none); or the error to answer."""
         try:
-            return await self.store.node_document(record.cluster, record.node)
+            record = self._record(request)
+        except BadRequestError as exc:
+            return self._bad(endpoint, str(exc))
+        except NotFoundError as exc:
+            return _error(404, str(exc))
+        if record.document:
+            return record, record.document
+        try:
+            return record, await self.store.node_document(record.cluster, record.node)
         except Exception:  # the page without its status, rather than no page
             log.exception("API: reading the last report of %s failed", record.node)
-            return ""
+            return record, ""
 
     async def fleet(self, request: web.Request) -> web.Response:
         """The page's fleet table: filtered and sorted here, not in the browser."""
@@ -186,13 +191,10 @@ class Api:
 
     async def fleet_node(self, request: web.Request) -> web.Response:
         """The page's node view: the node's detail, with shown health and finding onsets."""
-        try:
-            record = self._record(request)
-        except BadRequestError as exc:
-            return self._bad("fleet_node", str(exc))
-        except NotFoundError as exc:
-            return _error(404, str(exc))
-        document = await self._document(record)
+        found = await self._node_and_document(request, "fleet_node")
+        if isinstance(found, web.Response):
+            return found
+        record, document = found
         view = FleetView(self.state, self.stale_after)
         return _json(view.node(record, self.clock(), document))
 

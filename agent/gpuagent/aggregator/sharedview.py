@@ -87,8 +87,7 @@ class SharedView:
 
     async def refresh(self) -> None:
         if self._mark is None:
-            await self.start()
-            return
+            raise RuntimeError("the shared view refreshes only after start()")
         mark, changed = await self.store.changed_nodes(self._mark)
         wanted = []
         for cluster, node, online, last_seen, reason in changed:

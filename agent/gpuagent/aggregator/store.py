@@ -68,8 +68,7 @@ _INSERT = {
     "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
     "actions": "INSERT INTO actions (id, cluster, node, time, body) "
     "VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-    "cordons": "INSERT INTO cordons (request_id, cluster, node, action, decision, time, reason, "
-    "retry_after_seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (request_id) DO NOTHING",
+    "cordons": decisions.INSERT_CORDON,
     "replies": "INSERT INTO replies (id, cluster, node, time, body) "
     "VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
     "commands": "INSERT INTO commands (id, cluster, node, time, command, body) "
