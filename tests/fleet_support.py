@@ -4,8 +4,11 @@ real broker, the page in headless Chromium, kernel-log faults in bulk."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import json
 import os
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -16,7 +19,7 @@ import aiohttp
 import pytest
 
 import aggregator_support as msg
-from conftest import DaemonProcess, free_port, require
+from conftest import PATIENCE, DaemonProcess, deadline_in, free_port, require
 from gpuagent.aggregator.service import Aggregator
 from gpuagent.config import AggregatorSection
 from mqtt_broker import Broker
@@ -49,6 +52,27 @@ def metric_total(daemon: DaemonProcess, name: str) -> float:
     return total
 
 
+def spooled_kernel_events(daemon: DaemonProcess) -> dict[str, bool]:
+    """The kernel events in the agent's MQTT spool, by id: True once sent (then they wait
+    for the aggregator's acknowledgement). Only what the test wrote to the kernel log: the
+    spool's totals also move with finding changes the node makes on its own."""
+    spool = daemon.workdir / "state" / "mqtt-spool.sqlite"
+    with contextlib.closing(sqlite3.connect(f"file:{spool}?mode=ro", uri=True)) as db:
+        rows = db.execute("SELECT id, payload, sent FROM outbox WHERE channel = 'events'")
+        return {
+            id_: sent is not None
+            for id_, payload, sent in rows.fetchall()
+            if json.loads(payload)["category"] == "kernel"
+        }
+
+
+def kernel_events_awaiting_ack(daemon: DaemonProcess, count: int) -> bool:
+    """At least ``count`` kernel events are spooled, every spooled one sent: all the agent
+    can do before an aggregator acknowledges them."""
+    spooled = spooled_kernel_events(daemon)
+    return len(spooled) >= count and all(spooled.values())
+
+
 def spool_empty(daemon: DaemonProcess) -> bool:
     return metric_total(daemon, "gpuagent_mqtt_spool_messages") == 0
 
@@ -59,16 +83,17 @@ def events_published(daemon: DaemonProcess) -> float:
 
 
 async def until(check: Callable[[], bool | Awaitable[bool]], timeout: float = 5.0) -> float:
-    """Seconds until ``check`` holds; fails the test past ``timeout``."""
+    """Seconds until ``check`` holds; fails the test past ``timeout`` (times PATIENCE)."""
     start = time.monotonic()
+    deadline = deadline_in(timeout)
     while True:
         result = check()
         if not isinstance(result, bool):
             result = await result
         if result:
             return time.monotonic() - start
-        if time.monotonic() - start > timeout:
-            pytest.fail(f"condition not met within {timeout} s")
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout} s (x{PATIENCE})")
         await asyncio.sleep(0.02)
 
 

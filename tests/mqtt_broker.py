@@ -30,7 +30,7 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from conftest import DaemonProcess, free_port, require
+from conftest import DaemonProcess, deadline_in, free_port, require
 from gpuagent.config import MqttConnection
 
 REPO = Path(__file__).resolve().parent.parent
@@ -206,7 +206,7 @@ class Broker:
         database = self.root / "mosquitto.db"
         before = database.stat().st_ino if database.exists() else None
         self.process.send_signal(signal.SIGUSR1)
-        deadline = time.monotonic() + STARTUP_SECONDS
+        deadline = deadline_in(STARTUP_SECONDS)
         # Written to a new file, then renamed over the old one: a new inode.
         while not (database.exists() and database.stat().st_ino != before):
             if time.monotonic() > deadline:
@@ -220,7 +220,7 @@ class Broker:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
-        deadline = time.monotonic() + STARTUP_SECONDS
+        deadline = deadline_in(STARTUP_SECONDS)
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 err = self.process.stderr.read().decode() if self.process.stderr else ""
@@ -333,7 +333,7 @@ class Listener:
     def wait_for(
         self, predicate: Callable[[list[Received]], bool], timeout: float = 10.0
     ) -> list[Received]:
-        deadline = time.monotonic() + timeout
+        deadline = deadline_in(timeout)
         while True:
             messages = self.snapshot()
             if predicate(messages):

@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 
+from conftest import deadline_in
 from fleet_support import devtools_page
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,7 +53,7 @@ class Browser:
 
     async def wait_for(self, expression: str, timeout: float = 10.0) -> None:
         """Until ``expression`` is true in the page; AssertionError past ``timeout``."""
-        deadline = time.monotonic() + timeout
+        deadline = deadline_in(timeout)
         while not await self.evaluate(expression):
             if time.monotonic() > deadline:
                 error = await self.evaluate("document.getElementById('error')?.innerText")

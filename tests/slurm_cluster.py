@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conftest import free_port, require
+from conftest import deadline_in, free_port, require
 
 PROGRAMS = ("munged", "slurmctld", "slurmd", "scontrol", "sinfo")
 PACKAGES = "slurmctld slurmd slurm-client munge"
@@ -84,7 +84,7 @@ class SlurmCluster:
 
     def wait_for(self, predicate: Callable[[tuple[str, str]], bool], timeout: float = 15.0) -> None:
         """Poll sinfo until ``predicate((state, reason))`` holds."""
-        deadline = time.monotonic() + timeout
+        deadline = deadline_in(timeout)
         while not predicate(seen := self.sinfo()):
             if time.monotonic() > deadline:
                 raise AssertionError(f"node {self.node} is {seen} after {timeout} s")
@@ -130,7 +130,7 @@ class SlurmCluster:
         # lists a job until slurmd reports it done, including one still being launched.
         if jobs := self._jobs():
             self.run("scancel", *jobs)
-        deadline = time.monotonic() + 15
+        deadline = deadline_in(15)
         while self._jobs() or self.job_cgroups():
             if time.monotonic() > deadline:
                 break  # _remove_cgroups kills what is left
@@ -158,7 +158,7 @@ def _remove_cgroups(trees: list[Path]) -> None:
     for tree in trees:
         directories = sorted((d for d in tree.rglob("*") if d.is_dir()), reverse=True)
         for directory in [*directories, tree]:
-            deadline = time.monotonic() + 10
+            deadline = deadline_in(10)
             while pids := (directory / "cgroup.procs").read_text().split():
                 for pid in pids:
                     with contextlib.suppress(ProcessLookupError):
@@ -312,7 +312,7 @@ def _wait_until_idle(cluster: SlurmCluster) -> None:
 
 def _wait(cluster: SlurmCluster, ready: Callable[[], bool], what: str) -> None:
     """Poll ``ready`` during start-up; a daemon that exits ends the wait at once."""
-    deadline = time.monotonic() + STARTUP_SECONDS
+    deadline = deadline_in(STARTUP_SECONDS)
     while not ready():
         for process in cluster.processes:
             if process.poll() is not None:

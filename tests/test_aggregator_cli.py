@@ -10,7 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from conftest import REPO, free_port
+from conftest import REPO, deadline_in, free_port
 
 AGGREGATOR = [sys.executable, "-m", "gpuagent.aggregator.cli"]
 
@@ -50,7 +50,7 @@ def test_run_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
     ) as process:
-        deadline = time.monotonic() + 15
+        deadline = deadline_in(15)
         body = None
         while body is None and time.monotonic() < deadline:
             try:

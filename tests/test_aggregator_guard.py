@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import aggregator_support as msg
-from conftest import free_port
+from conftest import deadline_in, free_port
 from gpuagent.aggregator import cli
 from gpuagent.aggregator.http import NO_TOKEN, allowed_hosts, host_allowed
 from gpuagent.aggregator.ingest import Outgoing
@@ -367,7 +367,7 @@ async def test_connections_past_the_limit_are_closed_at_accept(
         assert len([m for m in caplog.messages if "max_connections" in m]) == 1  # one episode
         # One held connection goes away: a new client is served again.
         held.pop()[1].close()
-        deadline = time.monotonic() + 5
+        deadline = deadline_in(5)
         while True:
             try:
                 assert (await _get(r.base + "/api/v1/nodes"))[0] == 200

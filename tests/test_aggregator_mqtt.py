@@ -58,7 +58,7 @@ async def test_a_state_report_is_in_the_api_within_two_seconds(
         async def visible() -> bool:
             return [(n["name"], n["health"]) for n in await api_nodes(agg)] == [("n1", "WARN")]
 
-        assert await until(visible, timeout=2.0) < 2.0
+        await until(visible, timeout=2.0)
 
 
 _WILL_SCRIPT = """

@@ -32,6 +32,7 @@ from fleet_support import (
     Run,
     aggregator,
     events_published,
+    kernel_events_awaiting_ack,
     reporting_agent,
     second_gpu_bus,
     spool_empty,
@@ -162,7 +163,7 @@ async def test_every_aggregator_answers_for_the_whole_fleet(
 
         for client, node in zip(clients, nodes, strict=True):
             await publish(client, "state", msg.state(node, health="WARN"))
-        assert await until(agreed, timeout=5.0) < 2.0
+        await until(agreed, timeout=2.0)
         # Each consumed a share: the other's nodes came from the database.
         consumed_a = a.state.counters.received["state"]
         consumed_b = b.state.counters.received["state"]
@@ -172,11 +173,11 @@ async def test_every_aggregator_answers_for_the_whole_fleet(
 
         await publish(clients[3], "state", msg.state("n03", health="CRITICAL"))
         expected["n03"] = ("CRITICAL", True)
-        assert await until(agreed, timeout=5.0) < 2.0
+        await until(agreed, timeout=2.0)
 
         await publish(clients[7], "state", msg.offline("n07"))
         expected["n07"] = ("WARN", False)
-        assert await until(agreed, timeout=5.0) < 2.0
+        await until(agreed, timeout=2.0)
         for agg in (a, b):
             shown = await _get(_base(agg), "/api/v1/nodes/n07")
             assert (shown["online"], shown["reason"]) == (False, "connection lost")
@@ -503,7 +504,8 @@ async def test_a_broker_killed_under_two_aggregators_loses_nothing(
         daemon.write_kernel_log(*xid_records(1100, 100, bus))
         await asyncio.to_thread(daemon.wait_for, lambda d: d["kmsg"]["records_read"] == 200, 20)
         await asyncio.to_thread(mqtt_broker.start)
-        await asyncio.to_thread(daemon.wait_for, lambda _: events_published(daemon) >= 200, 20)
+        # The outage's 100, and any of the first 100 whose acknowledgement it lost.
+        await until(lambda: kernel_events_awaiting_ack(daemon, 100), timeout=20)
         # Published before either aggregator was back: to nobody.
         assert not a.state.connected
         assert not b.state.connected

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 import aggregator_support as msg
-from conftest import require_that
+from conftest import deadline_in, require_that
 from gpuagent.aggregator import decisions, migrations
 from gpuagent.aggregator.budget import CordonBudget
 from gpuagent.aggregator.database import database
@@ -135,7 +135,7 @@ def terminate(db: Db) -> None:
         f"WHERE application_name = 'gpuagent-aggregator' AND datname = '{db.name}';"
     )
     pids = [row.split("|")[0] for row in rows]
-    deadline = time.monotonic() + 10
+    deadline = deadline_in(10)
     while pids and time.monotonic() < deadline:
         left = db.server.run(
             f"SELECT COUNT(*) FROM pg_stat_activity WHERE pid IN ({', '.join(pids)});"
@@ -674,7 +674,7 @@ def tcp_pg(pki: Pki) -> Iterator[PostgresServer]:
             "ALTER SYSTEM SET ssl = on;\n"
             "SELECT pg_reload_conf();\n"
         )
-        deadline = time.monotonic() + 10
+        deadline = deadline_in(10)
         while server.run("SHOW ssl;") != ["on"]:
             assert time.monotonic() < deadline, (server.root / "log").read_text()[-2000:]
             time.sleep(0.05)

@@ -21,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import aggregator_support as msg
-from conftest import free_port
+from conftest import deadline_in, free_port
 from gpuagent.aggregator import cli, service, supervise
 from gpuagent.aggregator import store as store_module
 from gpuagent.aggregator.service import Aggregator
@@ -31,7 +31,7 @@ from gpuagent.fleet import schema
 
 
 async def until(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = deadline_in(timeout)
     while not check():
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.01)

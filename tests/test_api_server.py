@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import DaemonProcess
+from conftest import DaemonProcess, deadline_in
 from gpuagent import api
 from gpuagent.api import CONNECTION_REASON_PREFIX, ApiServer
 
@@ -229,7 +229,7 @@ def _open_fds(pid: int) -> int:
 
 
 def _wait(condition: Any, timeout: float = 10.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
+    deadline = deadline_in(timeout)
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout} s: {what}")

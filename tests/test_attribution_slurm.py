@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require_that
+from conftest import deadline_in, require_that
 from gpuagent.attribution.slurm import SlurmStep, parse_cgroup
 from gpuagent.model import GpuProcess
 from gpuagent.sources.procfs import ProcessTable
@@ -52,7 +52,7 @@ def job_processes(cluster: SlurmCluster, job: str) -> dict[int, str]:
 
 def wait_for_sleep(cluster: SlurmCluster, job: str) -> tuple[int, str]:
     """(pid, step) of the job's ``sleep`` once slurmd has started it."""
-    deadline = time.monotonic() + JOB_SECONDS
+    deadline = deadline_in(JOB_SECONDS)
     while True:
         for pid, step in job_processes(cluster, job).items():
             comm = PROC / str(pid) / "comm"
@@ -87,7 +87,7 @@ def test_a_real_jobs_process_is_attributed_to_its_job(cluster: SlurmCluster) -> 
     cancelled = cluster.run("scancel", job)
     assert cancelled.returncode == 0, cancelled.stderr
     # slurmd ends the job's processes and removes the job's cgroups when the job ends.
-    deadline = time.monotonic() + JOB_SECONDS
+    deadline = deadline_in(JOB_SECONDS)
     while (PROC / str(pid)).exists() or cluster.job_cgroups(job):
         if time.monotonic() > deadline:
             raise AssertionError(f"job {job} still has a process or a cgroup\n{cluster.logs()}")

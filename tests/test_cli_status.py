@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from conftest import DaemonProcess, run_cli
+from conftest import DaemonProcess, deadline_in, run_cli
 from gpuagent.render import color_enabled, render_status
 from test_diag_cli import install_dcgmi
 
@@ -54,7 +54,7 @@ def read_until(fd: int, done: Callable[[str], bool], timeout: float = 20.0) -> s
     """What comes from ``fd`` until ``done`` holds for it, or the writer closes it (EOF or,
     on a terminal, EIO)."""
     received = b""
-    deadline = time.monotonic() + timeout
+    deadline = deadline_in(timeout)
     while not done(received.decode(errors="replace")):
         remaining = deadline - time.monotonic()
         assert remaining > 0, f"timed out; got {received!r}"

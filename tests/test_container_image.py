@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, free_port, require, require_that
+from conftest import REPO, deadline_in, free_port, require, require_that
 
 TAG = f"localhost/gpuagent:pytest-{os.getpid()}"
 SCENARIO = REPO / "scenarios" / "h100-healthy.toml"
@@ -123,7 +123,7 @@ def test_image_runs_the_agent_on_a_simulated_node(image: str, tmp_path: Path) ->
     )  # fmt: skip
     assert started.returncode == 0, started.stderr
     try:
-        metrics = _get(f"http://127.0.0.1:{port}/metrics", time.monotonic() + 30)
+        metrics = _get(f"http://127.0.0.1:{port}/metrics", deadline_in(30))
         temps = [line for line in metrics.splitlines() if line.startswith("DCGM_FI_DEV_GPU_TEMP{")]
         assert len(temps) == 8
         assert "gpuagent_build_info{" in metrics

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import DaemonProcess, run_cli, start_daemon
+from conftest import PATIENCE, DaemonProcess, run_cli, start_daemon
 
 pytestmark = pytest.mark.integration
 
@@ -196,7 +196,7 @@ def test_hang_on_one_gpu_leaves_the_others_and_the_scrape_alive(run_daemon: Run)
     before = _gpu(doc, 5)["sampled_at"]
     started = time.monotonic()
     metrics = daemon.metrics()
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 0.5 * PATIENCE  # GPU 2 hangs for 4 s
     assert {s.labels["gpu"] for s in _samples(metrics, "DCGM_FI_DEV_GPU_TEMP")} == {
         "0",
         "1",

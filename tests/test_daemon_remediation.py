@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conftest import DaemonProcess, run_cli, start_daemon
+from conftest import DaemonProcess, deadline_in, run_cli, start_daemon
 
 pytestmark = pytest.mark.integration
 
@@ -79,7 +79,7 @@ def _actions(daemon: DaemonProcess) -> list[dict[str, Any]]:
 
 
 def _wait(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = deadline_in(timeout)
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")

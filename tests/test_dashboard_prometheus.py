@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from conftest import TEST_DATA, DaemonProcess, free_port, require
+from conftest import TEST_DATA, DaemonProcess, deadline_in, free_port, require
 
 _TRAINING = "".join(
     f'[[fault]]\ngpu = {gpu}\nkind = "process"\npid = {4100 + gpu}\nname = "train.py"\n'
@@ -124,7 +124,7 @@ def test_every_dashboard_query_returns_data(
 ) -> None:
     daemon = run_daemon(SCENARIO)
     server = prometheus(f"127.0.0.1:{daemon.port}")
-    deadline = time.monotonic() + _DEADLINE_SECONDS
+    deadline = deadline_in(_DEADLINE_SECONDS)
     _until(lambda: _ready(server), "prometheus was not ready", server, deadline)
     queries = dashboard_queries()
     assert len(queries) == 8

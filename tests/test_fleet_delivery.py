@@ -28,7 +28,7 @@ from fleet_support import (
     H100,
     Run,
     aggregator,
-    events_published,
+    kernel_events_awaiting_ack,
     metric_total,
     reporting_agent,
     second_gpu_bus,
@@ -78,7 +78,7 @@ async def test_a_broker_restart_while_the_aggregator_is_away_loses_nothing(
     await asyncio.to_thread(mqtt_broker.start)
     daemon.write_kernel_log(*xid_records(100, 100, second_gpu_bus(daemon)))
     # The broker has all 100 before the aggregator comes back.
-    await asyncio.to_thread(daemon.wait_for, lambda _: events_published(daemon) >= 100, 20)
+    await until(lambda: kernel_events_awaiting_ack(daemon, 100), timeout=20)
     async with aggregator(tmp_path, mqtt_broker, share_group=share_group) as agg:
         await _exactly(f"http://{agg.config.listen}", "gpu-r", 100, timeout=60)
         await until(lambda: spool_empty(daemon), timeout=10)
@@ -105,7 +105,8 @@ async def test_a_broker_killed_while_everything_runs_loses_nothing(
         daemon.write_kernel_log(*xid_records(1200, 200, bus))
         await asyncio.to_thread(daemon.wait_for, lambda d: d["kmsg"]["records_read"] == 400, 20)
         await asyncio.to_thread(mqtt_broker.start)
-        await asyncio.to_thread(daemon.wait_for, lambda _: events_published(daemon) >= 400, 20)
+        # The 200 of the outage, and any of the first 200 whose acknowledgement it lost.
+        await until(lambda: kernel_events_awaiting_ack(daemon, 200), timeout=20)
         assert not agg.state.connected  # published before the aggregator was back
         daemon.write_kernel_log(*xid_records(1400, 200, bus))
         await _exactly(base, "gpu-k", 600, timeout=90)
@@ -126,8 +127,7 @@ async def test_the_agent_reconnects_before_the_aggregator(
         daemon.wait_for, lambda _: metric_total(daemon, "gpuagent_mqtt_connections_total") >= 2, 20
     )
     daemon.write_kernel_log(*xid_records(200, 100, second_gpu_bus(daemon)))
-    await asyncio.to_thread(daemon.wait_for, lambda _: events_published(daemon) >= 100, 20)
-    assert metric_total(daemon, "gpuagent_mqtt_spool_awaiting_ack_messages") == 100
+    await until(lambda: kernel_events_awaiting_ack(daemon, 100), timeout=20)
     async with aggregator(tmp_path, mqtt_broker, "a") as agg:
         await _exactly(f"http://{agg.config.listen}", "gpu-f", 100, timeout=60)
 

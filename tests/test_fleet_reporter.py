@@ -12,8 +12,8 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 
-from conftest import DaemonProcess
-from fleet_support import H100, xid_records
+from conftest import DaemonProcess, deadline_in
+from fleet_support import H100, kernel_events_awaiting_ack, spooled_kernel_events, xid_records
 from mqtt_broker import Broker, Listener, Received, wait_out_the_outage
 
 pytestmark = pytest.mark.integration
@@ -126,12 +126,8 @@ def test_broker_outage_loses_no_event(
     assert codes == {13}
     # All sent; they stay spooled until an aggregator acknowledges storing them (this test
     # runs none: test_fleet_delivery.py does).
-    daemon.wait_for(
-        lambda _d: (
-            _metric(daemon, "gpuagent_mqtt_spool_awaiting_ack_messages") == 500.0
-            and _metric(daemon, "gpuagent_mqtt_spool_messages") == 500.0
-        )
-    )
+    daemon.wait_for(lambda _d: kernel_events_awaiting_ack(daemon, 500))
+    assert set(spooled_kernel_events(daemon)) == ids
 
 
 def test_agent_killed_with_a_full_spool_sends_it_after_restart(
@@ -231,7 +227,7 @@ def _publish_refused(broker: Broker, identity: str, topic: str) -> bool:
     client.loop_start()
     try:
         client.publish(topic, b"{}", qos=1).wait_for_publish(5)
-        deadline = time.monotonic() + 5
+        deadline = deadline_in(5)
         while not codes and time.monotonic() < deadline:
             time.sleep(0.02)
     finally:

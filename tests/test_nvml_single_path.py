@@ -20,7 +20,7 @@ from typing import Any, Self
 import pynvml
 import pytest
 
-from conftest import REPO, FakeClock
+from conftest import REPO, FakeClock, deadline_in
 from gpuagent.config import NvmlSourceSection
 from gpuagent.nvml.worker import CallWorker, calls_in_flight, draining
 from gpuagent.remediation.gpu_ops import GpuOperationError, GpuOps
@@ -49,7 +49,7 @@ def _source(node: SimulatedNode, call_timeout: float = TIMEOUT) -> NvmlSource:
 
 async def _until(condition: Callable[[], object], within: float = 5.0) -> None:
     """Wait for ``condition`` to come true (fail after ``within`` seconds)."""
-    deadline = time.monotonic() + within
+    deadline = deadline_in(within)
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.01)

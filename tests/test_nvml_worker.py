@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import PATIENCE
 from gpuagent.nvml.worker import CallTimeoutError, CallWorker
 from gpuagent.sdnotify import Notifier, _pure_notify
 
@@ -47,7 +48,7 @@ async def test_blocked_call_times_out_and_worker_stays_busy_until_it_returns() -
     started = time.monotonic()
     with pytest.raises(CallTimeoutError) as info:
         await worker.run(lambda: worker.call("nvmlDeviceGetTemperature", release.wait), 0.2)
-    assert 0.15 < time.monotonic() - started < 1.0
+    assert 0.15 < time.monotonic() - started < PATIENCE  # the call never returns
     assert info.value.call == "nvmlDeviceGetTemperature"
     assert worker.busy
     blocked = worker.blocked_call()

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from conftest import DaemonProcess, require, require_that
+from conftest import DaemonProcess, deadline_in, require, require_that
 from gpuagent.config import parse_config
 from mqtt_broker import Broker
 
@@ -340,7 +340,7 @@ def test_daemon_stops_within_the_budget_against_a_silent_broker_and_a_wedged_gpu
         config_extra=mqtt_broker.agent_config(),
         call_timeout=2.0,
     )
-    deadline = time.monotonic() + 10
+    deadline = deadline_in(10)
     while "gpuagent_mqtt_connected 1.0" not in daemon.metrics():
         assert time.monotonic() < deadline, "the agent did not connect to the broker"
         time.sleep(0.05)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DaemonProcess
+from conftest import DaemonProcess, deadline_in
 from gpuagent.textfile import FILE_NAME, TextfileWriter, write_atomically
 
 
@@ -96,7 +96,7 @@ def test_the_daemon_writes_its_metrics_for_node_exporter(
         config_extra=f'[outputs.textfile]\ndir = "{directory}"\nmin_interval_seconds = 0.1\n',
     )
     path = directory / FILE_NAME
-    deadline = time.monotonic() + 10
+    deadline = deadline_in(10)
     while not path.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     text = path.read_text()
