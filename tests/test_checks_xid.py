@@ -149,19 +149,20 @@ def check(*events: GpuEvent, now: float = 0.0, **config: float) -> Finding:
         pytest.param(
             XID_45,
             Severity.WARN,
-            "restart_app",
-            "gpu-xid-app-error",
-            "application error Xid 45 (ROBUST_CHANNEL_PREEMPTIVE_REMOVAL) "
-            "in xdg-desktop-por (pid 2171)",
-            id="45-alone-is-an-app-error",
+            "restart_fabric_manager",
+            "gpu-xid-solo-teardown",
+            "Xid 45 (ROBUST_CHANNEL_PREEMPTIVE_REMOVAL) in xdg-desktop-por (pid 2171): "
+            "channels removed with no other XID",
+            id="45-solo-restart-fabric-manager",
         ),
         pytest.param(
             XID_45_BY_149,
-            Severity.CRITICAL,
-            "contact_support",
-            "gpu-xid-contact-support",
-            "Xid 45 (ROBUST_CHANNEL_PREEMPTIVE_REMOVAL) caused by Xid 149: contact support",
-            id="45-judged-by-its-nvlink-root",
+            Severity.WARN,
+            "investigate",
+            "gpu-xid-consequence",
+            "Xid 45 (ROBUST_CHANNEL_PREEMPTIVE_REMOVAL) caused by Xid 149: "
+            "consequence of a fault elsewhere",
+            id="45-root-not-on-this-gpu-is-a-consequence",
         ),
         pytest.param(
             XID_48,
@@ -311,9 +312,16 @@ def test_real_lines(line: str, severity: Severity, action: str, runbook: str, re
         pytest.param(
             45,
             "pid=1818990, name=python3, Ch 00000001 caused by previous Xid 119",
-            Severity.CRITICAL,
-            "reset_gpu",
-            id="45-judged-by-a-reset-root",
+            Severity.WARN,
+            "investigate",
+            id="45-after-a-reset-root-is-its-consequence",
+        ),
+        pytest.param(
+            45,
+            "pid=1818990, name=python3, Ch 00000001 caused by previous Xid 13",
+            Severity.WARN,
+            "restart_app",
+            id="45-after-an-app-error-is-that-crash",
         ),
         pytest.param(
             45,
@@ -326,7 +334,7 @@ def test_real_lines(line: str, severity: Severity, action: str, runbook: str, re
             45,
             "pid=1818990, name=python3, Ch 00000001 caused by previous Xid 45",
             Severity.WARN,
-            "restart_app",
+            "restart_fabric_manager",
             id="45-naming-itself-is-alone",
         ),
         pytest.param(
@@ -436,6 +444,95 @@ def test_only_the_newest_recovery_action_counts() -> None:
 def test_root_xid_is_in_evidence() -> None:
     found = check_events("xid", xid(XID_45_BY_149))
     assert (found.evidence_dict()["xid"], found.evidence_dict()["root_xid"]) == (45, 149)
+
+
+# --- causality: consequences join their root ---------------------------------------------
+
+XID_149_FATAL = xid_line(149, "pid=1818990, name=python3, NETIR_LINK_EVT Fatal XC0 i0 Link 03")
+
+
+def _teardowns(count: int, *, root: int = 149, start: float = 1.0) -> list[GpuEvent]:
+    """``count`` channel teardowns naming ``root``, one per channel of the job's processes."""
+    rest = "pid={pid}, name=python3, Ch {ch:08x} caused by previous Xid {root}"
+    return [
+        xid(xid_line(45, rest.format(pid=1000 + n % 4, ch=n, root=root)), at=start + n * 0.01)
+        for n in range(count)
+    ]
+
+
+def test_the_failed_gpu_keeps_its_own_verdict_with_its_consequences_counted() -> None:
+    found = check_events("xid", xid(XID_149_FATAL, at=0.5), *_teardowns(300), now=10.0)
+    assert (found.severity, found.action) == (Severity.CRITICAL, "reset_gpu")
+    assert found.reason == (
+        "Xid 149 (NVLINK_NETIR_ERROR) fatal: reset required, and 300 channel teardowns after it"
+    )
+    evidence = found.evidence_dict()
+    assert (evidence["xid"], evidence["consequences"], evidence["root_xid"]) == (149, 300, None)
+
+
+def test_consequences_arriving_before_their_root_still_join_it() -> None:
+    # The NVML event for the root can be read after the kernel's teardown lines.
+    found = check_events("xid", *_teardowns(5), xid(XID_149_FATAL, at=2.0), now=10.0)
+    assert found.severity is Severity.CRITICAL
+    assert found.evidence_dict()["consequences"] == 5
+
+
+@pytest.mark.parametrize("count", [1, 10_000])
+def test_a_root_this_gpu_did_not_log_is_a_warning_at_most(count: int) -> None:
+    found = check_events("xid", *_teardowns(count), now=60.0)
+    assert (found.severity, found.action, found.runbook) == (
+        Severity.WARN,
+        "investigate",
+        "gpu-xid-consequence",
+    )
+    times_seen = f" ({count} times)" if count > 1 else ""
+    assert found.reason == (
+        "Xid 45 (ROBUST_CHANNEL_PREEMPTIVE_REMOVAL) caused by Xid 149: "
+        f"consequence of a fault elsewhere{times_seen}"
+    )
+    assert found.evidence_dict()["root_xid"] == 149
+
+
+def test_a_consequence_of_a_fault_elsewhere_fades_like_an_app_error() -> None:
+    events = _teardowns(3)
+    assert check(*events, now=59.0, app_error_hold_seconds=60.0).severity is Severity.WARN
+    assert check(*events, now=120.0, app_error_hold_seconds=60.0).severity is Severity.OK
+
+
+def test_a_root_on_another_gpu_of_the_node_does_not_make_this_one_critical() -> None:
+    events = [xid(XID_149_FATAL, at=0.5, gpu=OTHER_BUS), *_teardowns(50)]
+    assert check_events("xid", *events, now=10.0).severity is Severity.WARN
+
+
+@pytest.mark.parametrize(
+    ("after", "severity", "lead"),
+    [
+        pytest.param(5.0, Severity.CRITICAL, "Xid 119", id="within-60-s-part-of-the-fault"),
+        pytest.param(61.0, Severity.CRITICAL, "Xid 119", id="later-still-critical-by-the-root"),
+    ],
+)
+def test_unnamed_teardowns_right_after_a_fault_are_its_consequence(
+    after: float, severity: Severity, lead: str
+) -> None:
+    teardown = xid(xid_line(43, "pid=7, name=train, Ch 00000002"), at=1.0 + after)
+    found = check_events("xid", xid(XID_119, at=1.0), teardown, now=1.0 + after)
+    assert found.severity is severity
+    assert found.reason.startswith(lead)
+    followed = "1 channel teardown after it" in found.reason
+    assert followed is (after <= 60.0)
+    # Later than that, the teardown is an application error of its own, listed too.
+    assert ("application error Xid 43" in found.reason) is (after > 60.0)
+
+
+def test_a_solo_xid_45_asks_for_a_fabric_manager_restart_but_one_after_a_crash_does_not() -> None:
+    solo = check_events("xid", xid(xid_line(45, "pid=7, name=train, Ch 1")), now=1.0)
+    assert (solo.severity, solo.action) == (Severity.WARN, "restart_fabric_manager")
+    crash = [
+        xid(xid_line(13, "pid=7, name=train, Graphics Exception"), at=0.0),
+        xid(xid_line(45, "pid=7, name=train, Ch 1"), at=0.5),
+    ]
+    found = check_events("xid", *crash, now=1.0)
+    assert (found.severity, found.action) == (Severity.WARN, "restart_app")
 
 
 # --- application errors ------------------------------------------------------------------

@@ -65,6 +65,42 @@ def test_one_fault_seen_by_both_sources_is_one_event(second: GpuEvent, kept: boo
     assert len(log.recent()) == (2 if kept else 1)
 
 
+KERNEL_LINE = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=train, GPU has fallen off the bus."
+
+
+@pytest.mark.parametrize("kernel_source", ["kmsg", "drill"])
+@pytest.mark.parametrize("nvml_first", [True, False], ids=["nvml-first", "kernel-first"])
+def test_the_one_event_keeps_the_kernel_lines_content_whichever_came_first(
+    nvml_first: bool, kernel_source: str
+) -> None:
+    log = EventLog(EventsSection(dedup_window_seconds=10))
+    nvml = event("nvml:x", source="nvml", at=100.0, line="Xid 79 (NVML event)")
+    kernel = event(
+        "kmsg:b:1",
+        source=kernel_source,
+        at=101.0,
+        line=KERNEL_LINE,
+        pid=4242,
+        process="train",
+        workloads="job 42",
+    )
+    first, second = (nvml, kernel) if nvml_first else (kernel, nvml)
+    log.add(event("kmsg:b:0", kind="aer", code=None, at=99.0))  # not the XID's record
+    assert log.add(first)
+    assert not log.add(second)
+    (kept,) = [e for e in log.recent() if e.kind == "xid"]
+    # The first one's id (it may be on its way to the fleet), the kernel line's content.
+    assert kept.event_id == first.event_id
+    assert (kept.source, kept.line, kept.pid, kept.process, kept.workloads) == (
+        kernel_source,
+        KERNEL_LINE,
+        4242,
+        "train",
+        "job 42",
+    )
+    assert log.duplicates == 1
+
+
 def test_retention_by_age_and_count_keeps_counts() -> None:
     log = EventLog(EventsSection(retention_seconds=60, max_events=3))
     for i in range(5):

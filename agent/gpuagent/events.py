@@ -2,7 +2,9 @@
 
 One fault produces one event: the same event id (a kernel-log record re-read after a
 restart, a retried report) is dropped, and so is the same XID on the same GPU from the
-other source (kernel log vs NVML) within `dedup_window_seconds`, whichever came first.
+other source (kernel log vs NVML) within `dedup_window_seconds`. The event kept is the
+first one's (its id went out already), with the kernel line's content whichever came
+first: the line names the process, its pid and the driver's text, NVML only the number.
 Recent events (for the checks and status) are bounded by age and count; per-device counts
 since start (for metrics) are kept separately and never pruned.
 """
@@ -11,11 +13,17 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
+from dataclasses import replace
 
 from gpuagent.config import EventsSection
 from gpuagent.model import EventCount, GpuEvent
 
 _CountKey = tuple[str | None, str, int | None, str | None]
+# Sources whose XID records carry the kernel's line (pid, process, text, drill marker).
+_KERNEL_SOURCES = frozenset({"kmsg", "drill"})
+# How far back from the newest event an NVML XID is looked for to take a kernel line's
+# content: the two arrive within the de-duplication window, so near the end.
+_ENRICH_SEARCH = 256
 
 
 class EventLog:
@@ -70,9 +78,29 @@ class EventLog:
         if seen is None:
             return False
         source, when = seen
-        return source != event.source and abs(event.monotonic - when) <= (
+        same = source != event.source and abs(event.monotonic - when) <= (
             self._config.dedup_window_seconds
         )
+        if same and event.source in _KERNEL_SOURCES and source == "nvml":
+            self._enrich(event)
+        return same
+
+    def _enrich(self, kernel: GpuEvent) -> None:
+        """The NVML record of this XID takes the kernel line's content, keeping its id."""
+        events = self._events
+        for index in range(len(events) - 1, max(-1, len(events) - 1 - _ENRICH_SEARCH), -1):
+            kept = events[index]
+            if (kept.source, kept.kind, kept.gpu, kept.code) == (
+                "nvml",
+                "xid",
+                kernel.gpu,
+                kernel.code,
+            ):
+                events[index] = replace(
+                    kernel, event_id=kept.event_id, workloads=kernel.workloads or kept.workloads
+                )
+                self._recent = None
+                return
 
     def prune(self, now: float) -> None:
         """Forget events older than the retention (call periodically)."""

@@ -24,6 +24,13 @@ from gpuagent.model import GpuEvent, Severity
 FALLEN_OFF_THE_BUS = 79  # a node reboot whatever the catalog says: the GPU is unreachable
 PREEMPTIVE_REMOVAL = 45
 RECOVERY_ACTION_CHANGED = 154
+# Channel teardowns: the driver logs one for every channel of every process it cleans up
+# after a fault, so one fault brings thousands of them on every GPU its job touched. Alone
+# they are the workload's error; after a fault on the same GPU, that fault's consequence.
+TEARDOWN_XIDS = frozenset({43, PREEMPTIVE_REMOVAL})
+# How soon after a fault a teardown on the same GPU is that fault's consequence, and how
+# near another XID must be for an Xid 45 not to stand alone (NVIDIA's "solo" Xid 45).
+CONSEQUENCE_SECONDS = 60.0
 # Lines of one application crash (one per channel or SM) arrive together; events closer
 # than this from the same process (or an unknown one) are one incident.
 APP_INCIDENT_GAP_SECONDS = 10.0
@@ -80,6 +87,21 @@ MECHANICALS = Verdict(
     Severity.WARN, "check power cables", Action.CHECK_POWER, Runbook.GPU_XID_CHECK_MECHANICALS
 )
 UNKNOWN = Verdict(Severity.WARN, "unknown XID", Action.INVESTIGATE, Runbook.GPU_XID_UNKNOWN)
+# An Xid 45 naming a root XID this GPU did not log: the fault is on another GPU or node,
+# which its own agent reports. Never more than a warning, and it fades like an app error.
+CONSEQUENCE = Verdict(
+    Severity.WARN,
+    "consequence of a fault elsewhere",
+    Action.INVESTIGATE,
+    Runbook.GPU_XID_CONSEQUENCE,
+)
+# An Xid 45 with no other XID near it: NVIDIA's catalog says to restart Fabric Manager.
+SOLO_TEARDOWN = Verdict(
+    Severity.WARN,
+    "channels removed with no other XID",
+    Action.RESTART_FABRIC_MANAGER,
+    Runbook.GPU_XID_SOLO_TEARDOWN,
+)
 
 # Catalog buckets that need no decoding. RESTART_VM restarts the operating system the
 # agent runs in, which for this agent is a reboot. Buckets not listed here and not
@@ -121,15 +143,20 @@ def _plain(info: XidInfo) -> Judgement:
 
 def _preemptive_removal(info: XidInfo, line: str) -> Judgement:
     # Newer drivers name the XID that made the driver tear the channel down; that XID is
-    # the fault. Alone, Xid 45 means a process's channels were removed (it was killed).
+    # the fault, judged on its own line where the GPU logged it (the check attaches this
+    # line there). Alone, Xid 45 means a process's channels were removed (it was killed).
     root = _ROOT_XID.search(line)
     if root is None or int(root[1]) == PREEMPTIVE_REMOVAL:
         return Judgement(APP_ERROR, info)
     root_xid = int(root[1])
-    # The root XID's own line is elsewhere; judged without it, a root that needs its line
-    # decoded falls to "contact support".
-    judged = judge(root_xid, "")
-    return replace(judged, info=info, detail=f"caused by Xid {root_xid}", root_xid=root_xid)
+    root_verdict = judge(root_xid, "").verdict
+    # A teardown after an application's own error is part of that crash; after an XID
+    # that needs nothing, nothing.
+    if root_verdict is APP_ERROR or root_verdict.severity is Severity.OK:
+        verdict = root_verdict
+    else:
+        verdict = CONSEQUENCE
+    return Judgement(verdict, info, detail=f"caused by Xid {root_xid}", root_xid=root_xid)
 
 
 def _recovery_action(info: XidInfo, line: str) -> Judgement:
@@ -200,6 +227,7 @@ class _Subject:
     event: GpuEvent
     count: int
     judgement: Judgement | None  # None for GSP messages
+    consequences: int = 0  # teardown XIDs this fault caused on the GPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,46 +257,91 @@ class _Tally:
     """The GPU's XIDs sorted by what they mean, in one pass over them."""
 
     faults: dict[_GroupKey, list[Judged]]  # non-OK verdicts other than app errors
-    apps: list[Judged]
+    apps: list[Judged]  # application errors and solo Xid 45s, which fade
+    consequences: dict[_GroupKey, int]  # teardowns attached to the fault they followed
 
 
-def _tally(xids: Sequence[GpuEvent]) -> _Tally:
+def _tally(xids: Sequence[GpuEvent], fade_before: float) -> _Tally:
+    """Sorts the GPU's XIDs; consequences of a fault elsewhere older than ``fade_before``
+    are left out (they fade like application errors)."""
     faults: dict[_GroupKey, list[Judged]] = {}
     apps: list[Judged] = []
+    consequences: dict[_GroupKey, int] = {}
+    rooted: list[Judged] = []  # Xid 45s naming their root XID
     recovery: Judged | None = None
+    last_fault: tuple[_GroupKey, float] | None = None
+    others = times([e for e in xids if e.code != PREEMPTIVE_REMOVAL])
     for event in xids:
         judgement = judge(event.code, event.line)
+        verdict = judgement.verdict
         if event.code == RECOVERY_ACTION_CHANGED:
             # Xid 154 reports the GPU's current recovery action: only the newest is true.
             recovery = (event, judgement)
-        elif judgement.verdict is APP_ERROR:
+        elif verdict is CONSEQUENCE:
+            rooted.append((event, judgement))
+        elif verdict is APP_ERROR and event.code in TEARDOWN_XIDS and judgement.root_xid is None:
+            if last_fault is not None and 0 <= event.monotonic - last_fault[1] <= (
+                CONSEQUENCE_SECONDS
+            ):
+                consequences[last_fault[0]] = consequences.get(last_fault[0], 0) + 1
+            elif event.code == PREEMPTIVE_REMOVAL and not near(
+                event.monotonic, others, CONSEQUENCE_SECONDS
+            ):
+                apps.append((event, replace(judgement, verdict=SOLO_TEARDOWN)))
+            else:
+                apps.append((event, judgement))
+        elif verdict is APP_ERROR:
             apps.append((event, judgement))
-        elif judgement.verdict.severity is not Severity.OK:
-            key = (event.code, judgement.verdict, judgement.detail)
+        elif verdict.severity is not Severity.OK:
+            key = (event.code, verdict, judgement.detail)
             faults.setdefault(key, []).append((event, judgement))
+            last_fault = (key, event.monotonic)
     if recovery is not None and recovery[1].verdict.severity is not Severity.OK:
         _, judgement = recovery
         faults[(RECOVERY_ACTION_CHANGED, judgement.verdict, judgement.detail)] = [recovery]
-    return _Tally(faults, apps)
+    _attach(rooted, faults, consequences, fade_before)
+    return _Tally(faults, apps, consequences)
 
 
-def _group_reason(code: int | None, judgement: Judgement, count: int) -> str:
+def _attach(
+    rooted: list[Judged],
+    faults: dict[_GroupKey, list[Judged]],
+    consequences: dict[_GroupKey, int],
+    fade_before: float,
+) -> None:
+    """Each Xid 45 naming its root joins the root's problem where this GPU logged the root
+    XID; else it is a consequence of a fault elsewhere, a warning of its own."""
+    roots = {key[0]: key for key in faults}
+    for event, judgement in rooted:
+        root = roots.get(judgement.root_xid)
+        if root is not None:
+            consequences[root] = consequences.get(root, 0) + 1
+        elif event.monotonic >= fade_before:
+            key = (event.code, CONSEQUENCE, judgement.detail)
+            faults.setdefault(key, []).append((event, judgement))
+
+
+def _group_reason(code: int | None, judgement: Judgement, count: int, consequences: int) -> str:
     times_seen = f" ({count} times)" if count > 1 else ""
+    caused = f", and {plural(consequences, 'channel teardown')} after it" if consequences else ""
     if judgement.verdict is UNKNOWN:
         number = "(no number)" if code is None else str(code)
-        return f"unknown XID {number}{times_seen}"
+        return f"unknown XID {number}{times_seen}{caused}"
     detail = f" {judgement.detail}" if judgement.detail else ""
-    return f"{_name(code, judgement.info)}{detail}: {judgement.verdict.label}{times_seen}"
+    label = judgement.verdict.label
+    return f"{_name(code, judgement.info)}{detail}: {label}{times_seen}{caused}"
 
 
 def _fault_items(tally: _Tally) -> list[_Item]:
     """One problem per XID number and verdict, for every verdict that is not an app error."""
     items = []
-    for (code, verdict, _), members in tally.faults.items():
+    for key, members in tally.faults.items():
+        code, verdict, _ = key
         event, judgement = members[-1]
-        reason = _group_reason(code, judgement, len(members))
+        consequences = tally.consequences.get(key, 0)
+        reason = _group_reason(code, judgement, len(members), consequences)
         problem = Problem(verdict.severity, reason, verdict.action, verdict.runbook)
-        items.append(_Item(problem, _Subject(event, len(members), judgement)))
+        items.append(_Item(problem, _Subject(event, len(members), judgement, consequences)))
     return items
 
 
@@ -302,8 +375,12 @@ def _app_items(view: EventView, apps: list[Judged], incidents: int) -> list[_Ite
         )
         items.append(_Item(problem, subject))
     if age(event, view.now) < config.app_error_hold_seconds:
-        reason = f"application error {_name(event.code, judgement.info)} in {_who(event)}"
-        problem = Problem(Severity.WARN, reason, APP_ERROR.action, APP_ERROR.runbook)
+        verdict = judgement.verdict
+        if verdict is SOLO_TEARDOWN:
+            reason = f"{_name(event.code, judgement.info)} in {_who(event)}: {verdict.label}"
+        else:
+            reason = f"application error {_name(event.code, judgement.info)} in {_who(event)}"
+        problem = Problem(Severity.WARN, reason, verdict.action, verdict.runbook)
         items.append(_Item(problem, subject))
     return items
 
@@ -345,6 +422,7 @@ def _subject_evidence(subject: _Subject | None) -> Evidence:
         ("catalog_action", None if info is None else info.action or None),
         ("count", None if subject is None else subject.count),
         ("root_xid", None if judgement is None else judgement.root_xid),
+        ("consequences", None if subject is None else subject.consequences),
         ("recovery_action", None if judgement is None else judgement.recovery_action),
         ("line", None if event is None else event.line),
         ("time", None if event is None else event.time),
@@ -356,7 +434,7 @@ def _subject_evidence(subject: _Subject | None) -> Evidence:
 def check_xid(view: EventView) -> Outcome:
     config = view.config.xid
     xids = view.events.for_device(view.bus_id, "xid")
-    tally = _tally(xids)
+    tally = _tally(xids, view.now - config.app_error_hold_seconds)
     incidents = _incidents(recent((e for e, _ in tally.apps), view.now, APP_RATE_SECONDS))
     gsp = _untied_gsp(view, xids)
     items = [*_fault_items(tally), *_app_items(view, tally.apps, incidents), *_gsp_item(gsp)]

@@ -31,6 +31,7 @@ FindingAction = Literal[
     "reboot",
     "run_as_root",
     "start_service",
+    "restart_fabric_manager",
     "restore_settings",
     "fix_state_dir",
     "restart_device_plugin",
