@@ -66,6 +66,7 @@ class Daemon:
             f'[sources.kmsg]\npath = "{self.kmsg}"\n'
             f'[sources.sysfs]\nroot = "{workdir / "sys"}"\n'
         )
+        self.log = workdir / "daemon.log"
         self.notify_path = workdir / "notify.sock"
         self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.notify.bind(str(self.notify_path))
@@ -76,9 +77,8 @@ class Daemon:
         """Start and wait for READY=1; returns seconds from exec to READY."""
         env = {**os.environ, "NOTIFY_SOCKET": str(self.notify_path)}
         started = time.perf_counter()
-        self.process = subprocess.Popen(
-            self.args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        with self.log.open("wb") as log:  # the daemon's log, for the benchmarks that count it
+            self.process = subprocess.Popen(self.args, env=env, stdout=log, stderr=log)
         self.notify.settimeout(30)
         while True:
             message = self.notify.recv(4096).decode()

@@ -219,9 +219,11 @@ async def live_page(browser: str, url: str, home: Path) -> AsyncIterator[LivePag
 
 
 def xid_records(first_seq: int, count: int, bus: str) -> list[str]:
+    """``count`` kernel records of application XIDs, each of its own process: each its
+    own incident, so each goes to the fleet (a storm of one process's lines is folded)."""
     short = bus.rsplit(".", 1)[0]
     return [
-        f"3,{seq},{1_000_000 + seq},-;NVRM: Xid (PCI:{short}): 13, pid=7, name=job, "
+        f"3,{seq},{1_000_000 + seq},-;NVRM: Xid (PCI:{short}): 13, pid={seq}, name=job, "
         "Graphics SM Warp Exception"
         for seq in range(first_seq, first_seq + count)
     ]

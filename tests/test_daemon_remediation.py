@@ -213,3 +213,82 @@ def test_a_row_remap_failure_leaves_an_rma_bundle_named_in_the_actions(tmp_path:
         assert bundles[0].name in listing.stdout
     finally:
         daemon.stop()
+
+
+# --- one fault, one cordon: a storm of consequence XIDs -------------------------------------
+
+EIGHT_GPUS = '[node]\ngpus = 8\nmodel = "NVIDIA H100 80GB HBM3"\n'
+
+
+def _xid(bus: str, rest: str, seq: int) -> str:
+    return f"3,{seq},{1_000_000 + seq},-;NVRM: Xid (PCI:{bus.rsplit('.', 1)[0]}): {rest}"
+
+
+def _write_blocking(daemon: DaemonProcess, lines: list[str]) -> None:
+    # The daemon holds its FIFO open, so this opens at once and writes as it reads.
+    with daemon.kmsg.open("wb") as fifo:
+        fifo.write("".join(f"{line}\n" for line in lines).encode())
+
+
+def _xid_finding(daemon: DaemonProcess, index: int) -> dict[str, Any]:
+    gpu = next(g for g in daemon.status()["gpus"] if g["index"] == index)
+    finding: dict[str, Any] = next(f for f in gpu["findings"] if f["check"] == "xid")
+    return finding
+
+
+def test_a_consequence_whose_root_is_elsewhere_never_cordons(tmp_path: Path) -> None:
+    workdir = tmp_path / "node"
+    workdir.mkdir()
+    daemon = start_daemon(workdir, EIGHT_GPUS, config_extra=_config(workdir, "enforce"))
+    try:
+        bus = daemon.status()["gpus"][3]["pci_bus_id"]
+        line = "45, pid=1818990, name=python3, Ch 00000001 caused by previous Xid 149"
+        daemon.write_kernel_log(_xid(bus, line, 1))
+        _wait(lambda: _xid_finding(daemon, 3)["severity"] == "WARN")
+        assert "consequence of a fault elsewhere" in _xid_finding(daemon, 3)["reason"]
+        # Several judgements and remediation rounds later: still no cordon.
+        seen = daemon.status()["sequence"]
+        _wait(lambda: daemon.status()["sequence"] >= seen + 5)
+        assert daemon.status()["node"]["health"] == "WARN"
+        assert _requests(workdir) == []
+    finally:
+        daemon.stop()
+
+
+def test_one_fault_in_a_storm_of_its_consequences_is_one_critical_gpu(tmp_path: Path) -> None:
+    """Xid 149 (fatal) on GPU 2, then 20,000 channel teardowns naming it over all eight
+    GPUs: GPU 2 is CRITICAL with its own XID, the others only warn, the node is cordoned
+    once, and the log has a line per incident, not per record."""
+    workdir = tmp_path / "node"
+    workdir.mkdir()
+    daemon = start_daemon(workdir, EIGHT_GPUS, config_extra=_config(workdir, "enforce"))
+    try:
+        buses = [g["pci_bus_id"] for g in daemon.status()["gpus"]]
+        storm = [_xid(buses[2], "149, pid=900, name=python3, NETIR_LINK_EVT Fatal XC0 Link 03", 1)]
+        storm += [
+            _xid(
+                buses[n % 8],
+                f"45, pid={1000 + n % 7}, name=python3, Ch {n:08x} caused by previous Xid 149",
+                n + 2,
+            )
+            for n in range(20_000)
+        ]
+        log_from = len(daemon.log())
+        _write_blocking(daemon, storm)
+        daemon.wait_for(lambda d: d["kmsg"]["records_read"] == 20_001, timeout=60)
+        _wait(lambda: "succeeded" in _steps(daemon, "cordon"))
+        root = _xid_finding(daemon, 2)
+        assert (root["severity"], root["action"]) == ("CRITICAL", "reset_gpu")
+        assert root["reason"].startswith("Xid 149 (NVLINK_NETIR_ERROR) fatal: reset required")
+        others = [_xid_finding(daemon, i) for i in range(8) if i != 2]
+        assert {f["severity"] for f in others} == {"WARN"}
+        assert all("consequence of a fault elsewhere" in f["reason"] for f in others)
+        # Every record is counted: the GPU's own teardowns on it, and each other GPU's.
+        assert root["evidence"]["consequences"] == 2_500
+        assert sum(f["evidence"]["count"] for f in others) == 17_500
+        assert [r["action"] for r in _requests(workdir)] == ["cordon"]
+        lines = daemon.log()[log_from:].splitlines()
+        assert len([line for line in lines if "kmsg event xid" in line]) <= 8 * 7 + 1
+        assert len(lines) < 1_000
+    finally:
+        daemon.stop()

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from gpuagent.config import EventsSection
-from gpuagent.events import EventLog
+from gpuagent.events import Added, EventLog
+from gpuagent.incidents import MAX_OPEN, SAMPLES
 from gpuagent.model import GpuEvent
 
 BUS = "0000:3b:00.0"
@@ -61,7 +62,7 @@ def test_same_id_is_recorded_once() -> None:
 def test_one_fault_seen_by_both_sources_is_one_event(second: GpuEvent, kept: bool) -> None:
     log = EventLog(EventsSection(dedup_window_seconds=10))
     log.add(event("kmsg:b:1"))
-    assert log.add(second) is kept
+    assert bool(log.add(second)) is kept
     assert len(log.recent()) == (2 if kept else 1)
 
 
@@ -159,3 +160,79 @@ def test_a_reset_clears_the_gpus_earlier_faults_even_those_that_arrive_late() ->
     # Every one of them happened: the counts since start include the cleared ones.
     xid48 = next(c for c in log.counts() if c.gpu == BUS and c.kind == "xid")
     assert xid48.count == 3
+
+
+# --- storms: records folded into incidents -------------------------------------------------
+
+
+def teardown(
+    n: int, *, gpu: str = BUS, pid: int = 7, at: float = 100.0, root: int = 149
+) -> GpuEvent:
+    return event(
+        f"kmsg:b:{n}",
+        code=45,
+        gpu=gpu,
+        at=at,
+        pid=pid,
+        line=f"NVRM: Xid (PCI:0000:3b:00): 45, pid={pid}, Ch {n:08x} caused by previous Xid {root}",
+    )
+
+
+def test_a_storm_keeps_its_first_records_and_counts_the_rest() -> None:
+    log = EventLog(EventsSection())
+    added = [log.add(teardown(n, at=100.0 + n * 0.001)) for n in range(10_000)]
+    assert added[0] is Added.NEW
+    assert added[1:SAMPLES] == [Added.SAMPLE] * (SAMPLES - 1)
+    assert set(added[SAMPLES:]) == {Added.FOLDED}
+    kept = log.recent()
+    assert [e.event_id for e in kept] == [f"kmsg:b:{n}" for n in range(SAMPLES)]
+    # The checks weigh the kept records by what they stand for: every record counts.
+    assert sum(1 + log.weights().get(e.event_id, 0) for e in kept) == 10_000
+    (incident,) = log.incidents.open_incidents()
+    assert (incident.count, incident.root_xid, incident.last.event_id) == (
+        10_000,
+        149,
+        "kmsg:b:9999",
+    )
+    assert log.counts()[0].count == 10_000  # counts since start: every record
+
+
+def test_incidents_are_per_gpu_root_and_process_and_end_after_a_quiet_gap() -> None:
+    log = EventLog(EventsSection(incident_gap_seconds=60.0))
+    firsts = [
+        teardown(1),
+        teardown(2, gpu="0000:5d:00.0"),
+        teardown(3, pid=8),
+        teardown(4, root=79),
+        teardown(5, at=161.0),  # more than 60 s after the first: a new incident
+    ]
+    assert [log.add(e) for e in firsts] == [Added.NEW, Added.NEW, Added.NEW, Added.NEW, Added.NEW]
+    assert log.add(teardown(6, at=170.0)) is Added.SAMPLE
+
+
+def test_grown_incidents_are_reported_once_per_growth() -> None:
+    log = EventLog(EventsSection())
+    for n in range(50):
+        log.add(teardown(n))
+    (grown,) = log.incidents.grown()
+    assert grown.count == 50
+    assert log.incidents.grown() == []  # nothing new since
+    log.add(teardown(50))
+    assert [i.count for i in log.incidents.grown()] == [51]
+
+
+def test_a_reset_ends_the_gpus_incidents_and_drops_their_weights() -> None:
+    log = EventLog(EventsSection())
+    for n in range(20):
+        log.add(teardown(n))
+    assert log.forget(BUS, 200.0, frozenset({"xid"})) == SAMPLES
+    assert log.weights() == {}
+    assert log.incidents.open_incidents() == []
+
+
+def test_open_incidents_are_bounded_whatever_the_storm() -> None:
+    log = EventLog(EventsSection(max_events=100))
+    for n in range(MAX_OPEN + 500):  # every record a process of its own
+        log.add(teardown(n, pid=n))
+    assert len(log.incidents.open_incidents()) == MAX_OPEN
+    assert len(log.recent()) == 100

@@ -330,6 +330,7 @@ class Agent:
                 tasks.create_task(self.poller.loop(), name="poll-nvml"),
                 tasks.create_task(self._watchdog_loop(), name="watchdog"),
                 tasks.create_task(self.sources.prune_loop(), name="prune-events"),
+                tasks.create_task(self.sources.incident_loop(), name="incidents"),
             ]
             if sources.kmsg.enabled:
                 running.append(tasks.create_task(self.sources.run_kmsg(), name="kmsg"))
@@ -351,6 +352,8 @@ class Agent:
                 running.append(tasks.create_task(self.attribution.loop(), name="attribution"))
             await self._stop.wait()
             deadline = self._stop_deadline()
+            # A storm's last counts go to the spool with everything else.
+            self.sources.report_incidents()
             if self.reporter is not None:
                 # Before the connection goes: a clean goodbye, not the Last Will.
                 await self._until(deadline, self.reporter.shutdown(), "the MQTT goodbye")

@@ -5,20 +5,24 @@ restart, a retried report) is dropped, and so is the same XID on the same GPU fr
 other source (kernel log vs NVML) within `dedup_window_seconds`. The event kept is the
 first one's (its id went out already), with the kernel line's content whichever came
 first: the line names the process, its pid and the driver's text, NVML only the number.
-Recent events (for the checks and status) are bounded by age and count; per-device counts
-since start (for metrics) are kept separately and never pruned.
+Records of a storm are folded into incidents (`gpuagent.incidents`): past an incident's
+first few records, a record is counted but not kept. Recent events (for the checks and
+status) are bounded by age and count; per-device counts since start (for metrics) count
+every record and are never pruned.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
+import enum
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from gpuagent.config import EventsSection
-from gpuagent.model import EventCount, GpuEvent
+from gpuagent.incidents import SAMPLES, Incident, IncidentBook
+from gpuagent.model import AerSeverity, EventCount, EventKind, GpuEvent
 
-_CountKey = tuple[str | None, str, int | None, str | None]
+_CountKey = tuple[str | None, EventKind, int | None, AerSeverity | None]
 # Sources whose XID records carry the kernel's line (pid, process, text, drill marker).
 _KERNEL_SOURCES = frozenset({"kmsg", "drill"})
 # How far back from the newest event an NVML XID is looked for to take a kernel line's
@@ -26,14 +30,25 @@ _KERNEL_SOURCES = frozenset({"kmsg", "drill"})
 _ENRICH_SEARCH = 256
 
 
+class Added(enum.IntEnum):
+    """What `EventLog.add` did with a record (false only for a duplicate)."""
+
+    DUPLICATE = 0
+    NEW = 1  # kept: a record of its own, or the opening of an incident
+    SAMPLE = 2  # kept as one of its incident's first records
+    FOLDED = 3  # only counted on its incident
+
+
 class EventLog:
     def __init__(self, config: EventsSection) -> None:
         self._config = config
+        self.incidents = IncidentBook(config.incident_gap_seconds)
         self._events: collections.deque[GpuEvent] = collections.deque()
         self._ids: set[str] = set()
         # (gpu, xid) → (source, monotonic) of the last XID seen, for cross-source de-dup.
         self._last_xid: dict[tuple[str | None, int], tuple[str, float]] = {}
-        self._counts: dict[_CountKey, EventCount] = {}
+        # Per (gpu, kind, code, AER severity): [records, wall time of the newest].
+        self._counts: dict[_CountKey, list[float]] = {}
         self._recent: tuple[GpuEvent, ...] | None = ()
         self._counts_view: tuple[EventCount, ...] | None = ()
         # gpu → (kinds, before) of its last reset: events of those kinds stamped before it
@@ -42,30 +57,35 @@ class EventLog:
         self._cleared: dict[str, tuple[frozenset[str], float]] = {}
         self.duplicates = 0
 
-    def add(self, event: GpuEvent) -> bool:
-        """Record ``event``; False when it repeats one already recorded."""
+    def add(self, event: GpuEvent) -> Added:
+        """Record ``event``: DUPLICATE (false) when it repeats one already recorded."""
         if event.event_id in self._ids or self._same_xid_other_source(event):
             self.duplicates += 1
-            return False
-        # Counted (it happened) but not kept for the checks when a reset already cleared it.
-        if not self._cleared_by_reset(event):
+            return Added.DUPLICATE
+        incident = self.incidents.fold(event)
+        added = _added(incident)
+        # Counted (it happened) but not kept for the checks when a reset already cleared it,
+        # or when its incident has its samples already.
+        if added is not Added.FOLDED and not self._cleared_by_reset(event):
             self._events.append(event)
             self._ids.add(event.event_id)
+            self._recent = None
         if event.kind == "xid" and event.code is not None:
             self._last_xid[(event.gpu, event.code)] = (event.source, event.monotonic)
         key = (event.gpu, event.kind, event.code, event.aer_severity)
-        before = self._counts.get(key)
-        self._counts[key] = EventCount(
-            gpu=event.gpu,
-            kind=event.kind,
-            code=event.code,
-            aer_severity=event.aer_severity,
-            count=(before.count if before else 0) + 1,
-            last_time=max(event.time, before.last_time if before else event.time),
-        )
-        self._recent = self._counts_view = None
+        tally = self._counts.get(key)
+        if tally is None:
+            self._counts[key] = [1, event.time]
+        else:
+            tally[0] += 1
+            tally[1] = max(tally[1], event.time)
+        self._counts_view = None
         self._trim(event.monotonic)
-        return True
+        return added
+
+    def weights(self) -> Mapping[str, int]:
+        """Kept event id → records folded onto it beyond itself (the checks' weights)."""
+        return self.incidents.weights
 
     def _cleared_by_reset(self, event: GpuEvent) -> bool:
         cleared = self._cleared.get(event.gpu) if event.gpu is not None else None
@@ -103,8 +123,10 @@ class EventLog:
                 return
 
     def prune(self, now: float) -> None:
-        """Forget events older than the retention (call periodically)."""
+        """Forget events older than the retention, and incidents gone quiet (call
+        periodically)."""
         self._trim(now)
+        self.incidents.close_before(now)
 
     def _trim(self, now: float) -> None:
         oldest_kept = now - self._config.retention_seconds
@@ -113,7 +135,9 @@ class EventLog:
         while events and (
             len(events) > self._config.max_events or events[0].monotonic < oldest_kept
         ):
-            self._ids.discard(events.popleft().event_id)
+            gone = events.popleft().event_id
+            self._ids.discard(gone)
+            self.incidents.drop_weights((gone,))
             dropped = True
         if dropped:
             self._recent = None
@@ -123,11 +147,13 @@ class EventLog:
         XIDs that asked for it); counts since start are kept. Such events that arrive
         later are not kept either. Returns how many went."""
         self._cleared[gpu] = (kinds, before)
-        kept = [
-            e
-            for e in self._events
-            if not (e.gpu == gpu and e.kind in kinds and e.monotonic < before)
-        ]
+        self.incidents.forget(gpu, kinds)
+        kept = []
+        for e in self._events:
+            if e.gpu == gpu and e.kind in kinds and e.monotonic < before:
+                self.incidents.drop_weights((e.event_id,))
+            else:
+                kept.append(e)
         gone = len(self._events) - len(kept)
         if gone:
             self._events = collections.deque(kept)
@@ -142,7 +168,17 @@ class EventLog:
 
     def counts(self) -> tuple[EventCount, ...]:
         if self._counts_view is None:
-            self._counts_view = tuple(self._counts.values())
+            self._counts_view = tuple(
+                EventCount(
+                    gpu=gpu,
+                    kind=kind,
+                    code=code,
+                    aer_severity=aer,
+                    count=int(count),
+                    last_time=last,
+                )
+                for (gpu, kind, code, aer), (count, last) in self._counts.items()
+            )
         return self._counts_view
 
     def latest(
@@ -150,3 +186,9 @@ class EventLog:
     ) -> list[GpuEvent]:
         chosen = [e for e in reversed(self._events) if accept is None or accept(e)]
         return chosen[:limit]
+
+
+def _added(incident: Incident | None) -> Added:
+    if incident is None or incident.count == 1:
+        return Added.NEW
+    return Added.SAMPLE if incident.count <= SAMPLES else Added.FOLDED

@@ -8,7 +8,7 @@ full event log costs one pass, not one pass per GPU and check.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpuagent.checks.aer import check_aer, remember_aer
@@ -313,6 +313,7 @@ def evaluate(
     now: float,
     *,
     events: tuple[GpuEvent, ...] = (),
+    weights: Mapping[str, int] | None = None,
     pcie: tuple[PciePath, ...] = (),
     inventory: InventoryView | None = None,
     expected_gpus: Sequence[ExpectedGpu] = (),
@@ -324,7 +325,8 @@ def evaluate(
     """Findings for the node and every GPU, plus the memory to pass to the next call.
 
     ``now`` is monotonic seconds, the clock of ``GpuEvent.monotonic``. ``events`` are the
-    recent events, oldest first; ``pcie`` the sysfs view of each GPU's PCIe path;
+    recent events, oldest first, and ``weights`` the records of a storm folded onto some
+    of them (`EventLog.weights`); ``pcie`` the sysfs view of each GPU's PCIe path;
     ``inventory`` the node inventory with its expectations (None: no inventory checks);
     ``expected_gpus`` the GPUs whose MIG mode is expected to differ from ``config.mig``;
     ``storage_errors`` (store, error) for each of the agent's stores that cannot be used;
@@ -340,7 +342,7 @@ def evaluate(
     context = _Context(
         config,
         now,
-        EventIndex(events),
+        EventIndex(events, weights),
         paths,
         inventory,
         _gpu_configs(config, expected_gpus),

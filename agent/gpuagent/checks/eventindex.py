@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from gpuagent.model import EvidenceValue, GpuEvent
 
@@ -36,9 +36,12 @@ class EventIndex:
     kinds only node checks read (SXids) are never split, and each split is one pass.
     """
 
-    __slots__ = ("_by_device", "_by_kind")
+    __slots__ = ("_by_device", "_by_kind", "_weights")
 
-    def __init__(self, events: Iterable[GpuEvent] = ()) -> None:
+    def __init__(
+        self, events: Iterable[GpuEvent] = (), weights: Mapping[str, int] | None = None
+    ) -> None:
+        self._weights = weights or {}
         by_kind: dict[str, list[GpuEvent]] = {}
         for event in events:
             found = by_kind.get(event.kind)
@@ -63,6 +66,18 @@ class EventIndex:
         if devices is None:
             devices = self._by_device[kind] = _split(self.of_kind(kind))
         return devices.get(address, _NONE)
+
+    def weight(self, event: GpuEvent) -> int:
+        """How many records ``event`` stands for: a storm's records past its incident's
+        first few are folded onto a kept one (`gpuagent.incidents`)."""
+        return 1 + self._weights.get(event.event_id, 0)
+
+    def records(self, events: Iterable[GpuEvent]) -> int:
+        """How many records ``events`` stand for."""
+        weights = self._weights
+        if not weights:
+            return sum(1 for _ in events)
+        return sum(1 + weights.get(event.event_id, 0) for event in events)
 
     def for_devices(self, addresses: Iterable[str], kind: str) -> list[GpuEvent]:
         """The events of ``kind`` naming any of ``addresses`` (grouped by address)."""

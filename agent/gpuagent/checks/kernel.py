@@ -57,7 +57,7 @@ def check_kernel(view: NodeView) -> Outcome:
         (
             gsp,
             Severity.WARN,
-            gsp_reason(len(gsp)),
+            gsp_reason(view.events.records(gsp)),
             Action.INVESTIGATE,
             Runbook.NODE_GSP_ERROR,
         ),
@@ -68,7 +68,7 @@ def check_kernel(view: NodeView) -> Outcome:
     evidence: Evidence = (
         ("driver_mismatch_events", len(mismatches)),
         ("crash_dumps_last_hour", len(dumps)),
-        ("gsp_messages_last_hour", len(gsp)),
+        ("gsp_messages_last_hour", view.events.records(gsp)),
         *event_evidence(shown),
     )
     ok = "no driver mismatch, crash dump or unexplained GSP error in the kernel log"

@@ -44,20 +44,21 @@ def check_sxid(view: NodeView) -> Outcome:
     sxids = view.events.of_kind("sxid")
     fatal = [e for e in sxids if _is_fatal(e)]
     other = [e for e in recent(sxids, view.now, RECENT_SECONDS) if not _is_fatal(e)]
+    records = view.events.records
     problems: list[Problem] = []
     if fatal:
-        reason = f"{plural(len(fatal), 'fatal NVSwitch error')} ({_describe(fatal)})"
+        reason = f"{plural(records(fatal), 'fatal NVSwitch error')} ({_describe(fatal)})"
         problems.append(
             Problem(Severity.CRITICAL, reason, Action.DRAIN_AND_REBOOT, Runbook.NODE_SXID_FATAL)
         )
     if other:
-        reason = f"{plural(len(other), 'NVSwitch SXid')} in the last hour ({_describe(other)})"
+        reason = f"{plural(records(other), 'NVSwitch SXid')} in the last hour ({_describe(other)})"
         problems.append(Problem(Severity.WARN, reason, Action.INVESTIGATE, Runbook.NODE_SXID))
     shown = latest(fatal) or latest(other)
     evidence: Evidence = (
-        ("sxid_events", len(sxids)),
-        ("fatal_sxids", len(fatal)),
-        ("other_sxids_last_hour", len(other)),
+        ("sxid_events", records(sxids)),
+        ("fatal_sxids", records(fatal)),
+        ("other_sxids_last_hour", records(other)),
         ("sxid", None if shown is None else shown.code),
         ("switch", None if shown is None else _switch(shown)),
         *event_evidence(shown),

@@ -249,6 +249,7 @@ def _who(event: GpuEvent) -> str:
 
 
 Judged = tuple[GpuEvent, Judgement]
+Weight = Callable[[GpuEvent], int]
 _GroupKey = tuple[int | None, Verdict, str]
 
 
@@ -261,9 +262,10 @@ class _Tally:
     consequences: dict[_GroupKey, int]  # teardowns attached to the fault they followed
 
 
-def _tally(xids: Sequence[GpuEvent], fade_before: float) -> _Tally:
+def _tally(xids: Sequence[GpuEvent], fade_before: float, weight: Weight) -> _Tally:
     """Sorts the GPU's XIDs; consequences of a fault elsewhere older than ``fade_before``
-    are left out (they fade like application errors)."""
+    are left out (they fade like application errors). ``weight`` says how many records
+    a kept event stands for."""
     faults: dict[_GroupKey, list[Judged]] = {}
     apps: list[Judged] = []
     consequences: dict[_GroupKey, int] = {}
@@ -283,7 +285,7 @@ def _tally(xids: Sequence[GpuEvent], fade_before: float) -> _Tally:
             if last_fault is not None and 0 <= event.monotonic - last_fault[1] <= (
                 CONSEQUENCE_SECONDS
             ):
-                consequences[last_fault[0]] = consequences.get(last_fault[0], 0) + 1
+                consequences[last_fault[0]] = consequences.get(last_fault[0], 0) + weight(event)
             elif event.code == PREEMPTIVE_REMOVAL and not near(
                 event.monotonic, others, CONSEQUENCE_SECONDS
             ):
@@ -299,7 +301,7 @@ def _tally(xids: Sequence[GpuEvent], fade_before: float) -> _Tally:
     if recovery is not None and recovery[1].verdict.severity is not Severity.OK:
         _, judgement = recovery
         faults[(RECOVERY_ACTION_CHANGED, judgement.verdict, judgement.detail)] = [recovery]
-    _attach(rooted, faults, consequences, fade_before)
+    _attach(rooted, faults, consequences, fade_before, weight)
     return _Tally(faults, apps, consequences)
 
 
@@ -308,6 +310,7 @@ def _attach(
     faults: dict[_GroupKey, list[Judged]],
     consequences: dict[_GroupKey, int],
     fade_before: float,
+    weight: Weight,
 ) -> None:
     """Each Xid 45 naming its root joins the root's problem where this GPU logged the root
     XID; else it is a consequence of a fault elsewhere, a warning of its own."""
@@ -315,7 +318,7 @@ def _attach(
     for event, judgement in rooted:
         root = roots.get(judgement.root_xid)
         if root is not None:
-            consequences[root] = consequences.get(root, 0) + 1
+            consequences[root] = consequences.get(root, 0) + weight(event)
         elif event.monotonic >= fade_before:
             key = (event.code, CONSEQUENCE, judgement.detail)
             faults.setdefault(key, []).append((event, judgement))
@@ -332,16 +335,17 @@ def _group_reason(code: int | None, judgement: Judgement, count: int, consequenc
     return f"{_name(code, judgement.info)}{detail}: {label}{times_seen}{caused}"
 
 
-def _fault_items(tally: _Tally) -> list[_Item]:
+def _fault_items(tally: _Tally, weight: Weight) -> list[_Item]:
     """One problem per XID number and verdict, for every verdict that is not an app error."""
     items = []
     for key, members in tally.faults.items():
         code, verdict, _ = key
         event, judgement = members[-1]
+        count = sum(weight(e) for e, _ in members)
         consequences = tally.consequences.get(key, 0)
-        reason = _group_reason(code, judgement, len(members), consequences)
+        reason = _group_reason(code, judgement, count, consequences)
         problem = Problem(verdict.severity, reason, verdict.action, verdict.runbook)
-        items.append(_Item(problem, _Subject(event, len(members), judgement, consequences)))
+        items.append(_Item(problem, _Subject(event, count, judgement, consequences)))
     return items
 
 
@@ -389,13 +393,11 @@ def gsp_reason(count: int) -> str:
     return f"{plural(count, 'GSP error message')} in the last hour without an XID"
 
 
-def _gsp_item(gsp: list[GpuEvent]) -> list[_Item]:
+def _gsp_item(gsp: list[GpuEvent], records: int) -> list[_Item]:
     if not gsp:
         return []
-    problem = Problem(
-        Severity.WARN, gsp_reason(len(gsp)), Action.INVESTIGATE, Runbook.GPU_GSP_ERROR
-    )
-    return [_Item(problem, _Subject(gsp[-1], len(gsp), None))]
+    problem = Problem(Severity.WARN, gsp_reason(records), Action.INVESTIGATE, Runbook.GPU_GSP_ERROR)
+    return [_Item(problem, _Subject(gsp[-1], records, None))]
 
 
 def _untied_gsp(view: EventView, xids: Sequence[GpuEvent]) -> list[GpuEvent]:
@@ -434,21 +436,27 @@ def _subject_evidence(subject: _Subject | None) -> Evidence:
 def check_xid(view: EventView) -> Outcome:
     config = view.config.xid
     xids = view.events.for_device(view.bus_id, "xid")
-    tally = _tally(xids, view.now - config.app_error_hold_seconds)
+    weight = view.events.weight
+    tally = _tally(xids, view.now - config.app_error_hold_seconds, weight)
     incidents = _incidents(recent((e for e, _ in tally.apps), view.now, APP_RATE_SECONDS))
     gsp = _untied_gsp(view, xids)
-    items = [*_fault_items(tally), *_app_items(view, tally.apps, incidents), *_gsp_item(gsp)]
+    gsp_records = view.events.records(gsp)
+    items = [
+        *_fault_items(tally, weight),
+        *_app_items(view, tally.apps, incidents),
+        *_gsp_item(gsp, gsp_records),
+    ]
     # Newest first, so among equally bad problems the finding leads with the latest.
     items.sort(key=lambda item: _order(item.subject.event), reverse=True)
     worst = _worst(items)
     subject = worst.subject if worst is not None else _latest_subject(xids)
     evidence: Evidence = (
-        ("xid_events", len(xids)),
+        ("xid_events", view.events.records(xids)),
         *_subject_evidence(subject),
         ("app_error_incidents_last_hour", incidents),
         ("app_error_rate_limit_per_hour", config.app_error_rate_per_hour),
         ("app_error_hold_seconds", config.app_error_hold_seconds),
-        ("gsp_messages_last_hour", len(gsp)),
+        ("gsp_messages_last_hour", gsp_records),
     )
     ok = f"{plural(len(xids), 'XID')} seen, none needing action" if xids else "no XIDs"
     return Outcome(ok, evidence, tuple(item.problem for item in items))

@@ -38,6 +38,7 @@ from gpuagent.fleet.connection import Backoff, client_options, count_disconnects
 from gpuagent.fleet.outbox import Outbox, Pending
 from gpuagent.fleet.spool import SpoolError, ThreadedSpool
 from gpuagent.fleet.topics import Channel, NodeTopics
+from gpuagent.incidents import Incident
 from gpuagent.model import GpuEvent, MqttStatus, NodeSnapshot
 from gpuagent.remediation.audit import AuditStore
 from gpuagent.remediation.types import CordonRequest
@@ -154,6 +155,10 @@ class Reporter:
 
     def offer_event(self, event: GpuEvent) -> None:
         message = schema.kernel_event_message(self.node, self.cluster, event)
+        self._enqueue(message["id"], "events", message)
+
+    def offer_incident(self, incident: Incident) -> None:
+        message = schema.incident_message(self.node, self.cluster, incident)
         self._enqueue(message["id"], "events", message)
 
     def audit_written(self) -> None:

@@ -19,6 +19,7 @@ import time
 import uuid
 from typing import Any, Final, Literal, get_args
 
+from gpuagent.incidents import Incident
 from gpuagent.model import GpuEvent, NodeSnapshot
 from gpuagent.remediation.audit import AuditRecord
 from gpuagent.remediation.types import CordonRequest
@@ -110,6 +111,24 @@ def kernel_event_message(node: str, cluster: str, event: GpuEvent) -> dict[str, 
     # Kernel-log and NVML event ids are already stable (boot id and sequence number).
     message = envelope("event", f"{node}:{event.event_id}", node, cluster, event.time)
     message.update(category="kernel", data=event_json(event))
+    return message
+
+
+def incident_message(node: str, cluster: str, incident: Incident) -> dict[str, Any]:
+    """A kernel-log incident grew (a storm): its newest record and how many records it has
+    had, one message per change instead of one per record. Its id names the count, so a
+    re-sent one is the same message and a later one is another."""
+    last = incident.last
+    message = envelope("event", f"{node}:{incident.id}:n{incident.count}", node, cluster, last.time)
+    data = event_json(last)
+    data["incident"] = {
+        "id": incident.id,
+        "count": incident.count,
+        "first_time": incident.first.time,
+        "last_time": last.time,
+        "root_xid": incident.root_xid,
+    }
+    message.update(category="kernel", data=data)
     return message
 
 

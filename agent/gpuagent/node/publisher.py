@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import socket
 import time
 from collections.abc import Mapping
@@ -42,6 +43,9 @@ from gpuagent.textfile import TextfileWriter
 
 # The daemon's log lines keep the logger name they always had.
 log = logging.getLogger("gpuagent.daemon")
+# Snapshots (judgement, /metrics rendering) at most this often: a kernel-log storm asks
+# for one after every read.
+_MIN_PUBLISH_SECONDS = 0.1
 
 
 class ObservationSource(Protocol):
@@ -161,6 +165,7 @@ class SnapshotPublisher:
         self._memory = HealthMemory()
         self._sequence = 0
         self._pending = False
+        self._published_at = -math.inf
         self.reporter: SnapshotSink | None = None  # set at startup, when MQTT is on
         self.metrics: MetricsServer | None = None  # set at startup
         self.dcgm: DcgmView | None = None  # set when sources.dcgm is enabled
@@ -180,13 +185,20 @@ class SnapshotPublisher:
         )
 
     def schedule(self) -> None:
-        # A burst of kernel lines is read in one go: evaluate once after it, not per line.
+        # A burst of kernel lines is read in one go: evaluate once after it, not per line;
+        # and during a storm (a burst after every read) at most every _MIN_PUBLISH_SECONDS.
         if not self._pending:
             self._pending = True
-            asyncio.get_running_loop().call_soon(self._publish_now)
+            loop = asyncio.get_running_loop()
+            wait = self._published_at + _MIN_PUBLISH_SECONDS - time.monotonic()
+            if wait > 0:
+                loop.call_later(wait, self._publish_now)
+            else:
+                loop.call_soon(self._publish_now)
 
     def _publish_now(self) -> None:
         self._pending = False
+        self._published_at = time.monotonic()
         self.publish()
 
     def summary(self) -> str:
@@ -245,6 +257,7 @@ class SnapshotPublisher:
             self._memory,
             time.monotonic(),
             events=events,
+            weights=self._events.weights(),
             pcie=pcie,
             inventory=self._inventory.view(inventory),
             expected_gpus=self._config.inventory.expected.gpu,

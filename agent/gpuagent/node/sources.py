@@ -2,7 +2,9 @@
 SourceTrackers.
 
 Every source's events arrive at EventSources.on_event, on the event loop: into the event
-log, out to the fleet reporter, and a publish is asked for.
+log, out to the fleet reporter, and a publish is asked for. A storm's records are folded
+into incidents by the event log: the log and the fleet hear of an incident when it opens
+and, while it grows, once per ``_INCIDENT_REPORT_SECONDS``, never of each record.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from dataclasses import replace
 from typing import Protocol
 
 from gpuagent.config import Config
-from gpuagent.events import EventLog
+from gpuagent.events import Added, EventLog
+from gpuagent.incidents import Incident
 from gpuagent.model import GpuEvent, IbDevice, KmsgCounters, PciePath
 from gpuagent.sources.infiniband import read_infiniband
 from gpuagent.sources.kmsg import KmsgSource
@@ -28,6 +31,7 @@ log = logging.getLogger("gpuagent.daemon")
 
 _SYSFS_TIMEOUT_SECONDS = 10.0
 _PRUNE_SECONDS = 60.0
+_INCIDENT_REPORT_SECONDS = 10.0
 _UDEV_KINDS = {
     "add": "gpu_added",
     "remove": "gpu_removed",
@@ -40,6 +44,8 @@ class EventSink(Protocol):
     """Where accepted events go beyond the node (the fleet reporter)."""
 
     def offer_event(self, event: GpuEvent) -> None: ...
+
+    def offer_incident(self, incident: Incident) -> None: ...
 
 
 class EventSources:
@@ -77,25 +83,13 @@ class EventSources:
         owners = self.owners(event.gpu) if self.owners and event.gpu else ""
         if owners:
             event = replace(event, workloads=owners)
-        if not self._events.add(event):
-            return
-        if self.reporter is not None:
-            self.reporter.offer_event(event)
-        log.info(
-            "%s event %s%s on %s: %s",
-            event.source,
-            event.kind,
-            f" {event.code}" if event.code is not None else "",
-            event.gpu or event.pci or "node",
-            event.line,
-            extra={
-                "gpu_bus_id": event.gpu,
-                "event_kind": event.kind,
-                "xid": event.code if event.kind == "xid" else None,
-                "sxid": event.code if event.kind == "sxid" else None,
-            },
-        )
-        self._schedule_publish()
+        added = self._events.add(event)
+        if added is Added.NEW:
+            if self.reporter is not None:
+                self.reporter.offer_event(event)
+            _log_event(event)
+        if added:
+            self._schedule_publish()
 
     def feed_kernel_log(self, text: bytes) -> None:
         """Captured kernel-log text, judged as if just read from /dev/kmsg."""
@@ -179,3 +173,46 @@ class EventSources:
             await asyncio.sleep(_PRUNE_SECONDS)
             self._events.prune(time.monotonic())
             self._schedule_publish()
+
+    async def incident_loop(self) -> None:
+        """Report the incidents that grew: one log line for all, one fleet event each."""
+        while True:
+            await asyncio.sleep(_INCIDENT_REPORT_SECONDS)
+            self.report_incidents()
+
+    def report_incidents(self) -> None:
+        grown = self._events.incidents.grown()
+        if not grown:
+            return
+        if self.reporter is not None:
+            for incident in grown:
+                self.reporter.offer_incident(incident)
+        largest = max(grown, key=lambda incident: incident.count)
+        event = largest.first
+        log.info(
+            "kernel-log storm: %d incidents grew, %d records folded so far; largest: "
+            "%s%s on %s, %d records",
+            len(grown),
+            self._events.incidents.folded_records,
+            event.kind,
+            f" {event.code}" if event.code is not None else "",
+            event.gpu or event.pci or "node",
+            largest.count,
+        )
+
+
+def _log_event(event: GpuEvent) -> None:
+    log.info(
+        "%s event %s%s on %s: %s",
+        event.source,
+        event.kind,
+        f" {event.code}" if event.code is not None else "",
+        event.gpu or event.pci or "node",
+        event.line,
+        extra={
+            "gpu_bus_id": event.gpu,
+            "event_kind": event.kind,
+            "xid": event.code if event.kind == "xid" else None,
+            "sxid": event.code if event.kind == "sxid" else None,
+        },
+    )

@@ -110,3 +110,6 @@ class EventsSection:
     # The same XID on the same GPU from the kernel log and from NVML within this many
     # seconds is one fault.
     dedup_window_seconds: Annotated[float, NON_NEGATIVE] = 10.0
+    # Records of one GPU, kind, XID, root XID and process less than this many seconds
+    # apart are one incident: its first records are kept, the rest counted.
+    incident_gap_seconds: Annotated[float, POSITIVE] = 60.0
