@@ -60,7 +60,10 @@ class DcgmWorker:
         """Run ``job`` on the DCGM thread; DcgmCallTimeoutError after ``seconds``."""
         future = self.submit(job)
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), seconds)
+            # Not asyncio.wait_for: on Python 3.11 it can swallow a cancellation that comes
+            # as the call returns, and the source's loop would then never stop.
+            async with asyncio.timeout(seconds):
+                return await asyncio.wrap_future(future)
         except TimeoutError:
             self._stuck = True
             self.close()
