@@ -108,6 +108,24 @@ def test_findings_date_from_their_first_report(view: FleetView) -> None:
     assert row["gpus"][0]["findings"][0]["since"] == NOW + 20
 
 
+def test_a_finding_keeps_its_onset_while_only_its_reasons_numbers_move(view: FleetView) -> None:
+    def sbe(rate: int, cause: str | None = "gpu-ecc-sbe-rate") -> dict[str, Any]:
+        finding = msg.finding("ecc", "WARN", f"{rate} corrected ECC errors per hour, above 100")
+        if cause is not None:
+            finding["cause"] = cause
+        return finding
+
+    for n, rate in enumerate((253, 260, 271)):
+        put(view.state, "e", gpus=[msg.gpu_doc(0, "WARN", [sbe(rate)])], when=NOW + n)
+    row = view.row(view.state.nodes[("c1", "e")], NOW + 2)
+    assert row["gpus"][0]["findings"][0]["since"] == NOW
+    # An agent from before `cause` is keyed on its reason, as it always was.
+    for n, rate in enumerate((253, 260)):
+        put(view.state, "f", gpus=[msg.gpu_doc(0, "WARN", [sbe(rate, None)])], when=NOW + n)
+    row = view.row(view.state.nodes[("c1", "f")], NOW + 1)
+    assert row["gpus"][0]["findings"][0]["since"] == NOW + 1
+
+
 def test_kinds_count_online_nodes_per_finding_kind(view: FleetView) -> None:
     assert view.kinds(NOW) == [
         {"kind": "xid 48", "nodes": 1, "today": 1},

@@ -274,3 +274,34 @@ def test_tls_identity_matching_the_node_reports(
     run_daemon(H100, config_extra=mqtt_broker.agent_config("tls-node"), node_name="tls-node")
     messages = listener.wait_for(lambda ms: bool(_states(ms, "tls-node")))
     assert _states(messages, "tls-node")[-1]["online"] is True
+
+
+def test_a_growing_rate_publishes_on_identity_changes_not_on_every_poll(
+    run_daemon: Run, mqtt_broker: Broker, listener: Listener
+) -> None:
+    """An SBE rate that grows at every 1 s poll changes the finding's reason each time
+    ("253 corrected ECC errors per hour (12 in 83.5 s)"), not what it is: the retained state
+    report goes out when the finding appears, then at its interval (30 s), not per poll."""
+    growing = "".join(
+        f'[[fault]]\ngpu = 0\nkind = "ecc_sbe"\ncount = 40\nat = {second}.0\n'
+        for second in range(1, 90)
+    )
+    daemon = run_daemon(H100 + growing, config_extra=mqtt_broker.agent_config(), interval=1.0)
+
+    def ecc(status: dict[str, Any]) -> dict[str, Any] | None:
+        found = [f for f in status["gpus"][0]["findings"] if f["check"] == "ecc"]
+        return found[0] if found else None
+
+    def warned(states: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [s for s in states if s["online"] and ecc(s["status"]) is not None]
+
+    listener.wait_for(lambda ms: bool(warned(_states(ms))), timeout=30)
+    before = ecc(daemon.status())
+    time.sleep(30)  # the window the report rate is measured over: 30 polls
+    after = ecc(daemon.status())
+    assert before is not None
+    assert after is not None
+    assert before["reason"] != after["reason"]  # the numbers moved at every poll
+    assert before["cause"] == after["cause"] == "gpu-ecc-sbe-rate"
+    reports = warned(_states(listener.messages))
+    assert 1 <= len(reports) <= 2, [ecc(s["status"]) for s in reports]

@@ -55,6 +55,14 @@ class Finding:
     evidence: tuple[tuple[str, EvidenceValue], ...] = ()
     action: str = "none"
     runbook: str = ""
+    # What it is about (an XID, a counter, a link; the runbook when nothing finer): with
+    # the check and the GPU, the finding's identity. Outputs key on identity and severity,
+    # never on the reason, whose numbers change at every poll. "" when OK.
+    cause: str = ""
+
+    @property
+    def identity(self) -> tuple[str | None, str, str]:
+        return (self.gpu, self.check, self.cause)
 
     def evidence_dict(self) -> dict[str, EvidenceValue]:
         return dict(self.evidence)

@@ -29,6 +29,7 @@ def finding_json(finding: Finding) -> dict[str, Any]:
         "check": finding.check,
         "severity": finding.severity.name,
         "reason": finding.reason,
+        "cause": finding.cause,
         "action": finding.action,
         "runbook": finding.runbook,
         "evidence": finding.evidence_dict(),

@@ -13,7 +13,7 @@ from typing import Any
 
 from gpuagent.aggregator.records import NodeRecord
 
-# (GPU bus id, "" for the node; check; reason): one finding of one node.
+# (GPU bus id, "" for the node; check; cause): one finding of one node.
 FindingKey = tuple[str, str, str]
 
 
@@ -27,7 +27,9 @@ def with_gpu(record: NodeRecord) -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 def finding_key(gpu: str, finding: dict[str, Any]) -> FindingKey:
-    return (gpu, str(finding.get("check", "")), str(finding.get("reason", "")))
+    # A finding's identity is its cause; agents older than `cause` only had the reason.
+    identity = finding.get("cause") or finding.get("reason", "")
+    return (gpu, str(finding.get("check", "")), str(identity))
 
 
 class Onsets:

@@ -83,9 +83,12 @@ class NodeView:
 @dataclass(frozen=True, slots=True)
 class Problem:
     severity: Severity
-    reason: str
+    reason: str  # for people: may carry live numbers
     action: Action
     runbook: Runbook
+    # What the problem is about, stable while it lasts (an XID, a counter, a link): with
+    # the check and the GPU, the finding's identity. "" means the runbook says it.
+    cause: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +127,7 @@ def to_finding(check: str, gpu: str | None, outcome: Outcome) -> Finding:
         evidence=outcome.evidence,
         action=worst.action.value,
         runbook=worst.runbook.value,
+        cause=worst.cause or worst.runbook.value,
     )
 
 

@@ -344,7 +344,8 @@ def _fault_items(tally: _Tally, weight: Weight) -> list[_Item]:
         count = sum(weight(e) for e, _ in members)
         consequences = tally.consequences.get(key, 0)
         reason = _group_reason(code, judgement, count, consequences)
-        problem = Problem(verdict.severity, reason, verdict.action, verdict.runbook)
+        cause = f"Xid {code} {judgement.detail}".rstrip()  # counts stay out: they grow
+        problem = Problem(verdict.severity, reason, verdict.action, verdict.runbook, cause)
         items.append(_Item(problem, _Subject(event, count, judgement, consequences)))
     return items
 

@@ -66,10 +66,10 @@ class Refusal:
 
 
 def _health_key(snapshot: NodeSnapshot) -> tuple[object, ...]:
-    """What makes a state report worth sending before its interval: health and actions."""
-    findings = tuple(
-        (f.gpu, f.check, f.severity.name, f.reason) for f in snapshot.health.problems()
-    )
+    """What makes a state report worth sending before its interval: the findings'
+    identities and severities (not their reasons, whose numbers move at every poll), and
+    actions."""
+    findings = tuple((*f.identity, f.severity.name) for f in snapshot.health.problems())
     status = snapshot.remediation
     remediation = (status.mode, status.paused, status.cordoned_by_us) if status else None
     return (findings, remediation, tuple(g.status for g in snapshot.gpus))
