@@ -434,3 +434,19 @@ def test_evaluate_with_events_does_not_change_its_inputs() -> None:
     again, _ = run(gpu(), memory=memory, now=60.0, events=log, pcie=paths)
     assert memory == before
     assert first == again
+
+
+@pytest.mark.parametrize(("status", "severity"), [("lost", "CRITICAL"), ("timeout", "UNKNOWN")])
+def test_a_gpu_without_readings_is_one_problem_not_one_per_check(
+    status: GpuStatus, severity: str
+) -> None:
+    health, _ = run(gpu(status))
+    (problem,) = health.problems(BUS)
+    assert (problem.check, problem.severity.name) == ("availability", severity)
+    masked = [f for f in health.for_gpu(BUS) if f.masked]
+    # Every check that needs readings still has its finding (its metric a value): UNKNOWN,
+    # masked by the availability finding. The event checks judge the GPU as usual.
+    assert {f.check for f in masked} >= {"ecc", "thermal", "pcie", "nvlink", "persistence"}
+    assert {f.severity for f in masked} == {Severity.UNKNOWN}
+    assert not {"availability", "xid", "bus", "aer"} & {f.check for f in masked}
+    assert health.gpu_severity(BUS).name == severity

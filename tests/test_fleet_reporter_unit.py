@@ -112,6 +112,32 @@ async def test_finding_changes_become_events_and_clears_too(tmp_path: Path) -> N
     assert schema.decode(json.dumps(first)) == first
 
 
+async def test_a_lost_gpu_is_one_finding_change_not_one_per_check(tmp_path: Path) -> None:
+    reporter = _reporter(tmp_path)
+    thermal = Finding("thermal", Severity.WARN, "84 C", gpu=BUS, runbook="gpu-thermal-slowdown")
+    ecc = Finding("ecc", Severity.OK, "no errors", gpu=BUS)
+    lost = Finding("availability", Severity.CRITICAL, "lost", gpu=BUS, runbook="gpu-lost")
+    masked = [
+        Finding(check, Severity.UNKNOWN, "no data: GPU lost", gpu=BUS, masked=True)
+        for check in ("thermal", "ecc")
+    ]
+    reporter.offer_snapshot(_snapshot(1, thermal, ecc))
+    reporter.offer_snapshot(_snapshot(2, lost, *masked))
+    reporter.offer_snapshot(_snapshot(3, lost, *masked))
+    # Back: the thermal WARN it had before it was lost has gone meanwhile.
+    reporter.offer_snapshot(_snapshot(4, ecc, Finding("thermal", Severity.OK, "ok", gpu=BUS)))
+    await _settle()
+    changes = [
+        (m["data"]["check"], m["data"]["from"], m["data"]["to"]) for m in await _spooled(reporter)
+    ]
+    assert changes == [
+        ("thermal", "OK", "WARN"),
+        ("availability", "OK", "CRITICAL"),
+        ("thermal", "WARN", "OK"),
+        ("availability", "CRITICAL", "OK"),
+    ]
+
+
 def _read_only(reporter: Reporter, tmp_path: Path) -> sqlite3.Connection:
     """Make the open spool unwritable (as a full disk would); returns the writable one."""
     spool = reporter.outbox.spool._spool

@@ -59,6 +59,9 @@ class Finding:
     # the check and the GPU, the finding's identity. Outputs key on identity and severity,
     # never on the reason, whose numbers change at every poll. "" when OK.
     cause: str = ""
+    # UNKNOWN only because the GPU gave no readings: the `availability` finding is the one
+    # fault, so this one is no problem of its own (not listed, logged, reported or counted).
+    masked: bool = False
 
     @property
     def identity(self) -> tuple[str | None, str, str]:
@@ -557,9 +560,11 @@ class NodeHealth:
         return Severity.worst([f.severity for f in self.findings])
 
     def problems(self, pci_bus_id: str | None = None) -> tuple[Finding, ...]:
-        """Non-OK findings, worst first; for one GPU, or all when ``pci_bus_id`` is None."""
+        """Non-OK findings, worst first; for one GPU, or all when ``pci_bus_id`` is None.
+        Masked findings (a lost GPU's checks that cannot read it) are its availability
+        finding's symptoms, not problems."""
         chosen = self.findings if pci_bus_id is None else self.for_gpu(pci_bus_id)
-        bad = [f for f in chosen if f.severity is not Severity.OK]
+        bad = [f for f in chosen if f.severity is not Severity.OK and not f.masked]
         return tuple(sorted(bad, key=lambda f: -f.severity.rank))
 
 

@@ -50,6 +50,9 @@ def _gpu_json(snapshot: NodeSnapshot, gpu: GpuState) -> dict[str, Any]:
         "health": snapshot.health.gpu_severity(ident.pci_bus_id).name,
         "sampled_at": gpu.sampled_at,
         "findings": [finding_json(f) for f in snapshot.health.problems(ident.pci_bus_id)],
+        # The checks that cannot judge the GPU while it gives no readings (the availability
+        # finding says why): listed here once instead of each as a problem.
+        "unknown_checks": [f.check for f in snapshot.health.for_gpu(ident.pci_bus_id) if f.masked],
         # Who the GPU belongs to (workload attribution; empty when off or nobody is known).
         "workloads": [workload_json(w) for w in gpu.workloads],
     }

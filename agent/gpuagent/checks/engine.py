@@ -246,7 +246,8 @@ def _gpu_findings(
         if isinstance(check, EventCheck):
             outcome = check.run(events)
         elif view is None:
-            outcome = no_data(state)
+            findings.append(_masked(check.name, bus_id, state))
+            continue
         else:
             outcome = check.run(view)
         findings.append(to_finding(check.name, bus_id, outcome))
@@ -270,15 +271,16 @@ def _gpu_inventory_findings(
     bus_id = state.identity.pci_bus_id
     gpu = next((g for g in view.inventory.gpus if g.pci_bus_id == bus_id), None)
     return [
-        to_finding(
-            check.name,
-            bus_id,
-            no_data(state)
-            if readings is None or gpu is None
-            else check.run(gpu, view.expected, context.config),
-        )
+        _masked(check.name, bus_id, state)
+        if readings is None or gpu is None
+        else to_finding(check.name, bus_id, check.run(gpu, view.expected, context.config))
         for check in INVENTORY_GPU_CHECKS
     ]
+
+
+def _masked(check: str, bus_id: str, state: GpuState) -> Finding:
+    """A check's finding for a GPU that gave no readings: UNKNOWN, masked by availability."""
+    return replace(to_finding(check, bus_id, no_data(state)), masked=True)
 
 
 def _node_findings(

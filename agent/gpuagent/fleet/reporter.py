@@ -133,7 +133,10 @@ class Reporter:
     def offer_snapshot(self, snapshot: NodeSnapshot) -> None:
         """Every finding that changed severity becomes an event; a health change wakes the
         state report."""
-        current = {(f.gpu, f.check): f for f in snapshot.health.findings}
+        # A masked finding (a lost GPU's check that cannot read it) changes nothing: its
+        # last real severity stands, and the availability finding says what happened.
+        masked = {(f.gpu, f.check) for f in snapshot.health.findings if f.masked}
+        current = {(f.gpu, f.check): f for f in snapshot.health.findings if not f.masked}
         for key, finding in current.items():
             before = self._severities.get(key, "OK")
             if before != finding.severity.name:
@@ -142,11 +145,12 @@ class Reporter:
                 )
                 self._enqueue(message["id"], "events", message)
         for (gpu, check), before in self._severities.items():
-            if (gpu, check) not in current and before != "OK":
+            if (gpu, check) not in current and (gpu, check) not in masked and before != "OK":
                 cleared = {"check": check, "severity": "OK", "reason": "no longer reported"}
                 message = schema.finding_event_message(snapshot, gpu, check, before, cleared)
                 self._enqueue(message["id"], "events", message)
-        self._severities = {k: f.severity.name for k, f in current.items()}
+        kept = {k: v for k, v in self._severities.items() if k in masked}
+        self._severities = kept | {k: f.severity.name for k, f in current.items()}
         self._snapshot = snapshot
         health = _health_key(snapshot)
         if health != self._health_key:

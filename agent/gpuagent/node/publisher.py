@@ -314,7 +314,7 @@ def _log_transitions(previous: NodeSnapshot | None, current: NodeSnapshot) -> No
     before = {(f.gpu, f.check): f.severity for f in previous.health.findings} if previous else {}
     for finding in current.health.findings:
         old = before.get((finding.gpu, finding.check), Severity.OK)
-        if old is not finding.severity:
+        if old is not finding.severity and not finding.masked:
             gpu = current.gpu(finding.gpu) if finding.gpu else None
             log.warning(
                 "%s %s: %s -> %s: %s",
