@@ -216,7 +216,8 @@ def test_nvml_that_cannot_start_is_a_node_finding_and_the_daemon_keeps_serving(
     run_daemon: Run,
 ) -> None:
     daemon = run_daemon('[node]\ngpus = 8\ninit_error = "driver_not_loaded"\n')
-    doc = daemon.status()
+    # READY comes once NVML was tried; the kernel log is heard once its buffer was read.
+    doc = daemon.wait_for(lambda d: any(s["name"] == "kmsg" and s["up"] for s in d["sources"]))
     assert doc["node"]["health"] == "CRITICAL"
     assert doc["node"]["nvml"]["problem"] == "driver_not_loaded"
     assert doc["node"]["findings"][0]["check"] == "nvml"
