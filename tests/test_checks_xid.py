@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from gpuagent.checks.xid import judge
-from gpuagent.config import XidCheck
+from gpuagent.config import XidCheck, XidRepeat
 from gpuagent.model import Finding, GpuEvent, Severity
 from test_checks_support import (
     BOOT_WALL,
@@ -103,7 +105,7 @@ def xid(line: str, *, at: float = 0.0, gpu: str | None = BUS) -> GpuEvent:
     return found
 
 
-def check(*events: GpuEvent, now: float = 0.0, **config: float) -> Finding:
+def check(*events: GpuEvent, now: float = 0.0, **config: Any) -> Finding:
     return check_events("xid", *events, now=now, config=with_checks(xid=XidCheck(**config)))
 
 
@@ -448,7 +450,7 @@ def test_root_xid_is_in_evidence() -> None:
 
 # --- causality: consequences join their root ---------------------------------------------
 
-XID_149_FATAL = xid_line(149, "pid=1818990, name=python3, NETIR_LINK_EVT Fatal XC0 i0 Link 03")
+ROOT_149 = xid_line(149, "pid=1818990, name=python3, NETIR_LINK_EVT Fatal XC0 i0 Link 03")
 
 
 def _teardowns(count: int, *, root: int = 149, start: float = 1.0) -> list[GpuEvent]:
@@ -461,7 +463,7 @@ def _teardowns(count: int, *, root: int = 149, start: float = 1.0) -> list[GpuEv
 
 
 def test_the_failed_gpu_keeps_its_own_verdict_with_its_consequences_counted() -> None:
-    found = check_events("xid", xid(XID_149_FATAL, at=0.5), *_teardowns(300), now=10.0)
+    found = check_events("xid", xid(ROOT_149, at=0.5), *_teardowns(300), now=10.0)
     assert (found.severity, found.action) == (Severity.CRITICAL, "reset_gpu")
     assert found.reason == (
         "Xid 149 (NVLINK_NETIR_ERROR) fatal: reset required, and 300 channel teardowns after it"
@@ -472,7 +474,7 @@ def test_the_failed_gpu_keeps_its_own_verdict_with_its_consequences_counted() ->
 
 def test_consequences_arriving_before_their_root_still_join_it() -> None:
     # The NVML event for the root can be read after the kernel's teardown lines.
-    found = check_events("xid", *_teardowns(5), xid(XID_149_FATAL, at=2.0), now=10.0)
+    found = check_events("xid", *_teardowns(5), xid(ROOT_149, at=2.0), now=10.0)
     assert found.severity is Severity.CRITICAL
     assert found.evidence_dict()["consequences"] == 5
 
@@ -500,7 +502,7 @@ def test_a_consequence_of_a_fault_elsewhere_fades_like_an_app_error() -> None:
 
 
 def test_a_root_on_another_gpu_of_the_node_does_not_make_this_one_critical() -> None:
-    events = [xid(XID_149_FATAL, at=0.5, gpu=OTHER_BUS), *_teardowns(50)]
+    events = [xid(ROOT_149, at=0.5, gpu=OTHER_BUS), *_teardowns(50)]
     assert check_events("xid", *events, now=10.0).severity is Severity.WARN
 
 
@@ -533,6 +535,40 @@ def test_a_solo_xid_45_asks_for_a_fabric_manager_restart_but_one_after_a_crash_d
     ]
     found = check_events("xid", *crash, now=1.0)
     assert (found.severity, found.action) == (Severity.WARN, "restart_app")
+
+
+# --- the same XID repeating --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("times", "severity"), [(4, Severity.WARN), (5, Severity.CRITICAL)])
+def test_a_warning_xid_repeating_on_a_gpu_escalates(times: int, severity: Severity) -> None:
+    events = [xid(XID_145_NONFATAL, at=n * 600.0) for n in range(times)]
+    found = check_events("xid", *events, now=times * 600.0)
+    assert found.severity is severity
+    if severity is Severity.CRITICAL:
+        assert found.reason.startswith(
+            "Xid 145 (NVLINK_RLW_ERROR) 5 times in the last 3600 s, at or above 5: repeating"
+        )
+        assert (found.action, found.runbook) == ("investigate", "gpu-xid-repeating")
+
+
+def test_repeats_count_within_the_window_only() -> None:
+    events = [xid(XID_145_NONFATAL, at=n * 900.0) for n in range(5)]
+    assert check_events("xid", *events, now=3600.0).severity is Severity.CRITICAL
+    assert check_events("xid", *events, now=3601.0).severity is Severity.WARN
+
+
+def test_per_xid_repeat_limits_and_window_are_configurable() -> None:
+    events = [xid(XID_145_NONFATAL, at=float(n)) for n in range(5)]
+    relaxed = check(*events, now=5.0, repeat=[XidRepeat(xid=145, count=20)])
+    assert relaxed.severity is Severity.WARN
+    assert check(*events, now=5.0, repeat_window_seconds=2.0).severity is Severity.WARN
+
+
+def test_application_xids_and_teardowns_never_escalate_by_repeating() -> None:
+    crashes = [xid(xid_line(31, "pid=7, name=train, MMU Fault"), at=float(n)) for n in range(50)]
+    assert check_events("xid", *crashes, now=60.0).severity is Severity.WARN
+    assert check_events("xid", *_teardowns(50), now=60.0).severity is Severity.WARN
 
 
 # --- application errors ------------------------------------------------------------------

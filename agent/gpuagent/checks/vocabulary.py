@@ -74,6 +74,7 @@ class Runbook(enum.StrEnum):
     GPU_XID_UNKNOWN = "gpu-xid-unknown"
     GPU_XID_CONSEQUENCE = "gpu-xid-consequence"
     GPU_XID_SOLO_TEARDOWN = "gpu-xid-solo-teardown"
+    GPU_XID_REPEATING = "gpu-xid-repeating"
     GPU_GSP_ERROR = "gpu-gsp-error"
     GPU_FALLEN_OFF_BUS = "gpu-fallen-off-bus"
     GPU_REMOVED = "gpu-removed"

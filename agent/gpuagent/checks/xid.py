@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from gpuagent.checks.common import EventView, Evidence, Outcome, Problem, fmt, plural
-from gpuagent.checks.eventindex import RECENT_SECONDS, age, near, recent, times
+from gpuagent.checks.eventindex import RECENT_SECONDS, age, near, recent, times, within
 from gpuagent.checks.vocabulary import Action, Runbook
 from gpuagent.kernel.xid import XidInfo, lookup
 from gpuagent.model import GpuEvent, Severity
@@ -335,6 +335,38 @@ def _group_reason(code: int | None, judgement: Judgement, count: int, consequenc
     return f"{_name(code, judgement.info)}{detail}: {label}{times_seen}{caused}"
 
 
+# Warning-level verdicts that escalate when the same XID keeps coming (checks.xid.repeat_*).
+_REPEATABLE = (NVLINK_NONFATAL, MECHANICALS, UNKNOWN)
+
+
+def _repeat_items(view: EventView, tally: _Tally, weight: Weight) -> list[_Item]:
+    """A warning-level XID seen at least its limit of times on the GPU within the window."""
+    config = view.config.xid
+    items = []
+    for (code, verdict, _), members in tally.faults.items():
+        if verdict not in _REPEATABLE:
+            continue
+        window = [(e, j) for e, j in members if within(e, view.now, config.repeat_window_seconds)]
+        seen = sum(weight(e) for e, _ in window)
+        limit = config.repeat_limit(code)
+        if not window or seen < limit:
+            continue
+        event, judgement = window[-1]
+        reason = (
+            f"{_name(code, judgement.info)} {seen} times in the last "
+            f"{fmt(config.repeat_window_seconds)} s, at or above {limit}: repeating"
+        )
+        problem = Problem(
+            Severity.CRITICAL,
+            reason,
+            Action.INVESTIGATE,
+            Runbook.GPU_XID_REPEATING,
+            f"Xid {code} repeating",
+        )
+        items.append(_Item(problem, _Subject(event, seen, judgement)))
+    return items
+
+
 def _fault_items(tally: _Tally, weight: Weight) -> list[_Item]:
     """One problem per XID number and verdict, for every verdict that is not an app error."""
     items = []
@@ -444,6 +476,7 @@ def check_xid(view: EventView) -> Outcome:
     gsp_records = view.events.records(gsp)
     items = [
         *_fault_items(tally, weight),
+        *_repeat_items(view, tally, weight),
         *_app_items(view, tally.apps, incidents),
         *_gsp_item(gsp, gsp_records),
     ]

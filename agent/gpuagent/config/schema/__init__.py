@@ -44,6 +44,7 @@ from gpuagent.config.schema.checks import (
     SxidCheck,
     ThermalCheck,
     XidCheck,
+    XidRepeat,
 )
 from gpuagent.config.schema.dcgm import DcgmSourceSection
 from gpuagent.config.schema.inventory import ExpectedGpu, InventoryExpected, InventorySection
@@ -132,5 +133,6 @@ __all__ = [
     "ThermalCheck",
     "UdevSourceSection",
     "XidCheck",
+    "XidRepeat",
     "split_listen",
 ]

@@ -71,6 +71,14 @@ class NvlinkCheck:
 
 
 @dataclass(frozen=True)
+class XidRepeat:
+    """How many times one XID may warn on a GPU within the window before it is CRITICAL."""
+
+    xid: Annotated[int, POSITIVE]
+    count: Annotated[int, POSITIVE]
+
+
+@dataclass(frozen=True)
 class XidCheck:
     enabled: bool = True
     # Application XIDs (the catalog's RESTART_APP bucket) make a GPU WARN for this long
@@ -78,6 +86,17 @@ class XidCheck:
     app_error_hold_seconds: Annotated[float, NON_NEGATIVE] = 3600.0
     # ...and CRITICAL when they come faster than this.
     app_error_rate_per_hour: Annotated[float, NON_NEGATIVE] = 6.0
+    # The same warning-level XID (a non-fatal NVLink error, power cables, an unknown XID;
+    # never an application XID or a teardown) this many times on one GPU within
+    # repeat_window_seconds is CRITICAL: a GPU that keeps warning needs a person.
+    repeat_count: Annotated[int, POSITIVE] = 5
+    repeat_window_seconds: Annotated[float, POSITIVE] = 3600.0
+    # Per-XID counts instead of repeat_count ([[checks.xid.repeat]] xid = 145, count = 20).
+    repeat: list[XidRepeat] = field(default_factory=list)
+
+    def repeat_limit(self, xid: int | None) -> int:
+        found = next((r.count for r in self.repeat if r.xid == xid), None)
+        return self.repeat_count if found is None else found
 
 
 @dataclass(frozen=True)
