@@ -12,10 +12,10 @@ stay true; logs and fleet reports speak of incidents, never of each record.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gpuagent.kernel.xid import caused_by
 from gpuagent.model import GpuEvent
 
 # Records of an incident kept as events: enough to show how it began (and count the
@@ -27,8 +27,6 @@ FOLDED_KINDS = frozenset({"xid", "sxid", "gsp"})
 # Open incidents kept at most (each a few hundred bytes); past it the least recently
 # active close first, so memory is bounded whatever the storm's variety.
 MAX_OPEN = 4096
-
-_ROOT_XID = re.compile(r"caused by previous Xid (\d+)", re.IGNORECASE)
 
 IncidentKey = tuple[str | None, str, int | None, int | None, int | None]
 
@@ -58,10 +56,7 @@ class Incident:
 
 
 def incident_key(event: GpuEvent) -> IncidentKey:
-    root = None
-    if event.kind == "xid" and "caused by" in event.line:
-        found = _ROOT_XID.search(event.line)
-        root = int(found[1]) if found else None
+    root = caused_by(event.line) if event.kind == "xid" else None
     return (event.gpu, event.kind, event.code, root, event.pid)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from gpuagent.checks.common import EventView, Evidence, Outcome, Problem, fmt, plural
 from gpuagent.checks.eventindex import RECENT_SECONDS, age, near, recent, times, within
 from gpuagent.checks.vocabulary import Action, Runbook
-from gpuagent.kernel.xid import XidInfo, lookup
+from gpuagent.kernel.xid import XidInfo, caused_by, lookup
 from gpuagent.model import GpuEvent, Severity
 
 FALLEN_OFF_THE_BUS = 79  # a node reboot whatever the catalog says: the GPU is unreachable
@@ -38,7 +38,6 @@ APP_RATE_SECONDS = 3600.0
 # GSP messages this close to an XID on the same GPU are that XID's details.
 GSP_XID_SECONDS = 60.0
 
-_ROOT_XID = re.compile(r"caused by previous Xid (\d+)", re.IGNORECASE)
 _RECOVERY = re.compile(r"recovery action changed from .*? to 0x([0-9A-Fa-f]+)(?: \(([^)]*)\))?")
 # NVLink5 XIDs (144-150) print the error's fatality: "RLW_RXPIPE Nonfatal XC0 ...".
 _NVLINK_FATALITY = re.compile(r"\b(Nonfatal|Non-fatal|Fatal)\b")
@@ -145,10 +144,9 @@ def _preemptive_removal(info: XidInfo, line: str) -> Judgement:
     # Newer drivers name the XID that made the driver tear the channel down; that XID is
     # the fault, judged on its own line where the GPU logged it (the check attaches this
     # line there). Alone, Xid 45 means a process's channels were removed (it was killed).
-    root = _ROOT_XID.search(line)
-    if root is None or int(root[1]) == PREEMPTIVE_REMOVAL:
+    root_xid = caused_by(line)
+    if root_xid is None or root_xid == PREEMPTIVE_REMOVAL:
         return Judgement(APP_ERROR, info)
-    root_xid = int(root[1])
     root_verdict = judge(root_xid, "").verdict
     # A teardown after an application's own error is part of that crash; after an XID
     # that needs nothing, nothing.

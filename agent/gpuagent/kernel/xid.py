@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import functools
 import io
+import re
 from dataclasses import dataclass
 from importlib import resources
 
@@ -74,6 +75,17 @@ def _parse(text: str) -> dict[int, XidInfo]:
 def _catalog() -> dict[int, XidInfo]:
     data = resources.files("gpuagent") / "data" / "xid_catalog.csv"
     return _parse(data.read_text(encoding="utf-8"))
+
+
+_CAUSED_BY = re.compile(r"caused by previous Xid (\d+)", re.IGNORECASE)
+
+
+def caused_by(line: str) -> int | None:
+    """The root XID a line names (newer drivers: `... caused by previous Xid 149`)."""
+    if "caused by" not in line:  # cheap first: storms parse 100,000 of these
+        return None
+    found = _CAUSED_BY.search(line)
+    return int(found[1]) if found else None
 
 
 def lookup(xid: int) -> XidInfo | None:
