@@ -42,15 +42,17 @@ def storm_lines(buses: list[str], records: int) -> bytes:
     def short(bus: str) -> str:
         return bus.rsplit(".", 1)[0]
 
+    # Stamped now on the kernel's clock (CLOCK_MONOTONIC), a microsecond apart.
+    now = int(time.monotonic() * 1e6)
     root = (
-        f"3,1,1000000,-;NVRM: Xid (PCI:{short(buses[ROOT_GPU])}): 149, pid=900, "
+        f"3,1,{now},-;NVRM: Xid (PCI:{short(buses[ROOT_GPU])}): 149, pid=900, "
         "name=python3, NETIR_LINK_EVT Fatal XC0 i0 Link 03 (0x00000004 0x0 0x0 0x0 0x0 0x0)"
     )
     lines = [root]
     for n in range(records):
         bus = short(buses[n % len(buses)])
         lines.append(
-            f"3,{n + 2},{1_000_001 + n},-;NVRM: Xid (PCI:{bus}): 45, pid={1000 + n % PROCESSES}, "
+            f"3,{n + 2},{now + 1 + n},-;NVRM: Xid (PCI:{bus}): 45, pid={1000 + n % PROCESSES}, "
             f"name=python3, Ch {n:08x} caused by previous Xid 149"
         )
     return ("\n".join(lines) + "\n").encode()

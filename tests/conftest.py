@@ -226,7 +226,11 @@ def start_daemon(
     interval: float = 0.3,
     call_timeout: float = 0.5,
     node_name: str = "test-node",
+    *,
+    simulate: bool = True,
 ) -> DaemonProcess:
+    """The daemon on ``scenario`` (or, ``simulate=False``, on this machine's real NVML,
+    absent on a machine without a GPU, and its real udev)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     sock = workdir / "api.sock"
@@ -270,8 +274,7 @@ def start_daemon(
                 "run",
                 "--config",
                 str(config),
-                "--simulate",
-                str(scenario_path),
+                *(["--simulate", str(scenario_path)] if simulate else []),
                 "--log-level",
                 "debug",
             ],

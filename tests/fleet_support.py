@@ -222,8 +222,10 @@ def xid_records(first_seq: int, count: int, bus: str) -> list[str]:
     """``count`` kernel records of application XIDs, each of its own process: each its
     own incident, so each goes to the fleet (a storm of one process's lines is folded)."""
     short = bus.rsplit(".", 1)[0]
+    # Stamped now on the kernel's clock: a record older than the look-back would be dropped.
+    now = int(time.monotonic() * 1e6)
     return [
-        f"3,{seq},{1_000_000 + seq},-;NVRM: Xid (PCI:{short}): 13, pid={seq}, name=job, "
+        f"3,{seq},{now + seq},-;NVRM: Xid (PCI:{short}): 13, pid={seq}, name=job, "
         "Graphics SM Warp Exception"
         for seq in range(first_seq, first_seq + count)
     ]

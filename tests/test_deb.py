@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require, require_that
+from conftest import PATIENCE, require, require_that
 from kubernetes_api import NODE, FakeApiServer, make_node, serve, write_kubeconfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,7 +51,9 @@ def _asked_to_as_root() -> None:
     )
 
 
-def _run(*cmd: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+# A build takes minutes on a quiet machine (the virtualenv, psycopg-c compiled), more on a
+# busy one: a generous limit, only against a hang.
+def _run(*cmd: str, timeout: float = 300 * PATIENCE) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         cmd,
         capture_output=True,

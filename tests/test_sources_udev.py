@@ -18,6 +18,7 @@ from gpuagent.sources.udev import (
     change_from_device,
     open_netlink_monitor,
 )
+from gpuagent.supervisor import SourceUnavailable
 
 NVIDIA = 0x10DE
 GPU_DEVPATH = "/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:00.0/0000:18:00.0"
@@ -271,9 +272,15 @@ async def test_one_iteration_at_a_time(monitor):
 # --- the real netlink monitor ---------------------------------------------------------
 
 
-def test_without_udev_running_opening_fails_clearly(tmp_path):
-    with pytest.raises(OSError, match="udev is not running"):
-        open_netlink_monitor(tmp_path / "control")
+def test_without_udev_running_the_source_is_unavailable_not_failing(tmp_path):
+    control = tmp_path / "control"
+    with pytest.raises(SourceUnavailable, match="no udevd runs here") as raised:
+        open_netlink_monitor(control)
+    appeared = raised.value.appeared
+    assert appeared is not None
+    assert not appeared()
+    control.touch()  # udevd started: the supervisor tries again at once
+    assert appeared()
 
 
 def test_the_real_netlink_monitor_opens_or_fails_quickly(tmp_path):
@@ -282,8 +289,8 @@ def test_the_real_netlink_monitor_opens_or_fails_quickly(tmp_path):
     started = time.monotonic()
     try:
         monitor = open_netlink_monitor(control)
-    except OSError:
-        pass  # no libudev or no netlink here: what the daemon reports as "source down"
+    except (OSError, SourceUnavailable):
+        pass  # no libudev, or no netlink here
     else:
         assert monitor.fileno() >= 0
         monitor.poll(timeout=0)  # started and non-blocking: returns at once
@@ -297,7 +304,7 @@ async def test_the_default_watcher_raises_or_waits_without_blocking():
     started = time.monotonic()
     try:
         await asyncio.wait_for(anext(changes), 0.5)
-    except OSError:
+    except (OSError, SourceUnavailable):
         pass
     except TimeoutError:
         assert Path("/run/udev/control").exists()  # it opened, and is waiting for events

@@ -295,8 +295,10 @@ class SourceStatus:
 
     name: str
     up: bool
+    # False: what the source needs is absent on this host (no udevd, say); not a failure.
+    available: bool = True
     last_success: float | None = None  # wall clock
-    last_error: str | None = None
+    last_error: str | None = None  # or, when unavailable, why
     last_duration_seconds: float | None = None
     consecutive_failures: int = 0
 

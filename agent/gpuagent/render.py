@@ -178,13 +178,20 @@ def render_status(doc: dict[str, Any], now: float | None = None, *, color: bool 
         lines.append(
             "Sources: "
             + ", ".join(
-                f"{s['name']} {'up' if s['up'] else 'DOWN'}"
+                f"{s['name']} {_source_state(s)}"
                 + (f" ({s['last_error']})" if s.get("last_error") and not s["up"] else "")
                 for s in sources
             )
         )
     lines.extend(_dcgm_lines(doc, now))
     return "\n".join(lines)
+
+
+def _source_state(source: dict[str, Any]) -> str:
+    if source["up"]:
+        return "up"
+    # An agent from before "available" has no such key: a source not up is down.
+    return "unavailable" if source.get("available") is False else "DOWN"
 
 
 def _workload_lines(gpus: list[dict[str, Any]]) -> list[str]:

@@ -133,6 +133,7 @@ def _source_json(source: SourceStatus) -> dict[str, Any]:
     return {
         "name": source.name,
         "up": source.up,
+        "available": source.available,
         "last_success": source.last_success,
         "last_error": source.last_error,
         "last_duration_seconds": source.last_duration_seconds,

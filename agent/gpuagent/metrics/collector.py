@@ -287,6 +287,7 @@ class _Builder:
     def _sources(self) -> list[Metric]:
         columns: list[tuple[MetricSpec, Callable[[SourceStatus], float | None]]] = [
             (names.SOURCE_UP, lambda s: float(s.up)),
+            (names.SOURCE_AVAILABLE, lambda s: float(s.available)),
             (names.SOURCE_LAST_SUCCESS, lambda s: s.last_success),
             (names.SOURCE_DURATION, lambda s: s.last_duration_seconds),
             (names.SOURCE_FAILURES, lambda s: float(s.consecutive_failures)),

@@ -465,6 +465,11 @@ NODE_CHECK_HEALTH = MetricSpec(
 )
 NVML_UP = MetricSpec("gpuagent_nvml_up", "1 if the NVML library is initialised and usable.")
 SOURCE_UP = MetricSpec("gpuagent_source_up", "1 if the source's last run succeeded.", ("source",))
+SOURCE_AVAILABLE = MetricSpec(
+    "gpuagent_source_available",
+    "0 if what the source needs is absent on this host (no udevd, say): not a failure.",
+    ("source",),
+)
 SOURCE_LAST_SUCCESS = MetricSpec(
     "gpuagent_source_last_success_timestamp_seconds",
     "Unix time of the source's last successful run.",

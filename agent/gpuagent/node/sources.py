@@ -23,7 +23,7 @@ from gpuagent.model import GpuEvent, IbDevice, KmsgCounters, PciePath
 from gpuagent.sources.infiniband import read_infiniband
 from gpuagent.sources.kmsg import KmsgSource
 from gpuagent.sources.pcie import read_pcie_paths
-from gpuagent.sources.udev import PciChange, UdevWatcher
+from gpuagent.sources.udev import PciChange, UdevWatcher, open_netlink_monitor
 from gpuagent.supervisor import SourceTracker, supervise
 
 # The daemon's log lines keep the logger name they always had.
@@ -136,10 +136,10 @@ class EventSources:
         tracker = self._trackers.setdefault("udev", SourceTracker("udev"))
 
         async def run(ready: Callable[[], None]) -> None:
-            watcher = UdevWatcher()
+            control = self._config.sources.udev.control
+            watcher = UdevWatcher(monitor_factory=lambda: open_netlink_monitor(control))
             try:
-                ready()
-                async for change in watcher.changes():
+                async for change in watcher.changes(ready):  # ready once it is open
                     self.on_pci_change(change)
             finally:
                 watcher.close()

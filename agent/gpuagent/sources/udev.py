@@ -12,7 +12,6 @@ at shutdown. Closing is then immediate and cannot hang on a thread stuck in ``po
 from __future__ import annotations
 
 import asyncio
-import errno
 import re
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from gpuagent.sources.pcie import NVIDIA_VENDOR, canonical_bus_id, role_of
+from gpuagent.supervisor import SourceUnavailable
 
 ChangeAction = Literal["add", "remove", "bind", "unbind"]
 _ACTIONS: dict[str, ChangeAction] = {
@@ -109,12 +109,13 @@ def _slot_name(properties: Mapping[str, str]) -> str:
 
 
 def open_netlink_monitor(udev_control: Path = UDEV_CONTROL) -> UdevMonitor:
-    """udev's netlink monitor for the PCI subsystem, started; OSError if none can be had."""
+    """udev's netlink monitor for the PCI subsystem, started. SourceUnavailable where this
+    host has no udev (no udevd running, no libudev: many containers and minimal hosts);
+    OSError when netlink refuses."""
     if not udev_control.exists():
-        raise FileNotFoundError(
-            errno.ENOENT,
-            "udev is not running here, so no device events would arrive",
-            str(udev_control),
+        raise SourceUnavailable(
+            f"no udevd runs here ({udev_control} is missing), so no device events would arrive",
+            udev_control.exists,
         )
     try:
         # Imported here so a node without pyudev loses only this source, not the agent.
@@ -122,7 +123,7 @@ def open_netlink_monitor(udev_control: Path = UDEV_CONTROL) -> UdevMonitor:
 
         context = pyudev.Context()  # loads libudev, ImportError when it is missing
     except ImportError as exc:
-        raise OSError(f"udev monitor unavailable: {exc}") from exc
+        raise SourceUnavailable(f"no udev library here: {exc}") from exc
     netlink = pyudev.Monitor.from_netlink(context)  # OSError when netlink refuses
     netlink.filter_by(subsystem="pci")  # filtered in the kernel: no wakeups for others
     netlink.start()
@@ -148,8 +149,9 @@ class UdevWatcher:
         self._reading: tuple[asyncio.AbstractEventLoop, int] | None = None
         self._closed = False
 
-    async def changes(self) -> AsyncIterator[PciChange]:
-        """Changes until `close()`; OSError when the monitor cannot be opened or read."""
+    async def changes(self, ready: Callable[[], None] | None = None) -> AsyncIterator[PciChange]:
+        """Changes until `close()`; ``ready`` is called once the monitor is open. OSError
+        when the monitor cannot be opened or read, SourceUnavailable without udev."""
         if self._queue is not None:
             raise RuntimeError("changes() is already being iterated")
         if self._closed:
@@ -157,6 +159,8 @@ class UdevWatcher:
         queue = self._queue = asyncio.Queue()
         try:
             self._start(queue)
+            if ready is not None:
+                ready()
             while (item := await queue.get()) is not None:
                 if isinstance(item, OSError):
                     raise item

@@ -90,6 +90,9 @@ class SysfsSourceSection:
 class UdevSourceSection:
     # PCI add/remove and driver bind/unbind of NVIDIA devices, as they happen (netlink).
     enabled: bool = True
+    # udevd's control socket: where it is missing no udevd runs, and the source is
+    # unavailable (not failing) until it appears.
+    control: Path = Path("/run/udev/control")
 
 
 @dataclass(frozen=True)
