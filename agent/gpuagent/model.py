@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 # A runtime import (not under TYPE_CHECKING), so `typing.get_type_hints(NodeSnapshot)`
 # resolves: gpuagent.inventory.model imports nothing from gpuagent, hence no cycle.
@@ -382,9 +382,9 @@ KernelKind = Literal[
 AerSeverity = Literal["corrected", "nonfatal", "fatal"]
 
 
-@dataclass(frozen=True, slots=True)
-class KernelLine:
-    """What one kernel-log message says, as the parsers read it (pure data)."""
+class KernelLine(NamedTuple):
+    """What one kernel-log message says, as the parsers read it (pure data). A named tuple:
+    a storm builds 100,000 of them, and a tuple is built in a quarter of the time."""
 
     kind: KernelKind
     code: int | None = None  # XID or SXid number

@@ -43,9 +43,12 @@ from gpuagent.textfile import TextfileWriter
 
 # The daemon's log lines keep the logger name they always had.
 log = logging.getLogger("gpuagent.daemon")
-# Snapshots (judgement, /metrics rendering) at most this often: a kernel-log storm asks
-# for one after every read.
-_MIN_PUBLISH_SECONDS = 0.1
+# A kernel-log storm asks for a snapshot (judgement, /metrics rendering) after every read.
+# Snapshots are spaced so they take at most 1/_PUBLISH_SHARE of the loop's time, and come
+# at most every _MIN_PUBLISH_SECONDS: a lone event is judged within milliseconds, a storm
+# is read at full speed.
+_MIN_PUBLISH_SECONDS = 0.02
+_PUBLISH_SHARE = 10.0
 
 
 class ObservationSource(Protocol):
@@ -166,6 +169,7 @@ class SnapshotPublisher:
         self._sequence = 0
         self._pending = False
         self._published_at = -math.inf
+        self._publish_seconds = 0.0  # what the last snapshot took
         self.reporter: SnapshotSink | None = None  # set at startup, when MQTT is on
         self.metrics: MetricsServer | None = None  # set at startup
         self.dcgm: DcgmView | None = None  # set when sources.dcgm is enabled
@@ -186,11 +190,12 @@ class SnapshotPublisher:
 
     def schedule(self) -> None:
         # A burst of kernel lines is read in one go: evaluate once after it, not per line;
-        # and during a storm (a burst after every read) at most every _MIN_PUBLISH_SECONDS.
+        # and during a storm (a burst after every read) spaced by their own cost.
         if not self._pending:
             self._pending = True
             loop = asyncio.get_running_loop()
-            wait = self._published_at + _MIN_PUBLISH_SECONDS - time.monotonic()
+            spacing = max(_MIN_PUBLISH_SECONDS, _PUBLISH_SHARE * self._publish_seconds)
+            wait = self._published_at + spacing - time.monotonic()
             if wait > 0:
                 loop.call_later(wait, self._publish_now)
             else:
@@ -198,8 +203,10 @@ class SnapshotPublisher:
 
     def _publish_now(self) -> None:
         self._pending = False
-        self._published_at = time.monotonic()
+        started = time.monotonic()
         self.publish()
+        self._published_at = time.monotonic()
+        self._publish_seconds = self._published_at - started
 
     def summary(self) -> str:
         snapshot = self._store.current
