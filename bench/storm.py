@@ -5,11 +5,11 @@ simulated 8-GPU node, end to end (kernel log → judgement → snapshot).
 
 One fatal Xid 149 on GPU 2, then N `Xid 45 ... caused by previous Xid 149` lines over the
 eight GPUs (seven processes each), written into the kernel-log FIFO of a daemon at the
-default 5 s poll as fast as it reads them. Measured: how long until every record is read, and until the judgement
-counts them all (GPU 2 CRITICAL with its own XID, the others warning); /metrics latency
-idle and during the storm, from the same run; RSS before, at its peak and after; log lines
-for the whole storm. Prints a table, writes bench/results/storm.json; exits 1 when a
-target is missed.
+default 5 s poll as fast as it reads them. Measured: how long until every record is read,
+and until the judgement counts them all (GPU 2 CRITICAL with its own XID, the others
+warning); /metrics latency idle and during the storm, from the same run; RSS before, at
+its peak and after; log lines for the whole storm. Prints a table, writes
+bench/results/storm.json; exits 1 when a target is missed.
 """
 
 from __future__ import annotations
