@@ -44,9 +44,10 @@ from gpuagent.textfile import TextfileWriter
 # The daemon's log lines keep the logger name they always had.
 log = logging.getLogger("gpuagent.daemon")
 # A kernel-log storm asks for a snapshot (judgement, /metrics rendering) after every read.
-# Snapshots are spaced so they take at most 1/_PUBLISH_SHARE of the loop's time, and come
-# at most every _MIN_PUBLISH_SECONDS: a lone event is judged within milliseconds, a storm
-# is read at full speed.
+# Once a snapshot has answered _STORM_ASKS asks or more, the next ones are spaced so they
+# take at most 1/_PUBLISH_SHARE of the loop's time (and come at most every
+# _MIN_PUBLISH_SECONDS): a lone event is judged at once, a storm is read at full speed.
+_STORM_ASKS = 64
 _MIN_PUBLISH_SECONDS = 0.02
 _PUBLISH_SHARE = 10.0
 
@@ -170,6 +171,8 @@ class SnapshotPublisher:
         self._pending = False
         self._published_at = -math.inf
         self._publish_seconds = 0.0  # what the last snapshot took
+        self._asks = 0  # since the last snapshot
+        self._storm = False  # the last snapshot answered a storm's asks
         self.reporter: SnapshotSink | None = None  # set at startup, when MQTT is on
         self.metrics: MetricsServer | None = None  # set at startup
         self.dcgm: DcgmView | None = None  # set when sources.dcgm is enabled
@@ -191,11 +194,12 @@ class SnapshotPublisher:
     def schedule(self) -> None:
         # A burst of kernel lines is read in one go: evaluate once after it, not per line;
         # and during a storm (a burst after every read) spaced by their own cost.
+        self._asks += 1
         if not self._pending:
             self._pending = True
             loop = asyncio.get_running_loop()
             spacing = max(_MIN_PUBLISH_SECONDS, _PUBLISH_SHARE * self._publish_seconds)
-            wait = self._published_at + spacing - time.monotonic()
+            wait = self._published_at + spacing - time.monotonic() if self._storm else 0.0
             if wait > 0:
                 loop.call_later(wait, self._publish_now)
             else:
@@ -203,6 +207,7 @@ class SnapshotPublisher:
 
     def _publish_now(self) -> None:
         self._pending = False
+        self._storm, self._asks = self._asks >= _STORM_ASKS, 0
         started = time.monotonic()
         self.publish()
         self._published_at = time.monotonic()
