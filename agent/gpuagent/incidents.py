@@ -86,7 +86,7 @@ class IncidentBook:
             found.last = event
             if found.count > SAMPLES:
                 self.folded_records += 1
-                self.weights[found.id] = found.folded
+                self.weights[found.first.event_id] = found.count - SAMPLES
         self._open[key] = found
         return found
 
