@@ -46,11 +46,6 @@ class Incident:
         return self.first.event_id
 
     @property
-    def folded(self) -> int:
-        """Records counted but not kept as events."""
-        return max(0, self.count - SAMPLES)
-
-    @property
     def root_xid(self) -> int | None:
         return self.key[3]
 
