@@ -134,11 +134,12 @@ class DaemonProcess:
         return self.workdir / "kmsg"
 
     def write_kernel_log(self, *lines: str) -> None:
+        """Every line, whatever their size: the write waits while the daemon reads (a
+        pipe holds 64 KiB). Opened without waiting: no daemon reading fails at once."""
         fd = os.open(self.kmsg, os.O_WRONLY | os.O_NONBLOCK)
-        try:
-            os.write(fd, "".join(f"{line}\n" for line in lines).encode())
-        finally:
-            os.close(fd)
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "wb") as fifo:
+            fifo.write("".join(f"{line}\n" for line in lines).encode())
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:

@@ -226,12 +226,6 @@ def _xid(bus: str, rest: str, seq: int) -> str:
     return f"3,{seq},{usec},-;NVRM: Xid (PCI:{bus.rsplit('.', 1)[0]}): {rest}"
 
 
-def _write_blocking(daemon: DaemonProcess, lines: list[str]) -> None:
-    # The daemon holds its FIFO open, so this opens at once and writes as it reads.
-    with daemon.kmsg.open("wb") as fifo:
-        fifo.write("".join(f"{line}\n" for line in lines).encode())
-
-
 def _xid_finding(daemon: DaemonProcess, index: int) -> dict[str, Any]:
     """The GPU's xid finding, {} while it has none (status lists problems only)."""
     gpu = next(g for g in daemon.status()["gpus"] if g["index"] == index)
@@ -277,7 +271,7 @@ def test_one_fault_in_a_storm_of_its_consequences_is_one_critical_gpu(tmp_path: 
             for n in range(20_000)
         ]
         log_from = len(daemon.log())
-        _write_blocking(daemon, storm)
+        daemon.write_kernel_log(*storm)
         daemon.wait_for(lambda d: d["kmsg"]["records_read"] == 20_001, timeout=60)
         _wait(lambda: "succeeded" in _steps(daemon, "cordon"))
         root = _xid_finding(daemon, 2)

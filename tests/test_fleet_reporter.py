@@ -305,3 +305,35 @@ def test_a_growing_rate_publishes_on_identity_changes_not_on_every_poll(
     assert before["cause"] == after["cause"] == "gpu-ecc-sbe-rate"
     reports = warned(_states(listener.messages))
     assert 1 <= len(reports) <= 2, [ecc(s["status"]) for s in reports]
+
+
+def test_a_storm_reaches_the_fleet_as_incidents_not_records(
+    run_daemon: Run, mqtt_broker: Broker, listener: Listener
+) -> None:
+    """2,000 records of one process on one GPU: one event when the incident opens, then one
+    carrying its count at the next report (every 10 s), not 2,000 messages."""
+    daemon = run_daemon(H100, config_extra=mqtt_broker.agent_config())
+    listener.wait_for(lambda ms: any(s["online"] for s in _states(ms)))
+    bus = daemon.status()["gpus"][1]["pci_bus_id"].rsplit(".", 1)[0]
+    now = int(time.monotonic() * 1e6)
+    daemon.write_kernel_log(
+        *(
+            f"3,{n},{now + n},-;NVRM: Xid (PCI:{bus}): 45, pid=77, name=train, Ch {n:08x} "
+            "caused by previous Xid 149"
+            for n in range(1, 2001)
+        )
+    )
+
+    def counted(ms: list[Received]) -> list[int]:
+        return [
+            m.payload["data"]["incident"]["count"]
+            for m in ms
+            if _on("events")(m) and "incident" in m.payload.get("data", {})
+        ]
+
+    messages = listener.wait_for(lambda ms: 2000 in counted(ms), timeout=30)
+    kernel = [m for m in messages if _on("events")(m) and m.payload["category"] == "kernel"]
+    assert len(kernel) <= 4, [m.payload["id"] for m in kernel]
+    update = next(m.payload for m in kernel if "incident" in m.payload["data"])
+    assert update["data"]["incident"]["root_xid"] == 149
+    assert update["data"]["incident"]["id"] == kernel[0].payload["data"]["id"]
