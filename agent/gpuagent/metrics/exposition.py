@@ -114,10 +114,19 @@ class Exposition:
             self._current()
 
     def body(self, *, gzipped: bool) -> bytes:
-        with self._lock:
+        if not self._lock.acquire(blocking=False):
+            # The daemon is rendering the next snapshot: serve the last one, whole, rather
+            # than wait for it (a kernel-log storm renders often, and scrapes must not wait).
+            body, packed = self._body, self._gzipped
+            if not gzipped:
+                return body
+            return packed if packed is not None else gzip.compress(body, compresslevel=5)
+        try:
             self._current()
             if not gzipped:
                 return self._body
             if self._gzipped is None:
                 self._gzipped = gzip.compress(self._body, compresslevel=5)
             return self._gzipped
+        finally:
+            self._lock.release()
