@@ -123,8 +123,16 @@ def test_image_runs_the_agent_on_a_simulated_node(image: str, tmp_path: Path) ->
     )  # fmt: skip
     assert started.returncode == 0, started.stderr
     try:
-        metrics = _get(f"http://127.0.0.1:{port}/metrics", deadline_in(30))
-        temps = [line for line in metrics.splitlines() if line.startswith("DCGM_FI_DEV_GPU_TEMP{")]
+        # /metrics answers from the start; the GPUs' series come with the first poll.
+        deadline = deadline_in(30)
+        while True:
+            metrics = _get(f"http://127.0.0.1:{port}/metrics", deadline)
+            temps = [
+                line for line in metrics.splitlines() if line.startswith("DCGM_FI_DEV_GPU_TEMP{")
+            ]
+            if len(temps) == 8 or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
         assert len(temps) == 8
         assert "gpuagent_build_info{" in metrics
         status = _podman("exec", name, "gpuagent", "status", "--json")
