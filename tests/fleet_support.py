@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 
 import aggregator_support as msg
-from conftest import PATIENCE, DaemonProcess, deadline_in, free_port, require
+from conftest import PATIENCE, DaemonProcess, deadline_in, free_port, kernel_record, require
 from gpuagent.aggregator.service import Aggregator
 from gpuagent.config import AggregatorSection
 from mqtt_broker import Broker
@@ -222,10 +222,9 @@ def xid_records(first_seq: int, count: int, bus: str) -> list[str]:
     """``count`` kernel records of application XIDs, each of its own process: each its
     own incident, so each goes to the fleet (a storm of one process's lines is folded)."""
     short = bus.rsplit(".", 1)[0]
-    # Stamped now on the kernel's clock: a record older than the look-back would be dropped.
-    now = int(time.monotonic() * 1e6)
     return [
-        f"3,{seq},{now + seq},-;NVRM: Xid (PCI:{short}): 13, pid={seq}, name=job, "
-        "Graphics SM Warp Exception"
+        kernel_record(
+            seq, f"NVRM: Xid (PCI:{short}): 13, pid={seq}, name=job, Graphics SM Warp Exception"
+        )
         for seq in range(first_seq, first_seq + count)
     ]

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conftest import DaemonProcess, deadline_in, run_cli, start_daemon
+from conftest import DaemonProcess, deadline_in, kernel_record, run_cli, start_daemon
 
 pytestmark = pytest.mark.integration
 
@@ -221,9 +221,7 @@ EIGHT_GPUS = '[node]\ngpus = 8\nmodel = "NVIDIA H100 80GB HBM3"\n'
 
 
 def _xid(bus: str, rest: str, seq: int) -> str:
-    # Stamped now on the kernel's clock (CLOCK_MONOTONIC): consequences fade after an hour.
-    usec = int(time.monotonic() * 1e6)
-    return f"3,{seq},{usec},-;NVRM: Xid (PCI:{bus.rsplit('.', 1)[0]}): {rest}"
+    return kernel_record(seq, f"NVRM: Xid (PCI:{bus.rsplit('.', 1)[0]}): {rest}")
 
 
 def _xid_finding(daemon: DaemonProcess, index: int) -> dict[str, Any]:

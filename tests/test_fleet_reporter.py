@@ -12,7 +12,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 
-from conftest import DaemonProcess, deadline_in
+from conftest import DaemonProcess, deadline_in, kernel_record
 from fleet_support import H100, kernel_events_awaiting_ack, spooled_kernel_events, xid_records
 from mqtt_broker import Broker, Listener, Received, wait_out_the_outage
 
@@ -315,11 +315,13 @@ def test_a_storm_reaches_the_fleet_as_incidents_not_records(
     daemon = run_daemon(H100, config_extra=mqtt_broker.agent_config())
     listener.wait_for(lambda ms: any(s["online"] for s in _states(ms)))
     bus = daemon.status()["gpus"][1]["pci_bus_id"].rsplit(".", 1)[0]
-    now = int(time.monotonic() * 1e6)
     daemon.write_kernel_log(
         *(
-            f"3,{n},{now + n},-;NVRM: Xid (PCI:{bus}): 45, pid=77, name=train, Ch {n:08x} "
-            "caused by previous Xid 149"
+            kernel_record(
+                n,
+                f"NVRM: Xid (PCI:{bus}): 45, pid=77, name=train, Ch {n:08x} "
+                "caused by previous Xid 149",
+            )
             for n in range(1, 2001)
         )
     )

@@ -347,7 +347,7 @@ def _repeat_items(view: EventView, tally: _Tally, weight: Weight) -> list[_Item]
         window = [(e, j) for e, j in members if within(e, view.now, config.repeat_window_seconds)]
         seen = sum(weight(e) for e, _ in window)
         limit = config.repeat_limit(code)
-        if not window or seen < limit:
+        if seen < limit:
             continue
         event, judgement = window[-1]
         reason = (
