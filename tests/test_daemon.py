@@ -282,7 +282,7 @@ def _check(tmp_path: Path, scenario: str, *extra: str) -> tuple[int, dict[str, A
     path = tmp_path / "check.toml"
     path.write_text(scenario)
     config = tmp_path / "c.toml"
-    config.write_text("[sources.nvml]\ncall_timeout_seconds = 0.5\n")
+    config.write_text("[sources.nvml]\ncall_timeout_seconds = 5\n")
     result = run_cli("check", "--json", "--config", str(config), "--simulate", str(path), *extra)
     return result.returncode, json.loads(result.stdout)
 

@@ -25,7 +25,7 @@ def _check(tmp_path: Path, scenario: str, config: str = "") -> tuple[int, dict[s
     path = tmp_path / "scenario.toml"
     path.write_text(scenario)
     config_path = tmp_path / "config.toml"
-    config_path.write_text(f"[sources.nvml]\ncall_timeout_seconds = 0.5\n{config}")
+    config_path.write_text(f"[sources.nvml]\ncall_timeout_seconds = 5\n{config}")
     result = run_cli("check", "--json", "--config", str(config_path), "--simulate", str(path))
     assert "Traceback" not in result.stderr, result.stderr
     return result.returncode, json.loads(result.stdout)

@@ -166,7 +166,7 @@ def test_a_one_shot_check_reads_the_node_too(api, tmp_path) -> None:
     scenario.write_text(SCENARIO)
     config = tmp_path / "config.toml"
     config.write_text(
-        "[sources.nvml]\ncall_timeout_seconds = 0.5\n"
+        "[sources.nvml]\ncall_timeout_seconds = 5\n"
         + _config(write_kubeconfig(tmp_path / "kc", api))
     )
     result = run_cli("check", "--json", "--config", str(config), "--simulate", str(scenario))
