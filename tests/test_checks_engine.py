@@ -27,6 +27,7 @@ from gpuagent.config import (
     PcieCheck,
     PersistenceCheck,
     ProcessesCheck,
+    RecoveryCheck,
     SxidCheck,
     ThermalCheck,
     XidCheck,
@@ -54,6 +55,7 @@ ALL = (
     "ecc",
     "retired_pages",
     "row_remap",
+    "recovery",
     "thermal",
     "pcie",
     "aer",
@@ -68,6 +70,7 @@ ALL_OFF = ChecksSection(
     thermal=ThermalCheck(enabled=False),
     pcie=PcieCheck(enabled=False),
     persistence=PersistenceCheck(enabled=False),
+    recovery=RecoveryCheck(enabled=False),
     mig=MigCheck(enabled=False),
     nvlink=NvlinkCheck(enabled=False),
     xid=XidCheck(enabled=False),
@@ -111,6 +114,9 @@ def test_findings_come_node_first_then_gpu_by_gpu_in_check_order() -> None:
             id="persistence",
         ),
         pytest.param(with_checks(mig=MigCheck(enabled=False)), ("mig",), id="mig"),
+        pytest.param(
+            with_checks(recovery=RecoveryCheck(enabled=False)), ("recovery",), id="recovery"
+        ),
         pytest.param(with_checks(nvlink=NvlinkCheck(enabled=False)), ("nvlink",), id="nvlink"),
         pytest.param(with_checks(xid=XidCheck(enabled=False)), ("xid",), id="xid"),
         pytest.param(with_checks(bus=BusCheck(enabled=False)), ("bus",), id="bus"),

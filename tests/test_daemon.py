@@ -93,19 +93,24 @@ FAULTS: list[tuple[str, dict[str, Any], str, str]] = [
     ("gpu_lost", {}, "availability", "CRITICAL"),
     ("persistence_off", {}, "persistence", "WARN"),
     ("nvlink_down", {"link": 3}, "nvlink", "CRITICAL"),
+    # NVLink's *_TOTAL error fields sum every link: errors on link 7 count as on link 0.
+    ("nvlink_errors", {"link": 7, "replay": 2}, "nvlink", "WARN"),
+    ("recovery_action", {"action": "reset"}, "recovery", "CRITICAL"),
 ]
 # Throttling is a finding only on a busy GPU whose throttle-duration counters grew for a
 # good share of the window: the GPU that gets the throttle fault runs a job from the start,
 # and the window is short enough for a test.
 THROTTLED = next(i for i, fault in enumerate(FAULTS) if fault[0] == "throttle")
+# Two GPUs past those the faults break, for the tests that follow them.
+CLEARED, WITH_PROCESS = len(FAULTS), len(FAULTS) + 1
 JOB = '[[fault]]\ngpu = {gpu}\nkind = "process"\npid = 4100\nname = "train.py"\nused_mib = 4096\n'
 
 
 @pytest.fixture(scope="module")
-def sixteen_gpus(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def faults_node(tmp_path_factory: pytest.TempPathFactory) -> Any:
     daemon = start_daemon(
         tmp_path_factory.mktemp("faults"),
-        H100.format(gpus=16) + JOB.format(gpu=THROTTLED),
+        H100.format(gpus=len(FAULTS) + 2) + JOB.format(gpu=THROTTLED),
         config_extra="[checks.pcie]\ndegraded_hold_seconds = 0\n"
         "[checks.thermal]\nthrottle_window_seconds = 2\n",
     )
@@ -119,14 +124,14 @@ def sixteen_gpus(tmp_path_factory: pytest.TempPathFactory) -> Any:
     ids=[f"{f[0]}-{f[3]}" for f in FAULTS],
 )
 def test_each_fault_kind_turns_into_its_finding(
-    sixteen_gpus: DaemonProcess,
+    faults_node: DaemonProcess,
     gpu: int,
     kind: str,
     values: dict[str, Any],
     check: str,
     severity: str,
 ) -> None:
-    daemon = sixteen_gpus
+    daemon = faults_node
     daemon.wait_for(lambda d: _gpu(d, gpu)["health"] == "OK")
     daemon.inject(kind, gpu, **values)
     doc = daemon.wait_for(lambda d: _severity(d, gpu, check) == severity)
@@ -156,8 +161,8 @@ def test_retired_pages_on_a_gpu_that_retires_them(run_daemon: Run) -> None:
     assert _gpu(doc, 0)["health"] == "OK"
 
 
-def test_lost_gpu_serves_no_stale_values(sixteen_gpus: DaemonProcess) -> None:
-    daemon = sixteen_gpus
+def test_lost_gpu_serves_no_stale_values(faults_node: DaemonProcess) -> None:
+    daemon = faults_node
     lost = FAULTS.index(("gpu_lost", {}, "availability", "CRITICAL"))
     daemon.inject("gpu_lost", lost)
     doc = daemon.wait_for(lambda d: _gpu(d, lost)["status"] == "lost")
@@ -168,22 +173,22 @@ def test_lost_gpu_serves_no_stale_values(sixteen_gpus: DaemonProcess) -> None:
     assert str(lost) not in {s.labels["gpu"] for s in _samples(metrics, "DCGM_FI_DEV_GPU_TEMP")}
 
 
-def test_process_on_gpu_is_shown_with_its_name(sixteen_gpus: DaemonProcess) -> None:
-    daemon = sixteen_gpus
-    daemon.inject("process", 15, pid=4242, name="train.py", used_mib=1024)
-    doc = daemon.wait_for(lambda d: bool(_gpu(d, 15).get("processes")))
+def test_process_on_gpu_is_shown_with_its_name(faults_node: DaemonProcess) -> None:
+    daemon = faults_node
+    daemon.inject("process", WITH_PROCESS, pid=4242, name="train.py", used_mib=1024)
+    doc = daemon.wait_for(lambda d: bool(_gpu(d, WITH_PROCESS).get("processes")))
     # Looked up in the simulator's process table: uid 0 by default.
-    assert _gpu(doc, 15)["processes"] == [
+    assert _gpu(doc, WITH_PROCESS)["processes"] == [
         {"pid": 4242, "name": "train.py", "used_mib": 1024.0, "user": "root", "alive": True}
     ]
 
 
-def test_clear_returns_a_gpu_to_healthy(sixteen_gpus: DaemonProcess) -> None:
-    daemon = sixteen_gpus
-    daemon.inject("persistence_off", 14)
-    daemon.wait_for(lambda d: _severity(d, 14, "persistence") == "WARN")
-    daemon.inject("clear", 14)
-    daemon.wait_for(lambda d: _gpu(d, 14)["health"] == "OK")
+def test_clear_returns_a_gpu_to_healthy(faults_node: DaemonProcess) -> None:
+    daemon = faults_node
+    daemon.inject("persistence_off", CLEARED)
+    daemon.wait_for(lambda d: _severity(d, CLEARED, "persistence") == "WARN")
+    daemon.inject("clear", CLEARED)
+    daemon.wait_for(lambda d: _gpu(d, CLEARED)["health"] == "OK")
 
 
 def test_hang_on_one_gpu_leaves_the_others_and_the_scrape_alive(run_daemon: Run) -> None:

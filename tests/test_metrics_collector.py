@@ -13,6 +13,7 @@ from prometheus_client import REGISTRY, generate_latest
 from gpuagent.metrics import SnapshotCollector, build_registry, names
 from gpuagent.metrics.collector import nvml_bus_id
 from gpuagent.metrics.names import AGENT_GPU_METRICS, DCGM_GPU_METRICS, DCGM_LABELS, GPU_LABELS
+from gpuagent.metrics.process import process_families
 from gpuagent.model import Finding, GpuReadings, NodeHealth, NvmlStatus, Severity
 from test_metrics_support import (
     BUS_IDS,
@@ -48,9 +49,11 @@ def values(found: dict[str, list], name: str) -> dict[str, float]:
 # --- no snapshot yet ----------------------------------------------------------------------
 
 
-def test_no_snapshot_exports_only_build_info():
+def test_no_snapshot_exports_only_build_info_and_the_process():
     found = samples(None)
-    assert list(found) == ["gpuagent_build_info"]
+    assert set(found) - {f.name for f in process_families()} == {"gpuagent_build_info"}
+    assert found["process_resident_memory_bytes"][0].value > 0
+    assert found["process_threads"][0].value >= 1
     (info,) = found["gpuagent_build_info"]
     assert info.value == 1.0
     assert info.labels == {
@@ -107,6 +110,7 @@ def test_every_table_metric_is_exported_for_every_gpu_with_its_labels():
         ("DCGM_FI_DEV_MEMORY_TEMP", 42.0),
         ("DCGM_FI_DEV_GPU_TEMP", 32.0),
         ("DCGM_FI_DEV_POWER_USAGE", 102.5),
+        ("DCGM_FI_DEV_POWER_USAGE_INSTANT", 105.25),
         ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 1_000_000_002.0),
         ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", 14.0),
         ("DCGM_FI_DEV_PCIE_LINK_GEN", 5.0),
@@ -442,8 +446,12 @@ def test_every_exported_name_is_documented():
         assert metric.help in docs, metric.name
     for reason, bit in names.CLOCK_EVENT_REASONS:
         assert f"| `{reason}` | {bit:#x} |" in docs
+    process = {family.name for family in process_families()}
+    for sample in (s for family in process_families() for s in family.samples):
+        assert f"| `{sample.name}` |" in docs, sample.name
     # And nothing is exported that is not in the table.
     exported = set(samples(degraded_snapshot())) | set(samples(snapshot(simulated=True)))
+    exported -= process | {f"{name}_total" for name in process}
     # The text parser names a counter's family without its _total suffix.
     assert exported <= {m.name for m in documented} | {
         m.name.removesuffix("_total") for m in documented

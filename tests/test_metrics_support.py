@@ -74,6 +74,7 @@ def readings(index: int) -> GpuReadings:
         temperature_c=30.0 + index,
         memory_temperature_c=40.0 + index,
         power_w=100.5 + index,
+        power_instant_w=103.25 + index,
         power_limit_w=700.0,
         energy_mj=1_000_000_000 + index,
         sm_clock_mhz=1980,

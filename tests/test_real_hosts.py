@@ -35,6 +35,8 @@ EXPECTED: dict[str, tuple[int, dict[tuple[int | None, str], str]]] = {
     "rtx4090-x8.535.154.05.nvidia-smi-q.txt": (0, {}),
     "rtx4090-x8-busy.535.154.05.nvidia-smi-q.txt": (0, {}),
     "titan-v.560.35.03.nvidia-smi-q.txt": (1, {(0, "persistence"): "WARN"}),
+    "h200-x1.580.159.04.nvidia-smi-q.txt": (0, {}),
+    "h200-x1.580.159.04.nvidia-smi-q.xml": (0, {}),
 }
 
 

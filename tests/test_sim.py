@@ -459,9 +459,12 @@ def test_per_poll_readings_of_an_idle_gpu(node: SimulatedNode) -> None:
         pynvml.nvmlDeviceGetNvLinkState(handle, 18)
 
 
-def test_per_poll_readings_of_a_busy_gpu(node: SimulatedNode) -> None:
+def test_per_poll_readings_of_a_busy_gpu(make_node: MakeNode) -> None:
+    clock = FakeClock()
+    node = make_node(clock=clock)
     handle = pynvml.nvmlDeviceGetHandleByIndex(2)
     node.inject("process", 2, {"pid": 40, "name": "train.py", "used_mib": 70_000})
+    clock.advance(1.0)  # a second on, the power average is the busy draw
     util = pynvml.nvmlDeviceGetUtilizationRates(handle)
     assert 88 <= util.gpu <= 96
     assert 0 < util.memory < util.gpu
@@ -555,7 +558,9 @@ def test_persistence_mode_can_be_set(node: SimulatedNode) -> None:
         pynvml.nvmlDeviceSetPersistenceMode(handle, 2)
 
 
-def test_power_limit_is_validated_and_caps_the_draw(node: SimulatedNode) -> None:
+def test_power_limit_is_validated_and_caps_the_draw(make_node: MakeNode) -> None:
+    clock = FakeClock()
+    node = make_node(clock=clock)
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
     for bad in (199_999, 700_001):
         with pytest.raises(pynvml.NVMLError_InvalidArgument):
@@ -564,10 +569,44 @@ def test_power_limit_is_validated_and_caps_the_draw(node: SimulatedNode) -> None
     node.inject("process", 0, {"pid": 10, "name": "burn", "used_mib": 100})
     pynvml.nvmlDeviceSetPowerManagementLimit(handle, 200_000)
     assert pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) == 200_000
+    assert _field(handle, pynvml.NVML_FI_DEV_POWER_INSTANT) == 200_000
+    clock.advance(1.0)
     assert pynvml.nvmlDeviceGetPowerUsage(handle) == 200_000
     reasons = pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle)
     assert reasons == pynvml.nvmlClocksEventReasonSwPowerCap
     assert pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM) < 1980
+
+
+def _field(handle: Any, field_id: int) -> int:
+    (value,) = pynvml.nvmlDeviceGetFieldValues(handle, [field_id])
+    assert value.nvmlReturn == pynvml.NVML_SUCCESS
+    return int(value.value.uiVal)
+
+
+def test_the_power_average_lags_a_step_in_load_and_the_instant_does_not(
+    make_node: MakeNode,
+) -> None:
+    """NVML's power usage (field 185) is the last second's average, as on the real H200
+    (79.2 W average beside 81.5 W instantaneous); field 186 is the draw now."""
+    clock = FakeClock()
+    node = make_node(clock=clock)
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    idle = pynvml.nvmlDeviceGetPowerUsage(handle)
+    assert _field(handle, pynvml.NVML_FI_DEV_POWER_AVERAGE) == idle
+    assert _field(handle, pynvml.NVML_FI_DEV_POWER_INSTANT) == pytest.approx(idle, rel=0.05)
+    node.inject("process", 0, {"pid": 10, "name": "train", "used_mib": 100})
+    instant = _field(handle, pynvml.NVML_FI_DEV_POWER_INSTANT)
+    average = pynvml.nvmlDeviceGetPowerUsage(handle)
+    assert instant > 400_000  # busy at once
+    assert idle < average < instant / 2  # still mostly the idle second before
+    clock.advance(0.5)
+    assert average < pynvml.nvmlDeviceGetPowerUsage(handle) < instant
+    clock.advance(0.5)
+    caught_up = pynvml.nvmlDeviceGetPowerUsage(handle)
+    assert caught_up == pytest.approx(_field(handle, pynvml.NVML_FI_DEV_POWER_INSTANT), rel=0.05)
+    node.inject("process_exit", 0, {"pid": 10})
+    assert _field(handle, pynvml.NVML_FI_DEV_POWER_INSTANT) < 100_000
+    assert pynvml.nvmlDeviceGetPowerUsage(handle) > 300_000  # and lags the drop as well
 
 
 # --- call counting and threads ------------------------------------------------------------

@@ -262,17 +262,23 @@ def test_nvlink_down_and_errors(node: SimulatedNode) -> None:
     assert pynvml.nvmlDeviceGetNvLinkState(handle(2), 3) == 0
     node.inject("nvlink_errors", 2, {"link": 3, "crc_flit": 5, "replay": 2})
     node.inject("nvlink_errors", 2, {"link": 3, "crc_data": 1, "recovery": 7})
-    assert field(2, pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, 3) == 5
-    assert field(2, pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL, 3) == 1
-    assert field(2, pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL, 3) == 2
-    assert field(2, pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL, 3) == 7
-    assert field(2, pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL, 2) == 0
+    node.inject("nvlink_errors", 2, {"link": 11, "crc_flit": 4})
+    # The *_TOTAL fields are the sum over every link, whatever the scope asks for.
+    for scope in (0, 3):
+        assert field(2, pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, scope) == 9
+        assert field(2, pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL, scope) == 1
+        assert field(2, pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL, scope) == 2
+        assert field(2, pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL, scope) == 7
+    assert field(1, pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, 0) == 0
 
 
-def test_process_shows_in_processes_memory_and_load(node: SimulatedNode) -> None:
+def test_process_shows_in_processes_memory_and_load(make_node: MakeNode) -> None:
+    clock = FakeClock()
+    node = make_node(clock=clock)
     idle_power = pynvml.nvmlDeviceGetPowerUsage(handle(1))
     node.inject("process", 1, {"pid": 4242, "name": "train.py", "used_mib": 1024})
     node.inject("process", 1, {"pid": 4243, "name": "eval.py", "used_mib": 512.5})
+    clock.advance(1.0)  # the power average has caught up with the load
     processes = pynvml.nvmlDeviceGetComputeRunningProcesses(handle(1))
     assert [(p.pid, p.usedGpuMemory) for p in processes] == [
         (4242, 1024 * MIB),
@@ -467,6 +473,8 @@ def test_every_kind_has_a_test_here() -> None:
         "process_gone", "hung", "memory_leak",
         # In test_sim_infiniband.py, with the node's HCAs:
         "ib_port_down", "ib_rate", "ib_errors",
+        # In test_checks_recovery.py, with what a reset completes:
+        "recovery_action", "repair_pending", "unrepairable_memory",
         # In test_sim_kubernetes.py, with the node's Kubernetes GPU stack:
         "device_plugin_down", "cdi_stale",
     }  # fmt: skip

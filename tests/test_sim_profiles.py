@@ -497,10 +497,12 @@ def test_idle_power_drifts_a_little_and_deterministically(make_node: MakeNode) -
 
 @pytest.mark.parametrize("profile", catalog.PROFILES, ids=lambda p: p.key)
 def test_a_gpu_with_a_process_is_busy(make_node: MakeNode, profile: GpuProfile) -> None:
-    node = model_node(make_node, profile.key)
+    clock = FakeClock()
+    node = model_node(make_node, profile.key, clock=clock)
     h = handle()
     idle_temperature = pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)
     node.inject("process", 0, JOB)
+    clock.advance(1.0)  # past the power average's second
     assert 88 <= pynvml.nvmlDeviceGetUtilizationRates(h).gpu <= 96
     reasons = pynvml.nvmlDeviceGetCurrentClocksEventReasons(h)
     assert reasons & ~SW_POWER_CAP == 0  # busy: no idle reason; at most the power cap
@@ -521,8 +523,10 @@ def test_a_gpu_with_a_process_is_busy(make_node: MakeNode, profile: GpuProfile) 
 def test_busy_rtx_4090_reads_as_captured(make_node: MakeNode) -> None:
     # rtx4090-x8-busy: P2, 97-100 %, SW Power Cap active at ~446 W of 450, SM 2520-2640
     # MHz, 72-76 °C, fans 86-98 %.
-    node = model_node(make_node, "rtx-4090")
+    clock = FakeClock()
+    node = model_node(make_node, "rtx-4090", clock=clock)
     node.inject("process", 0, JOB)
+    clock.advance(1.0)
     h = handle()
     assert pynvml.nvmlDeviceGetPerformanceState(h) == pynvml.NVML_PSTATE_2
     assert pynvml.nvmlDeviceGetCurrentClocksEventReasons(h) == SW_POWER_CAP

@@ -31,6 +31,8 @@ RTX4090_BUSY = "rtx4090-x8-busy.535.154.05.nvidia-smi-q.txt"
 TITAN_V = "titan-v.560.35.03.nvidia-smi-q.txt"
 A100_MIG = "a100-sxm4-x4-mig.535.54.03.nvidia-smi-q.xml"
 A10G = "a10g.nvidia-smi-q.xml"
+H200_TEXT = "h200-x1.580.159.04.nvidia-smi-q.txt"
+H200_XML = "h200-x1.580.159.04.nvidia-smi-q.xml"
 
 
 def _load(name: str) -> Capture:
@@ -54,6 +56,8 @@ HEADERS = {
     # The header says 4 GPUs; the capture was trimmed to the first.
     A100_MIG: ("xml", "535.54.03", "12.2", "Fri Aug  4 11:44:30 2023", 4, 1),
     A10G: ("xml", "515.105.01", "11.7", "Mon Apr 24 16:11:51 2023", 1, 1),
+    H200_TEXT: ("text", "580.159.04", "13.0", "Fri Nov 27 12:55:07 2026", 1, 1),
+    H200_XML: ("xml", "580.159.04", "13.0", "Fri Nov 27 12:55:07 2026", 1, 1),
 }
 
 
@@ -414,6 +418,16 @@ A10G_GPU0: dict[str, object] = {
     "processes": (CapturedProcess(pid=725, name="/usr/lib/xorg/Xorg", type="G", used_mib=22),),
 }
 
+# The 550+ layout: the average and instantaneous draw, and (570+) the recovery state.
+H200_GPU0 = {
+    "power_draw_w": 82.65,
+    "power_instant_w": 82.81,
+    "recovery_action": "None",
+    "channel_repair_pending": False,
+    "tpc_repair_pending": False,
+    "unrepairable_memory": False,
+}
+
 GPU_VALUES = [
     (H100_161, 0, H100_161_GPU0),
     (H100_183, 2, H100_183_GPU2),
@@ -423,6 +437,8 @@ GPU_VALUES = [
     (TITAN_V, 0, TITAN_V_GPU0),
     (A100_MIG, 0, A100_MIG_GPU0),
     (A10G, 0, A10G_GPU0),
+    (H200_TEXT, 0, H200_GPU0),
+    (H200_XML, 0, {**H200_GPU0, "power_draw_w": 82.69}),
 ]
 
 
@@ -1045,8 +1061,17 @@ XML_CAPTURE = """<?xml version="1.0" ?>
 </nvidia_smi_log>
 """
 
-# What neither hand-written capture has a value for.
-UNSET_IN_BOTH = {"mig_devices", "fabric_status"}
+# What neither hand-written capture has a value for (they are laid out as before 550,
+# with one power draw and no instantaneous one, and no recovery state).
+UNSET_IN_BOTH = {
+    "mig_devices",
+    "fabric_status",
+    "power_instant_w",
+    "recovery_action",
+    "channel_repair_pending",
+    "tpc_repair_pending",
+    "unrepairable_memory",
+}
 
 
 def test_text_and_xml_of_the_same_gpu_read_alike() -> None:

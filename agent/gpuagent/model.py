@@ -166,13 +166,27 @@ class GpuProfiling:
     gpu_instance_profile: str | None = None  # "1g.10gb", with gpu_instance_id
 
 
+# nvmlDeviceGpuRecoveryAction_t, by the names findings, status and captures use.
+RECOVERY_ACTIONS: dict[int, str] = {
+    0: "none",
+    1: "reset",
+    2: "reboot",
+    3: "drain_p2p",
+    4: "drain_and_reset",
+    5: "recover_imex_domain",
+    6: "bus_reset",
+    7: "system_reboot",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class GpuReadings:
     """One poll of one GPU. ``None`` means the GPU does not support the value."""
 
     temperature_c: float | None = None
     memory_temperature_c: float | None = None
-    power_w: float | None = None
+    power_w: float | None = None  # averaged over the last second, as DCGM reports it
+    power_instant_w: float | None = None
     power_limit_w: float | None = None
     energy_mj: int | None = None
     sm_clock_mhz: int | None = None
@@ -199,6 +213,13 @@ class GpuReadings:
     # The row remapper's bank availability histogram: banks with max, high, partial, low
     # and no spare rows left (nvmlDeviceGetRowRemapperHistogram; read on the slow cadence).
     remap_banks: tuple[int, int, int, int, int] | None = None
+    # What the driver says the GPU needs before it can be trusted again (NVML field 230,
+    # nvmlDeviceGpuRecoveryAction_t; RECOVERY_ACTIONS names it), and the repairs and memory
+    # state newer drivers report beside it. Read at start and on the slow cadence.
+    recovery_action: int | None = None
+    channel_repair_pending: bool | None = None
+    tpc_repair_pending: bool | None = None
+    unrepairable_memory: bool | None = None
     pcie_generation: int | None = None
     pcie_width: int | None = None
     pcie_replay_count: int | None = None

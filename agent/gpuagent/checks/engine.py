@@ -48,6 +48,7 @@ from gpuagent.checks.nvml import check_nvml
 from gpuagent.checks.pcie import check_pcie, remember_bridges, remember_link
 from gpuagent.checks.persistence import check_persistence
 from gpuagent.checks.processes import check_processes, remember_processes
+from gpuagent.checks.recovery import check_recovery
 from gpuagent.checks.retired_pages import check_retired_pages
 from gpuagent.checks.row_remap import check_row_remap
 from gpuagent.checks.state_dir import check_state_dir
@@ -116,6 +117,7 @@ GPU_CHECKS: tuple[ReadingsCheck | EventCheck, ...] = (
     ReadingsCheck("ecc", lambda c: c.ecc.enabled, check_ecc),
     ReadingsCheck("retired_pages", lambda c: c.ecc.enabled, check_retired_pages),
     ReadingsCheck("row_remap", lambda c: c.ecc.enabled, check_row_remap),
+    ReadingsCheck("recovery", lambda c: c.recovery.enabled, check_recovery),
     ReadingsCheck("thermal", lambda c: c.thermal.enabled, check_thermal),
     ReadingsCheck("pcie", lambda c: c.pcie.enabled, check_pcie),
     EventCheck("aer", lambda c: c.aer.enabled, check_aer),

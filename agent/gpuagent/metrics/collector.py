@@ -27,6 +27,7 @@ from gpuagent.metrics.infiniband import infiniband_families
 from gpuagent.metrics.inventory import inventory_families
 from gpuagent.metrics.kubernetes import kubernetes_families
 from gpuagent.metrics.names import GpuMetric, Kind, MetricSpec
+from gpuagent.metrics.process import process_families
 from gpuagent.model import (
     Finding,
     GpuIdentity,
@@ -478,7 +479,8 @@ def build_families(snapshot: NodeSnapshot | None, version: str) -> tuple[Metric,
 
 
 class SnapshotCollector:
-    """prometheus_client collector serving the latest snapshot, built once per snapshot."""
+    """prometheus_client collector serving the latest snapshot, built once per snapshot
+    (the agent's own process metrics sampled then too)."""
 
     def __init__(self, get_snapshot: SnapshotGetter, version: str) -> None:
         self._get_snapshot = get_snapshot
@@ -491,7 +493,7 @@ class SnapshotCollector:
         # swapped atomically, and two threads racing on a new snapshot just build it twice.
         cached = self._cache
         if cached is None or cached[0] is not snapshot:
-            cached = (snapshot, build_families(snapshot, self._version))
+            cached = (snapshot, (*build_families(snapshot, self._version), *process_families()))
             self._cache = cached
         return cached[1]
 

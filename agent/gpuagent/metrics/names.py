@@ -99,6 +99,8 @@ DCGM_GPU_METRICS: tuple[GpuMetric, ...] = (
     _dcgm("MEMORY_TEMP", _G, "Memory temperature (in C).", "memory_temperature_c"),
     _dcgm("GPU_TEMP", _G, "GPU temperature (in C).", "temperature_c"),
     _dcgm("POWER_USAGE", _G, "Power draw (in W).", "power_w"),
+    # DCGM's field 157: not in dcgm-exporter's CSVs, so the help text is DCGM's description.
+    _dcgm("POWER_USAGE_INSTANT", _G, "Instantaneous power draw (in W).", "power_instant_w"),
     _dcgm(
         "TOTAL_ENERGY_CONSUMPTION",
         _C,
@@ -316,6 +318,32 @@ AGENT_GPU_METRICS: tuple[GpuMetric, ...] = (
         _G,
         "1 if rows are waiting to be remapped at the next GPU reset.",
         _reading("row_remap_pending"),
+    ),
+    GpuMetric(
+        "gpuagent_gpu_recovery_action",
+        _G,
+        "The recovery action the driver asks for: 0 none, 1 GPU reset, 2 node reboot, "
+        "3 drain P2P, 4 drain and reset, 5 recover IMEX domain, 6 PCIe bus reset, "
+        "7 system reboot.",
+        _reading("recovery_action"),
+    ),
+    GpuMetric(
+        "gpuagent_gpu_channel_repair_pending",
+        _G,
+        "1 if a memory channel repair waits for the next GPU reset.",
+        _reading("channel_repair_pending"),
+    ),
+    GpuMetric(
+        "gpuagent_gpu_tpc_repair_pending",
+        _G,
+        "1 if a TPC repair waits for the next GPU reset.",
+        _reading("tpc_repair_pending"),
+    ),
+    GpuMetric(
+        "gpuagent_gpu_unrepairable_memory",
+        _G,
+        "1 if the GPU reports memory it cannot repair.",
+        _reading("unrepairable_memory"),
     ),
     GpuMetric(
         "gpuagent_gpu_pcie_link_generation",

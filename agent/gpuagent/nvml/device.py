@@ -43,7 +43,10 @@ _COUNTER_FIELDS: dict[int, str] = {
     pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: "pcie_replay_count",
     pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: "energy_mj",
     pynvml.NVML_FI_DEV_MEMORY_TEMP: "memory_temperature_c",
-    pynvml.NVML_FI_DEV_POWER_INSTANT: "power_w",
+    # The 1 s average (what nvmlDeviceGetPowerUsage, DCGM field 155 and `nvidia-smi
+    # power.draw` report) and the instantaneous draw (DCGM field 157).
+    pynvml.NVML_FI_DEV_POWER_AVERAGE: "power_w",
+    pynvml.NVML_FI_DEV_POWER_INSTANT: "power_instant_w",
     pynvml.NVML_FI_DEV_POWER_CURRENT_LIMIT: "power_limit_w",
     pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: "nvlink_crc_flit_errors",
     pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: "nvlink_crc_data_errors",
@@ -71,7 +74,7 @@ NVLINK_BANDWIDTH_TOTAL = 449  # DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL, in MB/s as D
 _KIB = 1024
 _MB = 1_000_000
 _BOOL_ATTRS = {"retired_pages_pending", "row_remap_pending", "row_remap_failure"}
-_MILLIWATT_ATTRS = {"power_w", "power_limit_w"}
+_MILLIWATT_ATTRS = {"power_w", "power_instant_w", "power_limit_w"}
 
 # Temperature thresholds, read once with the identity. (The *_TLIMIT fields are offsets on
 # NVML's T.Limit scale, not degrees, so the classic call is the one to use.)
@@ -303,7 +306,7 @@ class Device:
             for link in range(self._nvlink_count)
         )
         if readings["power_w"] is None and self._power_field_supported:
-            # Older drivers lack the instant-power field: use the classic call instead.
+            # Older drivers lack the power fields: the classic call reads the same average.
             power = self._get("nvmlDeviceGetPowerUsage", pynvml.nvmlDeviceGetPowerUsage)
             self._power_field_supported = power is None
             readings["power_w"] = None if power is None else power / 1000
@@ -417,6 +420,7 @@ class Device:
             else (histogram.max, histogram.high, histogram.partial, histogram.low, histogram.none)
         )
         slow.update(self._read_fabric())
+        slow.update(self._read_recovery())
         slow["mig_instances"] = self._read_mig_instances() if slow["mig_mode_current"] else None
         # Only GPUs in MIG mode are asked: a whole GPU costs no call for this.
         slow["mig_devices"] = self._read_mig_devices() if slow["mig_mode_current"] else ()
@@ -426,6 +430,24 @@ class Device:
             )
             slow["power_limit_w"] = None if limit is None else limit / 1000
         return slow
+
+    def _read_recovery(self) -> dict[str, Any]:
+        """The recovery action, repairs pending and unrepairable memory; None where the
+        driver lacks them (field 230 is INVALID_ARGUMENT before it, the calls are missing
+        from the library or NOT_SUPPORTED on the board)."""
+        (action,) = _field_values(
+            self.worker, self.handle, [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION]
+        )
+        repair = self._get("nvmlDeviceGetRepairStatus", pynvml.nvmlDeviceGetRepairStatus)
+        unrepairable = self._get(
+            "nvmlDeviceGetUnrepairableMemoryFlag_v1", pynvml.nvmlDeviceGetUnrepairableMemoryFlag_v1
+        )
+        return {
+            "recovery_action": None if action is None else int(action),
+            "channel_repair_pending": None if repair is None else bool(repair[0]),
+            "tpc_repair_pending": None if repair is None else bool(repair[1]),
+            "unrepairable_memory": None if unrepairable is None else bool(unrepairable),
+        }
 
     def _read_fabric(self) -> dict[str, Any]:
         """The GPU's Fabric Manager registration (NVSwitch systems); absent elsewhere."""

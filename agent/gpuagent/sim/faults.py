@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gpuagent.sim import codes, hardware
+from gpuagent.sim.codes import RECOVERY_ACTION_CODES
 from gpuagent.sim.gpu import SimGpu, SimProcess, make_instances
 from gpuagent.sim.infiniband import DOWN_STATES, ERROR_COUNTERS
 from gpuagent.sim.profiles import GpuProfile
@@ -272,6 +273,24 @@ def _cdi_stale(gpu: SimGpu, _params: Params, _at: float) -> Events:
     return ()
 
 
+def _recovery_action(gpu: SimGpu, params: Params, _at: float) -> Events:
+    # The driver asks for this until it is done (a reset for the reset kinds; `clear`,
+    # standing for a reboot, for every kind).
+    gpu.recovery_action = RECOVERY_ACTION_CODES[str(params["action"])]
+    return ()
+
+
+def _repair_pending(gpu: SimGpu, params: Params, _at: float) -> Events:
+    channel, tpc = gpu.repair_pending or (False, False)
+    gpu.repair_pending = (True, tpc) if params["unit"] == "channel" else (channel, True)
+    return ()
+
+
+def _unrepairable_memory(gpu: SimGpu, _params: Params, _at: float) -> Events:
+    gpu.unrepairable_memory = True
+    return ()
+
+
 def _clear(gpu: SimGpu, _params: Params, _at: float) -> Events:
     gpu.clear()
     return ()
@@ -328,6 +347,17 @@ KINDS: dict[str, FaultKind] = {
             _nvml_hang,
         ),
         FaultKind("persistence_off", (), _persistence_off),
+        FaultKind(
+            "recovery_action",
+            (Param("action", "str", required=True, choices=tuple(RECOVERY_ACTION_CODES)),),
+            _recovery_action,
+        ),
+        FaultKind(
+            "repair_pending",
+            (Param("unit", "str", default="channel", choices=("channel", "tpc")),),
+            _repair_pending,
+        ),
+        FaultKind("unrepairable_memory", (), _unrepairable_memory),
         FaultKind("nvlink_down", (_LINK,), _nvlink_down),
         FaultKind("nvlink_errors", (_LINK, *_ERRORS, *_MORE_ERRORS), _nvlink_errors),
         FaultKind(

@@ -22,7 +22,8 @@ Result = tuple[int, int, int | float]
 Reader = Callable[[SimGpu, float, int], Result]
 
 NOT_SUPPORTED: Result = (codes.ERROR_NOT_SUPPORTED, codes.VALUE_UINT, 0)
-_NO_SUCH_LINK: Result = (codes.ERROR_INVALID_ARGUMENT, codes.VALUE_UINT, 0)
+# An argument the driver rejects: a link past the GPU's last, a field id it does not know.
+_INVALID: Result = (codes.ERROR_INVALID_ARGUMENT, codes.VALUE_UINT, 0)
 _UNION_MEMBER = {
     codes.VALUE_DOUBLE: "dVal",
     codes.VALUE_UINT: "uiVal",
@@ -75,15 +76,28 @@ def _uint(value: Callable[[SimGpu], int]) -> Reader:
     return read
 
 
-def _per_link(counters: Callable[[SimGpu], list[int]]) -> Reader:
-    """NVLink error counters: ``scopeId`` is the link index."""
+def _uint_at(value: Callable[[SimGpu, float], int]) -> Reader:
+    def read(gpu: SimGpu, now: float, _scope: int) -> Result:
+        return codes.SUCCESS, codes.VALUE_UINT, value(gpu, now)
 
-    def read(gpu: SimGpu, _now: float, scope: int) -> Result:
+    return read
+
+
+def _recovery_action(gpu: SimGpu, _now: float, _scope: int) -> Result:
+    # A driver without the field does not know its id, as R580 answers for 291-307.
+    if gpu.recovery_action is None:
+        return _INVALID
+    return codes.SUCCESS, codes.VALUE_UINT, gpu.recovery_action
+
+
+def _all_links(counters: Callable[[SimGpu], list[int]]) -> Reader:
+    """An NVLink error counter's `*_TOTAL` field: the sum over every link, as NVML defines
+    it (``scopeId`` does not pick a link)."""
+
+    def read(gpu: SimGpu, _now: float, _scope: int) -> Result:
         if gpu.nvlinks == 0:
             return NOT_SUPPORTED
-        if scope >= gpu.nvlinks:
-            return _NO_SUCH_LINK
-        return codes.SUCCESS, codes.VALUE_ULONGLONG, counters(gpu)[scope]
+        return codes.SUCCESS, codes.VALUE_ULONGLONG, sum(counters(gpu))
 
     return read
 
@@ -92,7 +106,7 @@ def _nvlink_state(gpu: SimGpu, _now: float, scope: int) -> Result:
     if gpu.nvlinks == 0:
         return NOT_SUPPORTED
     if scope >= gpu.nvlinks:
-        return _NO_SUCH_LINK
+        return _INVALID
     return codes.SUCCESS, codes.VALUE_UINT, int(gpu.nvlink_up[scope])
 
 
@@ -132,10 +146,6 @@ def _energy(gpu: SimGpu, now: float, _scope: int) -> Result:
     return codes.SUCCESS, codes.VALUE_ULONGLONG, gpu.energy_mj_at(now)
 
 
-def _power(gpu: SimGpu, now: float, _scope: int) -> Result:
-    return codes.SUCCESS, codes.VALUE_UINT, gpu.readings.power_mw(now)
-
-
 def _violation(name: str, *, per_reason: bool = False) -> Reader:
     """A throttle-duration counter (ns); ``per_reason``: one of the R550 fields 269-271."""
 
@@ -165,14 +175,16 @@ READERS: dict[int, Reader] = {
     codes.FI_PCIE_REPLAY_COUNTER: _uint(lambda g: g.pcie_replays),
     codes.FI_TOTAL_ENERGY_CONSUMPTION: _energy,
     codes.FI_MEMORY_TEMP: _memory_temp,
-    codes.FI_POWER_INSTANT: _power,
+    codes.FI_POWER_AVERAGE: _uint_at(lambda g, now: g.readings.average_power_mw(now)),
+    codes.FI_POWER_INSTANT: _uint_at(lambda g, now: g.readings.power_mw(now)),
     codes.FI_POWER_CURRENT_LIMIT: _uint(lambda g: g.power_limit_mw),
+    codes.FI_GPU_RECOVERY_ACTION: _recovery_action,
     codes.FI_NVLINK_LINK_COUNT: _uint(lambda g: g.nvlinks),
     codes.FI_NVLINK_GET_STATE: _nvlink_state,
-    codes.FI_NVLINK_CRC_FLIT_TOTAL: _per_link(lambda g: g.nvlink_crc_flit),
-    codes.FI_NVLINK_CRC_DATA_TOTAL: _per_link(lambda g: g.nvlink_crc_data),
-    codes.FI_NVLINK_REPLAY_TOTAL: _per_link(lambda g: g.nvlink_replay),
-    codes.FI_NVLINK_RECOVERY_TOTAL: _per_link(lambda g: g.nvlink_recovery),
+    codes.FI_NVLINK_CRC_FLIT_TOTAL: _all_links(lambda g: g.nvlink_crc_flit),
+    codes.FI_NVLINK_CRC_DATA_TOTAL: _all_links(lambda g: g.nvlink_crc_data),
+    codes.FI_NVLINK_REPLAY_TOTAL: _all_links(lambda g: g.nvlink_replay),
+    codes.FI_NVLINK_RECOVERY_TOTAL: _all_links(lambda g: g.nvlink_recovery),
     pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: nvlink_throughput_field(receive=False),
     pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: nvlink_throughput_field(receive=True),
     codes.FI_TEMPERATURE_SHUTDOWN_TLIMIT: _tlimit(lambda g: g.profile.temperature_shutdown_c),

@@ -40,6 +40,17 @@ VIOLATION_REASONS: dict[str, int] = {
 }
 _NS_PER_SECOND = 1_000_000_000
 
+# Recovery actions a GPU reset completes (reset, drain P2P, drain and reset, bus reset);
+# a reboot or an IMEX domain recovery is not done by resetting the GPU.
+_CLEARED_BY_RESET = frozenset(
+    {
+        pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET,
+        pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_P2P,
+        pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET,
+        pynvml.NVML_GPU_RECOVERY_ACTION_BUS_RESET,
+    }
+)
+
 
 @dataclass(slots=True)
 class SimProcess:
@@ -131,6 +142,9 @@ class SimGpu:
         self.on_pci_bus = True
         self.hang_until = 0.0  # elapsed seconds; calls before this block
         self.processes: dict[int, SimProcess] = {}
+        # When the load last started or stopped, and whether the GPU was busy before: the
+        # power average still holds the old load for a second.
+        self.load_step = (0.0, False)
         # Memory held with no process (a leaked context, `memory_leak`); a reset frees it.
         self.leaked_bytes = 0
         # The RDMA port beside this GPU (shown only when the node has `ib_hcas`).
@@ -159,6 +173,12 @@ class SimGpu:
         self.remap_failure = False
         # Banks by remapping resources left: max, high, partial, low, none (InfoROM).
         self.remap_histogram = [self.profile.remap_banks, 0, 0, 0, 0]
+        # nvmlDeviceGpuRecoveryAction_t (model.RECOVERY_ACTIONS), the (channel, TPC) repairs
+        # pending and the unrepairable-memory flag; None: the driver does not report it
+        # (a capture from a driver without them).
+        self.recovery_action: int | None = 0
+        self.repair_pending: tuple[bool, bool] | None = (False, False)
+        self.unrepairable_memory: bool | None = False
         self.pcie_replays = 0
         self.nvlink_crc_flit = [0] * self.nvlinks
         self.nvlink_crc_data = [0] * self.nvlinks
@@ -228,6 +248,10 @@ class SimGpu:
         self.ecc_dbe_volatile = 0
         self.retired_pending = False
         self.remap_pending = False
+        if self.recovery_action in _CLEARED_BY_RESET:
+            self.recovery_action = 0
+        if self.repair_pending is not None:
+            self.repair_pending = (False, False)  # applied by the reset
         self.hang_until = 0.0
         self.leaked_bytes = 0
         self.ecc_enabled = self.ecc_pending
@@ -241,6 +265,10 @@ class SimGpu:
         self.lost = False
         self.on_pci_bus = True
         self.remap_failure = False
+        if self.recovery_action is not None:
+            self.recovery_action = 0  # `clear` stands for a reboot: nothing left pending
+        if self.unrepairable_memory is not None:
+            self.unrepairable_memory = False
         self.temperature_override = None
         self.throttle_reasons = 0
         self.pcie_generation_limit = self.profile.pcie_max_generation

@@ -297,7 +297,7 @@ class SimulatedLibrary:
             "nvmlDeviceGetPowerManagementLimit": _reply(lambda g, _n: g.power_limit_mw),
             "nvmlDeviceGetEnforcedPowerLimit": _reply(lambda g, _n: g.power_limit_mw),
             "nvmlDeviceGetPowerManagementLimitConstraints": _power_constraints,
-            "nvmlDeviceGetPowerUsage": _reply(lambda g, now: g.readings.power_mw(now)),
+            "nvmlDeviceGetPowerUsage": _reply(lambda g, now: g.readings.average_power_mw(now)),
             "nvmlDeviceGetTotalEnergyConsumption": _reply(lambda g, now: g.energy_mj_at(now)),
             "nvmlDeviceGetPerformanceState": _reply(
                 lambda g, now: g.readings.performance_state(now)
@@ -355,6 +355,8 @@ class SimulatedLibrary:
             "nvmlDeviceGetGpuFabricInfo": _fabric_info,
             "nvmlDeviceGetRemappedRows": _remapped_rows,
             "nvmlDeviceGetRowRemapperHistogram": _remap_histogram,
+            "nvmlDeviceGetRepairStatus": _repair_status,
+            "nvmlDeviceGetUnrepairableMemoryFlag_v1": _unrepairable_memory,
             "nvmlDeviceGetRetiredPagesPendingStatus": _retired_pending,
             "nvmlDeviceGetNvLinkState": _nvlink_state,
             "nvmlDeviceSetPersistenceMode": _set_persistence,
@@ -704,6 +706,21 @@ def _remap_histogram(gpu: SimGpu, _now: float, out: Any) -> int:
         return codes.ERROR_NOT_SUPPORTED
     values = _out(out)
     values.max, values.high, values.partial, values.low, values.none = gpu.remap_histogram
+    return codes.SUCCESS
+
+
+def _repair_status(gpu: SimGpu, _now: float, out: Any) -> int:
+    if gpu.repair_pending is None:
+        return codes.ERROR_NOT_SUPPORTED
+    status = _out(out)
+    status.bChannelRepairPending, status.bTpcRepairPending = (int(p) for p in gpu.repair_pending)
+    return codes.SUCCESS
+
+
+def _unrepairable_memory(gpu: SimGpu, _now: float, out: Any) -> int:
+    if gpu.unrepairable_memory is None:
+        return codes.ERROR_NOT_SUPPORTED
+    _out(out).unrepairableMemory = int(gpu.unrepairable_memory)
     return codes.SUCCESS
 
 

@@ -33,6 +33,9 @@ _BUSY_UTILIZATION_PCT = 88.0
 _BUSY_SWING_PCT = 8.0
 _MEMORY_SHARE = 0.45  # memory (copy engine) utilization relative to GPU utilization
 _IDLE_POWER_SWING = 0.04  # idle draw wanders by this share of itself
+# The driver's power average: over the last second, sampled here at its ends and between.
+_AVERAGE_WINDOW_SECONDS = 1.0
+_AVERAGE_SAMPLES = 5
 
 
 class LiveReadings:
@@ -62,9 +65,12 @@ class LiveReadings:
 
     def utilization(self, now: float) -> float:
         """GPU utilization in percent: 0 idle, ~88-96 busy."""
-        if not self.busy():
+        return self._utilization(now, self.busy())
+
+    def _utilization(self, at: float, busy: bool) -> float:
+        if not busy:
             return 0.0
-        return _BUSY_UTILIZATION_PCT + _BUSY_SWING_PCT * abs(self._wave(now))
+        return _BUSY_UTILIZATION_PCT + _BUSY_SWING_PCT * abs(self._wave(at))
 
     def memory_utilization(self, now: float) -> float:
         return self.utilization(now) * _MEMORY_SHARE
@@ -73,13 +79,28 @@ class LiveReadings:
 
     def power_demand_mw(self, now: float) -> float:
         """What the load asks for, before the power limit caps it."""
+        return self._demand_mw(now, self.busy())
+
+    def _demand_mw(self, at: float, busy: bool) -> float:
         profile = self._profile
-        idle_w = profile.power_idle_w * (1.0 + _IDLE_POWER_SWING * self._wave(now))
-        load = self.utilization(now) / 100.0
+        idle_w = profile.power_idle_w * (1.0 + _IDLE_POWER_SWING * self._wave(at))
+        load = self._utilization(at, busy) / 100.0
         return (idle_w + load * (profile.power_full_w - profile.power_idle_w)) * 1000.0
 
     def power_mw(self, now: float) -> int:
+        """The instantaneous draw (NVML field 186, `nvidia-smi power.draw.instant`)."""
         return int(min(self.power_demand_mw(now), self._gpu.power_limit_mw))
+
+    def average_power_mw(self, now: float) -> int:
+        """The draw averaged over the last second, as NVML's power usage and field 185
+        (and so DCGM and `nvidia-smi power.draw`) report it: it lags a step in load."""
+        changed_at, busy_before = self._gpu.load_step
+        busy_now, limit = self.busy(), self._gpu.power_limit_mw
+        total = 0.0
+        for sample in range(_AVERAGE_SAMPLES):
+            at = now - _AVERAGE_WINDOW_SECONDS * sample / (_AVERAGE_SAMPLES - 1)
+            total += min(self._demand_mw(at, busy_before if at < changed_at else busy_now), limit)
+        return int(total / _AVERAGE_SAMPLES)
 
     def temperature(self, now: float) -> float:
         """Degrees Celsius: the held temperature of a `temperature` fault, else warming

@@ -169,8 +169,15 @@ class CapturedReadings(LiveReadings):
         return super().memory_utilization(now) if value is None else value
 
     def power_demand_mw(self, now: float) -> float:
-        value = self._captured.power_draw_w
+        captured = self._captured
+        value = (
+            captured.power_draw_w if captured.power_instant_w is None else captured.power_instant_w
+        )
         return super().power_demand_mw(now) if value is None else value * 1000.0
+
+    def average_power_mw(self, now: float) -> int:
+        value = self._captured.power_draw_w
+        return super().average_power_mw(now) if value is None else round(value * 1000.0)
 
     def temperature(self, now: float) -> float:
         value = self._captured.temperature_c
@@ -271,12 +278,38 @@ def _start_state(gpu: SimGpu, captured: CapturedGpu) -> None:
         gpu.power_limit_mw = round(captured.power_limit_w * 1000)
     gpu.applications_clock_mhz = captured.applications_clock_graphics_mhz
     gpu.fabric_state, gpu.fabric_status = _fabric(captured)
+    gpu.recovery_action = _recovery_action(captured.recovery_action)
+    if captured.channel_repair_pending is None and captured.tpc_repair_pending is None:
+        gpu.repair_pending = None
+    else:
+        gpu.repair_pending = (
+            bool(captured.channel_repair_pending),
+            bool(captured.tpc_repair_pending),
+        )
+    gpu.unrepairable_memory = captured.unrepairable_memory
     gpu.mig_instances = _mig_instances(gpu, captured)
     gpu.default_mig_profiles = tuple(i.profile.name for i in gpu.mig_instances)
     gpu.processes = {
         p.pid: SimProcess(p.pid, p.name, round((p.used_mib or 0) * hardware.MIB))
         for p in captured.processes
     }
+
+
+# Spellings nvidia-smi may use beside the enum's own names.
+_RECOVERY_ALIASES = {
+    "gpu_reset": "reset",
+    "node_reboot": "reboot",
+    "drain_p2p_and_reset": "drain_and_reset",
+}
+
+
+def _recovery_action(printed: str | None) -> int | None:
+    """The captured recovery action; None (the driver does not report one) when the line
+    is absent or reads as no action this simulator knows, rather than a guessed fault."""
+    if printed is None:
+        return None
+    name = printed.strip().lower().replace(" ", "_")
+    return codes.RECOVERY_ACTION_CODES.get(_RECOVERY_ALIASES.get(name, name))
 
 
 def _fabric(captured: CapturedGpu) -> tuple[int, int]:

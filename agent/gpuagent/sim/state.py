@@ -113,10 +113,13 @@ class NodeState:
         # applied late still changes the state from its own time: nothing read the GPU
         # in between, since every call applies the faults due first.
         gpu.settle(min(at, now))
+        was_busy = gpu.readings.busy()
         for event_type, data in KINDS[kind].apply(gpu, params, at):
             for event_set in self.event_sets.values():
                 event_set.offer(gpu, event_type, data)
         gpu.readings = gpu.readings.after_fault(kind)
+        if gpu.readings.busy() != was_busy:
+            gpu.load_step = (at, was_busy)
         if self.host_root is not None:
             self.write_host_files(self.host_root)
         self.cond.notify_all()  # waiters re-check: a hang may be over, an event queued

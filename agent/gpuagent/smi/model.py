@@ -129,6 +129,12 @@ class CapturedGpu:
     # Bank remap availability histogram: max, high, partial, low, none (banks).
     remap_histogram: tuple[int, int, int, int, int] | None = None
     reset_required: bool | None = None
+    # "GPU Recovery Action" as printed ("None", "Reset", "Drain and Reset", ...) and the
+    # repair flags of the ECC section; drivers before 570 or so print none of them.
+    recovery_action: str | None = None
+    channel_repair_pending: bool | None = None
+    tpc_repair_pending: bool | None = None
+    unrepairable_memory: bool | None = None
     drain_and_reset_recommended: bool | None = None
     pcie_generation_max: int | None = None  # "Max": what the link can reach
     pcie_generation_current: int | None = None
@@ -154,7 +160,8 @@ class CapturedGpu:
     temperature_c: float | None = None
     memory_temperature_c: float | None = None
     thresholds: TemperatureThresholds = field(default_factory=TemperatureThresholds)
-    power_draw_w: float | None = None
+    power_draw_w: float | None = None  # the 1 s average
+    power_instant_w: float | None = None  # 550+ on Hopper and later
     power_limit_w: float | None = None  # "Current Power Limit" (enforced)
     power_default_limit_w: float | None = None
     power_min_limit_w: float | None = None

@@ -197,6 +197,10 @@ def _gpu(block: Node) -> CapturedGpu:
             ("Max", "High", "Partial", "Low", "None"),
         ),
         reset_required=flag(block.get("GPU Reset Status", "Reset Required")),
+        recovery_action=string(block.get("GPU Recovery Action")),
+        channel_repair_pending=flag(block.get("ECC Errors", "Channel Repair Pending")),
+        tpc_repair_pending=flag(block.get("ECC Errors", "TPC Repair Pending")),
+        unrepairable_memory=flag(block.get("ECC Errors", "Unrepairable Memory")),
         drain_and_reset_recommended=flag(
             block.get("GPU Reset Status", "Drain and Reset Recommended")
         ),
@@ -229,6 +233,7 @@ def _gpu(block: Node) -> CapturedGpu:
         power_draw_w=number(
             pick(power, "Power Draw", "Average Power Draw", "Instantaneous Power Draw"), "W"
         ),
+        power_instant_w=number(at(power, "Instantaneous Power Draw"), "W"),
         # "Current Power Limit" since 535; before, "Enforced Power Limit" is what applies
         # and "Power Limit" what was requested.
         power_limit_w=number(

@@ -228,6 +228,10 @@ def _gpu(gpu: Node) -> CapturedGpu:
             ),
         ),
         reset_required=flag(gpu.get("gpu_reset_status", "reset_required")),
+        recovery_action=string(gpu.get("gpu_recovery_action")),
+        channel_repair_pending=flag(gpu.get("ecc_errors", "channel_repair_pending")),
+        tpc_repair_pending=flag(gpu.get("ecc_errors", "tpc_repair_pending")),
+        unrepairable_memory=flag(gpu.get("ecc_errors", "unrepairable_memory")),
         drain_and_reset_recommended=flag(
             gpu.get("gpu_reset_status", "drain_and_reset_recommended")
         ),
@@ -258,6 +262,7 @@ def _gpu(gpu: Node) -> CapturedGpu:
         power_draw_w=number(
             pick(power, "power_draw", "average_power_draw", "instant_power_draw"), "W"
         ),
+        power_instant_w=number(at(power, "instant_power_draw"), "W"),
         power_limit_w=number(
             pick(power, "current_power_limit", "enforced_power_limit", "power_limit"), "W"
         ),

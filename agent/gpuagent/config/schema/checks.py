@@ -54,6 +54,11 @@ class PersistenceCheck:
 
 
 @dataclass(frozen=True)
+class RecoveryCheck:
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
 class MigCheck:
     enabled: bool = True
     # "any": no expectation; "enabled"/"disabled": WARN when a GPU differs.
@@ -195,6 +200,7 @@ class ChecksSection:
     thermal: ThermalCheck = field(default_factory=ThermalCheck)
     pcie: PcieCheck = field(default_factory=PcieCheck)
     persistence: PersistenceCheck = field(default_factory=PersistenceCheck)
+    recovery: RecoveryCheck = field(default_factory=RecoveryCheck)
     mig: MigCheck = field(default_factory=MigCheck)
     nvlink: NvlinkCheck = field(default_factory=NvlinkCheck)
     xid: XidCheck = field(default_factory=XidCheck)
