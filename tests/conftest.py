@@ -236,6 +236,7 @@ def start_daemon(
     node_name: str = "test-node",
     *,
     simulate: bool = True,
+    slow_interval: float | None = None,
 ) -> DaemonProcess:
     """The daemon on ``scenario`` (or, ``simulate=False``, on this machine's real NVML,
     absent on a machine without a GPU, and its real udev)."""
@@ -252,7 +253,7 @@ def start_daemon(
         f'[agent]\nnode_name = "{node_name}"\nstate_dir = "{workdir / "state"}"\n'
         f'[api]\nsocket = "{sock}"\n[metrics]\nlisten = "127.0.0.1:{port}"\n'
         f"[sources.nvml]\ninterval_seconds = {interval}\ncall_timeout_seconds = {call_timeout}\n"
-        f"slow_interval_seconds = {interval}\ninit_retry_seconds = 1\n"
+        f"slow_interval_seconds = {slow_interval or interval}\ninit_retry_seconds = 1\n"
         f'[sources.kmsg]\npath = "{kmsg}"\n[sources.sysfs]\nroot = "{workdir / "sys"}"\n'
         # The simulator's RDMA faults show at the next sysfs read, as on a real node.
         f"interval_seconds = {interval}\n"

@@ -5,12 +5,13 @@ freshly started agent takes, live (simulated beneath pynvml) and replayed from a
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pynvml
 import pytest
 
-from conftest import FakeClock, MakeNode, run_cli
+from conftest import DaemonProcess, FakeClock, MakeNode, run_cli
 from gpuagent.model import Severity
 from test_checks_support import check_once, check_series
 
@@ -160,3 +161,19 @@ def test_a_replayed_capture_carries_its_recovery_action(tmp_path: Path) -> None:
     code, found = _recovery(tmp_path, f'[node]\nnvidia_smi = "{broken}"')
     assert code == 2
     assert [(f["severity"], f["action"]) for f in found] == [("CRITICAL", "drain_and_reset")]
+
+
+def test_the_driver_event_has_the_daemon_read_a_new_action_at_once(
+    run_daemon: Callable[..., DaemonProcess],
+) -> None:
+    """Recovery state is read on the slow cadence (an hour here); NVML's recovery-action
+    event makes the daemon read it at the next poll instead."""
+    daemon = run_daemon("[node]\ngpus = 2\n", interval=0.5, slow_interval=3600)
+    daemon.wait_for(lambda d: d["node"]["health"] == "OK" and len(d["gpus"]) == 2)
+    daemon.inject("recovery_action", 1, action="reboot")
+    doc = daemon.wait_for(
+        lambda d: any(f["check"] == "recovery" for f in d["gpus"][1]["findings"]), timeout=10
+    )
+    (found,) = (f for f in doc["gpus"][1]["findings"] if f["check"] == "recovery")
+    assert (found["severity"], found["action"]) == ("CRITICAL", "drain_and_reboot")
+    assert "recovery action changed" in (daemon.workdir / "daemon.log").read_text()

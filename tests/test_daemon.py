@@ -287,7 +287,8 @@ def _check(tmp_path: Path, scenario: str, *extra: str) -> tuple[int, dict[str, A
     path = tmp_path / "check.toml"
     path.write_text(scenario)
     config = tmp_path / "c.toml"
-    config.write_text("[sources.nvml]\ncall_timeout_seconds = 5\n")
+    # Long enough for a healthy call on a busy machine, short of the 3 s hang below.
+    config.write_text("[sources.nvml]\ncall_timeout_seconds = 1.5\n")
     result = run_cli("check", "--json", "--config", str(config), "--simulate", str(path), *extra)
     return result.returncode, json.loads(result.stdout)
 

@@ -303,6 +303,30 @@ async def test_xid_events_arrive_and_stop_joins_the_event_thread(node: Simulated
     assert node.call_counts()["nvmlShutdown"] == 1
 
 
+async def test_a_recovery_action_change_is_handed_over_as_such(node: SimulatedNode) -> None:
+    source = _source(node)
+    first = await source.poll()
+    events: list[Any] = []
+    changed: list[str] = []
+    watcher = NvmlEventWatcher(
+        source.devices(),
+        events.append,
+        asyncio.get_running_loop(),
+        call_timeout=TIMEOUT,
+        on_recovery_action=changed.append,
+    )
+    watcher.start()
+    await _until(lambda: watcher.registered == 2)
+    node.inject("recovery_action", 1, {"action": "drain_and_reset"})
+    node.inject("xid", 0, {"xid": 154})
+    await _until(lambda: changed and events)
+    assert changed == [first.gpus[1].identity.pci_bus_id]
+    assert [(e.gpu, e.code) for e in events] == [(first.gpus[0].identity.pci_bus_id, 154)]
+    async with asyncio.timeout(watcher.stop_timeout + 1.0):
+        assert await watcher.stopped()
+    await source.close()
+
+
 async def test_a_wedged_event_wait_is_reported_and_stopping_it_is_bounded(
     node: SimulatedNode, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

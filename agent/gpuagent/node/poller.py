@@ -158,8 +158,16 @@ class NvmlPoller:
             self._on_event,
             asyncio.get_running_loop(),
             call_timeout=self._config.sources.nvml.call_timeout_seconds,
+            on_recovery_action=self._recovery_action_changed,
         )
         self._xid_watcher.start()
+
+    def _recovery_action_changed(self, bus_id: str) -> None:
+        """The driver changed a GPU's recovery action: poll now, slow readings included."""
+        log.info("NVML recovery action changed on %s: reading it now", bus_id)
+        if self.nvml is not None:
+            self.nvml.read_slow_next()
+            self.refresh_requested.set()
 
     def _track_xid_watcher(self) -> None:
         watcher = self._xid_watcher

@@ -1,4 +1,5 @@
-"""NVML XID events: the event set's calls, each through the event worker's `call`.
+"""NVML events (critical XIDs, recovery-action changes): the event set's calls, each
+through the event worker's `call`.
 
 Blocking; the XID event watcher (`gpuagent.sources.nvml_events`) runs them in a job on its
 own worker. NVML errors come out as `NvmlCallError` or `GpuLostError`, as elsewhere.
@@ -8,11 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from typing import Any
+from typing import Any, Literal
 
 import pynvml
 
-from gpuagent.nvml.errors import GpuLostError, NvmlCallError, NvmlUnavailableError, required
+from gpuagent.nvml.errors import (
+    GpuLostError,
+    NvmlCallError,
+    NvmlUnavailableError,
+    optional,
+    required,
+)
 from gpuagent.nvml.worker import CallWorker
 
 
@@ -22,23 +29,39 @@ def create_event_set(worker: CallWorker) -> Any:
     )
 
 
-def register_xid_events(worker: CallWorker, event_set: Any, handle: Any) -> int:
-    """Register ``handle`` for critical XIDs; the address events name the GPU by."""
+def register_events(worker: CallWorker, event_set: Any, handle: Any) -> int:
+    """Register ``handle`` for critical XIDs, and for recovery-action changes where the
+    driver offers them; the address events name the GPU by."""
+    supported = worker.call(
+        "nvmlDeviceGetSupportedEventTypes",
+        optional,
+        "nvmlDeviceGetSupportedEventTypes",
+        pynvml.nvmlDeviceGetSupportedEventTypes,
+        handle,
+    )
+    wanted = pynvml.nvmlEventTypeXidCriticalError
+    if supported is not None:
+        wanted |= int(supported) & pynvml.nvmlEventTypeGpuRecoveryAction
     worker.call(
         "nvmlDeviceRegisterEvents",
         required,
         "nvmlDeviceRegisterEvents",
         pynvml.nvmlDeviceRegisterEvents,
         handle,
-        pynvml.nvmlEventTypeXidCriticalError,
+        wanted,
         event_set,
     )
     return handle_address(handle)
 
 
-def wait_xid(worker: CallWorker, event_set: Any, wait_ms: int) -> tuple[int, int] | None:
-    """Wait up to ``wait_ms`` for an event: (the GPU's handle address, the XID), or None
-    when none came."""
+EventKind = Literal["xid", "recovery_action"]
+
+
+def wait_event(
+    worker: CallWorker, event_set: Any, wait_ms: int
+) -> tuple[int, EventKind, int] | None:
+    """Wait up to ``wait_ms`` for an event: (the GPU's handle address, what it is, its data:
+    the XID, or the new recovery action), or None when none came."""
     try:
         data = worker.call(
             "nvmlEventSetWait_v2",
@@ -51,7 +74,9 @@ def wait_xid(worker: CallWorker, event_set: Any, wait_ms: int) -> tuple[int, int
         return None
     except pynvml.NVMLError as exc:
         raise NvmlCallError("nvmlEventSetWait_v2", exc) from None
-    return handle_address(data.device), int(data.eventData)
+    recovery = int(data.eventType) & pynvml.nvmlEventTypeGpuRecoveryAction
+    kind: EventKind = "recovery_action" if recovery else "xid"
+    return handle_address(data.device), kind, int(data.eventData)
 
 
 def free_event_set(worker: CallWorker, event_set: Any) -> None:

@@ -64,6 +64,7 @@ EVENT_XID: int = pynvml.nvmlEventTypeXidCriticalError
 EVENT_CLOCK: int = pynvml.nvmlEventTypeClock
 EVENT_POWER_SOURCE_CHANGE: int = pynvml.nvmlEventTypePowerSourceChange
 EVENT_MIG_CONFIG_CHANGE: int = pynvml.nvmlEventMigConfigChange
+EVENT_GPU_RECOVERY_ACTION: int = pynvml.nvmlEventTypeGpuRecoveryAction
 
 # Field ids.
 FI_ECC_SBE_VOL_TOTAL: int = pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL

@@ -11,7 +11,11 @@ from gpuagent.sim.gpu import SimGpu
 from gpuagent.sim.profiles import GpuProfile
 
 _EVERY_MODEL = (
-    codes.EVENT_PSTATE | codes.EVENT_XID | codes.EVENT_CLOCK | codes.EVENT_POWER_SOURCE_CHANGE
+    codes.EVENT_PSTATE
+    | codes.EVENT_XID
+    | codes.EVENT_CLOCK
+    | codes.EVENT_POWER_SOURCE_CHANGE
+    | codes.EVENT_GPU_RECOVERY_ACTION
 )
 
 

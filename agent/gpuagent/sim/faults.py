@@ -277,7 +277,7 @@ def _recovery_action(gpu: SimGpu, params: Params, _at: float) -> Events:
     # The driver asks for this until it is done (a reset for the reset kinds; `clear`,
     # standing for a reboot, for every kind).
     gpu.recovery_action = RECOVERY_ACTION_CODES[str(params["action"])]
-    return ()
+    return ((codes.EVENT_GPU_RECOVERY_ACTION, gpu.recovery_action),)
 
 
 def _repair_pending(gpu: SimGpu, params: Params, _at: float) -> Events:

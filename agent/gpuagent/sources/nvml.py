@@ -99,6 +99,10 @@ class NvmlSource:
             if device.index in self._identities
         ]
 
+    def read_slow_next(self) -> None:
+        """Include the slow-cadence readings in the next poll (something they hold changed)."""
+        self._last_slow = None
+
     def reopen(self) -> None:
         """Start a fresh session at the next poll (a GPU appeared or came back on the bus)."""
         self._next_open = 0.0

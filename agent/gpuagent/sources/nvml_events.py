@@ -21,7 +21,7 @@ from typing import Any
 from gpuagent.config import NvmlSourceSection
 from gpuagent.model import GpuEvent
 from gpuagent.nvml.errors import GpuLostError, NvmlCallError, NvmlUnavailableError
-from gpuagent.nvml.events import create_event_set, free_event_set, register_xid_events, wait_xid
+from gpuagent.nvml.events import create_event_set, free_event_set, register_events, wait_event
 from gpuagent.nvml.worker import CallWorker
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,9 @@ _DEFAULT_CALL_TIMEOUT = NvmlSourceSection().call_timeout_seconds
 
 class NvmlEventWatcher:
     """Registers XID events for ``devices`` ((handle, canonical bus id) pairs) and calls
-    ``on_event`` on the event loop for each one."""
+    ``on_event`` on the event loop for each one; where the driver offers recovery-action
+    events, ``on_recovery_action`` (with the GPU's bus id) when a GPU's action changes, so
+    the new action is read at once rather than at the next slow poll."""
 
     def __init__(
         self,
@@ -45,9 +47,11 @@ class NvmlEventWatcher:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         call_timeout: float = _DEFAULT_CALL_TIMEOUT,
+        on_recovery_action: Callable[[str], None] = lambda _bus_id: None,
     ) -> None:
         self._devices = list(devices)
         self._on_event = on_event
+        self._on_recovery_action = on_recovery_action
         self._loop = loop
         self._clock = clock
         self._wall = wall_clock
@@ -147,7 +151,7 @@ class NvmlEventWatcher:
         by_address: dict[int, str] = {}
         for handle, bus_id in self._devices:
             try:
-                by_address[register_xid_events(worker, event_set, handle)] = bus_id
+                by_address[register_events(worker, event_set, handle)] = bus_id
             except (NvmlCallError, GpuLostError) as exc:
                 log.info("no XID events from %s: %s", bus_id, exc)
                 continue
@@ -164,7 +168,7 @@ class NvmlEventWatcher:
 
     def _wait_once(self, worker: CallWorker, event_set: Any, by_address: dict[int, str]) -> None:
         try:
-            got = wait_xid(worker, event_set, _WAIT_MS)
+            got = wait_event(worker, event_set, _WAIT_MS)
         except NvmlCallError as exc:
             self._error = str(exc)
             self._stop.wait(_ERROR_BACKOFF_SECONDS)
@@ -172,8 +176,12 @@ class NvmlEventWatcher:
         if got is None:
             return
         self._error = None
-        address, xid = got
+        address, kind, xid = got
         bus_id = by_address.get(address)
+        if kind == "recovery_action":
+            if bus_id is not None:
+                self._loop.call_soon_threadsafe(self._on_recovery_action, bus_id)
+            return
         now, wall = self._clock(), self._wall()
         event = GpuEvent(
             event_id=f"nvml:{bus_id}:{xid}:{int(wall * 1000)}",
