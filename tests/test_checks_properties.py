@@ -22,6 +22,7 @@ from gpuagent.config import (
     PcieCheck,
     PersistenceCheck,
     ProcessesCheck,
+    RecoveryCheck,
     SxidCheck,
     ThermalCheck,
     XidCheck,
@@ -245,6 +246,7 @@ CONFIGS = st.builds(
         replay_rate_per_minute=ANY_FLOAT,
     ),
     persistence=st.builds(PersistenceCheck, enabled=st.booleans()),
+    recovery=st.builds(RecoveryCheck, enabled=st.booleans()),
     mig=st.builds(
         MigCheck,
         enabled=st.booleans(),
@@ -294,6 +296,7 @@ def _enabled(config: ChecksSection) -> list[str]:
         "ecc": config.ecc.enabled,
         "retired_pages": config.ecc.enabled,
         "row_remap": config.ecc.enabled,
+        "recovery": config.recovery.enabled,
         "thermal": config.thermal.enabled,
         "pcie": config.pcie.enabled,
         "persistence": config.persistence.enabled,
