@@ -368,3 +368,16 @@ def make_node() -> Iterator[MakeNode]:
 @pytest.fixture
 def node(make_node: MakeNode) -> SimulatedNode:
     return make_node()
+
+
+# The files that take minutes (the package build and piuparts, the container image) go to
+# the workers first, so the rest of the suite runs beside them instead of after them.
+_LONGEST_FIRST = ("test_deb.py", "test_container_image.py", "test_fleet_reporter.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return _LONGEST_FIRST.index(name) if name in _LONGEST_FIRST else len(_LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the order within each file, and of the rest, is kept

@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +52,9 @@ class SlurmCluster:
     # "cgroup": slurmd creates cgroups for the jobs' processes, which stop() removes.
     proctrack: str = "linuxproc"
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    # slurmd's spool holds each step's Unix socket, whose path may not pass 108 bytes:
+    # a short directory of its own, not one under a test's (long) temporary path.
+    spool: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="slurmd-")))
 
     @property
     def env(self) -> dict[str, str]:
@@ -123,6 +128,7 @@ class SlurmCluster:
         self.processes.clear()
         if self.proctrack == "cgroup":
             _remove_cgroups(self.cgroups())
+        shutil.rmtree(self.spool, ignore_errors=True)
 
     def _end_jobs(self) -> None:
         # A job's slurmstepd and tasks outlive slurmd (they are not in its process group):
@@ -175,7 +181,7 @@ def start_cluster(root: Path, node: str = NODE, *, proctrack: str = "linuxproc")
     ``proctrack="cgroup"`` tracks jobs with proctrack/cgroup (see _write_cgroup_conf): each
     step's processes then run in cgroups slurmd creates, which needs root and the host's
     cgroup hierarchies. The default uses no cgroups."""
-    for sub in ("munge", "state", "spool", "log"):
+    for sub in ("munge", "state", "log"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     # munged wants its socket's directory searchable by everyone.
     (root / "munge").chmod(0o755)
@@ -260,7 +266,7 @@ def _write_conf(cluster: SlurmCluster) -> None:
         "CredType=cred/munge",
         f"AuthInfo=socket={cluster.munge_socket}",
         f"StateSaveLocation={root / 'state'}",
-        f"SlurmdSpoolDir={root / 'spool'}",
+        f"SlurmdSpoolDir={cluster.spool}",
         f"SlurmctldPidFile={root / 'slurmctld.pid'}",
         f"SlurmdPidFile={root / 'slurmd.pid'}",
         f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}",

@@ -14,11 +14,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import DaemonProcess, deadline_in, run_cli
+from conftest import PATIENCE, DaemonProcess, deadline_in, run_cli
 from gpuagent.render import color_enabled, render_status
 from test_diag_cli import install_dcgmi
 
@@ -42,12 +43,27 @@ def critical_gpu_1(run_daemon: Run) -> tuple[DaemonProcess, dict[str, Any]]:
     return daemon, doc
 
 
+def _as_from_a_shell() -> None:
+    # Ctrl-C must reach the CLI as it would from a shell, whatever the test runner's
+    # worker (a thread pool, an embedded library) left blocked or ignored.
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def gpuagent_process(*args: str, env: dict[str, str] | None = None, **popen: Any) -> Any:
     return subprocess.Popen(
         [sys.executable, "-m", "gpuagent", *args],
         env={**os.environ, **(env or {})},
+        preexec_fn=_as_from_a_shell,  # noqa: PLW1509 - only signal calls, safe after fork
         **popen,
     )
+
+
+def _signal_state(pid: int) -> str:
+    """The process's blocked and ignored signal masks, for a failure message."""
+    status = Path(f"/proc/{pid}/status")
+    lines = status.read_text().splitlines() if status.exists() else []
+    return "; ".join(line for line in lines if line.startswith(("SigBlk", "SigIgn", "State")))
 
 
 def read_until(fd: int, done: Callable[[str], bool], timeout: float = 20.0) -> str:
@@ -166,8 +182,13 @@ def test_watch_redraws_until_ctrl_c(run_daemon: Run) -> None:
     try:
         output = read_until(process.stdout.fileno(), lambda t: len(FRAME_HEADER.findall(t)) >= 2)
     finally:
+        state = _signal_state(process.pid)
         process.send_signal(signal.SIGINT)
-        rest, errors = process.communicate(timeout=10)
+        try:
+            rest, errors = process.communicate(timeout=10 * PATIENCE)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            pytest.fail(f"Ctrl-C did not end --watch ({state})")
     assert process.returncode == 0, errors
     assert b"Traceback" not in errors
     output += rest.decode()
@@ -193,9 +214,15 @@ def test_watch_clears_the_screen_on_a_terminal(run_daemon: Run) -> None:
     try:
         output = read_until(controller, lambda t: t.count("\x1b[H\x1b[2J") >= 2)
     finally:
+        state = _signal_state(process.pid)
         process.send_signal(signal.SIGINT)
-        _out, errors = process.communicate(timeout=10)
-        os.close(controller)
+        try:
+            _out, errors = process.communicate(timeout=10 * PATIENCE)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            pytest.fail(f"Ctrl-C did not end --watch ({state})")
+        finally:
+            os.close(controller)
     assert process.returncode == 0, errors
     assert "\x1b[32mOK\x1b[0m" in output
 

@@ -410,6 +410,9 @@ def test_state_and_calls_cross_processes(tmp_path):
         while not seen and time.time() < deadline:
             time.sleep(0.02)
         print("xid", seen, flush=True)
+        dcgm_agent.dcgmGetAllSupportedDevices(h.handle)
+        print("still connected", flush=True)
+        sys.stdin.readline()  # the host engine restarts meanwhile
         try:
             dcgm_agent.dcgmGetAllSupportedDevices(h.handle)
         except s.DCGMError_ConnectionNotValid:
@@ -419,16 +422,21 @@ def test_state_and_calls_cross_processes(tmp_path):
     control.set_gpus([engine.default_gpu(0), engine.default_gpu(1), engine.default_gpu(2)])
     env = {**os.environ, **control.env}
     proc = subprocess.Popen(
-        [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", script],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout.readline().strip() == "gpus [0, 1, 2]"
         control.fire_policy_violation(0x40, 2, errnum=79)
         assert proc.stdout.readline().strip() == "xid [79]"
+        assert proc.stdout.readline().strip() == "still connected"
         control.restart_host_engine()
     finally:
-        out, _ = proc.communicate(timeout=30)
-    assert out.strip() == ""  # the restart came after the last call
+        out, _ = proc.communicate("go\n", timeout=30)
+    assert out.strip() == "restarted"  # a connection from before the restart is gone
     assert proc.returncode == 0
     register = control.calls("dcgmPolicyRegister_v2")
     assert register[0]["pid"] == proc.pid
