@@ -6,13 +6,13 @@ cannot hold and what was added since that run, both named here."""
 from __future__ import annotations
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from conftest import TEST_DATA
 from gpuagent.metrics.collector import build_families
 from gpuagent.metrics.exposition import TextRenderer
 from hardware_profiles_doc import REAL_HOSTS, collect
+from test_metrics_support import samples_from_text
 
 LIVE = TEST_DATA / "live" / "h200-580.159.04"
 
@@ -83,24 +83,16 @@ TOLERANCE = {
 NOT_COMPARED = {"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"}
 
 
-def _series(text: str) -> dict[str, list[Sample]]:
-    found: dict[str, list[Sample]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            found.setdefault(sample.name, []).append(sample)
-    return found
-
-
 @pytest.fixture(scope="module", params=["txt", "xml"])
 def replayed(request: pytest.FixtureRequest) -> dict[str, list[Sample]]:
     capture = REAL_HOSTS / f"h200-x1.580.159.04.nvidia-smi-q.{request.param}"
     snapshot = collect(capture)
-    return _series(TextRenderer().render(build_families(snapshot, "test")).decode())
+    return samples_from_text(TextRenderer().render(build_families(snapshot, "test")).decode())
 
 
 @pytest.fixture(scope="module")
 def live() -> dict[str, list[Sample]]:
-    return _series((LIVE / "metrics-idle.txt").read_text())
+    return samples_from_text((LIVE / "metrics-idle.txt").read_text())
 
 
 def test_the_replay_serves_the_series_the_live_run_served(
