@@ -7,7 +7,6 @@ import asyncio
 import json
 import sqlite3
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Self
 
@@ -15,7 +14,8 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
 
-from conftest import PATIENCE, deadline_in
+from conftest import PATIENCE
+from fleet_support import until
 from gpuagent.config import MqttConnection, MqttOutput
 from gpuagent.fleet import reporter as reporter_module
 from gpuagent.fleet import schema
@@ -183,7 +183,7 @@ async def test_a_full_disk_does_not_stop_delivery(tmp_path: Path) -> None:
     drain = await _drained(reporter, broker, 500)
     assert len(broker.sent) == 500
     # Marked sent on the spool's disk thread, a moment after the broker had them.
-    await _until(lambda: reporter.status().awaiting_ack == 500, within=2.0)
+    await until(lambda: reporter.status().awaiting_ack == 500, timeout=2.0)
     assert reporter.status().spool_depth == reporter.status().awaiting_ack == 500
     task = reporter.handle_command(_ack(*(m["id"] for _, m, _ in broker.sent)))
     assert task is not None
@@ -362,7 +362,7 @@ async def test_the_spool_keeps_what_the_broker_refused_for_now(
     broker = _connect(reporter, code)
     reporter.offer_event(GpuEvent("kmsg:b:1", "kmsg", "xid", BUS, 1000.0, 5.0, code=79))
     drain = asyncio.create_task(reporter._drain(broker))  # type: ignore[arg-type]
-    await _until(lambda: reporter.status().spool_depth == 0, within=1.0)
+    await until(lambda: reporter.status().spool_depth == 0, timeout=1.0)
     drain.cancel()
     assert reporter.status().spool_depth == 0
     assert len(broker.sent) == published
@@ -428,17 +428,9 @@ def _ack(*ids: str, node: str = "n1") -> bytes:
     return schema.encode(schema.ack_message(node, "c1", list(ids)))
 
 
-async def _until(condition: Callable[[], bool], within: float) -> None:
-    """Wait for ``condition`` up to ``within`` seconds times PATIENCE (then go on: the
-    assertions after the wait say what was wrong)."""
-    deadline = deadline_in(within)
-    while not condition() and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
-
-
 async def _drained(reporter: Reporter, broker: Broker, sends: int) -> asyncio.Task[None]:
     drain = asyncio.create_task(reporter._drain(broker))  # type: ignore[arg-type]
-    await _until(lambda: len(broker.sent) >= sends, within=2.0)
+    await until(lambda: len(broker.sent) >= sends, timeout=2.0)
     return drain
 
 
@@ -456,10 +448,10 @@ async def test_a_message_leaves_the_spool_only_when_the_aggregator_acknowledges_
     drain = await _drained(reporter, broker, 2)
     assert [m["id"] for _, m, _ in broker.sent] == ["n1:kmsg:b:1", "n1:kmsg:b:2"]
     # Marked sent on the spool's disk thread, a moment after the broker had them.
-    await _until(lambda: reporter.status().awaiting_ack == 2, within=2.0)
+    await until(lambda: reporter.status().awaiting_ack == 2, timeout=2.0)
     assert reporter.status().spool_depth == reporter.status().awaiting_ack == 2
     # No acknowledgement: both go again after the timeout, the same ids.
-    await _until(lambda: len(broker.sent) >= 4, within=1.0 + 0.2 * PATIENCE)
+    await until(lambda: len(broker.sent) >= 4, timeout=1.0 + 0.2 * PATIENCE)
     assert [m["id"] for _, m, _ in broker.sent[2:]] == ["n1:kmsg:b:1", "n1:kmsg:b:2"]
     # An acknowledgement addressed to another node is refused; ours removes the message.
     assert reporter.handle_command(_ack("n1:kmsg:b:1", node="n2")) is None
@@ -484,11 +476,13 @@ async def test_resends_back_off_and_a_new_connection_sends_everything_again(
     # Sent at 0, resent after one timeout, then after two more: the wait doubles. (The
     # third send is marked on the spool's disk thread a moment after the broker had it.)
     assert len(broker.sent) == 3
-    deadline = deadline_in(2.0)
-    while (due := await reporter.outbox.spool.next_due(ack)) is not None and due <= 2 * ack:
-        if time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.01)
+
+    async def third_send_marked() -> bool:
+        due = await reporter.outbox.spool.next_due(ack)
+        return due is not None and due > 2 * ack
+
+    await until(third_send_marked, timeout=2.0)
+    due = await reporter.outbox.spool.next_due(ack)
     assert due is not None
     assert 2 * ack < due <= 4 * ack  # 4 timeouts after the third send: not 1, not 2
     # A new connection (the broker may have restarted and lost it) sends it at once.
@@ -572,8 +566,7 @@ class _SessionRig:
         self.run = asyncio.create_task(reporter.run())
 
     async def until_sessions(self, count: int) -> None:
-        await _until(lambda: self.sessions >= count, within=3.0)
-        assert self.sessions >= count, f"{self.sessions} sessions, not {count}"
+        await until(lambda: self.sessions >= count, timeout=3.0)
 
 
 async def test_a_lost_connection_is_made_again(

@@ -69,18 +69,17 @@ def _remapped(value: Callable[[SimGpu], int]) -> Reader:
     return read
 
 
-def _uint(value: Callable[[SimGpu], int]) -> Reader:
-    def read(gpu: SimGpu, _now: float, _scope: int) -> Result:
-        return codes.SUCCESS, codes.VALUE_UINT, value(gpu)
-
-    return read
-
-
 def _uint_at(value: Callable[[SimGpu, float], int]) -> Reader:
+    """An unsigned-int field read at the call's time (power follows the load)."""
+
     def read(gpu: SimGpu, now: float, _scope: int) -> Result:
         return codes.SUCCESS, codes.VALUE_UINT, value(gpu, now)
 
     return read
+
+
+def _uint(value: Callable[[SimGpu], int]) -> Reader:
+    return _uint_at(lambda gpu, _now: value(gpu))
 
 
 def _recovery_action(gpu: SimGpu, _now: float, _scope: int) -> Result:
