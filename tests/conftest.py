@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -142,8 +143,18 @@ class DaemonProcess:
 
     def write_kernel_log(self, *lines: str) -> None:
         """Every line, whatever their size: the write waits while the daemon reads (a
-        pipe holds 64 KiB). Opened without waiting: no daemon reading fails at once."""
-        fd = os.open(self.kmsg, os.O_WRONLY | os.O_NONBLOCK)
+        pipe holds 64 KiB). Opened without blocking, so a daemon that never opens its end
+        fails the test (ENXIO past the deadline) instead of hanging it; one that is just
+        starting its kernel-log source is waited for."""
+        deadline = deadline_in(10)
+        while True:
+            try:
+                fd = os.open(self.kmsg, os.O_WRONLY | os.O_NONBLOCK)
+                break
+            except OSError as exc:
+                if exc.errno != errno.ENXIO or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
         os.set_blocking(fd, True)
         with os.fdopen(fd, "wb") as fifo:
             fifo.write("".join(f"{line}\n" for line in lines).encode())
