@@ -49,8 +49,11 @@ class Daemon:
             f'name = "train.py"\nused_mib = 40000\n'
             for i in range(gpus)
         )
+        # Every NVML call charged the CPU it takes on a real H200 (docs/simulation.md), so
+        # the CPU figures predict a real node.
         scenario.write_text(
-            f'[node]\ngpus = {gpus}\nmodel = "NVIDIA H100 80GB HBM3"\nib_hcas = {gpus}\n{jobs}'
+            f'[node]\ngpus = {gpus}\nmodel = "NVIDIA H100 80GB HBM3"\nib_hcas = {gpus}\n'
+            f"nvml_costs = true\n{jobs}"
         )
         config = workdir / "config.toml"
         # The kernel log is a FIFO the benchmark can write to; sysfs an empty tree.
@@ -150,9 +153,9 @@ def _calls(before: dict[str, Any], after: dict[str, Any], names: tuple[str, ...]
     return sum(after["calls"].get(n, 0) - before["calls"].get(n, 0) for n in names)
 
 
-def daemon_cpu(seconds: float, *, profiling: bool) -> float:
-    """Percent of a core the daemon uses at a 1 s poll with 8 GPUs."""
-    with daemon(8, interval=1.0, profiling=profiling) as d:
+def daemon_cpu(seconds: float, *, profiling: bool, interval: float = 1.0) -> float:
+    """Percent of a core the daemon uses with 8 GPUs."""
+    with daemon(8, interval=interval, profiling=profiling) as d:
         assert d.process is not None
         proc = psutil.Process(d.process.pid)
         time.sleep(2)  # let start-up work settle
@@ -197,11 +200,23 @@ def bench_daemon(rows: list[Row], seconds: float) -> float:
     gpm_device = _calls(before_calls, after_calls, GPM_DEVICE_CALLS)
     per_gpu_poll = (calls - gpm_device) / 8 / max(polls, 1)
     gpm_per_gpu_poll = _calls(before_calls, after_calls, GPM_CALLS) / 8 / max(polls, 1)
+    nvml_ms = (after_calls["charged_cpu_ms"] - before_calls["charged_cpu_ms"]) / 8 / max(polls, 1)
     cpu_without_gpm = daemon_cpu(seconds, profiling=False)
+    cpu_default_poll = daemon_cpu(seconds, profiling=True, interval=5.0)
     rows.append(
-        Row("daemon CPU, 8 GPUs, 1 s poll, GPM on", cpu_pct, "% of a core", "< 2", cpu_pct < 2)
+        Row("daemon CPU, 8 GPUs, 1 s poll", cpu_pct, "% of a core", "<= 2.5", cpu_pct <= 2.5)
+    )
+    rows.append(
+        Row(
+            "daemon CPU, 8 GPUs, 5 s poll (default)",
+            cpu_default_poll,
+            "% of a core",
+            "<= 0.6",
+            cpu_default_poll <= 0.6,
+        )
     )
     rows.append(Row("daemon CPU, 8 GPUs, 1 s poll, GPM off", cpu_without_gpm, "% of a core"))
+    rows.append(Row("NVML CPU per GPU per poll, 1 s poll", nvml_ms, "ms", "<= 2.5", nvml_ms <= 2.5))
     rows.append(Row("daemon peak RSS", peak_rss_mb, "MB", "< 60", peak_rss_mb < 60))
     rows.append(
         Row(
@@ -212,13 +227,14 @@ def bench_daemon(rows: list[Row], seconds: float) -> float:
             per_gpu_poll <= 12,
         )
     )
+    # One sample and one metrics call every profiling_interval_seconds (10 s): 0.2 per poll.
     rows.append(
         Row(
-            "GPM calls per GPU per poll",
+            "GPM calls per GPU per poll, 1 s poll",
             gpm_per_gpu_poll,
             "calls",
-            "2",
-            abs(gpm_per_gpu_poll - 2) < 0.1,
+            "0.2",
+            abs(gpm_per_gpu_poll - 0.2) < 0.05,
         )
     )
     readies = [ready]

@@ -161,6 +161,21 @@ def test_sustained_throttling_of_a_busy_gpu_is_warn(field: str, mask: int, actio
     assert last.evidence_dict()["throttled_share"] == pytest.approx(0.5)
 
 
+def test_counters_read_on_the_slow_cadence_are_timed_by_their_read() -> None:
+    # Polls every 5 s; the duration counters are read every 40 s and carried between (as on
+    # a real node, where they cost 2 ms of CPU): the share uses the time of their read.
+    steps = []
+    for t in range(0, 401, 5):
+        read_at = float(t - t % 40)
+        counters = {"violation_thermal_ns": int(read_at * 0.5 * SECOND_NS), "counters_at": read_at}
+        steps.append((float(t), {**BUSY, "clock_event_reasons": 0x8 | 0x40, **counters}))
+    last = check_series("thermal", steps, ident=H100)[-1]
+    # The reads in the last 300 s are those at 120..400 s: 140 s throttled over the window.
+    # Timed by the polls instead, the reads at 80 s and 400 s would give 160 s.
+    assert last.evidence_dict()["throttled_share"] == pytest.approx(140 / 300)
+    assert last.severity is Severity.WARN
+
+
 def test_a_short_burst_is_not_sustained() -> None:
     # 20 s of throttling in a 300 s window is under the 25 % default.
     steps = [

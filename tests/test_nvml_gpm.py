@@ -25,6 +25,8 @@ class Rig:
 
     def __init__(self, scenario: str, **config: object) -> None:
         self.clock = FakeClock()
+        # A sample every 1 s poll unless a test asks otherwise (the default is 10 s).
+        config.setdefault("profiling_interval_seconds", 1.0)
         self.node = SimulatedNode(parse_scenario(scenario), clock=self.clock)
         self.node.install()
         self.source = NvmlSource(
@@ -129,6 +131,31 @@ async def test_each_poll_costs_one_sample_and_one_metrics_call_per_gpu(rigs: lis
     await rig.close()
     freed = rig.node.call_counts()
     assert freed["nvmlGpmSampleFree"] == 2 * 4  # two samples per GPU, given back
+
+
+async def test_samples_come_at_the_profiling_interval_and_polls_between_carry_them(
+    rigs: list[Rig],
+) -> None:
+    rig = Rig('[node]\ngpus = 1\nmodel = "h100-sxm"\n', profiling_interval_seconds=10.0)
+    rigs.append(rig)
+    (first,) = await rig.poll(5)
+    assert first.readings is not None
+    assert first.readings.profiling == ()
+    # The first values need a second sample: it is taken at the next poll, not 10 s on.
+    (second,) = await rig.poll(5)
+    assert second.readings is not None
+    assert second.readings.profiling
+    samples = rig.node.call_counts()["nvmlGpmSampleGet"]
+    (third,) = await rig.poll(5)  # 5 s later: carried, no call
+    assert third.readings is not None
+    assert third.readings.profiling == second.readings.profiling
+    assert rig.node.call_counts()["nvmlGpmSampleGet"] == samples
+    (fourth,) = await rig.poll(5)  # 10 s after the last sample: a new one
+    assert rig.node.call_counts()["nvmlGpmSampleGet"] == samples + 1
+    assert rig.node.call_counts()["nvmlGpmMetricsGet"] == 2
+    assert fourth.readings is not None
+    assert fourth.readings.profiling
+    await rig.close()
 
 
 async def test_a_gpu_without_gpm_costs_one_support_query_and_exports_nothing(

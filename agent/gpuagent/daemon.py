@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Awaitable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuagent import __version__
 from gpuagent.api import ApiServer
@@ -27,7 +28,6 @@ from gpuagent.dcgm.control import DcgmControl
 from gpuagent.dcgm.source import DcgmSource
 from gpuagent.diskio import DiskThread
 from gpuagent.events import EventLog
-from gpuagent.fleet.reporter import Reporter
 from gpuagent.metrics import MetricsServer, build_registry
 from gpuagent.model import DiagResult, GpuEvent, NodeSnapshot
 from gpuagent.node.inventory import InventoryKeeper
@@ -39,11 +39,16 @@ from gpuagent.node.sources import EventSources
 from gpuagent.remediation.audit import AuditStore
 from gpuagent.remediation.executor import Remediator
 from gpuagent.sdnotify import Notifier
-from gpuagent.sim import Scenario, SimulatedNode, load_scenario
 from gpuagent.sources.nvml import NvmlSource
 from gpuagent.sources.udev import PciChange
 from gpuagent.store import SnapshotStore
 from gpuagent.supervisor import SourceTracker
+
+# Imported where used, so a node imports them only when it uses them (the MQTT libraries
+# only where reporting is on, the simulator only under --simulate): each costs RSS.
+if TYPE_CHECKING:
+    from gpuagent.fleet.reporter import Reporter
+    from gpuagent.sim import Scenario, SimulatedNode
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +72,8 @@ class Agent:
         self.config = config
         self.simulator: SimulatedNode | None = None
         if simulate is not None:
+            from gpuagent.sim import SimulatedNode, load_scenario  # noqa: PLC0415
+
             scenario = load_scenario(simulate) if isinstance(simulate, Path) else simulate
             self.simulator = SimulatedNode(scenario)
         self.store = SnapshotStore()
@@ -268,6 +275,8 @@ class Agent:
         mqtt = self.config.outputs.mqtt
         if not mqtt.enabled:
             return None
+        from gpuagent.fleet.reporter import Reporter  # noqa: PLC0415
+
         reporter = Reporter(
             mqtt,
             node=self.node_name,

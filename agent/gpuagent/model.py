@@ -261,6 +261,10 @@ class GpuReadings:
     throttle_sw_thermal_ns: int | None = None
     throttle_hw_thermal_ns: int | None = None
     throttle_hw_power_brake_ns: int | None = None
+    # When the energy counter and the throttle durations above were read (monotonic s):
+    # they are read on the slow cadence, so a rate over them uses this time, not the poll's.
+    # None: read with the rest of the poll.
+    counters_at: float | None = None
     # NVML GPM (Hopper and later): the whole GPU first, then each MIG GPU instance; empty
     # where the GPU has no GPM, so such a GPU exports no profiling series at all.
     profiling: tuple[GpuProfiling, ...] = ()

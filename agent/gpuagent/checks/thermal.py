@@ -114,7 +114,9 @@ def remember_throttle(
     if readings is None or not _busy(readings, config):
         return replace(memory, throttle=CounterSeries())
     value, source = throttle_counter(readings)
-    series = memory.throttle.observe(now, value, source, config.throttle_window_seconds)
+    # The counters are read less often than the poll runs: the sample is theirs in time.
+    at = now if readings.counters_at is None else min(readings.counters_at, now)
+    series = memory.throttle.observe(at, value, source, config.throttle_window_seconds)
     return replace(memory, throttle=series)
 
 

@@ -13,8 +13,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpuagent.k8s.model import CdiSpec, DevicePlugin, Toolkit
 
 CHECKPOINT = "kubelet_internal_checkpoint"
@@ -53,6 +51,8 @@ def parse_checkpoint(text: str, resource: str) -> tuple[str, ...]:
 
 def parse_cdi_spec(text: str, path: str) -> CdiSpec:
     """One CDI spec (YAML, or JSON, which YAML reads too); ValueError if it is not one."""
+    import yaml  # noqa: PLC0415 - only Kubernetes nodes read a CDI spec; it costs RSS
+
     try:
         document: Any = yaml.safe_load(text)
     except yaml.YAMLError as exc:

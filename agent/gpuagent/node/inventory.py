@@ -8,6 +8,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from gpuagent import __version__
 from gpuagent.checks import InventoryView
@@ -24,9 +25,11 @@ from gpuagent.inventory.build import build_inventory
 from gpuagent.inventory.collect import collect_host
 from gpuagent.inventory.services import read_services
 from gpuagent.model import Severity
-from gpuagent.sim import SimulatedNode
 from gpuagent.sources.nvml import NvmlObservation
 from gpuagent.supervisor import SourceTracker
+
+if TYPE_CHECKING:  # the simulator is imported only under --simulate
+    from gpuagent.sim import SimulatedNode
 
 # The daemon's log lines keep the logger name they always had.
 log = logging.getLogger("gpuagent.daemon")

@@ -11,14 +11,17 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuagent.config import Config
 from gpuagent.model import GpuEvent, GpuState
-from gpuagent.sim import SimulatedNode
 from gpuagent.sources.nvml import NvmlObservation, NvmlSource, host_process_name
 from gpuagent.sources.nvml_events import NvmlEventWatcher
 from gpuagent.sources.procfs import ProcessTable
 from gpuagent.supervisor import SourceTracker
+
+if TYPE_CHECKING:  # the simulator is imported only under --simulate
+    from gpuagent.sim import SimulatedNode
 
 # The daemon's log lines keep the logger name they always had.
 log = logging.getLogger("gpuagent.daemon")

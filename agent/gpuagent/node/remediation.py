@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from gpuagent.config import Config
 from gpuagent.dcgm.control import DcgmControl
@@ -20,8 +21,10 @@ from gpuagent.remediation.evidence import EvidenceCollector
 from gpuagent.remediation.executor import Remediator
 from gpuagent.remediation.gpu_ops import GpuOps
 from gpuagent.remediation.types import PlannedAction
-from gpuagent.sim import SimulatedNode
 from gpuagent.sources.nvml import NvmlSource
+
+if TYPE_CHECKING:  # the simulator is imported only under --simulate
+    from gpuagent.sim import SimulatedNode
 
 # The daemon's log lines keep the logger name they always had.
 log = logging.getLogger("gpuagent.daemon")

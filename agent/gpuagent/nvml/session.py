@@ -43,6 +43,7 @@ def open_session(
     worker: CallWorker,
     make_worker: Callable[[int], CallWorker],
     process_name: Callable[[int], str | None],
+    clock: Callable[[], float],
 ) -> Session:
     """Initialise NVML and get a handle per GPU (identities are read per GPU later, on
     each GPU's own worker, so one wedged GPU cannot stall the others' start)."""
@@ -88,7 +89,7 @@ def open_session(
         except pynvml.NVMLError as exc:
             session.unreachable[index] = str(exc)
             continue
-        session.devices.append(Device(index, handle, make_worker(index), process_name))
+        session.devices.append(Device(index, handle, make_worker(index), process_name, clock))
     return session
 
 

@@ -26,7 +26,6 @@ import re
 import shlex
 import shutil
 import signal
-import tarfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -250,6 +249,8 @@ def _fresh_directory(path: Path) -> None:
 
 
 def _write_tar(path: Path, name: str, files: dict[str, bytes], reports: Path) -> int:
+    import tarfile  # noqa: PLC0415 - an RMA bundle is rare; the module costs RSS
+
     temporary = path.with_name(f"{_PARTIAL_PREFIX}{path.name}")
     try:
         temporary.touch(mode=0o600)

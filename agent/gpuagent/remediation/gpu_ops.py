@@ -18,13 +18,15 @@ import os
 import shlex
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gpuagent.dcgm.control import DcgmControl
 from gpuagent.nvml.errors import GpuLostError, NvmlCallError, NvmlUnavailableError
 from gpuagent.nvml.worker import CallTimeoutError
-from gpuagent.sim import SimulatedNode
 from gpuagent.sources.nvml import active_source
+
+if TYPE_CHECKING:  # the simulator is imported only under --simulate
+    from gpuagent.sim import SimulatedNode
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pynvml
 
-from gpuagent.sim import codes, hardware
+from gpuagent.sim import codes, costs, hardware
 from gpuagent.sim.events import EventSet, supported_event_types
 from gpuagent.sim.fields import fill_field_values
 from gpuagent.sim.gpm import GpmDriver
@@ -90,12 +90,35 @@ class SimulatedLibrary:
             self._install(name, self._device_entry(name, device_impl))
 
     def _install(self, name: str, entry: Entry) -> None:
+        if self._state.spec.nvml_costs:
+            entry = self._charged(name, entry)
         entry.__name__ = name
         entry.__qualname__ = f"SimulatedLibrary.{name}"
         self._state.counts[name] = 0
         setattr(self, name, entry)
 
     # --- call wrappers ----------------------------------------------------------------
+
+    def _charged(self, name: str, entry: Entry) -> Entry:
+        """``entry``, burning the CPU the call takes on a real GPU after it answers (outside
+        the simulator's lock: real calls on different GPUs run side by side)."""
+        state = self._state
+        fixed = costs.call_ms(name)
+
+        def charged(*args: Any) -> Any:
+            result = entry(*args)
+            # nvmlDeviceGetFieldValues(handle, count, values): the batch costs its fields.
+            ms = (
+                costs.field_values_ms(e.fieldId for e in _out(args[2])[: _int(args[1])])
+                if name == costs.FIELD_VALUES_CALL
+                else fixed
+            )
+            costs.burn(ms)
+            with state.cond:
+                state.charged_ms += ms
+            return result
+
+        return charged
 
     def _system_entry(self, name: str, impl: Entry, *, needs_init: bool) -> Entry:
         state = self._state

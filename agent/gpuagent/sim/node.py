@@ -186,12 +186,18 @@ class SimulatedNode:
         with self._state.cond:
             return dict(enumerate(self._state.per_device))
 
+    def charged_cpu_ms(self) -> float:
+        """NVML CPU charged to the callers so far (0 unless the scenario sets nvml_costs)."""
+        with self._state.cond:
+            return self._state.charged_ms
+
     def reset_call_counts(self) -> None:
         state = self._state
         with state.cond:
             for name in state.counts:
                 state.counts[name] = 0
             state.per_device[:] = [0] * len(state.per_device)
+            state.charged_ms = 0.0
 
     def serve_host_files(self, root: Path) -> None:
         """Keep what procfs and sysfs would show under ``root``, from now on: ``proc/`` the

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -85,8 +85,12 @@ class NodeSpec:
     k8s_cdi_spec: bool = True
     k8s_runtime: bool = True
     # An `nvidia-smi -q` (or `-q -x`) capture to serve instead (relative to the scenario
-    # file): the capture describes the node, so no other [node] key may be set with it.
+    # file): the capture describes the node, so no other [node] key may be set with it
+    # (but nvml_costs).
     nvidia_smi: str = ""
+    # Charge every NVML call the CPU time it takes on a real GPU (gpuagent.sim.costs): for
+    # benchmarks that predict a real node's cost. Off, calls answer in microseconds.
+    nvml_costs: bool = False
 
     @property
     def resolved_nvml_version(self) -> str:
@@ -220,6 +224,7 @@ def parse_scenario(text: str, base: Path | None = None) -> Scenario:
     scenario = Scenario(node=node)
     if node.nvidia_smi:
         scenario = _replayed(node_table, text, base or Path())
+        scenario = replace(scenario, node=replace(scenario.node, nvml_costs=node.nvml_costs))
     node = scenario.node
     hardware_ = _hardware(node, scenario.profile, text)
     _check_node(node, hardware_, text)
@@ -237,7 +242,7 @@ def parse_scenario(text: str, base: Path | None = None) -> Scenario:
 
 def _replayed(table: dict[str, Any], text: str, base: Path) -> Scenario:
     """`[node] nvidia_smi = FILE`: the node is the captured host, and nothing else."""
-    others = sorted(key for key in table if key != "nvidia_smi")
+    others = sorted(key for key in table if key not in ("nvidia_smi", "nvml_costs"))
     if others:
         key = f"node.{others[0]}"
         raise ConfigError(

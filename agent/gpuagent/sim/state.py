@@ -81,6 +81,8 @@ class NodeState:
         self.init_error = INIT_ERROR_CODES[spec.init_error] if spec.init_error else None
         self.counts: dict[str, int] = {}
         self.per_device = [0] * len(self.gpus)
+        # NVML CPU charged to the callers so far (ms), when the scenario models call costs.
+        self.charged_ms = 0.0
         self.event_sets: dict[int, EventSet] = {}
         # Where the host files are served (`SimulatedNode.serve_host_files`); None: not.
         self.host_root: Path | None = None

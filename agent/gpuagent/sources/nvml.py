@@ -137,7 +137,9 @@ class NvmlSource:
         if session is not None and (session.status.ok or self._clock() < self._next_open):
             return session
         worker = self._session_worker
-        opening = worker.submit(lambda: open_session(worker, self._make_worker, self._process_name))
+        opening = worker.submit(
+            lambda: open_session(worker, self._make_worker, self._process_name, self._clock)
+        )
         try:
             session = await worker.wait(opening, self._config.call_timeout_seconds)
         except CallTimeoutError as exc:
@@ -198,7 +200,8 @@ class NvmlSource:
 
     def _read(self, device: Device, include_slow: bool) -> GpuReadings:
         """One poll of ``device``, on its worker: NVML, then procfs for its processes."""
-        readings = device.read(include_slow, self._config.profiling)
+        config = self._config
+        readings = device.read(include_slow, config.profiling, config.profiling_interval_seconds)
         table = self._process_table
         return readings if table is None else table.describe_all(readings)
 
