@@ -16,7 +16,7 @@ from gpuagent.daemon import Agent
 from gpuagent.model import NodeSnapshot, Severity
 from gpuagent.sim import GpuProfile, replay_scenario
 from gpuagent.sim.catalog import PROFILES
-from gpuagent.smi import CapturedGpu, load_capture
+from gpuagent.smi import Capture, CapturedGpu, load_capture
 
 REPO = Path(__file__).resolve().parent.parent
 REAL_HOSTS = REPO / "tests" / "data" / "real-hosts"
@@ -122,8 +122,8 @@ def _profiles_table() -> list[str]:
 
 def _captures_table() -> list[str]:
     lines = [
-        "| capture | GPUs | driver | N/A on GPU 0 | exit | findings |",
-        "|---|---|---|---|---|---|",
+        "| capture | GPUs | driver | N/A on GPU 0 | read as absent | exit | findings |",
+        "|---|---|---|---|---|---|---|",
     ]
     for path in CAPTURES:
         capture = load_capture(path)
@@ -132,9 +132,16 @@ def _captures_table() -> list[str]:
         findings = "; ".join(verdict.reasons) or "none"
         lines.append(
             f"| `{path.name}` | {len(capture.gpus)} x {first.product_name} | "
-            f"{capture.driver_version} | {_na(first)} | {verdict.exit_code} | {findings} |"
+            f"{capture.driver_version} | {_na(first)} | {_absent(capture)} | "
+            f"{verdict.exit_code} | {findings} |"
         )
     return lines
+
+
+def _absent(capture: Capture) -> str:
+    """The fields whose value the parser did not understand (read as absent), by label."""
+    fields = sorted({note.split(": ", 2)[1].split(" / ", 1)[-1] for note in capture.notes})
+    return ", ".join(fields) or "-"
 
 
 def render() -> str:
@@ -158,7 +165,10 @@ def render() -> str:
         "## What each real-host capture yields",
         "",
         "`gpuagent check --from-nvidia-smi FILE` on each capture: the exit code",
-        "(0 OK, 1 WARN, 2 CRITICAL, 3 UNKNOWN) and every finding that is not OK.",
+        "(0 OK, 1 WARN, 2 CRITICAL, 3 UNKNOWN) and every finding that is not OK. Read as",
+        "absent: fields whose value the parser did not understand (drivers 570 and later print",
+        '"Requested functionality has been deprecated" for applications clocks); the check',
+        "names each with its line on stderr (`replay_notes` with `--json`).",
         "",
         *_captures_table(),
         "",

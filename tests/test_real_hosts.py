@@ -37,6 +37,19 @@ EXPECTED: dict[str, tuple[int, dict[tuple[int | None, str], str]]] = {
     "titan-v.560.35.03.nvidia-smi-q.txt": (1, {(0, "persistence"): "WARN"}),
     "h200-x1.580.159.04.nvidia-smi-q.txt": (0, {}),
     "h200-x1.580.159.04.nvidia-smi-q.xml": (0, {}),
+    "h100-x1.580.159.04.nvidia-smi-q.txt": (0, {}),
+    "h100-x1.580.159.04.nvidia-smi-q.xml": (0, {}),
+    # Persistence mode off on every GPU, as this B200 fleet runs.
+    "b200-x8.580.105.08.nvidia-smi-q.xml": (1, {(i, "persistence"): "WARN" for i in range(8)}),
+    "gb200-x4-arm64.580.173.02.nvidia-smi-q.xml": (0, {}),
+    # PCIe x8 of x16 is how an AWS g6e is built; an idle link is not judged.
+    "l40s-aws.595.91.07.nvidia-smi-q.xml": (0, {}),
+    # Drivers 570+ print "Requested functionality has been deprecated" for applications
+    # clocks: read as absent, the hosts are healthy idle and under gpu-burn.
+    "h100-x1-idle.590.48.01.nvidia-smi-q.txt": (0, {}),
+    "h100-x1-busy.590.48.01.nvidia-smi-q.txt": (0, {}),
+    "h200-x1-idle.590.48.01.nvidia-smi-q.txt": (0, {}),
+    "h200-x1-busy.590.48.01.nvidia-smi-q.txt": (0, {}),
 }
 
 
@@ -156,6 +169,22 @@ def test_a_truncated_capture_exits_2_naming_the_line(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert re.search(r"line \d+:", result.stderr)
+
+
+def test_values_read_as_absent_are_named_on_stderr_and_in_json() -> None:
+    capture = REAL_HOSTS / "h200-x1-idle.590.48.01.nvidia-smi-q.txt"
+    result = run_cli("check", "--from-nvidia-smi", str(capture))
+    assert result.returncode == 0
+    assert "Traceback" not in result.stderr
+    assert (
+        "note: read as absent: line 222: GPU 00000000:83:00.0 / Applications Clocks / "
+        'Graphics: expected a whole number in MHz, got "Requested functionality has been '
+        'deprecated"'
+    ) in result.stderr
+    as_json = run_cli("check", "--json", "--from-nvidia-smi", str(capture))
+    notes = json.loads(as_json.stdout)["replay_notes"]
+    assert len(notes) == 4
+    assert all("Applications Clocks" in note for note in notes)
 
 
 def test_simulate_and_a_capture_cannot_be_combined(tmp_path: Path) -> None:

@@ -167,8 +167,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         _fail("--simulate and --from-nvidia-smi cannot be combined", EXIT_CONFIG_ERROR)
     _check_scenario(args.simulate)
     simulate: Path | Scenario | None = args.simulate
+    notes: tuple[str, ...] = ()
     if args.from_nvidia_smi is not None:
         simulate = _replayed_host(args.from_nvidia_smi)
+        notes = simulate.capture.notes if simulate.capture is not None else ()
     kernel_log = _read_kernel_log(args.dmesg)
     _setup_logging("ERROR")
 
@@ -181,7 +183,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     snapshot = asyncio.run(Agent(config, simulate=simulate).collect_once(kernel_log))
     doc = status_document(snapshot)
     color = color_enabled(args.color, sys.stdout)
-    print(json.dumps(doc, indent=2) if args.json else render_status(doc, color=color))
+    if args.json:
+        # Values of the capture read as absent (a deprecated or unknown value), one each.
+        print(json.dumps({**doc, "replay_notes": list(notes)} if notes else doc, indent=2))
+    else:
+        print(render_status(doc, color=color))
+        for note in notes:
+            print(f"note: read as absent: {note}", file=sys.stderr)
     return int(snapshot.health.severity.value)
 
 

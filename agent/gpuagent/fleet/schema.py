@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 import time
-import uuid
 from typing import Any, Final, Literal, get_args
 
 from gpuagent.incidents import Incident
@@ -203,7 +203,7 @@ def cordon_decision_message(
 
 def ack_message(node: str, cluster: str, ids: list[str]) -> dict[str, Any]:
     """The aggregator has stored these messages of the node: its spool may drop them."""
-    message = envelope("ack", f"ack:{uuid.uuid4().hex}", node, cluster)
+    message = envelope("ack", f"ack:{secrets.token_hex(16)}", node, cluster)
     message["ids"] = ids
     return message
 

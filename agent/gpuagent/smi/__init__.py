@@ -20,7 +20,6 @@ from gpuagent.smi.model import (
     TemperatureThresholds,
 )
 from gpuagent.smi.text import parse_text
-from gpuagent.smi.xml import parse_xml
 
 __all__ = [
     "Capture",
@@ -41,6 +40,9 @@ def parse_capture(text: str) -> Capture:
     """The capture in ``text``: XML when it starts like an XML document, text otherwise."""
     text = text.removeprefix("\ufeff")
     if text.lstrip().startswith(_XML_STARTS):
+        # The XML parser (ElementTree, expat) only for XML captures: it costs RSS.
+        from gpuagent.smi.xml import parse_xml  # noqa: PLC0415
+
         return parse_xml(text)
     return parse_text(text)
 

@@ -41,6 +41,7 @@ from gpuagent.smi.tree import (
     EccCounts,
     Node,
     at,
+    driver_version,
     entries,
     flag,
     hexadecimal,
@@ -69,16 +70,20 @@ def parse_text(text: str) -> Capture:
     if not blocks:
         last = max(1, len(lines) - (lines[-1] == ""))
         raise CaptureError('no GPU block (a line like "GPU 00000000:19:00.0") in the capture', last)
-    driver = required(
-        root.get("Driver Version"), blocks[0], "no Driver Version before the first GPU block"
+    if root.first("KMD Version", "Driver Version") is None:
+        raise CaptureError("no Driver Version before the first GPU block", blocks[0].line)
+    driver = driver_version(
+        root, ("KMD Version", "Driver Version"), "the Driver Version holds no version number"
     )
+    gpus = tuple(_gpu(block) for block in blocks)
     return Capture(
         format="text",
         driver_version=driver,
         cuda_version=string(root.get("CUDA Version")),
         timestamp=string(root.get("Timestamp")),
         attached_gpus=integer(root.get("Attached GPUs")),
-        gpus=tuple(_gpu(block) for block in blocks),
+        gpus=gpus,
+        notes=tuple(root.notes),
     )
 
 

@@ -4,6 +4,10 @@ The text and the XML parser each build this tree (an indented `Key : Value` line
 element, per node, with the line it came from) and then map it into the model. Keeping the
 value readers here means "N/A", units and malformed numbers are handled, and reported,
 the same way for both formats.
+
+A value a reader does not understand (a driver's "Requested functionality has been
+deprecated", a new unit, a word where a number was) is read as absent and noted once, on
+the tree's ``notes``: one field the parser does not know never costs the whole capture.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ _NUMBER = re.compile(r"([+-]?[0-9]+(?:\.[0-9]+)?)\s*(.*)")
 _INTEGER = re.compile(r"([+-]?[0-9]+)\s*(.*)")
 _PSTATE = re.compile(r"P([0-9]{1,2})")
 _HEX = re.compile(r"(?:0[xX])?([0-9A-Fa-f]{1,16})")
+_DRIVER_VERSION = re.compile(r"(?<![0-9.])([0-9]{3}\.[0-9]{2,3}(?:\.[0-9]{2,3})?)(?![0-9.])")
 
 
 class Node:
@@ -43,7 +48,7 @@ class Node:
     entry of a repeated key wins; ``children`` keeps every entry in file order.
     """
 
-    __slots__ = ("_index", "children", "key", "line", "parent", "value")
+    __slots__ = ("_index", "children", "key", "line", "notes", "parent", "value")
 
     def __init__(self, key: str, value: str | None, line: int, parent: Node | None) -> None:
         self.key = key
@@ -52,6 +57,8 @@ class Node:
         self.parent = parent
         self.children: list[Node] = []
         self._index: dict[str, Node] = {}
+        # The values read as absent, for the whole tree: every node shares the root's list.
+        self.notes: list[str] = [] if parent is None else parent.notes
 
     def add(self, child: Node) -> None:
         self.children.append(child)
@@ -120,8 +127,11 @@ class EccCounts:
     sram_threshold_exceeded: bool | None = None
 
 
-def _invalid(node: Node, value: str, expected: str) -> CaptureError:
-    return CaptureError(f'{node.label()}: expected {expected}, got "{value}"', node.line)
+def _unreadable(node: Node, value: str, expected: str) -> None:
+    """Note a value that is not what the field holds; the field is then absent."""
+    note = f'line {node.line}: {node.label()}: expected {expected}, got "{value}"'
+    if note not in node.notes:
+        node.notes.append(note)
 
 
 def string(node: Node | None) -> str | None:
@@ -142,7 +152,7 @@ def number(node: Node | None, unit: str = "") -> float | None:
         return None
     match = _NUMBER.fullmatch(value)
     if match is None or match[2] not in ("", unit):
-        raise _invalid(node, value, f"a number{' in ' + unit if unit else ''}")
+        return _unreadable(node, value, f"a number{' in ' + unit if unit else ''}")
     return float(match[1])
 
 
@@ -153,7 +163,7 @@ def integer(node: Node | None, unit: str = "") -> int | None:
         return None
     match = _INTEGER.fullmatch(value)
     if match is None or match[2] not in ("", unit):
-        raise _invalid(node, value, f"a whole number{' in ' + unit if unit else ''}")
+        return _unreadable(node, value, f"a whole number{' in ' + unit if unit else ''}")
     return int(match[1])
 
 
@@ -164,7 +174,7 @@ def hexadecimal(node: Node | None) -> int | None:
         return None
     match = _HEX.fullmatch(value)
     if match is None:
-        raise _invalid(node, value, "a hexadecimal number")
+        return _unreadable(node, value, "a hexadecimal number")
     return int(match[1], 16)
 
 
@@ -178,7 +188,7 @@ def flag(node: Node | None) -> bool | None:
         return True
     if folded in _FALSE:
         return False
-    raise _invalid(node, value, "Yes/No, Enabled/Disabled or Active/Not Active")
+    return _unreadable(node, value, "Yes/No, Enabled/Disabled or Active/Not Active")
 
 
 def pstate(node: Node | None) -> int | None:
@@ -188,7 +198,7 @@ def pstate(node: Node | None) -> int | None:
         return None
     match = _PSTATE.fullmatch(value)
     if match is None:
-        raise _invalid(node, value, "a performance state (P0 to P15)")
+        return _unreadable(node, value, "a performance state (P0 to P15)")
     return int(match[1])
 
 
@@ -199,6 +209,18 @@ def required(node: Node | None, where: Node, message: str) -> str:
     if value is None:
         raise CaptureError(message, where.line if node is None else node.line)
     return value
+
+
+def driver_version(root: Node, keys: tuple[str, ...], message: str) -> str:
+    """The driver's version ("580.105.08"), from the first of ``keys`` that holds one. R610
+    prints it as "KMD Version" and follows "Driver Version"'s number with a deprecation
+    note in brackets, so the first version-shaped token is taken."""
+    for key in keys:
+        found = _DRIVER_VERSION.search(string(root.get(key)) or "")
+        if found is not None:
+            return found[1]
+    present = root.first(*keys)
+    raise CaptureError(message, present.line if present is not None else 1)
 
 
 def summed(*values: int | None) -> int | None:

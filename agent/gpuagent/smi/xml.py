@@ -43,6 +43,7 @@ from gpuagent.smi.tree import (
     EccCounts,
     Node,
     at,
+    driver_version,
     entries,
     flag,
     hexadecimal,
@@ -80,14 +81,20 @@ def parse_xml(text: str) -> Capture:
     gpus = [node for node in root.children if node.key == "gpu"]
     if not gpus:
         raise CaptureError("no <gpu> element in the capture", _line_count(text))
-    driver = required(root.get("driver_version"), root, "the capture has no <driver_version>")
+    if root.first("kmd_version", "driver_version") is None:
+        raise CaptureError("the capture has no <driver_version>", root.line)
+    driver = driver_version(
+        root, ("kmd_version", "driver_version"), "the <driver_version> holds no version number"
+    )
+    captured = tuple(_gpu(node) for node in gpus)
     return Capture(
         format="xml",
         driver_version=driver,
         cuda_version=string(root.get("cuda_version")),
         timestamp=string(root.get("timestamp")),
         attached_gpus=integer(root.get("attached_gpus")),
-        gpus=tuple(_gpu(node) for node in gpus),
+        gpus=captured,
+        notes=tuple(root.notes),
     )
 
 
