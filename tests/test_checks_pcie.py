@@ -386,3 +386,19 @@ def test_without_sysfs_there_are_no_bridges() -> None:
         None,
         None,
     )
+
+
+def test_a_platform_built_narrower_is_judged_against_its_own_link() -> None:
+    # An AWS g6e seats its L40S in x8 slots: x8 of x16 is how it is built.
+    held = [(0.0, link(width=8)), (400.0, link(width=8))]
+    assert check_series("pcie", held, config=DEFAULT, ident=GEN5_X16)[-1].severity is (
+        Severity.WARN
+    )
+    g6e = with_checks(pcie=PcieCheck(expected_width=8))
+    last = check_series("pcie", held, config=g6e, ident=GEN5_X16)[-1]
+    assert last.severity is Severity.OK
+    # Narrower still than the platform gives is degraded there too.
+    narrower = [(0.0, link(width=4)), (400.0, link(width=4))]
+    last = check_series("pcie", narrower, config=g6e, ident=GEN5_X16)[-1]
+    assert last.severity is Severity.WARN
+    assert last.reason.startswith("PCIe link degraded (x4 of x8)")

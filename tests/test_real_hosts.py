@@ -187,6 +187,20 @@ def test_values_read_as_absent_are_named_on_stderr_and_in_json() -> None:
     assert all("Applications Clocks" in note for note in notes)
 
 
+def test_a_fleet_that_runs_persistence_off_can_say_so(tmp_path: Path) -> None:
+    # The B200 capture: persistence off on every GPU, as that fleet runs it.
+    config = tmp_path / "b200.toml"
+    config.write_text(
+        f'[agent]\nstate_dir = "{tmp_path}"\n'
+        "[checks.persistence]\nenabled = false\n"
+        '[inventory.expected]\npersistence = "disabled"\n'
+    )
+    capture = REAL_HOSTS / "b200-x8.580.105.08.nvidia-smi-q.xml"
+    result = run_cli("check", "--json", "--config", str(config), "--from-nvidia-smi", str(capture))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads(result.stdout)["node"]["health"] == "OK"
+
+
 def test_simulate_and_a_capture_cannot_be_combined(tmp_path: Path) -> None:
     scenario = tmp_path / "s.toml"
     scenario.write_text("[node]\ngpus = 1\n")

@@ -33,12 +33,15 @@ def _busy(readings: GpuReadings, config: PcieCheck) -> bool:
 
 
 def link_shortfall(identity: GpuIdentity, readings: GpuReadings, config: PcieCheck) -> str:
-    """Which part of the link counts as degraded right now ("" when none), e.g. "x8 of x16"."""
+    """Which part of the link counts as degraded right now ("" when none), e.g. "x8 of x16".
+    The link is held against what the platform is configured to give (expected_width,
+    expected_generation), else the GPU's maximum."""
     parts: list[str] = []
-    gen, max_gen = readings.pcie_generation, identity.pcie_max_generation
+    gen = readings.pcie_generation
+    max_gen = config.expected_generation or identity.pcie_max_generation
     if gen is not None and max_gen is not None and gen < max_gen and _busy(readings, config):
         parts.append(f"Gen{gen} of Gen{max_gen}")
-    width, max_width = readings.pcie_width, identity.pcie_max_width
+    width, max_width = readings.pcie_width, config.expected_width or identity.pcie_max_width
     if width is not None and max_width is not None and width < max_width:
         parts.append(f"x{width} of x{max_width}")
     return ", ".join(parts)

@@ -152,7 +152,8 @@ def number(node: Node | None, unit: str = "") -> float | None:
         return None
     match = _NUMBER.fullmatch(value)
     if match is None or match[2] not in ("", unit):
-        return _unreadable(node, value, f"a number{' in ' + unit if unit else ''}")
+        _unreadable(node, value, f"a number{' in ' + unit if unit else ''}")
+        return None
     return float(match[1])
 
 
@@ -163,7 +164,8 @@ def integer(node: Node | None, unit: str = "") -> int | None:
         return None
     match = _INTEGER.fullmatch(value)
     if match is None or match[2] not in ("", unit):
-        return _unreadable(node, value, f"a whole number{' in ' + unit if unit else ''}")
+        _unreadable(node, value, f"a whole number{' in ' + unit if unit else ''}")
+        return None
     return int(match[1])
 
 
@@ -174,7 +176,8 @@ def hexadecimal(node: Node | None) -> int | None:
         return None
     match = _HEX.fullmatch(value)
     if match is None:
-        return _unreadable(node, value, "a hexadecimal number")
+        _unreadable(node, value, "a hexadecimal number")
+        return None
     return int(match[1], 16)
 
 
@@ -188,7 +191,8 @@ def flag(node: Node | None) -> bool | None:
         return True
     if folded in _FALSE:
         return False
-    return _unreadable(node, value, "Yes/No, Enabled/Disabled or Active/Not Active")
+    _unreadable(node, value, "Yes/No, Enabled/Disabled or Active/Not Active")
+    return None
 
 
 def pstate(node: Node | None) -> int | None:
@@ -198,7 +202,8 @@ def pstate(node: Node | None) -> int | None:
         return None
     match = _PSTATE.fullmatch(value)
     if match is None:
-        return _unreadable(node, value, "a performance state (P0 to P15)")
+        _unreadable(node, value, "a performance state (P0 to P15)")
+        return None
     return int(match[1])
 
 

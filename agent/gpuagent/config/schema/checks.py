@@ -46,6 +46,11 @@ class PcieCheck:
     degraded_min_utilization_pct: Annotated[float, PERCENT] = 10.0
     # PCIe replays per minute above which the GPU is WARN.
     replay_rate_per_minute: Annotated[float, NON_NEGATIVE] = 10.0
+    # The link the platform gives every GPU, where it is narrower or slower than the GPU
+    # can run (an AWS g6e seats its L40S in x8 slots): the link is judged against this.
+    # 0: the GPU's own maximum.
+    expected_width: Annotated[int, NON_NEGATIVE] = 0
+    expected_generation: Annotated[int, NON_NEGATIVE] = 0
 
 
 @dataclass(frozen=True)
