@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import http.client
 import os
 import shutil
@@ -153,35 +154,47 @@ def _calls(before: dict[str, Any], after: dict[str, Any], names: tuple[str, ...]
     return sum(after["calls"].get(n, 0) - before["calls"].get(n, 0) for n in names)
 
 
-def daemon_cpu(seconds: float, *, profiling: bool, interval: float = 1.0) -> float:
-    """Percent of a core the daemon uses with 8 GPUs."""
+@dataclasses.dataclass
+class CpuWindow:
+    measured_pct: float  # the daemon's CPU, the simulator's own work included
+    predicted_pct: float  # without the simulator's own work: what a real node would use
+    before: dict[str, Any]  # the simulator's counters at the start and the end
+    after: dict[str, Any]
+
+
+def cpu_window(d: Daemon, seconds: float) -> CpuWindow:
+    """The daemon's CPU over ``seconds`` (after start-up settles). The simulated library
+    runs inside the daemon: its own work answering calls is taken off for the prediction,
+    the measured cost of the real library's calls stays (charged, see sim/costs.py)."""
+    assert d.process is not None
+    proc = psutil.Process(d.process.pid)
+    time.sleep(2)  # let start-up work settle
+    before = call(d.socket, "simulator")
+    cpu_before = sum(proc.cpu_times()[:2])
+    wall_before = time.perf_counter()
+    time.sleep(seconds)
+    cpu_after = sum(proc.cpu_times()[:2])
+    wall_after = time.perf_counter()
+    after = call(d.socket, "simulator")
+    cpu = cpu_after - cpu_before
+    simulator = (after["simulator_cpu_ms"] - before["simulator_cpu_ms"]) / 1000
+    wall = wall_after - wall_before
+    return CpuWindow(cpu / wall * 100, (cpu - simulator) / wall * 100, before, after)
+
+
+def daemon_cpu(seconds: float, *, profiling: bool, interval: float = 1.0) -> CpuWindow:
+    """The CPU of a daemon with 8 GPUs."""
     with daemon(8, interval=interval, profiling=profiling) as d:
-        assert d.process is not None
-        proc = psutil.Process(d.process.pid)
-        time.sleep(2)  # let start-up work settle
-        cpu_before = sum(proc.cpu_times()[:2])
-        wall_before = time.perf_counter()
-        time.sleep(seconds)
-        cpu_after = sum(proc.cpu_times()[:2])
-        wall_after = time.perf_counter()
-    return (cpu_after - cpu_before) / (wall_after - wall_before) * 100
+        return cpu_window(d, seconds)
 
 
 def bench_daemon(rows: list[Row], seconds: float) -> float:
-    """CPU and peak RSS at a 1 s poll with 8 GPUs (GPM on, and off for comparison), NVML
-    calls per GPU per poll (GPM's apart), READY."""
+    """CPU and peak RSS at a 1 s and the default 5 s poll with 8 GPUs (GPM on, and off for
+    comparison), NVML CPU and calls per GPU per poll (GPM's apart), READY."""
     with daemon(8, interval=1.0) as d:
         ready = d.ready_seconds  # type: ignore[attr-defined]
         assert d.process is not None
-        proc = psutil.Process(d.process.pid)
-        time.sleep(2)  # let start-up work settle
-        before_calls = call(d.socket, "simulator")
-        cpu_before = sum(proc.cpu_times()[:2])
-        wall_before = time.perf_counter()
-        time.sleep(seconds)
-        cpu_after = sum(proc.cpu_times()[:2])
-        wall_after = time.perf_counter()
-        after_calls = call(d.socket, "simulator")
+        window = cpu_window(d, seconds)
         peak_rss_mb = _peak_rss_kib(d.process.pid) / 1024
         status_times = []
         for _ in range(20):
@@ -192,7 +205,7 @@ def bench_daemon(rows: list[Row], seconds: float) -> float:
                 stdout=subprocess.DEVNULL,
             )
             status_times.append(time.perf_counter() - started)
-    cpu_pct = (cpu_after - cpu_before) / (wall_after - wall_before) * 100
+    before_calls, after_calls = window.before, window.after
     polls = after_calls["polls"] - before_calls["polls"]
     calls = sum(after_calls["calls_per_device"].values()) - sum(
         before_calls["calls_per_device"].values()
@@ -201,23 +214,45 @@ def bench_daemon(rows: list[Row], seconds: float) -> float:
     per_gpu_poll = (calls - gpm_device) / 8 / max(polls, 1)
     gpm_per_gpu_poll = _calls(before_calls, after_calls, GPM_CALLS) / 8 / max(polls, 1)
     nvml_ms = (after_calls["charged_cpu_ms"] - before_calls["charged_cpu_ms"]) / 8 / max(polls, 1)
-    cpu_without_gpm = daemon_cpu(seconds, profiling=False)
-    cpu_default_poll = daemon_cpu(seconds, profiling=True, interval=5.0)
+    without_gpm = daemon_cpu(seconds, profiling=False)
+    default_poll = daemon_cpu(seconds, profiling=True, interval=5.0)
     rows.append(
-        Row("daemon CPU, 8 GPUs, 1 s poll", cpu_pct, "% of a core", "<= 2.5", cpu_pct <= 2.5)
+        Row(
+            "daemon CPU, 8 GPUs, 1 s poll, predicted",
+            window.predicted_pct,
+            "% of a core",
+            "<= 2.5",
+            window.predicted_pct <= 2.5,
+        )
     )
     rows.append(
         Row(
-            "daemon CPU, 8 GPUs, 5 s poll (default)",
-            cpu_default_poll,
+            "daemon CPU, 8 GPUs, 5 s poll (default), predicted",
+            default_poll.predicted_pct,
             "% of a core",
             "<= 0.6",
-            cpu_default_poll <= 0.6,
+            default_poll.predicted_pct <= 0.6,
         )
     )
-    rows.append(Row("daemon CPU, 8 GPUs, 1 s poll, GPM off", cpu_without_gpm, "% of a core"))
+    rows.append(
+        Row("daemon CPU, 8 GPUs, 1 s poll, simulator included", window.measured_pct, "% of a core")
+    )
+    rows.append(
+        Row(
+            "daemon CPU, 8 GPUs, 5 s poll, simulator included",
+            default_poll.measured_pct,
+            "% of a core",
+        )
+    )
+    rows.append(
+        Row(
+            "daemon CPU, 8 GPUs, 1 s poll, GPM off, predicted",
+            without_gpm.predicted_pct,
+            "% of a core",
+        )
+    )
     rows.append(Row("NVML CPU per GPU per poll, 1 s poll", nvml_ms, "ms", "<= 2.5", nvml_ms <= 2.5))
-    rows.append(Row("daemon peak RSS", peak_rss_mb, "MB", "< 60", peak_rss_mb < 60))
+    rows.append(Row("daemon peak RSS", peak_rss_mb, "MB", "<= 38", peak_rss_mb <= 38))
     rows.append(
         Row(
             "NVML calls per GPU per poll, without GPM",

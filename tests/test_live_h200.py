@@ -1,16 +1,26 @@
 """The agent's own live run on a real H200 (driver 580.159.04, tests/data/live/): the same
 GPU's `nvidia-smi -q` capture, replayed, must serve what the live daemon served — the same
 series, within what moves between two moments of an idle GPU — except what a capture
-cannot hold and what was added since that run, both named here."""
+cannot hold and what was added since that run, both named here. The simulator's `h200`
+model must read as that GPU did: idle as the live daemon served it, and under the run's
+bf16 matmul as `nvidia-smi` sampled it (smi-load.csv)."""
 
 from __future__ import annotations
 
+import asyncio
+import csv
+import statistics
+
+import pynvml
 import pytest
 from prometheus_client.samples import Sample
 
-from conftest import TEST_DATA
+from conftest import TEST_DATA, FakeClock, MakeNode
+from gpuagent.config import Config
+from gpuagent.daemon import Agent
 from gpuagent.metrics.collector import build_families
 from gpuagent.metrics.exposition import TextRenderer
+from gpuagent.sim import parse_scenario
 from hardware_profiles_doc import REAL_HOSTS, collect
 from test_metrics_support import samples_from_text
 
@@ -127,3 +137,72 @@ def test_power_is_the_average_as_nvidia_smi_reads_it(replayed: dict[str, list[Sa
     )
     assert average.value in (82.65, 82.69)
     assert instant.value == 82.81
+
+
+# --- the simulated h200 model against the live GPU ------------------------------------------
+
+# The simulated GPU as the live one ran: one GPU (a pass-through VM), the same driver.
+H200_NODE = '[node]\nmodel = "h200"\ngpus = 1\ndriver_version = "580.159.04"\n'
+# Counters since the driver loaded (and the throttle durations they sum): the model counts
+# its own from the node's start.
+COUNTERS = {
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    *(
+        f"DCGM_FI_DEV_{reason}_VIOLATION"
+        for reason in ("BOARD_LIMIT", "LOW_UTIL", "POWER", "RELIABILITY", "SYNC_BOOST", "THERMAL")
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def modelled() -> dict[str, list[Sample]]:
+    snapshot = asyncio.run(Agent(Config(), simulate=parse_scenario(H200_NODE)).collect_once())
+    return samples_from_text(TextRenderer().render(build_families(snapshot, "test")).decode())
+
+
+def test_the_h200_model_idles_as_the_live_gpu_did(
+    modelled: dict[str, list[Sample]], live: dict[str, list[Sample]]
+) -> None:
+    live_gpu = {name for name in live if name.startswith("DCGM_FI_DEV_")}
+    assert live_gpu <= set(modelled)
+    compared = 0
+    for name in sorted(live_gpu - COUNTERS):
+        (want,), (got,) = live[name], modelled[name]
+        assert got.value == pytest.approx(want.value, abs=TOLERANCE.get(name, 0.0)), name
+        compared += 1
+    assert compared >= 20
+
+
+def _load_rows() -> list[dict[str, str]]:
+    with (LIVE / "smi-load.csv").open(newline="") as handle:
+        rows = [{k.strip(): v.strip() for k, v in row.items()} for row in csv.DictReader(handle)]
+    # The matmul part of the run: SW Power Cap active (0x4); the copy loop after it is not.
+    return [row for row in rows if int(row["clocks_event_reasons.active"], 16) == 0x4]
+
+
+def _number(text: str) -> float:
+    return float(text.split(maxsplit=1)[0])
+
+
+def test_the_h200_model_at_the_power_cap_reads_as_the_live_matmul(make_node: MakeNode) -> None:
+    rows = _load_rows()
+    assert len(rows) >= 10
+    clock = FakeClock()
+    node = make_node(H200_NODE, clock=clock)
+    node.inject("process", 0, {"pid": 4242, "name": "matmul", "used_mib": 1139})
+    clock.advance(14)  # as far into the load as metrics-matmul.txt was taken
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    assert (
+        pynvml.nvmlDeviceGetCurrentClocksEventReasons(h) == pynvml.nvmlClocksEventReasonSwPowerCap
+    )
+    sm = pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)
+    live_sm = [_number(row["clocks.current.sm [MHz]"]) for row in rows]
+    assert min(live_sm) <= sm <= max(live_sm)  # 1470-1530 MHz
+    power_w = pynvml.nvmlDeviceGetPowerUsage(h) / 1000
+    live_power = statistics.median(_number(row["power.draw [W]"]) for row in rows)
+    assert power_w == pytest.approx(live_power, abs=15)  # at the 700 W cap: 689-694 W live
+    temperature = pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)
+    live_temperature = statistics.median(_number(row["temperature.gpu"]) for row in rows)
+    assert temperature == pytest.approx(live_temperature, abs=2)  # 56-58 °C live
+    assert pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM) == 3201
+    assert pynvml.nvmlDeviceGetPerformanceState(h) == pynvml.NVML_PSTATE_0

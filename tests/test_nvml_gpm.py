@@ -74,7 +74,7 @@ async def test_rates_need_two_samples_then_come_every_poll(rigs: list[Rig]) -> N
 
 
 async def test_units_are_dcgm_units(rigs: list[Rig]) -> None:
-    rig = Rig('[node]\ngpus = 1\nmodel = "h100-sxm"\n')
+    rig = Rig('[node]\ngpus = 1\nmodel = "h100-sxm"\nnvlinks = 18\n')
     rigs.append(rig)
     rig.node.inject("process", 0, _BUSY)
     await rig.poll()
@@ -192,7 +192,7 @@ async def test_no_nvlink_no_nvlink_values(rigs: list[Rig]) -> None:
 
 
 async def test_nvlink_bandwidth_follows_the_load(rigs: list[Rig]) -> None:
-    rig = Rig('[node]\ngpus = 1\nmodel = "h100-sxm"\n')
+    rig = Rig('[node]\ngpus = 1\nmodel = "h100-sxm"\nnvlinks = 18\n')
     rigs.append(rig)
     await rig.poll()
     idle = whole_gpu((await rig.poll())[0])
@@ -206,7 +206,7 @@ async def test_nvlink_bandwidth_follows_the_load(rigs: list[Rig]) -> None:
 
 async def test_mig_instances_get_their_own_values(rigs: list[Rig]) -> None:
     rig = Rig(
-        '[node]\ngpus = 1\nmodel = "h100-sxm"\nmig_mode = true\n'
+        '[node]\ngpus = 1\nmodel = "h100-sxm"\nnvlinks = 18\nmig_mode = true\n'
         'mig_profiles = ["3g.40gb", "2g.20gb", "1g.10gb"]\n'
     )
     rigs.append(rig)

@@ -21,6 +21,7 @@ from prometheus_client.samples import Sample
 from conftest import REPO, DaemonProcess, run_cli
 from gpuagent.model import Finding, NodeSnapshot, Severity
 from gpuagent.sim import SimulatedNode, load_scenario
+from gpuagent.smi import load_capture
 from gpuagent.statusview import status_document
 from hardware_profiles_doc import CAPTURES, REAL_HOSTS, collect, judge
 
@@ -258,6 +259,73 @@ def test_daemon_on_a_replayed_h100_exports_only_what_that_host_supports(
         if s.labels["gpu"] == "0"
     }
     assert (reasons["hw_slowdown"], reasons["power_brake"], reasons["gpu_idle"]) == (1, 1, 0)
+
+
+@pytest.mark.parametrize(
+    ("capture", "gpus", "health", "gpu0"),
+    [
+        pytest.param(
+            "b200-x8.580.105.08.nvidia-smi-q.xml",
+            8,
+            "WARN",  # persistence off on every GPU, as captured
+            {
+                "DCGM_FI_DEV_GPU_TEMP": 39,
+                "DCGM_FI_DEV_MEMORY_TEMP": 39,
+                "DCGM_FI_DEV_POWER_USAGE": 195.68,
+                "DCGM_FI_DEV_SM_CLOCK": 120,
+                "DCGM_FI_DEV_MEM_CLOCK": 3996,
+                "DCGM_FI_DEV_FB_RESERVED": 728,
+                "DCGM_FI_DEV_PCIE_LINK_GEN": 5,
+                "gpuagent_gpu_power_limit_watts": 1000,
+                "gpuagent_gpu_sm_clock_max_mhz": 1965,
+            },
+            id="b200",
+        ),
+        pytest.param(
+            "gb200-x4-arm64.580.173.02.nvidia-smi-q.xml",
+            4,
+            "OK",
+            {
+                "DCGM_FI_DEV_GPU_TEMP": 27,
+                "DCGM_FI_DEV_MEMORY_TEMP": 27,
+                "DCGM_FI_DEV_POWER_USAGE": 165.93,
+                "DCGM_FI_DEV_SM_CLOCK": 120,
+                "DCGM_FI_DEV_MEM_CLOCK": 3996,
+                "DCGM_FI_DEV_FB_RESERVED": 742,
+                "DCGM_FI_DEV_PCIE_LINK_GEN": 5,
+                "gpuagent_gpu_power_limit_watts": 1200,
+                "gpuagent_gpu_sm_clock_max_mhz": 2062,
+            },
+            id="gb200",
+        ),
+    ],
+)
+def test_daemon_on_a_replayed_blackwell_host_exports_only_what_that_host_supports(
+    run_daemon: Callable[..., DaemonProcess],
+    capture: str,
+    gpus: int,
+    health: str,
+    gpu0: dict[str, float],
+) -> None:
+    daemon = run_daemon(f'[node]\nnvidia_smi = "{REAL_HOSTS / capture}"\n')
+    doc = daemon.wait_for(lambda d: len(d["gpus"]) == gpus)
+    assert doc["node"]["health"] == health
+    series = _series(daemon.metrics())
+    assert {name: _gpu0(series[name]) for name in gpu0} == pytest.approx(gpu0)
+    # HBM with ECC and row remapping: every GPU has them, the banks all at "max".
+    for name in ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"):
+        assert len(series[name]) == gpus, name
+    histogram = load_capture(REAL_HOSTS / capture).gpus[0].remap_histogram
+    assert histogram is not None  # 3840 banks on the B200, 3968 on the GB200
+    maxima = [
+        s.value for s in series["gpuagent_gpu_row_remap_banks"] if s.labels["availability"] == "max"
+    ]
+    assert maxima == [histogram[0]] * gpus
+    # Retired pages are N/A on Blackwell; NVLink and the throttle-duration counters are not
+    # in a capture at all: no series, never a 0.
+    absent = [name for name in series if "RETIRED" in name or "NVLINK" in name]
+    absent += [name for name in series if name.endswith(("_VIOLATION", "_slowdown_seconds"))]
+    assert absent == []
 
 
 def test_daemon_on_a_replayed_geforce_host_has_no_ecc_or_memory_temperature(

@@ -131,7 +131,7 @@ def test_idle_is_near_zero_and_a_process_raises_activity(make_node: MakeNode) ->
 
 def test_links_and_units(make_node: MakeNode) -> None:
     clock = FakeClock()
-    node = make_node('[node]\ngpus = 1\nmodel = "h100-sxm"\n', clock=clock)
+    node = make_node('[node]\ngpus = 1\nmodel = "h100-sxm"\nnvlinks = 18\n', clock=clock)
     node.inject("process", 0, _BUSY)
     sampler = Sampler(pynvml.nvmlDeviceGetHandleByIndex(0), clock)
     links = tuple(pynvml.NVML_GPM_METRIC_NVLINK_L0_RX_PER_SEC + 2 * n for n in range(18))
@@ -193,7 +193,7 @@ def test_wrong_versions_and_bad_samples_fail_as_nvml_documents(make_node: MakeNo
 def test_mig_instances_are_sampled_by_id(make_node: MakeNode) -> None:
     clock = FakeClock()
     node = make_node(
-        '[node]\ngpus = 1\nmodel = "h100-sxm"\nmig_mode = true\n'
+        '[node]\ngpus = 1\nmodel = "h100-sxm"\nnvlinks = 18\nmig_mode = true\n'
         'mig_profiles = ["3g.40gb", "2g.20gb", "1g.10gb"]\n',
         clock=clock,
     )
@@ -234,7 +234,7 @@ def test_mig_sampling_needs_mig_mode(make_node: MakeNode) -> None:
 
 def test_nvlink_throughput_fields_count_kib_with_the_load(make_node: MakeNode) -> None:
     clock = FakeClock()
-    node = make_node('[node]\ngpus = 1\nmodel = "h100-sxm"\n', clock=clock)
+    node = make_node('[node]\ngpus = 1\nmodel = "h100-sxm"\nnvlinks = 18\n', clock=clock)
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
     every = 0xFFFFFFFF
     wanted = [

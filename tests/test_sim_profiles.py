@@ -111,6 +111,9 @@ def model_node(make_node: MakeNode, model: str, extra: str = "", **kwargs: Any) 
         ("h100-sxm", "NVIDIA H100 80GB HBM3", 0x233010DE),
         ("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3", 0x233010DE),
         ("h200", "NVIDIA H200", 0x233510DE),
+        ("b200", "NVIDIA B200", 0x290110DE),
+        ("NVIDIA GB200", "NVIDIA GB200", 0x294110DE),
+        ("gb300", "NVIDIA GB300", 0x31C210DE),
         ("a100-sxm4", "NVIDIA A100-SXM4-80GB", 0x20B210DE),
         ("A100-SXM4-80GB", "A100-SXM4-80GB", 0x20B210DE),  # the older drivers' name
         ("nvidia a10g", "NVIDIA A10G", 0x223710DE),  # names match in any case
@@ -134,10 +137,10 @@ def test_default_node_is_eight_h100_sxm(node: SimulatedNode) -> None:
 
 def test_unknown_model_names_node_model_and_every_known_key() -> None:
     with pytest.raises(ConfigError) as caught:
-        parse_scenario('[node]\ngpus = 2\nmodel = "NVIDIA B200"\n')
+        parse_scenario('[node]\ngpus = 2\nmodel = "NVIDIA B300"\n')
     assert (caught.value.key, caught.value.line) == ("node.model", 3)
     message = str(caught.value)
-    assert message.startswith("node.model (line 3): unknown GPU model 'NVIDIA B200' (known: ")
+    assert message.startswith("node.model (line 3): unknown GPU model 'NVIDIA B300' (known: ")
     assert all(profile.key in message for profile in catalog.PROFILES)
 
 

@@ -204,6 +204,7 @@ class AgentApi:
             "calls": simulator.call_counts(),
             "calls_per_device": {str(k): v for k, v in simulator.calls_per_device().items()},
             "charged_cpu_ms": simulator.charged_cpu_ms(),
+            "simulator_cpu_ms": simulator.simulator_cpu_ms(),
         }
 
     def _bus_id(self, index: int) -> str:

@@ -1,11 +1,12 @@
 """The GPU models a scenario can name, and how a name finds its model.
 
 Values come from real `nvidia-smi -q` captures where one exists (tests/data/real-hosts:
-H100 SXM, A100 SXM4 80GB, A10, A10G, RTX 4090, TITAN V) and otherwise from NVIDIA's
-product specifications; the rest (PCI subsystem ids and firmware versions of models
-without a capture, the clocks a capped or slowed GPU settles at, idle draw and
-temperatures without a capture) are plausible values, named as such in
-docs/simulation.md.
+H100 SXM, H200, B200, GB200, A100 SXM4 80GB, A10, A10G, RTX 4090, TITAN V; the GB300 from
+a public capture named in its profile) and otherwise from NVIDIA's product
+specifications; the rest (PCI subsystem ids and firmware versions of models without a
+capture, the clocks a capped or slowed GPU settles at, busy draw and heat without a busy
+capture, idle draw and temperatures without a capture) are plausible values, named as
+such in each profile and in docs/simulation.md.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ _HGX_H100_WIDE = on_buses(
     0x18, 0x1B, 0x2A, 0x2D, 0x3A, 0x3D, 0x5D, 0x60,
     0x9A, 0x9D, 0xAB, 0xAE, 0xBA, 0xBD, 0xDB, 0xDE,
 )  # fmt: skip
+# The b200-x8 capture's eight HGX B200 GPUs, in NVML (bus) order; no layout past eight.
+_HGX_B200 = on_buses(0x8F, 0x90, 0x96, 0x97, 0xC4, 0xC5, 0xCB, 0xCC)
+# The gb200-x4 capture's compute tray: two Grace-Blackwell superchips, four GPUs.
+_GB200_TRAY = on_buses(0x29, 0x3F, 0x9C, 0xB2)
 _DGX_A100 = on_buses(0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD)
 _DGX_A100_WIDE = on_buses(
     0x07, 0x08, 0x0F, 0x10, 0x47, 0x48, 0x4E, 0x4F,
@@ -85,6 +90,39 @@ _MIG_H200_141GB = (
     MigProfile("3g.71gb", _3_SLICE, 9, 3, 2, 71936),
     MigProfile("4g.71gb", _4_SLICE, 5, 4, 1, 71936),
     MigProfile("7g.141gb", _7_SLICE, 0, 7, 1, 143616),
+)
+
+# Blackwell: the profile names of NVIDIA's MIG tables (as the GPU Operator's mig-parted
+# configuration lists them: 1g.23gb ... 7g.180gb on B200, 1g.23gb ... 7g.186gb on GB200,
+# 1g.35gb ... 7g.278gb on GB300). No capture lists them (`nvidia-smi -q` does not), so the
+# memory per instance here is derived, not captured: 1/8, 2/8, 4/8 and all of the memory
+# left after the reserved part, rounded down to 256 MiB.
+_MIG_B200_180GB = (
+    MigProfile("1g.23gb", _1_SLICE, 19, 1, 7, 22784),
+    MigProfile("1g.23gb+me", _1_SLICE_ME, 20, 1, 1, 22784),
+    MigProfile("1g.45gb", _1_SLICE_2X, 15, 1, 4, 45568),
+    MigProfile("2g.45gb", _2_SLICE, 14, 2, 3, 45568),
+    MigProfile("3g.90gb", _3_SLICE, 9, 3, 2, 91136),
+    MigProfile("4g.90gb", _4_SLICE, 5, 4, 1, 91136),
+    MigProfile("7g.180gb", _7_SLICE, 0, 7, 1, 182528),
+)
+_MIG_GB200_186GB = (
+    MigProfile("1g.23gb", _1_SLICE, 19, 1, 7, 23552),
+    MigProfile("1g.23gb+me", _1_SLICE_ME, 20, 1, 1, 23552),
+    MigProfile("1g.47gb", _1_SLICE_2X, 15, 1, 4, 47104),
+    MigProfile("2g.47gb", _2_SLICE, 14, 2, 3, 47104),
+    MigProfile("3g.93gb", _3_SLICE, 9, 3, 2, 94208),
+    MigProfile("4g.93gb", _4_SLICE, 5, 4, 1, 94208),
+    MigProfile("7g.186gb", _7_SLICE, 0, 7, 1, 188672),
+)
+_MIG_GB300_278GB = (
+    MigProfile("1g.35gb", _1_SLICE, 19, 1, 7, 35328),
+    MigProfile("1g.35gb+me", _1_SLICE_ME, 20, 1, 1, 35328),
+    MigProfile("1g.70gb", _1_SLICE_2X, 15, 1, 4, 70656),
+    MigProfile("2g.70gb", _2_SLICE, 14, 2, 3, 70656),
+    MigProfile("3g.139gb", _3_SLICE, 9, 3, 2, 141568),
+    MigProfile("4g.139gb", _4_SLICE, 5, 4, 1, 141568),
+    MigProfile("7g.278gb", _7_SLICE, 0, 7, 1, 283136),
 )
 
 _HOPPER_NVSWITCH = 0x22A3
@@ -199,33 +237,45 @@ H100_PCIE = GpuProfile(
 )
 
 H200 = GpuProfile(
+    # Captures: h200-x1.580.159.04 (.txt/.xml, a pass-through VM, idle) and the agent's
+    # live run on that GPU (tests/data/live/h200-580.159.04: smi-idle.csv, smi-load.csv,
+    # nvml-call-costs.txt); h200-x1-{idle,busy}.590.48.01 (another VM, idle and under
+    # gpu-burn). Identity, memory and firmware are the live GPU's (the 590 host reports
+    # subsystem 0x18BE10DE, VBIOS 96.00.A5.00.03, InfoROM G520.0280.02.02, 614 MiB reserved).
     key="h200",
     name="NVIDIA H200",
     architecture="Hopper",
     pci_device_id=0x233510DE,
-    pci_subsystem_id=0x18BE10DE,
-    vbios_version="96.00.A5.00.01",
-    inforom_version="G525.0200.00.02",
+    pci_subsystem_id=0x18BF10DE,
+    vbios_version="96.00.A5.00.1A",
+    inforom_version="G520.0282.02.02",
     memory_total_mib=143771,
-    memory_reserved_mib=581,
+    memory_reserved_mib=616,
     power_default_limit_w=700,
     power_min_limit_w=200,
     power_max_limit_w=700,
-    power_idle_w=76,
-    power_full_w=560,
-    temperature_idle_c=29,
-    temperature_at_limit_c=72,
-    memory_temperature_offset_c=9,
-    temperature_shutdown_c=93,
-    temperature_slowdown_c=87,
-    temperature_gpu_max_c=85,
+    # Idle: 82.5-82.7 W on the live GPU, 77.7 W on the 590 host (the drift covers both).
+    power_idle_w=80,
+    # Busy: a bf16 matmul sat at the 700 W cap, SW Power Cap active (smi-load.csv), so the
+    # load asks for more than 700 W; gpu-burn, lighter, drew 627 W at 1980 MHz (590 busy).
+    power_full_w=800,
+    # Live: 35-36 °C idle, 56-58 °C at the cap; HBM 39 °C idle (3-4 °C above the GPU).
+    temperature_idle_c=35,
+    temperature_at_limit_c=58,
+    memory_temperature_offset_c=3,
+    # NVML's thresholds on the live GPU (nvml-call-costs.txt): SHUTDOWN 95, SLOWDOWN 89,
+    # GPU_MAX 87, MEM_MAX 95; the captures' T.Limit scale agrees (-8 / -2 / 0, and margin +
+    # temperature = 87).
+    temperature_shutdown_c=95,
+    temperature_slowdown_c=89,
+    temperature_gpu_max_c=87,
     temperature_memory_max_c=95,
     tlimit_fields=True,
     sm_clock_idle_mhz=345,
     sm_clock_max_mhz=1980,
-    sm_clock_power_capped_mhz=1665,
-    sm_clock_slowdown_mhz=1095,
-    sm_clock_brake_mhz=86,
+    sm_clock_power_capped_mhz=1515,  # live matmul at the cap: 1470-1530 MHz
+    sm_clock_slowdown_mhz=1095,  # no capture: the H100's
+    sm_clock_brake_mhz=86,  # no capture: the H100's
     memory_clock_idle_mhz=3201,
     memory_clock_max_mhz=3201,
     video_clock_idle_mhz=765,
@@ -234,6 +284,8 @@ H200 = GpuProfile(
     pcie_max_generation=5,
     pcie_max_width=16,
     pcie_idle_generation=None,
+    # An HGX H200 baseboard's; a one-GPU node (a pass-through VM, like the captures', where
+    # NvLinkState answers NOT_SUPPORTED) has none: see scenario.default_nvlinks.
     nvlinks=18,
     buses=_HGX_H100,
     wide_buses=_HGX_H100_WIDE,
@@ -246,6 +298,196 @@ H200 = GpuProfile(
     ecc_default=True,
     retired_pages=False,
     row_remapping=True,
+    remap_banks=3072,  # Bank Remap Availability Histogram Max, every H200 capture
+    gsp_firmware=True,
+    fabric=True,
+    violation_counters=True,
+)
+
+B200 = GpuProfile(
+    # Capture: b200-x8.580.105.08 (XML; 8x HGX B200, idle, P0; persistence off on every
+    # GPU, which is how that fleet runs them: a node key, `persistence = false`, not the
+    # model's). Busy values are not captured: they follow the H200's live run (see below).
+    key="b200",
+    name="NVIDIA B200",
+    architecture="Blackwell",
+    pci_device_id=0x290110DE,
+    pci_subsystem_id=0x199910DE,
+    vbios_version="97.00.FA.00.09",
+    inforom_version="G525.0220.00.03",
+    memory_total_mib=183359,
+    memory_reserved_mib=728,
+    power_default_limit_w=1000,
+    power_min_limit_w=200,
+    power_max_limit_w=1000,
+    power_idle_w=200,  # 193.9-206.0 W at P0, SM 120 MHz
+    # Not captured: like the H200 under a dense matmul, the load asks for more than the
+    # 1000 W limit and the driver caps it.
+    power_full_w=1150,
+    # The capture's GPUs idle in two groups, 37-39 °C (buses 8F, 96, C4, CB) and 51-53 °C
+    # (90, 97, C5, CC): 44.9 °C on average, which the model takes. HBM reads 0-2 °C below.
+    temperature_idle_c=43,
+    temperature_at_limit_c=75,  # not captured
+    memory_temperature_offset_c=-1,
+    # T.Limit -5 / -3 / 0 with margin + temperature = 88 on every GPU.
+    temperature_shutdown_c=93,
+    temperature_slowdown_c=91,
+    temperature_gpu_max_c=88,
+    # The capture gives the memory's own max operating point only (T.Limit 0): the absolute
+    # value is not captured; Hopper's 95 °C.
+    temperature_memory_max_c=95,
+    tlimit_fields=True,
+    sm_clock_idle_mhz=120,
+    sm_clock_max_mhz=1965,
+    sm_clock_power_capped_mhz=1500,  # not captured: the H200's share of its maximum
+    sm_clock_slowdown_mhz=1087,  # not captured: the H100's share of its maximum
+    sm_clock_brake_mhz=120,  # the lowest supported clock
+    memory_clock_idle_mhz=3996,
+    memory_clock_max_mhz=3996,
+    video_clock_idle_mhz=600,
+    video_clock_max_mhz=1965,
+    applications_clock_mhz=1965,
+    pcie_max_generation=5,
+    pcie_max_width=16,
+    pcie_idle_generation=None,  # Gen5 x16 at idle
+    nvlinks=18,  # NVLink 5 on the HGX B200 baseboard (1.8 TB/s per GPU)
+    buses=_HGX_B200,
+    # Not known: the HGX H100's NVSwitches were PCI functions of the host; no capture or
+    # specification here gives the HGX B200's.
+    nvswitch_device_id=None,
+    # MIG mode reads Disabled (not N/A): the GPU has MIG.
+    mig_profiles=_MIG_B200_180GB,
+    mig_sms_per_slice=18,
+    idle_pstate=0,
+    busy_pstate=0,
+    ecc=True,
+    ecc_default=True,
+    retired_pages=False,  # Retired Pages N/A
+    row_remapping=True,
+    remap_banks=3840,
+    gsp_firmware=True,
+    fabric=True,  # fabric Completed / Success, clique 0
+    violation_counters=True,
+)
+
+GB200 = GpuProfile(
+    # Capture: gb200-x4-arm64.580.173.02 (XML; a p6e-gb200 compute tray: four GPUs of two
+    # Grace-Blackwell superchips, arm64, idle, P0, C2C mode enabled, fabric clique 2). The
+    # module power lines (Grace and GPU together: 467 W of a 2500 W module limit, 500-2500
+    # W) are not modelled: the simulator answers the GPU's own power only.
+    key="gb200",
+    name="NVIDIA GB200",
+    architecture="Blackwell",
+    pci_device_id=0x294110DE,
+    pci_subsystem_id=0x204610DE,
+    vbios_version="97.00.B9.00.69",
+    inforom_version="G548.0201.00.06",
+    memory_total_mib=189471,
+    memory_reserved_mib=742,
+    power_default_limit_w=1200,
+    power_min_limit_w=200,
+    power_max_limit_w=1200,
+    power_idle_w=166,  # 156.5-172.0 W
+    power_full_w=1380,  # not captured: asks for more than the limit, as the B200
+    temperature_idle_c=26,  # 26-28 °C, liquid-cooled
+    temperature_at_limit_c=65,  # not captured
+    memory_temperature_offset_c=0,  # HBM -1..+1 °C from the GPU
+    # T.Limit -5 / -2 / 0 with margin + temperature = 87 on every GPU.
+    temperature_shutdown_c=92,
+    temperature_slowdown_c=89,
+    temperature_gpu_max_c=87,
+    temperature_memory_max_c=95,  # not captured (T.Limit 0 only), as the B200
+    tlimit_fields=True,
+    sm_clock_idle_mhz=120,
+    sm_clock_max_mhz=2062,
+    sm_clock_power_capped_mhz=1575,  # not captured, as the B200
+    sm_clock_slowdown_mhz=1140,  # not captured, as the B200
+    sm_clock_brake_mhz=120,
+    memory_clock_idle_mhz=3996,
+    memory_clock_max_mhz=3996,
+    video_clock_idle_mhz=600,
+    video_clock_max_mhz=1890,
+    applications_clock_mhz=2062,
+    # The link's maximum is Gen5 (the Grace root port); the GPU itself could train to Gen6
+    # (Device Max 6), which NVML's device-side call would say and the simulator does not.
+    pcie_max_generation=5,
+    pcie_max_width=16,
+    pcie_idle_generation=None,
+    nvlinks=18,  # NVLink 5 to the NVL72 switch trays
+    buses=_GB200_TRAY,
+    # The NVLink switches are in the rack's switch trays, not on the compute tray's PCI bus.
+    nvswitch_device_id=None,
+    mig_profiles=_MIG_GB200_186GB,
+    mig_sms_per_slice=18,
+    idle_pstate=0,
+    busy_pstate=0,
+    ecc=True,
+    ecc_default=True,
+    retired_pages=False,
+    row_remapping=True,
+    remap_banks=3968,
+    gsp_firmware=True,
+    fabric=True,
+    violation_counters=True,
+)
+
+GB300 = GpuProfile(
+    # Not a capture in tests/data: NVIDIA/k8s-test-infra's real-hardware capture
+    # tests/e2e/go/assertions/nvidiasmi/testdata/hardware/qx-gb300.xml at d2c1e25 (4x GB300
+    # in one NVL72 compute tray, driver 580.173.02, idle, P0, C2C mode enabled), read but
+    # not vendored. Identity, memory, limits, idle values, thresholds, clocks, PCIe and the
+    # bank histogram are that capture's; busy values and the MIG table are not captured.
+    # The module power lines there: 486-501 W of a 2900 W module limit (500-2900 W).
+    key="gb300",
+    name="NVIDIA GB300",
+    architecture="Blackwell",
+    pci_device_id=0x31C210DE,
+    pci_subsystem_id=0x21F110DE,
+    vbios_version="97.10.4A.00.1A",
+    inforom_version="G548.0301.00.03",
+    memory_total_mib=284208,
+    memory_reserved_mib=947,
+    power_default_limit_w=1400,
+    power_min_limit_w=200,
+    power_max_limit_w=1400,
+    power_idle_w=178,  # 175.9-180.4 W
+    power_full_w=1610,  # not captured, as the B200
+    temperature_idle_c=37,  # 38-39 °C
+    temperature_at_limit_c=65,  # not captured, as the GB200
+    memory_temperature_offset_c=0,  # HBM 0..-1 °C from the GPU
+    # T.Limit -5 / -2 / 0 with margin + temperature = 87 on every GPU.
+    temperature_shutdown_c=92,
+    temperature_slowdown_c=89,
+    temperature_gpu_max_c=87,
+    temperature_memory_max_c=95,  # not captured (T.Limit 0 only), as the B200
+    tlimit_fields=True,
+    sm_clock_idle_mhz=120,
+    sm_clock_max_mhz=2070,
+    sm_clock_power_capped_mhz=1582,  # not captured, as the B200
+    sm_clock_slowdown_mhz=1140,  # not captured, as the B200
+    sm_clock_brake_mhz=120,
+    memory_clock_idle_mhz=3996,
+    memory_clock_max_mhz=3996,
+    video_clock_idle_mhz=600,
+    video_clock_max_mhz=1912,
+    applications_clock_mhz=2070,
+    pcie_max_generation=6,  # Gen6 x16, current Gen6 at idle
+    pcie_max_width=16,
+    pcie_idle_generation=None,
+    nvlinks=18,
+    # The capture's GPUs sit at 06:00.0 in PCI domains 0008, 0009, 0018 and 0019; the
+    # simulator places GPUs in domain 0 only, so the tray takes the GB200 tray's buses.
+    buses=_GB200_TRAY,
+    nvswitch_device_id=None,  # switch trays, as the GB200
+    mig_profiles=_MIG_GB300_278GB,
+    mig_sms_per_slice=18,
+    idle_pstate=0,
+    busy_pstate=0,
+    ecc=True,
+    ecc_default=True,
+    retired_pages=False,
+    row_remapping=True,
+    remap_banks=5952,
     gsp_firmware=True,
     fabric=True,
     violation_counters=True,
@@ -637,6 +879,9 @@ PROFILES: tuple[GpuProfile, ...] = (
     H100_SXM,
     H100_PCIE,
     H200,
+    B200,
+    GB200,
+    GB300,
     A100_SXM4,
     L40S,
     A10,

@@ -191,6 +191,12 @@ class SimulatedNode:
         with self._state.cond:
             return self._state.charged_ms
 
+    def simulator_cpu_ms(self) -> float:
+        """CPU the simulator spent answering calls while charging them (0 unless the
+        scenario sets nvml_costs): on a real node the library's charged cost replaces it."""
+        with self._state.cond:
+            return self._state.simulator_ms
+
     def reset_call_counts(self) -> None:
         state = self._state
         with state.cond:
@@ -198,6 +204,7 @@ class SimulatedNode:
                 state.counts[name] = 0
             state.per_device[:] = [0] * len(state.per_device)
             state.charged_ms = 0.0
+            state.simulator_ms = 0.0
 
     def serve_host_files(self, root: Path) -> None:
         """Keep what procfs and sysfs would show under ``root``, from now on: ``proc/`` the

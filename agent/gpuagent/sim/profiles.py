@@ -90,6 +90,8 @@ class GpuProfile:
     # The generation the link trains down to at idle; None: it stays at the maximum.
     pcie_idle_generation: int | None
 
+    # NVLinks per GPU on the model's multi-GPU board (18 on HGX and NVL72); a one-GPU node
+    # has none unless its scenario says (scenario.default_nvlinks).
     nvlinks: int
     buses: tuple[PciSlot, ...]  # where 1..len(buses) GPUs sit, in NVML (bus) order
     wide_buses: tuple[PciSlot, ...] = ()  # the layout of nodes with more GPUs than that
@@ -110,7 +112,8 @@ class GpuProfile:
     # A100 with MIG on shows remapped rows as N/A.
     row_remapping_under_mig: bool = True
     # Memory banks the row remapper tracks (its availability histogram's total): 2560 on
-    # the H100 captures, 192 on the A10, A10G and RTX 4090 ones.
+    # the H100 captures, 3072 on the H200's, 3840 B200, 3968 GB200, 5952 GB300, 192 on the
+    # A10, A10G and RTX 4090 ones.
     remap_banks: int = 2560
     gsp_firmware: bool  # GSP firmware runs by default on this model with its drivers
     fabric: bool  # nvmlDeviceGetGpuFabricInfo (NVSwitch fabric, Hopper and later)

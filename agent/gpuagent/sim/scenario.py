@@ -47,7 +47,8 @@ class NodeSpec:
     nvml_version: str = ""  # empty: "<CUDA major>.<driver_version>", e.g. "12.550.54.15"
     init_error: InitError | None = None
     seed: int = 0
-    nvlinks: int | None = None  # None: the model's
+    # None: the model's, but none on a one-GPU node (see default_nvlinks).
+    nvlinks: int | None = None
     mig_mode: bool = False
     # GPU instances on every GPU while MIG mode is on, by profile name ("1g.10gb").
     mig_profiles: list[str] = field(default_factory=list)
@@ -197,11 +198,19 @@ def _hardware(node: NodeSpec, profile: GpuProfile | None, text: str) -> NodeHard
     return NodeHardware(
         profile=profile,
         name=name,
-        nvlinks=profile.nvlinks if node.nvlinks is None else node.nvlinks,
+        nvlinks=default_nvlinks(profile, node.gpus) if node.nvlinks is None else node.nvlinks,
         ecc=profile.ecc_default if node.ecc is None else node.ecc,
         vbios_version=node.vbios_version or profile.vbios_version,
         gsp_firmware_version=gsp,
     )
+
+
+def default_nvlinks(profile: GpuProfile, gpus: int) -> int:
+    """The NVLinks each GPU of a ``gpus``-GPU node of this model has when the scenario
+    does not say: the model's (its baseboard's, 18 on HGX), but none for a single GPU. A
+    lone SXM GPU is one passed through to a virtual machine, as the live H200 and H100
+    runs were: its links lead nowhere and NVML answers NvLinkState NOT_SUPPORTED."""
+    return profile.nvlinks if gpus > 1 else 0
 
 
 def load_scenario(path: Path) -> Scenario:

@@ -71,8 +71,9 @@ class NodeState:
                 for index, (bus, device) in enumerate(resolved.profile.slots(spec.gpus))
             ]
         )
-        for gpu in self.gpus:
-            gpu.fabric_state = codes.FABRIC_STATES[spec.fabric_state]
+        if not scenario.capture:  # a replayed GPU starts in its captured fabric state
+            for gpu in self.gpus:
+                gpu.fabric_state = codes.FABRIC_STATES[spec.fabric_state]
         self.by_address = {ctypes.addressof(g.device): g for g in self.gpus}
         self.schedule = sorted(scenario.faults, key=lambda f: f.at)
         self.schedule_position = 0
@@ -81,8 +82,10 @@ class NodeState:
         self.init_error = INIT_ERROR_CODES[spec.init_error] if spec.init_error else None
         self.counts: dict[str, int] = {}
         self.per_device = [0] * len(self.gpus)
-        # NVML CPU charged to the callers so far (ms), when the scenario models call costs.
+        # NVML CPU charged to the callers so far (ms), when the scenario models call costs,
+        # and the CPU the simulator itself spent answering those calls (ms).
         self.charged_ms = 0.0
+        self.simulator_ms = 0.0
         self.event_sets: dict[int, EventSet] = {}
         # Where the host files are served (`SimulatedNode.serve_host_files`); None: not.
         self.host_root: Path | None = None
