@@ -23,6 +23,7 @@ from gpuagent.config import ConfigError
 from gpuagent.sim import catalog, parse_scenario
 from gpuagent.smi import load_capture
 from hardware_profiles_doc import REAL_HOSTS
+from test_sim_profiles import answers
 
 THRESHOLDS = (
     pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
@@ -59,14 +60,6 @@ PAIRS = (
         'driver_version = "580.173.02"\nfabric_state = "completed"\n',
     ),
 )
-
-
-def answers(call: Any, *args: Any) -> bool:
-    try:
-        call(*args)
-    except pynvml.NVMLError_NotSupported:
-        return False
-    return True
 
 
 def field(handle: Any, field_id: int) -> int | None:
