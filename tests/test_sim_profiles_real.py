@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pynvml
@@ -20,7 +21,7 @@ import pytest
 
 from conftest import MakeNode
 from gpuagent.config import ConfigError
-from gpuagent.sim import catalog, parse_scenario
+from gpuagent.sim import SimulatedNode, catalog, parse_scenario
 from gpuagent.smi import load_capture
 from hardware_profiles_doc import REAL_HOSTS
 from test_sim_profiles import answers
@@ -289,3 +290,28 @@ def test_the_gpus_sit_where_the_capture_has_them(
     most = rf"node\.gpus \(line 3\): must be 1\.\.{len(gpus)} \({model} layouts\)"
     with pytest.raises(ConfigError, match=most):
         parse_scenario(f'[node]\nmodel = "{model}"\ngpus = {len(gpus) + 1}\n')
+
+
+def test_gpus_in_pci_domains_of_their_own_replay_at_their_bus_ids(tmp_path: Path) -> None:
+    # A GB300 tray puts each GPU in a PCI domain of its own, all at 06:00.0 (k8s-test-infra's
+    # qx-gb300.xml: domains 0008, 0009, 0018, 0019). The GB200 capture, moved there.
+    text = (REAL_HOSTS / "gb200-x4-arm64.580.173.02.nvidia-smi-q.xml").read_text()
+    domains = {"29": "0008", "3F": "0009", "9C": "0018", "B2": "0019"}
+    for bus, domain in domains.items():
+        text = text.replace(f"00000000:{bus}:00.0", f"0000{domain}:06:00.0")
+    capture = tmp_path / "gb300-like.xml"
+    capture.write_text(text)
+    scenario = parse_scenario(f'[node]\nnvidia_smi = "{capture}"\n')
+    with SimulatedNode(scenario):
+        pynvml.nvmlInit()
+        try:
+            found = []
+            for index in range(4):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                info = pynvml.nvmlDeviceGetPciInfo(handle)
+                found.append((info.domain, info.busId))
+                again = pynvml.nvmlDeviceGetHandleByPciBusId(info.busId)
+                assert pynvml.nvmlDeviceGetIndex(again) == index
+        finally:
+            pynvml.nvmlShutdown()
+    assert found == [(int(d, 16), f"0000{d}:06:00.0") for d in domains.values()]

@@ -475,8 +475,9 @@ GB300 = GpuProfile(
     pcie_max_width=16,
     pcie_idle_generation=None,
     nvlinks=18,
-    # The capture's GPUs sit at 06:00.0 in PCI domains 0008, 0009, 0018 and 0019; the
-    # simulator places GPUs in domain 0 only, so the tray takes the GB200 tray's buses.
+    # The capture's GPUs sit at 06:00.0 in PCI domains 0008, 0009, 0018 and 0019; catalog
+    # slots are in domain 0 (a replay keeps the captured domains), so the tray takes the
+    # GB200 tray's buses.
     buses=_GB200_TRAY,
     nvswitch_device_id=None,  # switch trays, as the GB200
     mig_profiles=_MIG_GB300_278GB,

@@ -42,15 +42,18 @@ class BoardIdentity:
     temperature_offset: float  # degrees: GPUs in the same chassis differ a little
     initial_energy_mj: int  # energy since the driver loaded, before the simulation
     device: int = 0  # the PCI device number on its bus
+    # The PCI domain: 0 on most hosts; a GB200/GB300 tray puts each GPU in its own
+    # (0008, 0009, 0018, 0019 on a captured GB300).
+    domain: int = 0
 
     @property
     def bus_id(self) -> str:
         """NVML's ``busId``: 8-digit domain, as in ``00000000:18:00.0``."""
-        return f"00000000:{self.bus:02X}:{self.device:02X}.0"
+        return f"{self.domain:08X}:{self.bus:02X}:{self.device:02X}.0"
 
     @property
     def bus_id_legacy(self) -> str:
-        return f"0000:{self.bus:02X}:{self.device:02X}.0"
+        return f"{self.domain:04X}:{self.bus:02X}:{self.device:02X}.0"
 
 
 def make_identity(seed: int, index: int, bus: int, device: int = 0) -> BoardIdentity:

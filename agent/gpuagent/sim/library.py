@@ -269,7 +269,7 @@ class SimulatedLibrary:
         if wanted is None:
             return codes.ERROR_INVALID_ARGUMENT
         for gpu in self._state.gpus:
-            if wanted == (0, gpu.board.bus, gpu.board.device):
+            if wanted == (gpu.board.domain, gpu.board.bus, gpu.board.device):
                 return self._hand_out(gpu, out)
         return codes.ERROR_NOT_FOUND
 
@@ -449,7 +449,7 @@ def _serial(gpu: SimGpu, _now: float, buffer: Any, length: Any) -> int:
 def _pci_info(gpu: SimGpu, _now: float, out: Any) -> int:
     info = _out(out)
     info.busIdLegacy = gpu.bus_id_legacy
-    info.domain = 0
+    info.domain = gpu.board.domain
     info.bus = gpu.board.bus
     info.device = gpu.board.device
     info.pciDeviceId = gpu.profile.pci_device_id

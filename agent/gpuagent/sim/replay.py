@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from gpuagent.sim.scenario import NodeSpec
     from gpuagent.smi import CapturedGpu, ClockEventReasons
 
-_BUS_ID_RE = re.compile(r"^[0-9a-fA-F]{4,8}:([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.[0-7]$")
+_BUS_ID_RE = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.[0-7]$")
 # Faults that change what the captured readings depend on (load, heat, clocks, limits):
 # after one, the GPU's readings follow the profile's live model.
 LIVE_AFTER = frozenset(
@@ -216,11 +216,12 @@ class CapturedReadings(LiveReadings):
         return live if value is None else min(value, self._gpu.pcie_generation_limit)
 
 
-def _slot(bus_id: str, index: int) -> tuple[int, int]:
+def _slot(bus_id: str, index: int) -> tuple[int, int, int]:
+    """(domain, bus, device) of a captured bus id."""
     match = _BUS_ID_RE.match(bus_id)
     if match is None:  # the parser checked it; a made-up slot beats a crash
-        return index + 1, 0
-    return int(match[1], 16), int(match[2], 16)
+        return 0, index + 1, 0
+    return int(match[1], 16), int(match[2], 16), int(match[3], 16)
 
 
 def replayed_gpu(
@@ -228,10 +229,11 @@ def replayed_gpu(
 ) -> SimGpu:
     """A simulated GPU that starts exactly as ``captured``."""
     profile = profile or profile_for(captured)
-    bus, device = _slot(captured.bus_id, index)
+    domain, bus, device = _slot(captured.bus_id, index)
     seeded = hardware.make_identity(spec.seed, index, bus, device)
     board = dataclasses.replace(
         seeded,
+        domain=domain,
         uuid=captured.uuid or seeded.uuid,
         serial=captured.serial or "",
         temperature_offset=0.0,
