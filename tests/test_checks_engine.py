@@ -22,6 +22,7 @@ from gpuagent.config import (
     BusCheck,
     ChecksSection,
     EccCheck,
+    FabricHealthCheck,
     MigCheck,
     NvlinkCheck,
     PcieCheck,
@@ -56,6 +57,7 @@ ALL = (
     "retired_pages",
     "row_remap",
     "recovery",
+    "fabric_health",
     "thermal",
     "pcie",
     "aer",
@@ -71,6 +73,7 @@ ALL_OFF = ChecksSection(
     pcie=PcieCheck(enabled=False),
     persistence=PersistenceCheck(enabled=False),
     recovery=RecoveryCheck(enabled=False),
+    fabric_health=FabricHealthCheck(enabled=False),
     mig=MigCheck(enabled=False),
     nvlink=NvlinkCheck(enabled=False),
     xid=XidCheck(enabled=False),
@@ -116,6 +119,11 @@ def test_findings_come_node_first_then_gpu_by_gpu_in_check_order() -> None:
         pytest.param(with_checks(mig=MigCheck(enabled=False)), ("mig",), id="mig"),
         pytest.param(
             with_checks(recovery=RecoveryCheck(enabled=False)), ("recovery",), id="recovery"
+        ),
+        pytest.param(
+            with_checks(fabric_health=FabricHealthCheck(enabled=False)),
+            ("fabric_health",),
+            id="fabric_health",
         ),
         pytest.param(with_checks(nvlink=NvlinkCheck(enabled=False)), ("nvlink",), id="nvlink"),
         pytest.param(with_checks(xid=XidCheck(enabled=False)), ("xid",), id="xid"),

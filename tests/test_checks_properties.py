@@ -17,6 +17,7 @@ from gpuagent.config import (
     BusCheck,
     ChecksSection,
     EccCheck,
+    FabricHealthCheck,
     MigCheck,
     NvlinkCheck,
     PcieCheck,
@@ -247,6 +248,11 @@ CONFIGS = st.builds(
     ),
     persistence=st.builds(PersistenceCheck, enabled=st.booleans()),
     recovery=st.builds(RecoveryCheck, enabled=st.booleans()),
+    fabric_health=st.builds(
+        FabricHealthCheck,
+        enabled=st.booleans(),
+        recovery_timeout_seconds=st.floats(min_value=1.0, max_value=3600.0),
+    ),
     mig=st.builds(
         MigCheck,
         enabled=st.booleans(),
@@ -297,6 +303,7 @@ def _enabled(config: ChecksSection) -> list[str]:
         "retired_pages": config.ecc.enabled,
         "row_remap": config.ecc.enabled,
         "recovery": config.recovery.enabled,
+        "fabric_health": config.fabric_health.enabled,
         "thermal": config.thermal.enabled,
         "pcie": config.pcie.enabled,
         "persistence": config.persistence.enabled,

@@ -22,6 +22,7 @@ from gpuagent.model import (
     NvmlStatus,
     Severity,
     SourceStatus,
+    fabric_health_mask,
 )
 
 VERSION = "1.2.3"
@@ -99,6 +100,10 @@ def readings(index: int) -> GpuReadings:
         row_remap_pending=False,
         row_remap_failure=False,
         recovery_action=0,
+        # GPU 1 has a degraded fabric, the others a clear one.
+        fabric_health_mask=fabric_health_mask(
+            {"bandwidth_degraded": index == 1, "route_unhealthy": False}
+        ),
         channel_repair_pending=False,
         tpc_repair_pending=False,
         unrepairable_memory=False,

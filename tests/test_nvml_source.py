@@ -267,3 +267,42 @@ async def test_mig_devices_are_read_on_the_slow_cadence_while_mig_is_on() -> Non
 )
 def test_mig_profile_names(slices: int, memory_mib: int, nvml_name: str, name: str) -> None:
     assert mig_profile_name(slices, memory_mib, nvml_name) == name
+
+
+@pytest.mark.parametrize(
+    ("node", "state", "mask", "calls"),
+    [
+        pytest.param(
+            '[node]\ngpus = 1\nfabric_state = "completed"\n',
+            "completed",
+            0,
+            {"nvmlDeviceGetGpuFabricInfoV": 1},
+            id="v3-answers",
+        ),
+        pytest.param(
+            '[node]\ngpus = 1\nfabric_state = "completed"\ndriver_version = "535.161.08"\n',
+            "completed",
+            None,
+            {"nvmlDeviceGetGpuFabricInfoV": 1, "nvmlDeviceGetGpuFabricInfo": 1},
+            id="driver-without-v3-asks-v1",
+        ),
+        pytest.param(
+            "[node]\ngpus = 1\n",
+            None,
+            None,
+            {"nvmlDeviceGetGpuFabricInfoV": 1},
+            id="no-fabric-one-call",
+        ),
+    ],
+)
+async def test_fabric_info_v3_first_and_the_first_version_only_where_it_is_missing(
+    node: str, state: str | None, mask: int | None, calls: dict[str, int]
+) -> None:
+    with SimulatedNode(parse_scenario(node)) as simulated:
+        source = _source(simulated, FakeClock())
+        (gpu,) = (await source.poll()).gpus
+        await source.close()
+        made = {k: v for k, v in simulated.call_counts().items() if "FabricInfo" in k}
+    assert gpu.readings is not None
+    assert (gpu.readings.fabric_state, gpu.readings.fabric_health_mask) == (state, mask)
+    assert made == calls

@@ -188,6 +188,14 @@ def test_values_read_as_absent_are_named_on_stderr_and_in_json() -> None:
     assert all("Applications Clocks" in note for note in notes)
 
 
+def test_a_replayed_gb200_reads_its_fabric_health_as_healthy() -> None:
+    snapshot = collect(REAL_HOSTS / "gb200-x4-arm64.580.173.02.nvidia-smi-q.xml")
+    for index in range(4):
+        fabric = _finding(snapshot, index, "fabric_health")
+        assert fabric.severity is Severity.OK
+        assert fabric.reason.startswith("fabric healthy (bandwidth degraded, route recovery")
+
+
 def test_a_fleet_that_runs_persistence_off_can_say_so(tmp_path: Path) -> None:
     # The B200 capture: persistence off on every GPU, as that fleet runs it.
     config = tmp_path / "b200.toml"

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import FakeClock, MakeNode
+from gpuagent.model import fabric_conditions
 from gpuagent.sim import (
     FAULT_KINDS,
     Fault,
@@ -447,6 +448,54 @@ def test_fabric_state_is_unsupported_until_a_fabric_exists(make_node: MakeNode) 
     assert _fabric(0) == (pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, pynvml.NVML_ERROR_UNKNOWN)
 
 
+def _fabric_health(index: int, version: int = pynvml.nvmlGpuFabricInfo_v3) -> tuple[int, int]:
+    info: Any = (
+        pynvml.c_nvmlGpuFabricInfo_v3_t()
+        if version == pynvml.nvmlGpuFabricInfo_v3
+        else pynvml.c_nvmlGpuFabricInfo_v2_t()
+    )
+    pynvml.nvmlDeviceGetGpuFabricInfoV(handle(index), ctypes.byref(info))
+    summary = int(info.healthSummary) if version == pynvml.nvmlGpuFabricInfo_v3 else -1
+    return int(info.healthMask), summary
+
+
+def test_fabric_health_reports_the_named_conditions(make_node: MakeNode) -> None:
+    node = make_node('[node]\ngpus = 2\nfabric_state = "completed"\n')
+    # Nothing supported until the fabric reports (as an R580 H200 answers v3).
+    assert _fabric_health(0) == (0, pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED)
+    node.inject("fabric_health", 0, {"bits": ["route_unhealthy", "incorrect_configuration"]})
+    mask, summary = _fabric_health(0)
+    assert summary == pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY
+    conditions = fabric_conditions(mask)
+    assert conditions == {
+        "bandwidth_degraded": False,
+        "route_recovery": False,
+        "route_unhealthy": True,
+        "access_timeout_recovery": False,
+        "incorrect_configuration": True,
+        "gfm_disconnected": False,
+    }
+    # NVML's own layout: route unhealthy TRUE at bits 4-5, insufficient NVLinks at 8-11.
+    assert (mask >> pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY) & 0x3 == (
+        pynvml.NVML_GPU_FABRIC_HEALTH_MASK_ROUTE_UNHEALTHY_TRUE
+    )
+    assert (mask >> pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_INCORRECT_CONFIGURATION) & 0xF == (
+        pynvml.NVML_GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_INSUFFICIENT_NVLINKS
+    )
+    assert _fabric_health(0, pynvml.nvmlGpuFabricInfo_v2)[0] == mask  # v2: the mask alone
+    assert _fabric_health(1)[0] == 0  # the other GPU's fabric is untouched
+    node.inject("clear", 0, {})
+    mask, summary = _fabric_health(0)
+    assert set(fabric_conditions(mask).values()) == {False}
+    assert summary == pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY
+
+
+def test_fabric_health_needs_a_driver_with_fabric_info_v2(make_node: MakeNode) -> None:
+    make_node('[node]\ngpus = 1\nfabric_state = "completed"\ndriver_version = "535.161.08"\n')
+    with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+        _fabric_health(0)
+
+
 def test_node_fabric_state_gsp_and_inforom(make_node: MakeNode) -> None:
     make_node('[node]\ngpus = 2\nfabric_state = "completed"\ngsp_firmware_version = "535.1.2"\n')
     assert _fabric(1) == (pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, pynvml.NVML_SUCCESS)
@@ -467,7 +516,7 @@ def test_every_kind_has_a_test_here() -> None:
         "temperature", "throttle", "pcie_degrade", "pcie_replay", "gpu_lost", "pci_remove",
         "nvml_hang",
         "persistence_off", "nvlink_down", "nvlink_errors", "process", "process_exit", "xid",
-        "clear", "ecc_mode", "mig_mode", "power_limit", "app_clocks", "fabric",
+        "clear", "ecc_mode", "mig_mode", "power_limit", "app_clocks", "fabric", "fabric_health",
         "mig_instances",
         # In test_sim_processes.py, with the node's process table:
         "process_gone", "hung", "memory_leak",

@@ -713,6 +713,30 @@ def test_a_value_not_understood_is_absent_and_noted(
     assert message in note
 
 
+@pytest.mark.parametrize(
+    ("name", "health"),
+    [
+        pytest.param(
+            GB200,
+            (
+                ("bandwidth_degraded", False),
+                ("route_recovery", False),
+                ("route_unhealthy", False),
+                ("access_timeout_recovery", False),
+            ),
+            id="gb200-bandwidth-full",
+        ),
+        pytest.param(B200, (("access_timeout_recovery", False),), id="b200-mostly-na"),
+        pytest.param(H200_590_IDLE, (), id="h200-all-na"),
+        pytest.param(H100_161, (), id="h100-535-no-health-block"),
+    ],
+)
+def test_the_fabric_health_block_reads_what_it_reports(
+    name: str, health: tuple[tuple[str, bool], ...]
+) -> None:
+    assert _load(name).gpus[0].fabric_health == health
+
+
 def test_a_capture_read_whole_has_no_notes() -> None:
     for name in (H100_161, A100_MIG, H200_TEXT, B200):
         assert _load(name).notes == (), name
@@ -1155,6 +1179,7 @@ XML_CAPTURE = """<?xml version="1.0" ?>
 UNSET_IN_BOTH = {
     "mig_devices",
     "fabric_status",
+    "fabric_health",
     "power_instant_w",
     "recovery_action",
     "channel_repair_pending",

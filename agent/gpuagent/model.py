@@ -178,6 +178,73 @@ RECOVERY_ACTIONS: dict[int, str] = {
     7: "system_reboot",
 }
 
+# The fabric's health mask (nvmlGpuFabricInfo_v3 healthMask): two-bit fields, each 0 not
+# supported, 1 true, 2 false, by (condition, shift); incorrect configuration four bits at 8
+# (0 not supported, 1 none, 2.. what is wrong); the global Fabric Manager two bits at 14
+# (0 not supported, 1 connected, 2 disconnected).
+_FABRIC_FLAGS = (
+    ("bandwidth_degraded", 0),
+    ("route_recovery", 2),
+    ("route_unhealthy", 4),
+    ("access_timeout_recovery", 6),
+)
+_FABRIC_CONFIGURATION_SHIFT = 8
+_FABRIC_GFM_SHIFT = 14
+FABRIC_CONFIGURATION_ERRORS: dict[int, str] = {
+    2: "incorrect system GUID",
+    3: "incorrect chassis serial number",
+    4: "no partition",
+    5: "insufficient NVLinks",
+    6: "incompatible GPU firmware",
+    7: "invalid location",
+    8: "GPU state invalid",
+}
+# Every condition the mask can report, in the order findings and series name them.
+FABRIC_CONDITIONS = (
+    *(name for name, _ in _FABRIC_FLAGS),
+    "incorrect_configuration",
+    "gfm_disconnected",
+)
+
+
+def fabric_conditions(mask: int) -> dict[str, bool]:
+    """Each condition the mask reports (those it marks not supported are left out)."""
+    found: dict[str, bool] = {}
+    for name, shift in _FABRIC_FLAGS:
+        field_ = (mask >> shift) & 0x3
+        if field_:
+            found[name] = field_ == 1
+    configuration = fabric_configuration_error(mask)
+    if configuration is not None:
+        found["incorrect_configuration"] = configuration != 1
+    gfm = (mask >> _FABRIC_GFM_SHIFT) & 0x3
+    if gfm:
+        found["gfm_disconnected"] = gfm == 2
+    return found
+
+
+def fabric_configuration_error(mask: int) -> int | None:
+    """The incorrect-configuration code (1 none, 2.. FABRIC_CONFIGURATION_ERRORS), or None
+    where it is not supported."""
+    code = (mask >> _FABRIC_CONFIGURATION_SHIFT) & 0xF
+    return code or None
+
+
+def fabric_health_mask(conditions: dict[str, bool], configuration_error: int = 5) -> int:
+    """The mask that reports ``conditions`` (the rest not supported): fabric_conditions'
+    inverse, for the simulator and the replay. An incorrect configuration is reported as
+    ``configuration_error`` (insufficient NVLinks unless said)."""
+    mask = 0
+    for name, shift in _FABRIC_FLAGS:
+        if name in conditions:
+            mask |= (1 if conditions[name] else 2) << shift
+    if "incorrect_configuration" in conditions:
+        code = configuration_error if conditions["incorrect_configuration"] else 1
+        mask |= code << _FABRIC_CONFIGURATION_SHIFT
+    if "gfm_disconnected" in conditions:
+        mask |= (2 if conditions["gfm_disconnected"] else 1) << _FABRIC_GFM_SHIFT
+    return mask
+
 
 @dataclass(frozen=True, slots=True)
 class GpuReadings:
@@ -237,6 +304,9 @@ class GpuReadings:
     # NVSwitch systems: the GPU's registration with Fabric Manager. None: not supported.
     fabric_state: FabricState | None = None
     fabric_ok: bool | None = None  # the registration's result, once completed
+    # The fabric's health mask (nvmlGpuFabricInfo_v3 healthMask, decoded by
+    # gpuagent.checks.fabric_health); None where the driver has no v3 fabric info.
+    fabric_health_mask: int | None = None
     # One entry per NVLink: True up, False down, None unknown/unsupported.
     nvlink_up: tuple[bool | None, ...] = ()
     nvlink_crc_flit_errors: int | None = None

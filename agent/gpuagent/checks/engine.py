@@ -18,6 +18,7 @@ from gpuagent.checks.common import EventView, GpuView, NodeView, Outcome, to_fin
 from gpuagent.checks.dcgm import check_dcgm, check_dcgm_node, corroborate
 from gpuagent.checks.ecc import check_ecc, remember_sbe
 from gpuagent.checks.eventindex import EventIndex
+from gpuagent.checks.fabric_health import check_fabric_health, remember_fabric_recovery
 from gpuagent.checks.infiniband import (
     IbInput,
     IbView,
@@ -118,6 +119,7 @@ GPU_CHECKS: tuple[ReadingsCheck | EventCheck, ...] = (
     ReadingsCheck("retired_pages", lambda c: c.ecc.enabled, check_retired_pages),
     ReadingsCheck("row_remap", lambda c: c.ecc.enabled, check_row_remap),
     ReadingsCheck("recovery", lambda c: c.recovery.enabled, check_recovery),
+    ReadingsCheck("fabric_health", lambda c: c.fabric_health.enabled, check_fabric_health),
     ReadingsCheck("thermal", lambda c: c.thermal.enabled, check_thermal),
     ReadingsCheck("pcie", lambda c: c.pcie.enabled, check_pcie),
     EventCheck("aer", lambda c: c.aer.enabled, check_aer),
@@ -221,6 +223,8 @@ def _remember(
         memory = remember_aer(memory, path, config.aer, now)
     if config.thermal.enabled:
         memory = remember_throttle(memory, readings, config.thermal, now)
+    if config.fabric_health.enabled:
+        memory = remember_fabric_recovery(memory, readings, now)
     if config.nvlink.enabled:
         memory = remember_nvlink(memory, readings, config.nvlink, now)
     if config.processes.enabled:

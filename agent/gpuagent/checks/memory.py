@@ -95,6 +95,9 @@ class GpuMemory:
     # NVML's throttle-duration counters for heat and the power brake (ns, summed), sampled
     # only while the GPU is busy: an idle poll ends the series, so only busy time counts.
     throttle: CounterSeries = field(default_factory=CounterSeries)
+    # When the fabric's route or access-timeout recovery was first seen in the current
+    # unbroken run of polls reporting it; None while none is in progress.
+    fabric_recovery_since: float | None = None
     # Uncorrectable (non-fatal + fatal) AER totals per function when first seen, or after
     # the counter went down: anything above this was seen while the agent watched.
     aer_uncorrectable_baseline: tuple[tuple[str, int], ...] = ()

@@ -40,6 +40,7 @@ from gpuagent.model import (
     Severity,
     SourceStatus,
     Workload,
+    fabric_conditions,
 )
 
 SnapshotGetter = Callable[[], NodeSnapshot | None]
@@ -181,6 +182,7 @@ class _Builder:
             self._clock_event_reasons(),
             self._nvlink_up(),
             self._row_remap_banks(),
+            self._fabric_health(),
             *self._pcie(),
             *infiniband_families(self.snapshot.infiniband),
             *kubernetes_families(self.snapshot),
@@ -388,6 +390,15 @@ class _Builder:
                     names.REMAP_AVAILABILITY, readings.remap_banks, strict=True
                 ):
                     family.add_metric([*gpu.labels, availability], banks)
+        return family
+
+    def _fabric_health(self) -> Metric:
+        family = _gauge(names.GPU_FABRIC_HEALTH)
+        for gpu, _identity, readings in self.answering:
+            if readings.fabric_health_mask is not None:
+                conditions = fabric_conditions(readings.fabric_health_mask)
+                for condition, present in conditions.items():
+                    family.add_metric([*gpu.labels, condition], float(present))
         return family
 
     def _nvlink_up(self) -> Metric:

@@ -470,6 +470,12 @@ GPU_CLOCK_EVENT_REASONS = MetricSpec(
     "1 if NVML reports this clock event (throttle) reason as active.",
     (*GPU_LABELS, "reason"),
 )
+GPU_FABRIC_HEALTH = MetricSpec(
+    "gpuagent_gpu_fabric_health",
+    "1 if the NVLink fabric reports this condition for the GPU, 0 if it reports it clear "
+    "(fabric info v3 health mask; conditions the driver does not support are left out).",
+    (*GPU_LABELS, "condition"),
+)
 GPU_ROW_REMAP_BANKS = MetricSpec(
     "gpuagent_gpu_row_remap_banks",
     "Memory banks by the row remapping resources they have left (the bank remap "

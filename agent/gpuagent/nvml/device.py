@@ -21,7 +21,7 @@ from typing import Any
 import pynvml
 
 from gpuagent.model import GpuIdentity, GpuProcess, GpuProfiling, GpuReadings, MigDevice
-from gpuagent.nvml.errors import GpuLostError, optional, required, text
+from gpuagent.nvml.errors import GpuLostError, optional, required, return_code, text
 from gpuagent.nvml.gpm import GpmSampler, GpuInstance
 from gpuagent.nvml.worker import CallWorker
 
@@ -472,17 +472,40 @@ class Device:
         }
 
     def _read_fabric(self) -> dict[str, Any]:
-        """The GPU's Fabric Manager registration (NVSwitch systems); absent elsewhere."""
-        info = pynvml.c_nvmlGpuFabricInfo_t()
-        answered = self._get(
-            "nvmlDeviceGetGpuFabricInfo", pynvml.nvmlDeviceGetGpuFabricInfo, ctypes.byref(info)
+        """The GPU's Fabric Manager registration (NVSwitch systems) and, where the driver
+        has fabric info v3, the fabric's health mask; absent elsewhere. One call on a GPU
+        without a fabric: v3 answering NOT_SUPPORTED means no fabric, and only a driver
+        without v3 (no such function, an older struct version) is asked the first one."""
+        info: Any = pynvml.c_nvmlGpuFabricInfo_v3_t()
+        code = self.worker.call(
+            "nvmlDeviceGetGpuFabricInfoV",
+            return_code,
+            "nvmlDeviceGetGpuFabricInfoV",
+            pynvml.nvmlDeviceGetGpuFabricInfoV,
+            self.handle,
+            ctypes.byref(info),
         )
-        state = None if answered is None else _FABRIC_STATES.get(int(info.state))
+        health: int | None = None
+        if code == pynvml.NVML_SUCCESS:
+            answered, health = True, int(info.healthMask)
+        elif code == pynvml.NVML_ERROR_NOT_SUPPORTED:
+            answered = False
+        else:
+            info = pynvml.c_nvmlGpuFabricInfo_t()
+            answered = (
+                self._get(
+                    "nvmlDeviceGetGpuFabricInfo",
+                    pynvml.nvmlDeviceGetGpuFabricInfo,
+                    ctypes.byref(info),
+                )
+                is not None
+            )
+        state = _FABRIC_STATES.get(int(info.state)) if answered else None
         if state is None:
-            return {"fabric_state": None, "fabric_ok": None}
+            return {"fabric_state": None, "fabric_ok": None, "fabric_health_mask": None}
         # The status only means something once registration has completed.
         ok = int(info.status) == pynvml.NVML_SUCCESS if state == "completed" else None
-        return {"fabric_state": state, "fabric_ok": ok}
+        return {"fabric_state": state, "fabric_ok": ok, "fabric_health_mask": health}
 
     def _read_mig_profiles(self) -> tuple[MigProfile, ...]:
         """The GPU-instance profiles this GPU offers; NotSupported ones are left out."""

@@ -59,6 +59,18 @@ def optional(call: str, fn: Callable[..., T], *args: object) -> T | None:
         raise NvmlCallError(call, exc) from None
 
 
+def return_code(call: str, fn: Callable[..., object], *args: object) -> int:
+    """Call ``fn``; NVML's return code (NVML_SUCCESS when it answered), for a caller that
+    acts on which error it was. A lost GPU still raises GpuLostError."""
+    try:
+        fn(*args)
+    except pynvml.NVMLError as exc:
+        if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
+            raise GpuLostError(call) from None
+        return int(exc.value)
+    return int(pynvml.NVML_SUCCESS)
+
+
 def required(call: str, fn: Callable[..., T], *args: object) -> T:
     """Call ``fn`` (a setter): any NVML error is an error, NotSupported included."""
     try:

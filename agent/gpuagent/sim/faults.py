@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from gpuagent.model import FABRIC_CONDITIONS
 from gpuagent.sim import codes, hardware
 from gpuagent.sim.codes import RECOVERY_ACTION_CODES
 from gpuagent.sim.gpu import SimGpu, SimProcess, make_instances
@@ -247,6 +248,15 @@ def _fabric(gpu: SimGpu, params: Params, _at: float) -> Events:
     return ()
 
 
+def _fabric_health(gpu: SimGpu, params: Params, _at: float) -> Events:
+    # The fabric reports every condition from then on; those named are true.
+    if gpu.fabric_state == codes.FABRIC_STATE_NOT_SUPPORTED:
+        gpu.fabric_state = codes.FABRIC_STATES["completed"]
+    named = set(_names(params["bits"]))
+    gpu.fabric_health = {name: name in named for name in FABRIC_CONDITIONS}
+    return ()
+
+
 def _ib_port_down(gpu: SimGpu, params: Params, _at: float) -> Events:
     gpu.hca.port_down(str(params["state"]))
     return ()
@@ -394,6 +404,11 @@ KINDS: dict[str, FaultKind] = {
             ),
             _fabric,
         ),
+        FaultKind(
+            "fabric_health",
+            (Param("bits", "names", required=True, choices=FABRIC_CONDITIONS),),
+            _fabric_health,
+        ),
         # The HCA beside the GPU (node key ib_hcas): see gpuagent.sim.infiniband.
         FaultKind(
             "ib_port_down",
@@ -469,6 +484,7 @@ _MISSING_FEATURE: dict[str, tuple[Callable[[GpuProfile], bool], str]] = {
         "has no applications clocks",
     ),
     "fabric": (lambda p: p.fabric, "is not in an NVSwitch fabric"),
+    "fabric_health": (lambda p: p.fabric, "is not in an NVSwitch fabric"),
 }
 
 

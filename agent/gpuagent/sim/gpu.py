@@ -109,6 +109,7 @@ class SimGpu:
         self.handle = pynvml.c_nvmlDevice_t(self.device)
         self.nvlinks = nvlinks
         self.default_persistence = persistence
+        self.driver_major = driver_major
         self.tlimit_fields = profile.tlimit_fields and driver_major >= TLIMIT_DRIVER_MAJOR
         self.throttle_reason_fields = (
             profile.violation_counters and driver_major >= THROTTLE_REASON_FIELDS_DRIVER_MAJOR
@@ -128,6 +129,9 @@ class SimGpu:
         # nvmlGpuFabricState_t and the registration's nvmlReturn_t (NVSwitch systems).
         self.fabric_state = codes.FABRIC_STATE_NOT_SUPPORTED
         self.fabric_status = codes.SUCCESS
+        # What the fabric's health mask reports, by condition (model.FABRIC_CONDITIONS);
+        # empty: nothing supported, as an R580 H200 answers fabric info v3.
+        self.fabric_health: dict[str, bool] = {}
 
         self._init_counters()
         # The highest generation the link can train to (a `pcie_degrade` lowers it).
@@ -269,6 +273,7 @@ class SimGpu:
             self.recovery_action = 0  # `clear` stands for a reboot: nothing left pending
         if self.unrepairable_memory is not None:
             self.unrepairable_memory = False
+        self.fabric_health = dict.fromkeys(self.fabric_health, False)
         self.temperature_override = None
         self.throttle_reasons = 0
         self.pcie_generation_limit = self.profile.pcie_max_generation

@@ -15,6 +15,7 @@ from typing import Any
 
 import pynvml
 
+from gpuagent.model import fabric_health_mask
 from gpuagent.sim import codes, costs, hardware
 from gpuagent.sim.events import EventSet, supported_event_types
 from gpuagent.sim.fields import fill_field_values
@@ -381,6 +382,7 @@ class SimulatedLibrary:
             "nvmlDeviceGetApplicationsClock": _applications_clock,
             "nvmlDeviceGetDefaultApplicationsClock": _default_applications_clock,
             "nvmlDeviceGetGpuFabricInfo": _fabric_info,
+            "nvmlDeviceGetGpuFabricInfoV": _fabric_info_v,
             "nvmlDeviceGetRemappedRows": _remapped_rows,
             "nvmlDeviceGetRowRemapperHistogram": _remap_histogram,
             "nvmlDeviceGetRepairStatus": _repair_status,
@@ -624,6 +626,33 @@ def _fabric_info(gpu: SimGpu, _now: float, out: Any) -> int:
     info = _out(out)
     info.state = gpu.fabric_state
     info.status = gpu.fabric_status
+    return codes.SUCCESS
+
+
+_FABRIC_INFO_VERSIONS = (pynvml.nvmlGpuFabricInfo_v2, pynvml.nvmlGpuFabricInfo_v3)
+_FABRIC_HEALTH_DRIVER_MAJOR = 550  # fabric info with a health mask (v2, v3): R550 and later
+
+
+def _fabric_info_v(gpu: SimGpu, now: float, out: Any) -> int:
+    """Fabric info v2/v3: v1's state and status, and the health mask (and its summary)."""
+    if gpu.driver_major < _FABRIC_HEALTH_DRIVER_MAJOR:
+        return codes.ERROR_FUNCTION_NOT_FOUND
+    info = _out(out)
+    if info.version not in _FABRIC_INFO_VERSIONS:
+        return codes.ERROR_ARGUMENT_VERSION_MISMATCH
+    answered = _fabric_info(gpu, now, out)
+    if answered != codes.SUCCESS:
+        return answered
+    info.healthMask = fabric_health_mask(gpu.fabric_health)
+    if info.version == pynvml.nvmlGpuFabricInfo_v3:
+        conditions = gpu.fabric_health
+        info.healthSummary = (
+            pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED
+            if not conditions
+            else pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY
+            if any(conditions.values())
+            else pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY
+        )
     return codes.SUCCESS
 
 

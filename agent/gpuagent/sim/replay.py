@@ -280,6 +280,7 @@ def _start_state(gpu: SimGpu, captured: CapturedGpu) -> None:
         gpu.power_limit_mw = round(captured.power_limit_w * 1000)
     gpu.applications_clock_mhz = captured.applications_clock_graphics_mhz
     gpu.fabric_state, gpu.fabric_status = _fabric(captured)
+    gpu.fabric_health = dict(captured.fabric_health)
     gpu.recovery_action = _recovery_action(captured.recovery_action)
     if captured.channel_repair_pending is None and captured.tpc_repair_pending is None:
         gpu.repair_pending = None

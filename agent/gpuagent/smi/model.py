@@ -181,6 +181,9 @@ class CapturedGpu:
     # "Fabric" block: None when the block is absent or N/A (no NVSwitch fabric).
     fabric_state: str | None = None  # "Completed", "In Progress", "Not Started"
     fabric_status: str | None = None  # "Success" or an error text
+    # The fabric's health, by condition (model.FABRIC_CONDITIONS), as far as the capture
+    # reports it (drivers 550+ on fabric systems; N/A entries left out).
+    fabric_health: tuple[tuple[str, bool], ...] = ()
     processes: tuple[CapturedProcess, ...] = ()
 
 

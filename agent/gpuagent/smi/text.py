@@ -43,6 +43,7 @@ from gpuagent.smi.tree import (
     at,
     driver_version,
     entries,
+    fabric_health,
     flag,
     hexadecimal,
     histogram,
@@ -261,6 +262,16 @@ def _gpu(block: Node) -> CapturedGpu:
         max_clock_video_mhz=integer(at(maxima, "Video"), "MHz"),
         fabric_state=string(block.get("Fabric", "State")),
         fabric_status=string(block.get("Fabric", "Status")),
+        fabric_health=fabric_health(
+            block.get("Fabric", "Health"),
+            (
+                "Bandwidth",
+                "Route Recovery in progress",
+                "Route Unhealthy",
+                "Access Timeout Recovery",
+                "Incorrect Configuration",
+            ),
+        ),
         processes=_processes(processes),
     )
 

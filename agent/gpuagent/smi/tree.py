@@ -228,6 +228,34 @@ def driver_version(root: Node, keys: tuple[str, ...], message: str) -> str:
     raise CaptureError(message, present.line if present is not None else 1)
 
 
+def fabric_health(
+    section: Node | None, keys: tuple[str, str, str, str, str]
+) -> tuple[tuple[str, bool], ...]:
+    """The fabric health block as (condition, true?) pairs, N/A entries left out. ``keys``
+    name its Bandwidth ("Full" or "Degraded"), Route Recovery in progress, Route
+    Unhealthy, Access Timeout Recovery and Incorrect Configuration ("None" or what is
+    wrong) entries in the capture's format."""
+    if section is None:
+        return ()
+    bandwidth, recovery, unhealthy, timeout, configuration = (section.get(k) for k in keys)
+    found: list[tuple[str, bool]] = []
+    width = string(bandwidth)
+    if width is not None and width.lower() in ("full", "degraded"):
+        found.append(("bandwidth_degraded", width.lower() == "degraded"))
+    for name, node in (
+        ("route_recovery", recovery),
+        ("route_unhealthy", unhealthy),
+        ("access_timeout_recovery", timeout),
+    ):
+        value = flag(node)
+        if value is not None:
+            found.append((name, value))
+    wrong = string(configuration)
+    if wrong is not None:
+        found.append(("incorrect_configuration", wrong.lower() != "none"))
+    return tuple(found)
+
+
 def summed(*values: int | None) -> int | None:
     """The sum of the counts present, None when none is (H100 splits SRAM uncorrectable
     into parity and SEC-DED counts; the model keeps their total)."""

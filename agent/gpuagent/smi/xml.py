@@ -45,6 +45,7 @@ from gpuagent.smi.tree import (
     at,
     driver_version,
     entries,
+    fabric_health,
     flag,
     hexadecimal,
     histogram,
@@ -290,6 +291,16 @@ def _gpu(gpu: Node) -> CapturedGpu:
         max_clock_video_mhz=integer(at(maxima, "video_clock"), "MHz"),
         fabric_state=string(gpu.get("fabric", "state")),
         fabric_status=string(gpu.get("fabric", "status")),
+        fabric_health=fabric_health(
+            gpu.get("fabric", "health"),
+            (
+                "bandwidth",
+                "route_recovery_in_progress",
+                "route_unhealthy",
+                "access_timeout_recovery",
+                "incorrect_configuration",
+            ),
+        ),
         processes=tuple(_process(node) for node in entries(gpu.get("processes"), "process_info")),
     )
 

@@ -64,6 +64,13 @@ class RecoveryCheck:
 
 
 @dataclass(frozen=True)
+class FabricHealthCheck:
+    enabled: bool = True
+    # Route or access-timeout recovery still in progress after this long is CRITICAL.
+    recovery_timeout_seconds: Annotated[float, POSITIVE] = 300.0
+
+
+@dataclass(frozen=True)
 class MigCheck:
     enabled: bool = True
     # "any": no expectation; "enabled"/"disabled": WARN when a GPU differs.
@@ -206,6 +213,7 @@ class ChecksSection:
     pcie: PcieCheck = field(default_factory=PcieCheck)
     persistence: PersistenceCheck = field(default_factory=PersistenceCheck)
     recovery: RecoveryCheck = field(default_factory=RecoveryCheck)
+    fabric_health: FabricHealthCheck = field(default_factory=FabricHealthCheck)
     mig: MigCheck = field(default_factory=MigCheck)
     nvlink: NvlinkCheck = field(default_factory=NvlinkCheck)
     xid: XidCheck = field(default_factory=XidCheck)
