@@ -3,9 +3,10 @@
 Runs on the GPU's worker thread (blocking), every call through `CallWorker.call`. Calls
 per poll are kept low: most counters come in one `nvmlDeviceGetFieldValues` batch, and
 values that rarely change (persistence, MIG/ECC mode, PCIe link state, memory clock, and
-the GPU instances and MIG devices while MIG is on) are read on the slower cadence and
-carried between slow reads. On GPUs with GPM, profiling values (`gpuagent.nvml.gpm`) cost
-one sample and one metrics call per GPU (and MIG GPU instance) per poll.
+the GPU instances and MIG devices while MIG is on) and the counters that are costly to read
+(energy, throttle durations) are read on the slower cadence and carried between slow
+reads. On GPUs with GPM, profiling values (`gpuagent.nvml.gpm`) cost one sample and one
+metrics call per GPU (and MIG GPU instance) per profiling interval.
 """
 
 from __future__ import annotations
