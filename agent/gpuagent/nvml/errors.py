@@ -47,14 +47,20 @@ def is_absent(code: int) -> bool:
     return code in _ABSENT
 
 
+def _code_unless_lost(call: str, exc: pynvml.NVMLError) -> int:
+    """The error's NVML code; a lost GPU is not an answer but GpuLostError, whatever the
+    caller expects of other errors."""
+    if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
+        raise GpuLostError(call) from None
+    return int(exc.value)
+
+
 def optional(call: str, fn: Callable[..., T], *args: object) -> T | None:
     """Call ``fn``; None when the GPU or driver does not provide the value."""
     try:
         return fn(*args)
     except pynvml.NVMLError as exc:
-        if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
-            raise GpuLostError(call) from None
-        if is_absent(exc.value):
+        if is_absent(_code_unless_lost(call, exc)):
             return None
         raise NvmlCallError(call, exc) from None
 
@@ -65,9 +71,7 @@ def return_code(call: str, fn: Callable[..., object], *args: object) -> int:
     try:
         fn(*args)
     except pynvml.NVMLError as exc:
-        if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
-            raise GpuLostError(call) from None
-        return int(exc.value)
+        return _code_unless_lost(call, exc)
     return int(pynvml.NVML_SUCCESS)
 
 
@@ -76,8 +80,7 @@ def required(call: str, fn: Callable[..., T], *args: object) -> T:
     try:
         return fn(*args)
     except pynvml.NVMLError as exc:
-        if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
-            raise GpuLostError(call) from None
+        _code_unless_lost(call, exc)
         raise NvmlCallError(call, exc) from None
 
 

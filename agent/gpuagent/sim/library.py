@@ -645,15 +645,16 @@ def _fabric_info_v(gpu: SimGpu, now: float, out: Any) -> int:
         return answered
     info.healthMask = fabric_health_mask(gpu.fabric_health)
     if info.version == pynvml.nvmlGpuFabricInfo_v3:
-        conditions = gpu.fabric_health
-        info.healthSummary = (
-            pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED
-            if not conditions
-            else pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY
-            if any(conditions.values())
-            else pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY
-        )
+        info.healthSummary = _fabric_health_summary(gpu.fabric_health)
     return codes.SUCCESS
+
+
+def _fabric_health_summary(conditions: dict[str, bool]) -> int:
+    if not conditions:
+        return int(pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED)
+    if any(conditions.values()):
+        return int(pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY)
+    return int(pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY)
 
 
 def _gpu_instance_profile_info(gpu: SimGpu, _now: float, profile: Any, out: Any) -> int:

@@ -24,7 +24,7 @@ from gpuagent.sim.infiniband import device as hca_device
 from gpuagent.sim.infiniband import write_sysfs
 from gpuagent.sim.proctable import write_process_table
 from gpuagent.sim.replay import replayed_gpu
-from gpuagent.sim.scenario import NodeHardware, Scenario
+from gpuagent.sim.scenario import NodeHardware, NodeSpec, Scenario
 
 INIT_ERROR_CODES: dict[str, int] = {
     "driver_not_loaded": codes.ERROR_DRIVER_NOT_LOADED,
@@ -53,27 +53,7 @@ class NodeState:
         self.clock = clock
         self.start = clock()
         self.cond = threading.Condition(threading.Lock())
-        self.gpus = (
-            self._replayed(scenario)
-            if scenario.capture
-            else [
-                SimGpu(
-                    hardware.make_identity(spec.seed, index, bus, device),
-                    profile=resolved.profile,
-                    name=resolved.name,
-                    driver_major=spec.driver_major,
-                    nvlinks=resolved.nvlinks,
-                    ecc=resolved.ecc,
-                    persistence=spec.persistence,
-                    mig_mode=spec.mig_mode,
-                    mig_profiles=tuple(spec.mig_profiles),
-                )
-                for index, (bus, device) in enumerate(resolved.profile.slots(spec.gpus))
-            ]
-        )
-        if not scenario.capture:  # a replayed GPU starts in its captured fabric state
-            for gpu in self.gpus:
-                gpu.fabric_state = codes.FABRIC_STATES[spec.fabric_state]
+        self.gpus = self._replayed(scenario) if scenario.capture else self._built(spec, resolved)
         self.by_address = {ctypes.addressof(g.device): g for g in self.gpus}
         self.schedule = sorted(scenario.faults, key=lambda f: f.at)
         self.schedule_position = 0
@@ -89,6 +69,28 @@ class NodeState:
         self.event_sets: dict[int, EventSet] = {}
         # Where the host files are served (`SimulatedNode.serve_host_files`); None: not.
         self.host_root: Path | None = None
+
+    @staticmethod
+    def _built(spec: NodeSpec, resolved: NodeHardware) -> list[SimGpu]:
+        """The node's GPUs from its model and node keys (a replay's come from its capture,
+        fabric state included)."""
+        gpus = [
+            SimGpu(
+                hardware.make_identity(spec.seed, index, bus, device),
+                profile=resolved.profile,
+                name=resolved.name,
+                driver_major=spec.driver_major,
+                nvlinks=resolved.nvlinks,
+                ecc=resolved.ecc,
+                persistence=spec.persistence,
+                mig_mode=spec.mig_mode,
+                mig_profiles=tuple(spec.mig_profiles),
+            )
+            for index, (bus, device) in enumerate(resolved.profile.slots(spec.gpus))
+        ]
+        for gpu in gpus:
+            gpu.fabric_state = codes.FABRIC_STATES[spec.fabric_state]
+        return gpus
 
     @staticmethod
     def _replayed(scenario: Scenario) -> list[SimGpu]:

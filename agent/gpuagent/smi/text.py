@@ -71,10 +71,11 @@ def parse_text(text: str) -> Capture:
     if not blocks:
         last = max(1, len(lines) - (lines[-1] == ""))
         raise CaptureError('no GPU block (a line like "GPU 00000000:19:00.0") in the capture', last)
-    if root.first("KMD Version", "Driver Version") is None:
-        raise CaptureError("no Driver Version before the first GPU block", blocks[0].line)
     driver = driver_version(
-        root, ("KMD Version", "Driver Version"), "the Driver Version holds no version number"
+        root,
+        ("KMD Version", "Driver Version"),
+        CaptureError("no Driver Version before the first GPU block", blocks[0].line),
+        "the Driver Version holds no version number",
     )
     gpus = tuple(_gpu(block) for block in blocks)
     return Capture(

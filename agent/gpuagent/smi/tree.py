@@ -216,16 +216,19 @@ def required(node: Node | None, where: Node, message: str) -> str:
     return value
 
 
-def driver_version(root: Node, keys: tuple[str, ...], message: str) -> str:
+def driver_version(root: Node, keys: tuple[str, ...], missing: CaptureError, bad: str) -> str:
     """The driver's version ("580.105.08"), from the first of ``keys`` that holds one. R610
     prints it as "KMD Version" and follows "Driver Version"'s number with a deprecation
-    note in brackets, so the first version-shaped token is taken."""
+    note in brackets, so the first version-shaped token is taken. ``missing`` is raised
+    when no key is there, a CaptureError saying ``bad`` when none holds a version."""
+    present = root.first(*keys)
+    if present is None:
+        raise missing
     for key in keys:
         found = _DRIVER_VERSION.search(string(root.get(key)) or "")
         if found is not None:
             return found[1]
-    present = root.first(*keys)
-    raise CaptureError(message, present.line if present is not None else 1)
+    raise CaptureError(bad, present.line)
 
 
 def fabric_health(

@@ -82,10 +82,11 @@ def parse_xml(text: str) -> Capture:
     gpus = [node for node in root.children if node.key == "gpu"]
     if not gpus:
         raise CaptureError("no <gpu> element in the capture", _line_count(text))
-    if root.first("kmd_version", "driver_version") is None:
-        raise CaptureError("the capture has no <driver_version>", root.line)
     driver = driver_version(
-        root, ("kmd_version", "driver_version"), "the <driver_version> holds no version number"
+        root,
+        ("kmd_version", "driver_version"),
+        CaptureError("the capture has no <driver_version>", root.line),
+        "the <driver_version> holds no version number",
     )
     captured = tuple(_gpu(node) for node in gpus)
     return Capture(
