@@ -212,9 +212,7 @@ def pcie_paths(draw: st.DrawFn) -> tuple[PciePath, ...]:
 
 def _at(now: float, events: list[tuple[float | None, GpuEvent]]) -> tuple[GpuEvent, ...]:
     """The drawn events, most placed ``age`` seconds before ``now``."""
-    return tuple(
-        e if age is None else dataclasses.replace(e, monotonic=now - age) for age, e in events
-    )
+    return tuple(e if age is None else e._replace(monotonic=now - age) for age, e in events)
 
 
 @st.composite

@@ -443,6 +443,20 @@ def test_only_the_newest_recovery_action_counts() -> None:
     assert escalated.reason.endswith("recovery action 0x1 (GPU Reset Required): reset required")
 
 
+def test_an_xid_reporting_a_conditions_end_clears_its_start() -> None:
+    # The catalog's power-smoothing pair: 163 "capability disengaged", 162 "reengaged".
+    disengaged = xid_line(163, "Power Smoothing HW Circuitry capability disengaged")
+    reengaged = xid_line(162, "Power Smoothing HW Circuitry capability reengaged")
+    assert check_events("xid", xid(disengaged, at=1.0), now=5.0).severity is Severity.CRITICAL
+    ended = check_events("xid", xid(disengaged, at=1.0), xid(reengaged, at=2.0), now=5.0)
+    assert (ended.severity, ended.reason) == (Severity.OK, "2 XIDs seen, none needing action")
+    alone = check_events("xid", xid(reengaged, at=1.0), now=5.0)
+    assert alone.severity is Severity.OK
+    again = check_events("xid", xid(reengaged, at=1.0), xid(disengaged, at=2.0), now=5.0)
+    assert again.severity is Severity.CRITICAL
+    assert again.reason.startswith("Xid 163 (PSHC_DISENGAGED)")
+
+
 def test_root_xid_is_in_evidence() -> None:
     found = check_events("xid", xid(XID_45_BY_149))
     assert (found.evidence_dict()["xid"], found.evidence_dict()["root_xid"]) == (45, 149)

@@ -66,7 +66,7 @@ def failing_node() -> NodeSnapshot:
         code=64,
         line=XID_LINE,
     )
-    other = dataclasses.replace(event, event_id="kmsg:2", gpu=BUS1, line="another GPU")
+    other = event._replace(event_id="kmsg:2", gpu=BUS1, line="another GPU")
     snap = snapshot(REMAP_FAILED, finding("ecc", OK, "ok"), gpus=(gpu(), gpu(BUS1, 1)))
     return dataclasses.replace(snap, events=(event, other))
 

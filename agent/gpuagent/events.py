@@ -16,7 +16,6 @@ from __future__ import annotations
 import collections
 import enum
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 
 from gpuagent.config import EventsSection
 from gpuagent.incidents import SAMPLES, Incident, IncidentBook
@@ -116,8 +115,8 @@ class EventLog:
                 kernel.gpu,
                 kernel.code,
             ):
-                events[index] = replace(
-                    kernel, event_id=kept.event_id, workloads=kernel.workloads or kept.workloads
+                events[index] = kernel._replace(
+                    event_id=kept.event_id, workloads=kernel.workloads or kept.workloads
                 )
                 self._recent = None
                 return

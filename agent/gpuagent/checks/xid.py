@@ -22,6 +22,10 @@ from gpuagent.kernel.xid import XidInfo, caused_by, lookup
 from gpuagent.model import GpuEvent, Severity
 
 FALLEN_OFF_THE_BUS = 79  # a node reboot whatever the catalog says: the GPU is unreachable
+# XIDs that report a condition's end, and the XIDs that reported its start: the catalog's
+# "Power Smoothing HW Circuitry capability reengaged" (162) ends "... disengaged" (163).
+# The end is no fault itself, and clears the start logged before it on the same GPU.
+ENDS = {162: frozenset({163})}
 PREEMPTIVE_REMOVAL = 45
 RECOVERY_ACTION_CHANGED = 154
 # Channel teardowns: the driver logs one for every channel of every process it cleans up
@@ -54,6 +58,7 @@ class Verdict:
 
 
 IGNORED = Verdict(Severity.OK, "informational", Action.NONE, Runbook.NONE)
+ENDED = Verdict(Severity.OK, "condition ended", Action.NONE, Runbook.NONE)
 NO_RECOVERY = Verdict(Severity.OK, "no recovery action needed", Action.NONE, Runbook.NONE)
 APP_ERROR = Verdict(
     Severity.WARN, "application error", Action.RESTART_APP, Runbook.GPU_XID_APP_ERROR
@@ -204,6 +209,8 @@ def _by_number(code: int) -> Judgement | None:
         return Judgement(REBOOT, info)
     if info is None:
         return Judgement(UNKNOWN, None)
+    if code in ENDS:
+        return Judgement(ENDED, info)
     return None if info.action in _DECODERS else _plain(info)
 
 
@@ -270,6 +277,7 @@ def _tally(xids: Sequence[GpuEvent], fade_before: float, weight: Weight) -> _Tal
     rooted: list[Judged] = []  # Xid 45s naming their root XID
     recovery: Judged | None = None
     last_fault: tuple[_GroupKey, float] | None = None
+    xids = _without_ended(xids)
     others = times([e for e in xids if e.code != PREEMPTIVE_REMOVAL])
     for event in xids:
         judgement = judge(event.code, event.line)
@@ -301,6 +309,19 @@ def _tally(xids: Sequence[GpuEvent], fade_before: float, weight: Weight) -> _Tal
         faults[(RECOVERY_ACTION_CHANGED, judgement.verdict, judgement.detail)] = [recovery]
     _attach(rooted, faults, consequences, fade_before, weight)
     return _Tally(faults, apps, consequences)
+
+
+def _without_ended(xids: Sequence[GpuEvent]) -> Sequence[GpuEvent]:
+    """The GPU's XIDs (oldest first) less those whose condition a later one ended."""
+    if not any(e.code in ENDS for e in xids):
+        return xids
+    kept: list[GpuEvent] = []
+    for event in xids:
+        ended = ENDS.get(event.code or 0)
+        if ended:
+            kept = [e for e in kept if e.code not in ended]
+        kept.append(event)
+    return kept
 
 
 def _attach(

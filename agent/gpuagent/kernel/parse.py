@@ -57,16 +57,14 @@ _BUS_ID = r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?"
 # The bus id is taken as printed; anything else inside the parentheses is tolerated.
 # The code ends at a comma, a blank or the end of the line: "79\x001" is not Xid 79, and a
 # control character inside the parentheses makes the header damaged, not an Xid report.
+# What follows the code: "pid=1234, name=python3", "pid='<unknown>', name=<unknown>", a pid
+# without a name, or neither. The name is the process's comm, which may hold spaces
+# ("Web Content"); it ends at ", ". (One pattern, one search: storms parse 100,000.)
 _XID = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f:.]{0,20})[^)\x00-\x1f\x7f]{0,64}\): ?"
     r"(?P<code>[0-9]{1,9})(?=[, \t\r\n]|$)"
-)
-# What follows the code: "pid=1234, name=python3", "pid='<unknown>', name=<unknown>", a pid
-# without a name, or neither. The name is the process's comm, which may hold spaces
-# ("Web Content"); it ends at ", ".
-_XID_PROCESS = re.compile(
-    r",\s*pid=(?:'?<unknown>'?|(?P<pid>[0-9]{1,10}))"
-    r"(?:,\s*name=(?P<name>.*?))?(?:,\s|,?$)",
+    r"(?:,\s*pid=(?:'?<unknown>'?|(?P<pid>[0-9]{1,10}))"
+    r"(?:,\s*name=(?P<name>.*?))?(?:,\s|,?$))?",
     re.DOTALL,
 )
 _UNKNOWN_NAMES = frozenset({"<unknown>", "'<unknown>'", ""})
@@ -152,9 +150,10 @@ def _strip_prefixes(line: str) -> str:
     return line[match.end() :].rstrip() if match else line.rstrip()
 
 
-def parse_message(message: str) -> KernelLine:
-    """Classify one kernel-log message (or dmesg/syslog/journal line)."""
-    text = _strip_prefixes(message)
+def parse_message(message: str, *, bare: bool = False) -> KernelLine:
+    """Classify one kernel-log message (or dmesg/syslog/journal line). ``bare``: the
+    message of a /dev/kmsg record, which carries no tool's timestamp or header to strip."""
+    text = message.strip() if bare else _strip_prefixes(message)
     # Cheap substring tests first: almost every line on a node is noise, and a
     # `str.__contains__` costs far less than running the patterns below.
     if "NVRM" in text:
@@ -206,19 +205,13 @@ def _nvrm(text: str) -> KernelLine:
 
 
 def _xid(text: str, xid: re.Match[str]) -> KernelLine:
-    pid: int | None = None
-    process: str | None = None
-    owner = _XID_PROCESS.match(text, xid.end())
-    if owner is not None:
-        pid = int(owner["pid"]) if owner["pid"] else None
-        name = owner["name"]
-        process = None if name is None or name in _UNKNOWN_NAMES else name
+    pid, name = xid["pid"], xid["name"]
     return KernelLine(
         kind="xid",
         code=int(xid["code"]),
         pci=xid["pci"] or None,
-        pid=pid,
-        process=process,
+        pid=int(pid) if pid else None,
+        process=None if name is None or name in _UNKNOWN_NAMES else name,
         text=text,
     )
 
@@ -298,13 +291,17 @@ class KmsgRecord(NamedTuple):
 
 
 _KMSG_ESCAPE = re.compile(rb"\\x([0-9A-Fa-f]{2})")
-_MAX_HEADER_DIGITS = 20  # 64-bit counters; anything longer is not a record
-# A record's header is printable ASCII: "prio,seq,usec,flags" and ",caller=T17"-like fields.
-# What is left once these are deleted (bytes.translate, in C) is what makes it damaged.
-_HEADER_CHARACTERS = bytes(range(ord("!"), ord(";"))) + bytes(range(ord("<"), ord("~") + 1))
+# "prio,seq,usec[,flags[,caller=T17...]];message": the numbers are 64-bit counters (at
+# most 20 digits), the rest of the header printable ASCII without blanks. The message ends
+# at the first newline (the record's dictionary lines follow it) and holds no raw control
+# character: the kernel escapes every one as ``\xNN`` (a tab and the CR of a CRLF line
+# ending are tolerated). One match checks all of it: a storm parses 100,000 of these.
+_KMSG_RECORD = re.compile(
+    rb"([0-9]{1,20}),([0-9]{1,20}),([0-9]{1,20})(?:,([!-+\--:<-~]*)(?:,[!-:<-~]*)?)?;"
+    rb"([^\x00-\x08\x0a-\x1f\x7f]*)\r?(?:\n|\Z)"
+)
 # Raw control characters no kernel-log line carries: the kernel escapes every one in
-# /dev/kmsg (``\xNN``), and dmesg, journalctl and syslog daemons print them escaped too.
-# A tab is tolerated (some syslog setups keep them), as is the CR of a CRLF line ending.
+# /dev/kmsg, and dmesg, journalctl and syslog daemons print them escaped too.
 _RAW_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
 
@@ -336,34 +333,15 @@ def parse_kmsg_record(record: bytes) -> KmsgRecord | None:
     but printable ASCII, or whose message holds a raw control character (the kernel never
     writes one; a trailing CR and a tab are tolerated), is malformed: None, never a guess.
     """
-    header, separator, body = record.partition(b";")
-    if not separator or header.translate(None, _HEADER_CHARACTERS):
-        return None  # no header, or one with a control character, a blank, a non-ASCII byte
-    fields = header.split(b",", 4)
-    if len(fields) < 3:
+    found = _KMSG_RECORD.match(record)
+    if found is None:
         return None
-    # prio, seq, usec: plain loops, not generators; storms parse 100,000 of these.
-    prio_field, sequence_field, usec_field = fields[0], fields[1], fields[2]
-    if not (
-        prio_field.isdigit()
-        and sequence_field.isdigit()
-        and usec_field.isdigit()
-        and max(len(prio_field), len(sequence_field), len(usec_field)) <= _MAX_HEADER_DIGITS
-    ):
-        return None
-    prio, sequence, usec = int(prio_field), int(sequence_field), int(usec_field)
-    flags = fields[3] if len(fields) > 3 else b""
-    raw_message = body.partition(b"\n")[0].removesuffix(b"\r")
-    if _RAW_CONTROL.search(raw_message):
-        return None  # the kernel escapes every control character: this one is damage
+    prio_field, sequence_field, usec_field, flags, raw_message = found.groups()
+    prio = int(prio_field)
     if b"\\x" in raw_message:
         raw_message = _KMSG_ESCAPE.sub(_unescape, raw_message)
     message = raw_message.decode("utf-8", errors="replace")
+    continuation = flags is not None and (b"c" in flags or b"+" in flags)
     return KmsgRecord(
-        priority=prio & 7,
-        facility=prio >> 3,
-        sequence=sequence,
-        usec=usec,
-        continuation=b"c" in flags or b"+" in flags,
-        message=message,
+        prio & 7, prio >> 3, int(sequence_field), int(usec_field), continuation, message
     )

@@ -13,7 +13,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Protocol
 
 from gpuagent.config import Config
@@ -82,7 +81,7 @@ class EventSources:
         """Every source's events arrive here, on the event loop."""
         owners = self.owners(event.gpu) if self.owners and event.gpu else ""
         if owners:
-            event = replace(event, workloads=owners)
+            event = event._replace(workloads=owners)
         added = self._events.add(event)
         if added is Added.NEW:
             if self.reporter is not None:

@@ -266,7 +266,7 @@ class KmsgSource:
             return
         # The kernel stamps records on the boot-time clock, which CLOCK_MONOTONIC tracks.
         wall = self._wall() - self._clock() + happened
-        self._emit(record.message, event_id, happened, wall)
+        self._emit(record.message, event_id, happened, wall, bare=True)
 
     def _plain(self, raw: bytes) -> None:
         message = decode_line(raw)
@@ -279,11 +279,14 @@ class KmsgSource:
         event_id = f"kmsg:{self._boot_id}:line:{self._plain_lines}:{digest}"
         self._emit(message, event_id, self._clock(), self._wall())
 
-    def _emit(self, message: str, event_id: str, monotonic: float, wall: float) -> None:
-        parsed = parse_message(message)
+    def _emit(
+        self, message: str, event_id: str, monotonic: float, wall: float, *, bare: bool = False
+    ) -> None:
+        parsed = parse_message(message, bare=bare)
         if parsed.kind not in _FAULT_KINDS:
             return
-        drill = message.rstrip().endswith(DRILL_MARKER)
+        line = parsed.text if bare else message.strip()  # a bare message's text is it stripped
+        drill = line.endswith(DRILL_MARKER)
         self._on_event(
             GpuEvent(
                 event_id=event_id,
@@ -294,7 +297,7 @@ class KmsgSource:
                 monotonic=monotonic,
                 pci=parsed.pci,
                 code=parsed.code,
-                line=message.strip(),
+                line=line,
                 pid=parsed.pid,
                 process=parsed.process,
                 aer_severity=parsed.aer_severity,
