@@ -585,6 +585,97 @@ def test_fabric(inventory: NodeInventory, severity: Severity, reason_has: str) -
     assert reason_has in reason
 
 
+def _with_services(inventory: NodeInventory, *services: Service) -> NodeInventory:
+    host = dataclasses.replace(inventory.host, services=services)
+    return dataclasses.replace(inventory, host=host)
+
+
+FM, IMEX, PD = "nvidia-fabricmanager", "nvidia-imex", "nvidia-persistenced"
+
+
+@pytest.mark.parametrize(
+    ("services", "severity", "runbook", "reason_has"),
+    [
+        pytest.param(
+            (Service(FM, "failed", down_probes=1, pending=True),),
+            Severity.OK,
+            "",
+            "stopped at 1 probe in a row, not yet down",
+            id="manager-stopped-once-is-not-down-yet",
+        ),
+        pytest.param(
+            (Service(FM, "failed", down_probes=3),),
+            Severity.CRITICAL,
+            "node-fabric-manager",
+            "nvidia-fabricmanager is failed on an NVSwitch system (3 probes in a row)",
+            id="manager-down-at-three-probes",
+        ),
+        pytest.param(
+            (Service(FM, "active", restarts=12, recent_restarts=3, flapping=True),),
+            Severity.CRITICAL,
+            "node-service-flapping",
+            "nvidia-fabricmanager restarted 3 times recently: flapping",
+            id="manager-flapping-while-active",
+        ),
+        pytest.param(
+            (Service(FM, "active"), Service(IMEX, "failed", down_probes=3)),
+            Severity.CRITICAL,
+            "node-imex-down",
+            "nvidia-imex is failed (3 probes in a row): multi-node NVLink",
+            id="imex-down",
+        ),
+        pytest.param(
+            (Service(FM, "active"), Service(IMEX, "activating", recent_restarts=4, flapping=True)),
+            Severity.CRITICAL,
+            "node-service-flapping",
+            "nvidia-imex restarted 4 times recently: flapping",
+            id="imex-flapping",
+        ),
+        pytest.param(
+            (Service(FM, "active"), Service(IMEX, "failed", down_probes=1, pending=True)),
+            Severity.OK,
+            "",
+            "NVSwitch fabric up",
+            id="imex-stopped-once",
+        ),
+    ],
+)
+def test_fabric_daemons_liveness(
+    services: tuple[Service, ...], severity: Severity, runbook: str, reason_has: str
+) -> None:
+    inventory = _with_services(fabric_node("active", ("completed", True)), *services)
+    found = to_finding("fabric", None, check_fabric(InventoryView(inventory, expect())))
+    assert (found.severity, found.runbook) == (severity, runbook)
+    assert reason_has in found.reason
+    if severity is Severity.CRITICAL:
+        assert "; " not in found.reason  # one fault, one problem
+
+
+def test_imex_is_judged_without_nvswitches_too() -> None:
+    # GB200 NVL racks: the switches are in the rack, not on the node's PCI bus.
+    inventory = _with_services(node(), Service(IMEX, "failed", down_probes=3))
+    found = to_finding("fabric", None, check_fabric(InventoryView(inventory, expect())))
+    assert (found.severity, found.runbook) == (Severity.CRITICAL, "node-imex-down")
+
+
+@pytest.mark.parametrize(
+    ("service", "severity", "runbook"),
+    [
+        (Service(PD, "failed", down_probes=1, pending=True), Severity.OK, ""),
+        (Service(PD, "failed", down_probes=3), Severity.WARN, "node-persistenced-down"),
+        (
+            Service(PD, "active", recent_restarts=3, flapping=True),
+            Severity.WARN,
+            "node-service-flapping",
+        ),
+    ],
+)
+def test_persistenced_liveness(service: Service, severity: Severity, runbook: str) -> None:
+    inventory = _with_services(node(), service)
+    found = to_finding("services", None, check_services(InventoryView(inventory, expect())))
+    assert (found.severity, found.runbook) == (severity, runbook)
+
+
 # --- drift ---------------------------------------------------------------------------------
 
 

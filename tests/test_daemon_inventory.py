@@ -497,3 +497,33 @@ def test_check_shows_the_mig_instances_and_the_stale_layout(tmp_path: Path) -> N
         "(missing 2x 1g.10gb, 2g.20gb, 3g.40gb; unexpected 7g.80gb)"
     )
     assert finding["action"] == "set_mig_layout"
+
+
+def _fabric_finding(doc: dict[str, Any]) -> tuple[str, str, str]:
+    """The fabric check's problem: (severity, runbook, reason); OK when it has none."""
+    found = next((f for f in doc["node"]["findings"] if f["check"] == "fabric"), None)
+    return (
+        ("OK", "", "") if found is None else (found["severity"], found["runbook"], found["reason"])
+    )
+
+
+def test_fabric_manager_down_after_three_probes_and_flapping(tmp_path: Path) -> None:
+    daemon = start_daemon(
+        tmp_path / "d", HGX, config_extra="[inventory]\nservices_probe_seconds = 0.2\n"
+    )
+    try:
+        assert _fabric_finding(daemon.status())[0] == "OK"
+        daemon.inject("fabric_manager", 3, state="flapping")
+        doc = daemon.wait_for(lambda d: _fabric_finding(d)[1] == "node-service-flapping")
+        severity, _, reason = _fabric_finding(doc)
+        assert severity == "CRITICAL"
+        assert "nvidia-fabricmanager restarted" in reason
+        assert reason.endswith("recently: flapping")
+        daemon.inject("clear", 3)
+        daemon.inject("fabric_manager", 3, state="down")
+        doc = daemon.wait_for(lambda d: "failed on an NVSwitch system" in _fabric_finding(d)[2])
+        # Down is named only once three probes in a row found it stopped.
+        assert "probes in a row)" in _fabric_finding(doc)[2]
+        assert _fabric_finding(doc)[0] == "CRITICAL"
+    finally:
+        daemon.stop()

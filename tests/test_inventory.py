@@ -304,17 +304,19 @@ def test_os_release(tmp_path: Path, text: str, expected: str | None) -> None:
 # --- services ------------------------------------------------------------------------------
 
 SHOW = (
-    "Id=nvidia-persistenced.service\nLoadState=loaded\nActiveState=failed\n\n"
-    "Id=nvidia-fabricmanager.service\nLoadState=not-found\nActiveState=inactive\n"
+    "Id=nvidia-persistenced.service\nLoadState=loaded\nActiveState=failed\nNRestarts=4\n\n"
+    "Id=nvidia-fabricmanager.service\nLoadState=not-found\nActiveState=inactive\n\n"
+    "Id=nvidia-imex.service\nLoadState=loaded\nActiveState=active\nNRestarts=0\n"
 )
 MASKED = "Id=nvidia-persistenced.service\nLoadState=masked\nActiveState=inactive\n"
 
 
 def test_parse_show() -> None:
-    names = ("nvidia-persistenced", "nvidia-fabricmanager", "extra")
+    names = ("nvidia-persistenced", "nvidia-fabricmanager", "nvidia-imex", "extra")
     assert parse_show(SHOW, names) == (
-        Service("nvidia-persistenced", "failed"),
+        Service("nvidia-persistenced", "failed", restarts=4),
         Service("nvidia-fabricmanager", "not_installed"),
+        Service("nvidia-imex", "active", restarts=0),
         Service("extra", "unknown"),
     )
     assert parse_show(MASKED, names[:1]) == (Service("nvidia-persistenced", "masked"),)
@@ -333,13 +335,14 @@ def test_read_services_runs_systemctl_show(tmp_path: Path) -> None:
     args = tmp_path / "args.txt"
     systemctl = _fake_systemctl(tmp_path, f'echo "$@" > {args}\ncat {output}')
     services = asyncio.run(read_services(systemctl, runtime_dir=tmp_path))
-    assert [s.state for s in services] == ["failed", "not_installed"]
+    assert [s.state for s in services] == ["failed", "not_installed", "active"]
     assert args.read_text().split() == [
         "show",
-        "--property=Id,LoadState,ActiveState",
+        "--property=Id,LoadState,ActiveState,NRestarts",
         "--",
         "nvidia-persistenced.service",
         "nvidia-fabricmanager.service",
+        "nvidia-imex.service",
     ]
 
 
@@ -430,7 +433,7 @@ HOST = HostFacts(
     module_version="550.54.15",
     kernel_release="6.1.0-18-amd64",
     os_release="Debian GNU/Linux 12 (bookworm)",
-    services=(Service("nvidia-persistenced", "active"),),
+    services=(Service("nvidia-persistenced", "active", restarts=2),),
 )
 STATUS = NvmlStatus(
     ok=True, driver_version="550.54.15", nvml_version="12.550.54.15", cuda_driver_version="12.4"
@@ -541,6 +544,7 @@ def test_inventory_metrics() -> None:
     assert found["gpuagent_service_state"] == [
         ({"service": "nvidia-persistenced", "state": "active"}, 1.0)
     ]
+    assert found["gpuagent_service_restarts"] == [({"service": "nvidia-persistenced"}, 2.0)]
 
 
 def test_inventory_metrics_leave_out_what_is_not_known() -> None:

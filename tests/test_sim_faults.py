@@ -510,6 +510,29 @@ def test_gsp_firmware_none_is_not_supported(make_node: MakeNode) -> None:
         pynvml.nvmlDeviceGetGspFirmwareVersion(handle(0))
 
 
+def test_fabric_manager_down_and_flapping_as_systemd_shows_them(make_node: MakeNode) -> None:
+    node = make_node('[node]\ngpus = 2\nfabricmanager = "active"\nimex = "active"\n')
+
+    def probe() -> dict[str, tuple[str, int | None]]:
+        return {s.name: (s.state, s.restarts) for s in node.host_facts().services}
+
+    assert probe()["nvidia-fabricmanager"] == ("active", 0)
+    assert probe()["nvidia-persistenced"] == ("active", 0)
+    node.inject("fabric_manager", 1, {"state": "flapping"})
+    # Restarted again at every probe, caught starting and running in turn.
+    assert [probe()["nvidia-fabricmanager"] for _ in range(3)] == [
+        ("activating", 1),
+        ("active", 2),
+        ("activating", 3),
+    ]
+    node.inject("fabric_manager", 0, {"state": "down", "service": "nvidia-imex"})
+    assert probe()["nvidia-imex"] == ("failed", 0)
+    node.inject("clear", 1, {})
+    assert probe()["nvidia-fabricmanager"] == ("active", 4)  # NRestarts keeps its count
+    node.inject("clear", 0, {})
+    assert probe()["nvidia-imex"] == ("active", 0)
+
+
 def test_every_kind_has_a_test_here() -> None:
     tested = {
         "ecc_sbe", "ecc_dbe", "retired_pages", "row_remap_pending", "row_remap_failure",
@@ -526,6 +549,7 @@ def test_every_kind_has_a_test_here() -> None:
         "recovery_action", "repair_pending", "unrepairable_memory",
         # In test_sim_kubernetes.py, with the node's Kubernetes GPU stack:
         "device_plugin_down", "cdi_stale",
+        "fabric_manager",
     }  # fmt: skip
     assert set(FAULT_KINDS) == tested
 

@@ -325,6 +325,7 @@ class Agent:
         if self.config.inventory.enabled:
             self.inventory.load_baseline()
             self.inventory.may_learn = self.config.inventory.learn
+            self.inventory.track_liveness = True
             await self.inventory.refresh()
         if self._dcgm_source is not None and await self._dcgm_source.load():
             self.dcgm = self._dcgm_source
@@ -348,6 +349,7 @@ class Agent:
                 running.append(tasks.create_task(self.sources.sysfs_loop(), name="sysfs"))
             if self.config.inventory.enabled:
                 running.append(tasks.create_task(self.inventory.loop(), name="inventory"))
+                running.append(tasks.create_task(self.inventory.services_loop(), name="services"))
             # A simulated node has no NVIDIA devices on the host bus; its udev events come
             # from `gpuagent inject pci_remove|pci_add` instead.
             if sources.udev.enabled and self.simulator is None:

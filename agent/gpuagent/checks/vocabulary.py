@@ -104,6 +104,8 @@ class Runbook(enum.StrEnum):
     NODE_GSP_FIRMWARE_MISMATCH = "node-gsp-firmware-mismatch"
     NODE_PERSISTENCED_DOWN = "node-persistenced-down"
     NODE_FABRIC_MANAGER = "node-fabric-manager"
+    NODE_SERVICE_FLAPPING = "node-service-flapping"
+    NODE_IMEX_DOWN = "node-imex-down"
     NODE_INVENTORY_DRIFT = "node-inventory-drift"
     NODE_IB_PORT_DOWN = "node-ib-port-down"
     NODE_IB_HCA_MISSING = "node-ib-hca-missing"

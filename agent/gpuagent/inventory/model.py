@@ -36,7 +36,11 @@ ServiceState = Literal[
 ]
 PERSISTENCED = "nvidia-persistenced"
 FABRIC_MANAGER = "nvidia-fabricmanager"
-SERVICES = (PERSISTENCED, FABRIC_MANAGER)
+# The IMEX daemon: multi-node NVLink memory export on GB200/GB300 NVL racks.
+IMEX = "nvidia-imex"
+SERVICES = (PERSISTENCED, FABRIC_MANAGER, IMEX)
+# Installed but not running: what a probe must find several times in a row to call it down.
+STOPPED_STATES = frozenset({"inactive", "failed", "deactivating"})
 NVIDIA_DRIVER = "nvidia"
 # A PCI function's driver link that cannot be followed (a symlink loop): bound to
 # something, but to what is not known.
@@ -83,6 +87,13 @@ class PciFunction:
 class Service:
     name: str
     state: ServiceState
+    restarts: int | None = None  # systemd's NRestarts; None where systemd does not say
+    # The daemon's liveness tracking (gpuagent.inventory.liveness) fills these in; a single
+    # read (`gpuagent check`) leaves them, and its state alone is judged.
+    down_probes: int = 0  # probes in a row that found it stopped
+    pending: bool = False  # stopped, but at fewer probes in a row than make it down
+    recent_restarts: int = 0  # automatic restarts within the restart window
+    flapping: bool = False  # recent_restarts at or above the limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +128,11 @@ class HostFacts:
         return newest(self.kernels)
 
     def service(self, name: str) -> ServiceState:
-        return next((s.state for s in self.services if s.name == name), "unknown")
+        found = self.service_facts(name)
+        return found.state if found is not None else "unknown"
+
+    def service_facts(self, name: str) -> Service | None:
+        return next((s for s in self.services if s.name == name), None)
 
 
 @dataclass(frozen=True, slots=True)

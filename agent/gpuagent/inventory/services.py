@@ -29,11 +29,14 @@ _STATES: dict[str, ServiceState] = {
 
 
 def parse_show(output: str, names: tuple[str, ...]) -> tuple[Service, ...]:
-    """`systemctl show -p Id,LoadState,ActiveState UNIT...` → one Service per name.
+    """`systemctl show -p Id,LoadState,ActiveState,NRestarts UNIT...` → one Service per
+    name.
 
     systemctl prints one block of KEY=VALUE lines per unit, in the order asked, separated
     by blank lines. A unit whose LoadState is not-found is not installed; one that is
-    masked reports ActiveState inactive, but is "masked", as deliberate as that.
+    masked reports ActiveState inactive, but is "masked", as deliberate as that. NRestarts
+    (systemd 235 and later) counts the unit's automatic restarts since it was last started
+    by hand or reset.
     """
     blocks = [block for block in output.strip().split("\n\n") if block.strip()]
     states: list[Service] = []
@@ -50,7 +53,8 @@ def parse_show(output: str, names: tuple[str, ...]) -> tuple[Service, ...]:
             state = "masked"
         else:
             state = _STATES.get(fields.get("ActiveState", ""), "unknown")
-        states.append(Service(name, state))
+        restarts = fields.get("NRestarts", "")
+        states.append(Service(name, state, int(restarts) if restarts.isdigit() else None))
     return tuple(states)
 
 
@@ -72,7 +76,7 @@ async def read_services(
         process = await asyncio.create_subprocess_exec(
             systemctl,
             "show",
-            "--property=Id,LoadState,ActiveState",
+            "--property=Id,LoadState,ActiveState,NRestarts",
             "--",
             *units,
             stdin=asyncio.subprocess.DEVNULL,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpuagent.inventory.model import HostFacts, NodeInventory, fingerprint, fingerprint_hash
 from gpuagent.metrics import names
@@ -83,6 +83,11 @@ def _host_families(host: HostFacts) -> list[Metric]:
                 float(kernel.has_nvidia),
             )
     services = _gauge(names.SERVICE_STATE)
+    restarts = CounterMetricFamily(
+        names.SERVICE_RESTARTS.name, names.SERVICE_RESTARTS.help, labels=("service",)
+    )
     for service in host.services:
         services.add_metric([service.name, service.state], 1.0)
-    return [modules, kernels, services]
+        if service.restarts is not None:
+            restarts.add_metric([service.name], float(service.restarts))
+    return [modules, kernels, services, restarts]

@@ -575,6 +575,12 @@ SERVICE_STATE = MetricSpec(
     "unknown, ...), one series per service.",
     ("service", "state"),
 )
+SERVICE_RESTARTS = MetricSpec(
+    "gpuagent_service_restarts_total",
+    "Automatic restarts of the service by systemd (its NRestarts: back to 0 when the unit is "
+    "reset or started by hand); absent where systemd does not count them.",
+    ("service",),
+)
 SNAPSHOT_TIMESTAMP = MetricSpec(
     "gpuagent_snapshot_timestamp_seconds",
     "Unix time the served snapshot was taken; alert on time() minus this for staleness.",

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from gpuagent import __version__
@@ -23,6 +24,8 @@ from gpuagent.inventory.baseline import (
 )
 from gpuagent.inventory.build import build_inventory
 from gpuagent.inventory.collect import collect_host
+from gpuagent.inventory.liveness import ServiceLiveness
+from gpuagent.inventory.model import Service
 from gpuagent.inventory.services import read_services
 from gpuagent.model import Severity
 from gpuagent.sources.nvml import NvmlObservation
@@ -51,11 +54,19 @@ class InventoryKeeper:
         self._simulator = simulator
         self._schedule_publish = schedule_publish
         self._host: HostFacts | None = None
+        inventory = config.inventory
+        self._liveness = ServiceLiveness(
+            down_probes=inventory.service_down_probes,
+            restart_limit=inventory.service_restart_limit,
+            restart_window_seconds=inventory.service_restart_window_seconds,
+        )
         self.refresh_requested = asyncio.Event()
         self._baseline_path = config.agent.state_dir / BASELINE_FILE
         self._baseline: Baseline | None = None
         # Only the daemon learns a baseline; a one-shot `gpuagent check` just compares.
         self.may_learn = False
+        # Only the daemon probes services often enough to tell down from restarting.
+        self.track_liveness = False
 
     def request_refresh(self) -> None:
         self.refresh_requested.set()
@@ -71,12 +82,13 @@ class InventoryKeeper:
         started = time.monotonic()
         if self._simulator is not None:
             # A simulated node's PCI functions, modules and services are the scenario's.
-            self._host = self._simulator.host_facts()
+            host = self._simulator.host_facts()
+            self._host = replace(host, services=self._observe(host.services))
             tracker.success(time.monotonic() - started)
             return
         try:
             async with asyncio.timeout(_INVENTORY_TIMEOUT_SECONDS):
-                services = await read_services(config.systemctl)
+                services = self._observe(await read_services(config.systemctl))
                 self._host = await asyncio.to_thread(
                     collect_host,
                     self._config.sources.sysfs.root,
@@ -92,6 +104,29 @@ class InventoryKeeper:
             tracker.failure(time.monotonic() - started, str(exc) or type(exc).__name__)
         else:
             tracker.success(time.monotonic() - started)
+
+    def _observe(self, services: tuple[Service, ...]) -> tuple[Service, ...]:
+        # A one-shot `gpuagent check` probes once: its services' states are judged as read.
+        if not self.track_liveness:
+            return services
+        return self._liveness.observe(services, time.monotonic())
+
+    async def probe_services(self) -> None:
+        """Probe the NVIDIA services between inventory reads (their liveness needs probes
+        closer together than the rest of the inventory does)."""
+        if self._simulator is not None:
+            probed = self._simulator.host_facts().services
+        else:
+            probed = await read_services(self._config.inventory.systemctl)
+        services = self._observe(probed)
+        if self._host is not None and services != self._host.services:
+            self._host = replace(self._host, services=services)
+            self._schedule_publish()
+
+    async def services_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._config.inventory.services_probe_seconds)
+            await self.probe_services()
 
     async def loop(self) -> None:
         interval = self._config.inventory.refresh_seconds

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from gpuagent.inventory.model import FABRIC_MANAGER, IMEX
 from gpuagent.model import FABRIC_CONDITIONS
 from gpuagent.sim import codes, hardware
 from gpuagent.sim.codes import RECOVERY_ACTION_CODES
@@ -278,6 +279,12 @@ def _device_plugin_down(gpu: SimGpu, _params: Params, _at: float) -> Events:
     return ()
 
 
+def _fabric_manager(gpu: SimGpu, params: Params, _at: float) -> Events:
+    # Node-wide (a systemd unit), kept on this GPU until `clear` here.
+    gpu.service_faults[str(params["service"])] = str(params["state"])
+    return ()
+
+
 def _cdi_stale(gpu: SimGpu, _params: Params, _at: float) -> Events:
     gpu.in_cdi_spec = False
     return ()
@@ -427,6 +434,15 @@ KINDS: dict[str, FaultKind] = {
                 Param("count", "int", default=100, minimum=1),
             ),
             _ib_errors,
+        ),
+        # A fabric daemon stopped, or restarting in a loop (systemd's NRestarts rising).
+        FaultKind(
+            "fabric_manager",
+            (
+                Param("state", "str", required=True, choices=("down", "flapping")),
+                Param("service", "str", default=FABRIC_MANAGER, choices=(FABRIC_MANAGER, IMEX)),
+            ),
+            _fabric_manager,
         ),
         FaultKind("device_plugin_down", (), _device_plugin_down),
         FaultKind("cdi_stale", (), _cdi_stale),

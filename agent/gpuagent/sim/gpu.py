@@ -156,6 +156,9 @@ class SimGpu:
         # The Kubernetes GPU stack's view (`cdi_stale`, `device_plugin_down`).
         self.in_cdi_spec = True
         self.device_plugin_down = False
+        # Node-wide services gone wrong (`fabric_manager`), kept on this GPU until `clear`:
+        # unit name → "down" | "flapping".
+        self.service_faults: dict[str, str] = {}
 
         self.readings = LiveReadings(self)
         self.energy_mj = float(board.initial_energy_mj)
@@ -291,3 +294,4 @@ class SimGpu:
         self.hca.clear()
         self.in_cdi_spec = True
         self.device_plugin_down = False
+        self.service_faults.clear()

@@ -10,6 +10,7 @@ import time
 
 from gpuagent.inventory.model import (
     FABRIC_MANAGER,
+    IMEX,
     KNOWN_MODULES,
     PERSISTENCED,
     HostFacts,
@@ -79,6 +80,7 @@ def host_facts(
         services=(
             Service(PERSISTENCED, spec.persistenced),
             Service(FABRIC_MANAGER, spec.fabricmanager),
+            Service(IMEX, spec.imex),
         ),
         collected_at=time.time(),
     )

@@ -11,7 +11,7 @@ from typing import Self
 
 import pynvml
 
-from gpuagent.inventory.model import HostFacts
+from gpuagent.inventory.model import HostFacts, Service, ServiceState
 from gpuagent.k8s.model import DevicePlugin, Toolkit
 from gpuagent.model import IbDevice
 from gpuagent.sim.faults import FaultError, check_params
@@ -54,6 +54,8 @@ class SimulatedNode:
         self._library = SimulatedLibrary(self._state)
         self._previous_library: object = None
         self._installed = False
+        # systemd's NRestarts per unit: what a flapping service has been through.
+        self._restarts: dict[str, int] = {}
 
     @property
     def gpu_count(self) -> int:
@@ -158,7 +160,26 @@ class SimulatedNode:
         with self._state.cond:
             self._tick()
             off_bus = frozenset(g.index for g in self._state.gpus if not g.on_pci_bus)
-        return host_facts(self.scenario.node, self._state.hardware.profile, off_bus)
+            faults = {k: v for g in self._state.gpus for k, v in g.service_faults.items()}
+        facts = host_facts(self.scenario.node, self._state.hardware.profile, off_bus)
+        services = tuple(
+            self._probed(service, faults.get(service.name)) for service in facts.services
+        )
+        return dataclasses.replace(facts, services=services)
+
+    def _probed(self, service: Service, fault: str | None) -> Service:
+        """A service as one `systemctl show` finds it: a flapping one has been restarted
+        again since the last probe and is caught starting or running, in turn."""
+        if service.state == "not_installed":
+            return service
+        restarts = self._restarts.get(service.name, 0)
+        if fault == "flapping":
+            restarts = self._restarts[service.name] = restarts + 1
+            state: ServiceState = "activating" if restarts % 2 else "active"
+            return dataclasses.replace(service, state=state, restarts=restarts)
+        if fault == "down":
+            return dataclasses.replace(service, state="failed", restarts=restarts)
+        return dataclasses.replace(service, restarts=restarts)
 
     def infiniband(self) -> tuple[IbDevice, ...]:
         """What /sys/class/infiniband would show: the HCA beside each of the first

@@ -68,6 +68,7 @@ class NodeSpec:
     )
     persistenced: ServiceState = "active"
     fabricmanager: ServiceState = "not_installed"
+    imex: ServiceState = "not_installed"
     kernel_release: str = "6.1.0-18-amd64"
     # Kernels installed besides the running one (a kernel update awaiting its reboot), and
     # those of all installed kernels that have no nvidia module (DKMS did not build it).

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
 
-from gpuagent.config.ranges import NON_NEGATIVE, POSITIVE
+from gpuagent.config.ranges import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,13 @@ class InventorySection:
         ]
     )
     systemctl: str = "systemctl"
+    # nvidia-persistenced, nvidia-fabricmanager and nvidia-imex are probed this often. One
+    # is down once this many probes in a row found it stopped (fewer is a restart in
+    # passing), and flapping when systemd restarted it this many times within the window.
+    services_probe_seconds: Annotated[float, POSITIVE] = 30.0
+    service_down_probes: Annotated[int, AT_LEAST_ONE] = 3
+    service_restart_limit: Annotated[int, AT_LEAST_ONE] = 3
+    service_restart_window_seconds: Annotated[float, POSITIVE] = 600.0
     # Installed kernels (one directory each) and DKMS builds: a kernel that the next boot
     # may start without an nvidia module is reported before the reboot.
     modules_root: Path = Path("/lib/modules")
