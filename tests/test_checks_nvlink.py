@@ -176,6 +176,8 @@ def test_evidence() -> None:
         "recovery_errors_in_window": 0,
         "recovery_rate_per_second": 0.0,
         "rate_window_seconds": 60.0,
+        "effective_ber_max": None,  # not reported by this GPU
+        "symbol_ber_max": None,
     }
 
 
@@ -202,3 +204,34 @@ def test_config_keys_parse() -> None:
     assert parse_config(text).checks.nvlink == NvlinkCheck(
         crc_rate_per_second=0.0, rate_window_seconds=300.0
     )
+
+
+def _ber(effective: float | None, symbol: float | None = 0.0) -> dict[str, Any]:
+    links = len(LINKS)
+    return poll(
+        nvlink_effective_ber=(0.0,) * 3 + (effective,) + (0.0,) * (links - 4),
+        nvlink_symbol_ber=(0.0,) * 3 + (symbol,) + (0.0,) * (links - 4),
+    )
+
+
+@pytest.mark.parametrize(
+    ("effective", "severity"),
+    [(0.0, Severity.OK), (1e-12, Severity.OK), (2e-11, Severity.WARN), (None, Severity.OK)],
+)
+def test_a_links_effective_ber_above_dcgms_limit_warns(
+    effective: float | None, severity: Severity
+) -> None:
+    (found,) = check_series("nvlink", [(0.0, _ber(effective))])
+    assert found.severity is severity
+    if severity is Severity.WARN:
+        assert found.reason == "NVLink 3 effective bit-error rate 2e-11, above 1e-12"
+        assert (found.action, found.runbook) == ("investigate", "gpu-nvlink-ber")
+    assert found.evidence_dict()["effective_ber_max"] == (effective or 0.0)
+
+
+def test_symbol_ber_is_judged_only_with_a_limit() -> None:
+    steps = [(0.0, _ber(0.0, symbol=5e-10))]
+    assert check_series("nvlink", steps)[0].severity is Severity.OK
+    config = with_checks(nvlink=NvlinkCheck(symbol_ber_limit=1e-12))
+    (found,) = check_series("nvlink", steps, config=config)
+    assert found.reason == "NVLink 3 symbol bit-error rate 5e-10, above 1e-12"

@@ -61,6 +61,7 @@ def _field_strategy(hint: Any) -> st.SearchStrategy[Any]:
         int | None: st.none() | COUNTER,
         bool | None: MAYBE_BOOL,
         tuple[bool | None, ...]: st.lists(MAYBE_BOOL, max_size=18).map(tuple),
+        tuple[float | None, ...]: st.lists(st.none() | ANY_FLOAT, max_size=18).map(tuple),
         FabricState | None: st.none() | st.sampled_from(typing.get_args(FabricState)),
         tuple[str, ...] | None: st.none() | st.lists(st.text(max_size=10), max_size=8).map(tuple),
         tuple[int, int, int, int, int] | None: st.none()

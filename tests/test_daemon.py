@@ -79,6 +79,25 @@ def test_healthy_node_ready_status_metrics_and_clean_stop(run_daemon: Run) -> No
     assert not daemon.socket.exists()
 
 
+def test_an_nvlink_ber_above_the_limit_is_found_and_exported_per_link(tmp_path: Path) -> None:
+    daemon = start_daemon(tmp_path, H100.format(gpus=2))
+    try:
+        daemon.inject("nvlink_ber", 1, link=5, effective_ber=2e-11)
+        doc = daemon.wait_for(lambda d: _severity(d, 1, "nvlink") == "WARN")
+        finding = next(f for f in _gpu(doc, 1)["findings"] if f["check"] == "nvlink")
+        assert finding["reason"] == "NVLink 5 effective bit-error rate 2e-11, above 1e-12"
+        assert finding["runbook"] == "gpu-nvlink-ber"
+        bers = {
+            (s.labels["gpu"], s.labels["link"]): s.value
+            for s in _samples(daemon.metrics(), "gpuagent_gpu_nvlink_effective_ber")
+        }
+        assert bers[("1", "5")] == pytest.approx(2e-11)
+        assert bers[("1", "4")] == 0.0
+        assert bers[("0", "5")] == 0.0
+    finally:
+        daemon.stop()
+
+
 # (fault kind, values, check that must fire, severity, extra config)
 FAULTS: list[tuple[str, dict[str, Any], str, str]] = [
     ("ecc_dbe", {"count": 1}, "ecc", "CRITICAL"),

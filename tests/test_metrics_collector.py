@@ -409,7 +409,14 @@ def test_only_gpu_findings_reach_gpu_families():
 _OPTIONAL_FIELDS = [
     name
     for name in GpuReadings.__slots__
-    if name not in ("nvlink_up", "processes", "graphics_processes")  # tuples, covered above
+    if name
+    not in (  # tuples, covered above
+        "nvlink_up",
+        "nvlink_effective_ber",
+        "nvlink_symbol_ber",
+        "processes",
+        "graphics_processes",
+    )
 ]
 
 

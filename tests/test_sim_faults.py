@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from conftest import FakeClock, MakeNode
 from gpuagent.model import fabric_conditions
+from gpuagent.nvml.device import decode_ber
 from gpuagent.sim import (
     FAULT_KINDS,
     Fault,
@@ -271,6 +272,20 @@ def test_nvlink_down_and_errors(node: SimulatedNode) -> None:
         assert field(2, pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL, scope) == 2
         assert field(2, pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL, scope) == 7
     assert field(1, pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, 0) == 0
+
+
+def test_nvlink_ber_is_packed_per_link_as_nvml_packs_it(node: SimulatedNode) -> None:
+    effective = pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER
+    zero = (15 << 8) | 255  # mantissa 15, exponent 255
+    assert field(2, effective, 5) == zero
+    node.inject("nvlink_ber", 2, {"link": 5, "effective_ber": 2e-11, "symbol_ber": 9.6e-12})
+    assert field(2, effective, 5) == (2 << 8) | 11
+    assert field(2, pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER, 5) == (1 << 8) | 11
+    assert decode_ber(field(2, effective, 5)) == pytest.approx(2e-11)
+    assert decode_ber(zero) == 0.0
+    assert field(2, effective, 4) == zero
+    node.inject("clear", 2, {})
+    assert field(2, effective, 5) == zero
 
 
 def test_process_shows_in_processes_memory_and_load(make_node: MakeNode) -> None:
@@ -549,7 +564,7 @@ def test_every_kind_has_a_test_here() -> None:
         "recovery_action", "repair_pending", "unrepairable_memory",
         # In test_sim_kubernetes.py, with the node's Kubernetes GPU stack:
         "device_plugin_down", "cdi_stale",
-        "fabric_manager",
+        "fabric_manager", "nvlink_ber",
     }  # fmt: skip
     assert set(FAULT_KINDS) == tested
 

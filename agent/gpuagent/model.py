@@ -313,6 +313,10 @@ class GpuReadings:
     nvlink_crc_data_errors: int | None = None
     nvlink_replay_errors: int | None = None
     nvlink_recovery_errors: int | None = None
+    # Per NVLink, the bit-error rates the link measures (NVML fields 220 and 222, decoded):
+    # effective (after forward error correction) and symbol; None where not reported.
+    nvlink_effective_ber: tuple[float | None, ...] = ()
+    nvlink_symbol_ber: tuple[float | None, ...] = ()
     processes: tuple[GpuProcess, ...] = ()  # compute processes
     # Graphics processes (a display server): read only while no compute process is listed
     # and memory is in use, to tell a desktop's display from memory held by no one.

@@ -8,7 +8,10 @@ healthy node may carry old errors: only growth while the agent watches is judged
 the totals, and an agent restart starts from fresh samples. As in DCGM's health watch,
 any replay or recovery error is a problem (a replay retransmits a flit the receiver
 rejected, a recovery retrains the link), while CRC errors only are one when they come
-faster than ``crc_rate_per_second``: a few are absorbed by replays.
+faster than ``crc_rate_per_second``: a few are absorbed by replays. Each link's own
+bit-error rate (measured by the link, not a counter) is judged as read: effective BER
+above ``effective_ber_limit`` (DCGM's 1e-12), symbol BER above ``symbol_ber_limit`` when
+one is set.
 """
 
 from __future__ import annotations
@@ -91,6 +94,28 @@ def _down_problem(links: tuple[bool | None, ...], down: list[int]) -> Problem | 
     )
 
 
+def _ber_problems(kind: str, rates: tuple[float | None, ...], limit: float) -> list[Problem]:
+    """One problem per link whose bit-error rate is above ``limit`` (0: not judged)."""
+    if limit <= 0:
+        return []
+    return [
+        Problem(
+            Severity.WARN,
+            f"NVLink {link} {kind} bit-error rate {ber:.1g}, above {limit:g}",
+            Action.INVESTIGATE,
+            Runbook.GPU_NVLINK_BER,
+            f"NVLink {link} {kind} BER",
+        )
+        for link, ber in enumerate(rates)
+        if ber is not None and ber > limit
+    ]
+
+
+def _worst(rates: tuple[float | None, ...]) -> float | None:
+    known = [ber for ber in rates if ber is not None]
+    return max(known) if known else None
+
+
 def _per_second_or_none(rate: Rate | None) -> float | None:
     return None if rate is None else rate.per_second
 
@@ -120,6 +145,8 @@ def check_nvlink(view: GpuView) -> Outcome:
         ("recovery_errors_in_window", None if recovery is None else recovery.increase),
         ("recovery_rate_per_second", _per_second_or_none(recovery)),
         ("rate_window_seconds", window),
+        ("effective_ber_max", _worst(readings.nvlink_effective_ber)),
+        ("symbol_ber_max", _worst(readings.nvlink_symbol_ber)),
     )
     found = (
         _down_problem(links, down),
@@ -127,7 +154,11 @@ def check_nvlink(view: GpuView) -> Outcome:
         _growth_problem("replay", replay),
         _growth_problem("recovery", recovery),
     )
-    problems = tuple(p for p in found if p is not None)
+    problems = (
+        *(p for p in found if p is not None),
+        *_ber_problems("effective", readings.nvlink_effective_ber, config.effective_ber_limit),
+        *_ber_problems("symbol", readings.nvlink_symbol_ber, config.symbol_ber_limit),
+    )
     if not links:
         return Outcome("no NVLink", evidence, problems)
     return Outcome(f"{up_count} of {len(links)} NVLinks up, none down", evidence, problems)

@@ -67,6 +67,7 @@ class Runbook(enum.StrEnum):
     GPU_MIG_PENDING = "gpu-mig-pending"
     GPU_NVLINK_DOWN = "gpu-nvlink-down"
     GPU_NVLINK_ERRORS = "gpu-nvlink-errors"
+    GPU_NVLINK_BER = "gpu-nvlink-ber"
     GPU_FABRIC_ROUTE_UNHEALTHY = "gpu-fabric-route-unhealthy"
     GPU_FABRIC_CONFIGURATION = "gpu-fabric-configuration"
     GPU_FABRIC_RECOVERY = "gpu-fabric-recovery"

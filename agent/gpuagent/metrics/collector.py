@@ -181,6 +181,8 @@ class _Builder:
             *self._profiling(),
             self._clock_event_reasons(),
             self._nvlink_up(),
+            self._nvlink_ber(names.GPU_NVLINK_EFFECTIVE_BER, "nvlink_effective_ber"),
+            self._nvlink_ber(names.GPU_NVLINK_SYMBOL_BER, "nvlink_symbol_ber"),
             self._row_remap_banks(),
             self._fabric_health(),
             *self._pcie(),
@@ -407,6 +409,14 @@ class _Builder:
             for link, up in enumerate(readings.nvlink_up):
                 if up is not None:
                     family.add_metric([*gpu.labels, str(link)], float(up))
+        return family
+
+    def _nvlink_ber(self, spec: MetricSpec, field: str) -> Metric:
+        family = _gauge(spec)
+        for gpu, _identity, readings in self.answering:
+            for link, ber in enumerate(getattr(readings, field)):
+                if ber is not None:
+                    family.add_metric([*gpu.labels, str(link)], ber)
         return family
 
     def _pcie(self) -> list[Metric]:

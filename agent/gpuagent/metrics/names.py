@@ -488,6 +488,18 @@ GPU_NVLINK_UP = MetricSpec(
     "1 if the NVLink is active, 0 if it is down.",
     (*GPU_LABELS, "link"),
 )
+GPU_NVLINK_EFFECTIVE_BER = MetricSpec(
+    "gpuagent_gpu_nvlink_effective_ber",
+    "The NVLink's effective bit-error rate (after forward error correction), as the link "
+    "measures it; absent where the GPU or driver does not report it.",
+    (*GPU_LABELS, "link"),
+)
+GPU_NVLINK_SYMBOL_BER = MetricSpec(
+    "gpuagent_gpu_nvlink_symbol_ber",
+    "The NVLink's symbol bit-error rate, as the link measures it; absent where the GPU or "
+    "driver does not report it.",
+    (*GPU_LABELS, "link"),
+)
 NODE_HEALTH = MetricSpec(
     "gpuagent_node_health",
     "Worst health check result on the node: 0 OK, 1 WARN, 2 CRITICAL, 3 UNKNOWN.",

@@ -73,6 +73,11 @@ _SLOW_COUNTER_FIELDS: dict[int, str] = {
     # NVML's recovery action (None / reset / reboot / drain and reset), read with them.
     pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: "recovery_action",
 }
+# Per-link bit-error rates (NVML_NVLINK_ERROR_COUNTER_BER_*), each asked per link.
+_BER_FIELDS: dict[str, int] = {
+    "nvlink_effective_ber": pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER,
+    "nvlink_symbol_ber": pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER,
+}
 # NVLink data moved (KiB since the driver loaded, TX and RX, summed over every link): what
 # DCGM turns into DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL, read here in the same batch.
 _ALL_LINKS = 0xFFFFFFFF
@@ -197,6 +202,7 @@ class Device:
         self._slow: dict[str, Any] = {}
         self._fields: list[Any] = list(_COUNTER_FIELDS)
         self._nvlink_count = 0
+        self._ber_fields: list[tuple[int, int]] = []
         self._power_field_supported = True
         self._mig_profiles: tuple[MigProfile, ...] | None = None  # read once, when MIG is on
         self.gpm = GpmSampler(worker, handle)
@@ -247,6 +253,11 @@ class Device:
         ]
         if self._nvlink_count:
             self._fields += _NVLINK_THROUGHPUT
+        # Per-link bit-error rates, read with the slow counters (they are measured over
+        # time by the link, and a GPU without NVLink has none to ask for).
+        self._ber_fields = [
+            (field, link) for link in range(self._nvlink_count) for field in _BER_FIELDS.values()
+        ]
         default_limit = self._get(
             "nvmlDeviceGetPowerManagementDefaultLimit",
             pynvml.nvmlDeviceGetPowerManagementDefaultLimit,
@@ -443,9 +454,13 @@ class Device:
             if histogram is None
             else (histogram.max, histogram.high, histogram.partial, histogram.low, histogram.none)
         )
-        counters = list(_SLOW_COUNTER_FIELDS)
+        counters: list[Any] = [*_SLOW_COUNTER_FIELDS, *self._ber_fields]
         values = dict(zip(counters, _field_values(self.worker, self.handle, counters), strict=True))
         slow.update(_named(_SLOW_COUNTER_FIELDS, values), counters_at=self._clock())
+        for key, field in _BER_FIELDS.items():
+            slow[key] = tuple(
+                decode_ber(values.get((field, link))) for link in range(self._nvlink_count)
+            )
         slow.update(self._read_fabric())
         slow.update(self._read_repairs())
         slow["mig_instances"] = self._read_mig_instances() if slow["mig_mode_current"] else None
@@ -617,6 +632,18 @@ class Device:
             name=self._process_name(int(info.pid)) or f"pid {info.pid}",
             used_mib=None if used is None else used / _MIB,
         )
+
+
+def decode_ber(packed: float | None) -> float | None:
+    """An NVLink bit-error rate as NVML packs it: mantissa in bits 8-11, exponent in bits
+    0-7, BER = mantissa * 10^-exponent; mantissa 15 with exponent 255 is zero."""
+    if packed is None:
+        return None
+    raw = int(packed)
+    mantissa, exponent = (raw >> 8) & 0xF, raw & 0xFF
+    if (mantissa, exponent) == (15, 255):
+        return 0.0
+    return mantissa * 10.0**-exponent
 
 
 def _named(fields: dict[int, str], values: dict[Any, Any]) -> dict[str, Any]:

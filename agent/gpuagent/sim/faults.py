@@ -173,6 +173,13 @@ def _nvlink_errors(gpu: SimGpu, params: Params, _at: float) -> Events:
     return ()
 
 
+def _nvlink_ber(gpu: SimGpu, params: Params, _at: float) -> Events:
+    link = _int(params["link"])
+    gpu.nvlink_effective_ber[link] = _number(params["effective_ber"])
+    gpu.nvlink_symbol_ber[link] = _number(params["symbol_ber"])
+    return ()
+
+
 def _process(gpu: SimGpu, params: Params, _at: float) -> Events:
     pid = _int(params["pid"])
     used = int(_number(params["used_mib"]) * hardware.MIB)
@@ -377,6 +384,16 @@ KINDS: dict[str, FaultKind] = {
         FaultKind("unrepairable_memory", (), _unrepairable_memory),
         FaultKind("nvlink_down", (_LINK,), _nvlink_down),
         FaultKind("nvlink_errors", (_LINK, *_ERRORS, *_MORE_ERRORS), _nvlink_errors),
+        # The bit-error rates the link measures (NVML packs them as one significant digit).
+        FaultKind(
+            "nvlink_ber",
+            (
+                _LINK,
+                Param("effective_ber", "number", required=True, minimum=0, maximum=1),
+                Param("symbol_ber", "number", default=0.0, minimum=0, maximum=1),
+            ),
+            _nvlink_ber,
+        ),
         FaultKind(
             "process",
             (

@@ -8,6 +8,7 @@ have, are answered NOT_SUPPORTED per entry.
 from __future__ import annotations
 
 import ctypes
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -109,6 +110,31 @@ def _nvlink_state(gpu: SimGpu, _now: float, scope: int) -> Result:
     return codes.SUCCESS, codes.VALUE_UINT, int(gpu.nvlink_up[scope])
 
 
+def encode_ber(ber: float) -> int:
+    """A bit-error rate packed as NVML does: mantissa (bits 8-11) * 10^-exponent (bits
+    0-7), one significant digit; zero is mantissa 15 with exponent 255."""
+    if ber <= 0:
+        return (15 << 8) | 255
+    exponent = -math.floor(math.log10(ber))
+    mantissa = round(ber * 10.0**exponent)
+    if mantissa == 10:  # 9.6e-12 rounds up to 1e-11
+        mantissa, exponent = 1, exponent - 1
+    return (mantissa << 8) | min(exponent, 254)
+
+
+def _per_link_ber(rates: Callable[[SimGpu], list[float]]) -> Reader:
+    """A per-link bit-error rate (``scopeId`` is the link), on GPUs with NVLink."""
+
+    def read(gpu: SimGpu, _now: float, scope: int) -> Result:
+        if gpu.nvlinks == 0:
+            return NOT_SUPPORTED  # as the R580 H200 without NVLinks answers
+        if scope >= gpu.nvlinks:
+            return _INVALID
+        return codes.SUCCESS, codes.VALUE_ULONGLONG, encode_ber(rates(gpu)[scope])
+
+    return read
+
+
 def _tlimit(threshold: Callable[[SimGpu], int | None]) -> Reader:
     """A threshold on NVML's T.Limit scale, not in degrees Celsius.
 
@@ -184,6 +210,8 @@ READERS: dict[int, Reader] = {
     codes.FI_NVLINK_CRC_DATA_TOTAL: _all_links(lambda g: g.nvlink_crc_data),
     codes.FI_NVLINK_REPLAY_TOTAL: _all_links(lambda g: g.nvlink_replay),
     codes.FI_NVLINK_RECOVERY_TOTAL: _all_links(lambda g: g.nvlink_recovery),
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER: _per_link_ber(lambda g: g.nvlink_effective_ber),
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER: _per_link_ber(lambda g: g.nvlink_symbol_ber),
     pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: nvlink_throughput_field(receive=False),
     pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: nvlink_throughput_field(receive=True),
     codes.FI_TEMPERATURE_SHUTDOWN_TLIMIT: _tlimit(lambda g: g.profile.temperature_shutdown_c),

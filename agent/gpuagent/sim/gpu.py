@@ -191,6 +191,9 @@ class SimGpu:
         self.nvlink_crc_data = [0] * self.nvlinks
         self.nvlink_replay = [0] * self.nvlinks
         self.nvlink_recovery = [0] * self.nvlinks
+        # Bit-error rates each link measures (`nvlink_ber`): effective (after FEC), symbol.
+        self.nvlink_effective_ber = [0.0] * self.nvlinks
+        self.nvlink_symbol_ber = [0.0] * self.nvlinks
 
     # --- what the model has -------------------------------------------------------------
 
@@ -290,6 +293,8 @@ class SimGpu:
             make_instances(self.profile, self.default_mig_profiles) if self.mig_mode else []
         )
         self.nvlink_up = [True] * self.nvlinks
+        self.nvlink_effective_ber = [0.0] * self.nvlinks
+        self.nvlink_symbol_ber = [0.0] * self.nvlinks
         self.processes.clear()
         self.hca.clear()
         self.in_cdi_spec = True

@@ -85,6 +85,10 @@ class NvlinkCheck:
     crc_rate_per_second: Annotated[float, NON_NEGATIVE] = 100.0
     # Window over which the CRC rate is measured and replay or recovery errors count as new.
     rate_window_seconds: Annotated[float, POSITIVE] = 60.0
+    # A link whose effective bit-error rate is above this is WARN (DCGM fails it above
+    # 1e-12). The symbol BER is judged only when a limit is set (0: exported, not judged).
+    effective_ber_limit: Annotated[float, POSITIVE] = 1e-12
+    symbol_ber_limit: Annotated[float, NON_NEGATIVE] = 0.0
 
 
 @dataclass(frozen=True)
