@@ -7,6 +7,7 @@ panel or mute an alert.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import tempfile
 import time
@@ -143,7 +144,7 @@ def _full_snapshot() -> NodeSnapshot:
             module_version="550.54.15",
             kernel_release="6.1.0-18-amd64",
             os_release="Debian GNU/Linux 12 (bookworm)",
-            services=(Service("nvidia-fabricmanager", "active"),),
+            services=(Service("nvidia-fabricmanager", "active", restarts=0),),
         ),
         agent_version="0.1.0",
         nvml_ok=True,
@@ -151,7 +152,7 @@ def _full_snapshot() -> NodeSnapshot:
         gpus=(GpuInventory(index=0, pci_bus_id=bus, uuid="GPU-0", model="H100"),),
         expected_gpus=8,
     )
-    return snapshot(
+    full = snapshot(
         findings=findings,
         inventory=inventory,
         pcie=(PciePath(link, (bridge,)),),
@@ -177,6 +178,22 @@ def _full_snapshot() -> NodeSnapshot:
             rejected_commands=(("malformed", 1),),
         ),
     )
+    # A Grace-Blackwell GPU's NVLink bit-error rates and C2C link.
+    blackwell = {
+        "nvlink_effective_ber": (0.0,) * 18,
+        "nvlink_symbol_ber": (0.0,) * 18,
+        "c2c_up": (True,),
+        "c2c_crc_errors": 0,
+        "c2c_replay_errors": 0,
+        "c2c_replay_b2b_errors": 0,
+    }
+    gpus = tuple(
+        dataclasses.replace(g, readings=dataclasses.replace(g.readings, **blackwell))
+        if g.readings is not None
+        else g
+        for g in full.gpus
+    )
+    return dataclasses.replace(full, gpus=gpus)
 
 
 def _fleet_exposition() -> str:

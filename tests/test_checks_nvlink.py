@@ -178,6 +178,11 @@ def test_evidence() -> None:
         "rate_window_seconds": 60.0,
         "effective_ber_max": None,  # not reported by this GPU
         "symbol_ber_max": None,
+        "c2c_links": 0,  # not a Grace-Blackwell GPU
+        "c2c_crc_errors": None,
+        "c2c_replay_errors": None,
+        "c2c_replay_b2b_errors": None,
+        "c2c_errors_in_window": None,
     }
 
 
@@ -235,3 +240,21 @@ def test_symbol_ber_is_judged_only_with_a_limit() -> None:
     config = with_checks(nvlink=NvlinkCheck(symbol_ber_limit=1e-12))
     (found,) = check_series("nvlink", steps, config=config)
     assert found.reason == "NVLink 3 symbol bit-error rate 5e-10, above 1e-12"
+
+
+def _c2c(crc: int, up: bool | None = True) -> dict[str, Any]:
+    return poll(c2c_up=(up,), c2c_crc_errors=crc, c2c_replay_errors=0, c2c_replay_b2b_errors=0)
+
+
+def test_c2c_errors_growing_warn_and_a_c2c_link_down_is_critical() -> None:
+    # Old errors since boot alone say nothing; growth while watched does.
+    steps = [(0.0, _c2c(7)), (30.0, _c2c(7))]
+    assert check_series("nvlink", steps)[-1].severity is Severity.OK
+    grown = check_series("nvlink", [*steps, (60.0, _c2c(10))])[-1]
+    assert (grown.severity, grown.runbook) == (Severity.WARN, "gpu-c2c-errors")
+    # Counted against the window since the first sample in it (as for NVLink replays).
+    assert grown.reason == "3 new C2C link errors in 60 s (CRC, replay and back-to-back replay)"
+    (down,) = check_series("nvlink", [(0.0, _c2c(7, up=False))])
+    assert (down.severity, down.action) == (Severity.CRITICAL, "drain_and_reboot")
+    assert down.reason == "C2C link 0 to the CPU down (1 of 1)"
+    assert down.evidence_dict()["c2c_links"] == 1

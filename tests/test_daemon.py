@@ -98,6 +98,26 @@ def test_an_nvlink_ber_above_the_limit_is_found_and_exported_per_link(tmp_path: 
         daemon.stop()
 
 
+def test_a_healthy_gb200_is_ok_and_c2c_errors_are_found(tmp_path: Path) -> None:
+    daemon = start_daemon(tmp_path, '[node]\ngpus = 4\nmodel = "gb200"\n')
+    try:
+        doc = daemon.wait_for(lambda d: all(_gpu(d, i)["health"] == "OK" for i in range(4)))
+        assert doc["node"]["health"] == "OK"
+        daemon.inject("c2c_errors", 2, count=5)
+        doc = daemon.wait_for(lambda d: _severity(d, 2, "nvlink") == "WARN")
+        finding = next(f for f in _gpu(doc, 2)["findings"] if f["check"] == "nvlink")
+        assert finding["runbook"] == "gpu-c2c-errors"
+        assert _gpu(doc, 3)["health"] == "OK"
+        errors = {
+            (s.labels["gpu"], s.labels["counter"]): s.value
+            for s in _samples(daemon.metrics(), "gpuagent_gpu_c2c_errors_total")
+        }
+        assert errors[("2", "crc")] == 5.0
+        assert errors[("3", "crc")] == 0.0
+    finally:
+        daemon.stop()
+
+
 # (fault kind, values, check that must fire, severity, extra config)
 FAULTS: list[tuple[str, dict[str, Any], str, str]] = [
     ("ecc_dbe", {"count": 1}, "ecc", "CRITICAL"),

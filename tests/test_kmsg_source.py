@@ -361,3 +361,17 @@ async def test_real_dev_kmsg_reads_the_boot_buffer() -> None:
     async with following(harness):
         pass
     assert harness.source.counters.records_read > 0
+
+
+def test_imex_notification_noise_is_no_gpu_event() -> None:
+    # GB200/GB300 racks log this thousands of times when the IMEX daemon is not (yet)
+    # running: not a GPU fault by itself (the fabric check judges the IMEX daemon).
+    events: list[GpuEvent] = []
+    source = KmsgSource(
+        KmsgSourceSection(path=Path("unused")), events.append, boot_id="b", clock=lambda: 0.0
+    )
+    noise = "NVRM: _fabricNotifyEvent: Unable to notify ImexSessionApi"
+    source.feed(b"".join(f"6,{n},{n},-;{noise}\n".encode() for n in range(5000)))
+    source.feed(f"3,9000,9000,-;{XID_79}\n".encode())
+    assert [e.code for e in events] == [79]
+    assert source.counters.records_read == 5001

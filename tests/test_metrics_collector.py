@@ -414,6 +414,7 @@ _OPTIONAL_FIELDS = [
         "nvlink_up",
         "nvlink_effective_ber",
         "nvlink_symbol_ber",
+        "c2c_up",
         "processes",
         "graphics_processes",
     )

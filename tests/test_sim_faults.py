@@ -288,6 +288,24 @@ def test_nvlink_ber_is_packed_per_link_as_nvml_packs_it(node: SimulatedNode) -> 
     assert field(2, effective, 5) == zero
 
 
+def test_c2c_links_and_errors_on_grace_blackwell_only(make_node: MakeNode) -> None:
+    hopper = make_node('[node]\ngpus = 2\nmodel = "NVIDIA H100 80GB HBM3"\n')
+    assert field(0, pynvml.NVML_FI_DEV_C2C_LINK_COUNT) is None  # NOT_SUPPORTED, as on H200
+    with pytest.raises(ValueError, match="has no NVLink-C2C"):
+        hopper.inject("c2c_errors", 0, {})
+    node = make_node('[node]\ngpus = 4\nmodel = "gb200"\n')
+    assert field(1, pynvml.NVML_FI_DEV_C2C_LINK_COUNT) == 1
+    assert field(1, pynvml.NVML_FI_DEV_C2C_LINK_GET_STATUS, 0) == 1
+    node.inject("c2c_errors", 1, {"count": 3})
+    node.inject("c2c_errors", 1, {"counter": "replay_b2b"})
+    assert field(1, pynvml.NVML_FI_DEV_C2C_LINK_ERROR_INTR, 0) == 3
+    assert field(1, pynvml.NVML_FI_DEV_C2C_LINK_ERROR_REPLAY, 0) == 0
+    assert field(1, pynvml.NVML_FI_DEV_C2C_LINK_ERROR_REPLAY_B2B, 0) == 1
+    assert field(0, pynvml.NVML_FI_DEV_C2C_LINK_ERROR_INTR, 0) == 0
+    with pytest.raises(ValueError, match="no such C2C link"):
+        node.inject("c2c_errors", 1, {"link": 1})
+
+
 def test_process_shows_in_processes_memory_and_load(make_node: MakeNode) -> None:
     clock = FakeClock()
     node = make_node(clock=clock)
@@ -564,7 +582,7 @@ def test_every_kind_has_a_test_here() -> None:
         "recovery_action", "repair_pending", "unrepairable_memory",
         # In test_sim_kubernetes.py, with the node's Kubernetes GPU stack:
         "device_plugin_down", "cdi_stale",
-        "fabric_manager", "nvlink_ber",
+        "fabric_manager", "nvlink_ber", "c2c_errors",
     }  # fmt: skip
     assert set(FAULT_KINDS) == tested
 

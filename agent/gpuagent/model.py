@@ -317,6 +317,12 @@ class GpuReadings:
     # effective (after forward error correction) and symbol; None where not reported.
     nvlink_effective_ber: tuple[float | None, ...] = ()
     nvlink_symbol_ber: tuple[float | None, ...] = ()
+    # NVLink-C2C to the CPU (Grace-Blackwell): each link up or not, and its CRC, replay and
+    # back-to-back replay error counters summed over the links, since the driver loaded.
+    c2c_up: tuple[bool | None, ...] = ()
+    c2c_crc_errors: int | None = None
+    c2c_replay_errors: int | None = None
+    c2c_replay_b2b_errors: int | None = None
     processes: tuple[GpuProcess, ...] = ()  # compute processes
     # Graphics processes (a display server): read only while no compute process is listed
     # and memory is in use, to tell a desktop's display from memory held by no one.

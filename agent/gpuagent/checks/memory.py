@@ -107,6 +107,7 @@ class GpuMemory:
     nvlink_crc: CounterSeries = field(default_factory=CounterSeries)
     nvlink_replay: CounterSeries = field(default_factory=CounterSeries)
     nvlink_recovery: CounterSeries = field(default_factory=CounterSeries)
+    c2c_errors: CounterSeries = field(default_factory=CounterSeries)  # CRC + replay + B2B
     # The processes check's hold timers (checks/processes.py): since when memory has been
     # held with no process; since when each listed PID has been missing from procfs; since
     # when the GPU has done nothing with the processes in ``idle_pids`` on it.

@@ -44,16 +44,28 @@ def remember_nvlink(
     window = config.rate_window_seconds
     if readings is None:
         # A missing value never starts a new series, whatever source it is given.
-        crc, source, replay, recovery = None, "", None, None
+        crc, source, replay, recovery, c2c = None, "", None, None, None
     else:
         crc, source = _crc_sample(readings)
         replay, recovery = readings.nvlink_replay_errors, readings.nvlink_recovery_errors
+        c2c = _c2c_sample(readings)
     return replace(
         memory,
         nvlink_crc=memory.nvlink_crc.observe(now, crc, source, window),
         nvlink_replay=memory.nvlink_replay.observe(now, replay, "replay", window),
         nvlink_recovery=memory.nvlink_recovery.observe(now, recovery, "recovery", window),
+        c2c_errors=memory.c2c_errors.observe(now, c2c, "c2c", window),
     )
+
+
+def _c2c_sample(readings: GpuReadings) -> int | None:
+    """The C2C error counters summed; None unless the GPU reports all three."""
+    counters = (
+        readings.c2c_crc_errors,
+        readings.c2c_replay_errors,
+        readings.c2c_replay_b2b_errors,
+    )
+    return None if None in counters else sum(c for c in counters if c is not None)
 
 
 def _per_second(value: float) -> str:
@@ -116,6 +128,35 @@ def _worst(rates: tuple[float | None, ...]) -> float | None:
     return max(known) if known else None
 
 
+def _c2c_problems(links: tuple[bool | None, ...], rate: Rate | None) -> list[Problem]:
+    """NVLink-C2C, the GPU's link to the CPU on Grace-Blackwell: a link down cuts the
+    GPU's coherent path to host memory; errors between samples are its signal failing."""
+    problems = []
+    down = [str(index) for index, up in enumerate(links) if up is False]
+    if down:
+        problems.append(
+            Problem(
+                Severity.CRITICAL,
+                f"C2C link {', '.join(down)} to the CPU down ({len(down)} of {len(links)})",
+                Action.DRAIN_AND_REBOOT,
+                Runbook.GPU_C2C_ERRORS,
+                "C2C link down",
+            )
+        )
+    if rate is not None and rate.increase > 0:
+        problems.append(
+            Problem(
+                Severity.WARN,
+                f"{plural(rate.increase, 'new C2C link error')} in {fmt(rate.span_seconds)} s "
+                "(CRC, replay and back-to-back replay)",
+                Action.INVESTIGATE,
+                Runbook.GPU_C2C_ERRORS,
+                "C2C link errors",
+            )
+        )
+    return problems
+
+
 def _per_second_or_none(rate: Rate | None) -> float | None:
     return None if rate is None else rate.per_second
 
@@ -129,6 +170,7 @@ def check_nvlink(view: GpuView) -> Outcome:
     crc = memory.nvlink_crc.rate(window)
     replay = memory.nvlink_replay.rate(window)
     recovery = memory.nvlink_recovery.rate(window)
+    c2c = memory.c2c_errors.rate(window)
     evidence: Evidence = (
         ("links", len(links)),
         ("links_up", up_count),
@@ -147,6 +189,11 @@ def check_nvlink(view: GpuView) -> Outcome:
         ("rate_window_seconds", window),
         ("effective_ber_max", _worst(readings.nvlink_effective_ber)),
         ("symbol_ber_max", _worst(readings.nvlink_symbol_ber)),
+        ("c2c_links", len(readings.c2c_up)),
+        ("c2c_crc_errors", readings.c2c_crc_errors),
+        ("c2c_replay_errors", readings.c2c_replay_errors),
+        ("c2c_replay_b2b_errors", readings.c2c_replay_b2b_errors),
+        ("c2c_errors_in_window", None if c2c is None else c2c.increase),
     )
     found = (
         _down_problem(links, down),
@@ -158,6 +205,7 @@ def check_nvlink(view: GpuView) -> Outcome:
         *(p for p in found if p is not None),
         *_ber_problems("effective", readings.nvlink_effective_ber, config.effective_ber_limit),
         *_ber_problems("symbol", readings.nvlink_symbol_ber, config.symbol_ber_limit),
+        *_c2c_problems(readings.c2c_up, c2c),
     )
     if not links:
         return Outcome("no NVLink", evidence, problems)

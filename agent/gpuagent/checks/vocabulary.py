@@ -68,6 +68,7 @@ class Runbook(enum.StrEnum):
     GPU_NVLINK_DOWN = "gpu-nvlink-down"
     GPU_NVLINK_ERRORS = "gpu-nvlink-errors"
     GPU_NVLINK_BER = "gpu-nvlink-ber"
+    GPU_C2C_ERRORS = "gpu-c2c-errors"
     GPU_FABRIC_ROUTE_UNHEALTHY = "gpu-fabric-route-unhealthy"
     GPU_FABRIC_CONFIGURATION = "gpu-fabric-configuration"
     GPU_FABRIC_RECOVERY = "gpu-fabric-recovery"

@@ -181,6 +181,7 @@ class _Builder:
             *self._profiling(),
             self._clock_event_reasons(),
             self._nvlink_up(),
+            *self._c2c(),
             self._nvlink_ber(names.GPU_NVLINK_EFFECTIVE_BER, "nvlink_effective_ber"),
             self._nvlink_ber(names.GPU_NVLINK_SYMBOL_BER, "nvlink_symbol_ber"),
             self._row_remap_banks(),
@@ -410,6 +411,22 @@ class _Builder:
                 if up is not None:
                     family.add_metric([*gpu.labels, str(link)], float(up))
         return family
+
+    def _c2c(self) -> list[Metric]:
+        up, errors = _gauge(names.GPU_C2C_LINK_UP), _counter(names.GPU_C2C_ERRORS)
+        for gpu, _identity, readings in self.answering:
+            for link, state in enumerate(readings.c2c_up):
+                if state is not None:
+                    up.add_metric([*gpu.labels, str(link)], float(state))
+            counters = (
+                ("crc", readings.c2c_crc_errors),
+                ("replay", readings.c2c_replay_errors),
+                ("replay_b2b", readings.c2c_replay_b2b_errors),
+            )
+            for counter, value in counters:
+                if value is not None:
+                    errors.add_metric([*gpu.labels, counter], float(value))
+        return [up, errors]
 
     def _nvlink_ber(self, spec: MetricSpec, field: str) -> Metric:
         family = _gauge(spec)

@@ -488,6 +488,17 @@ GPU_NVLINK_UP = MetricSpec(
     "1 if the NVLink is active, 0 if it is down.",
     (*GPU_LABELS, "link"),
 )
+GPU_C2C_LINK_UP = MetricSpec(
+    "gpuagent_gpu_c2c_link_up",
+    "1 if the GPU's NVLink-C2C link to the CPU (Grace-Blackwell) is active, 0 if it is down.",
+    (*GPU_LABELS, "link"),
+)
+GPU_C2C_ERRORS = MetricSpec(
+    "gpuagent_gpu_c2c_errors_total",
+    "NVLink-C2C link errors since the driver loaded, summed over the GPU's C2C links, by "
+    "counter (crc, replay, replay_b2b).",
+    (*GPU_LABELS, "counter"),
+)
 GPU_NVLINK_EFFECTIVE_BER = MetricSpec(
     "gpuagent_gpu_nvlink_effective_ber",
     "The NVLink's effective bit-error rate (after forward error correction), as the link "

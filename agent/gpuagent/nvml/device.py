@@ -73,6 +73,13 @@ _SLOW_COUNTER_FIELDS: dict[int, str] = {
     # NVML's recovery action (None / reset / reboot / drain and reset), read with them.
     pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: "recovery_action",
 }
+# NVLink-C2C error counters (CRC, replay, back-to-back replay), each asked per link.
+_C2C_COUNTERS: dict[str, int] = {
+    "c2c_crc_errors": pynvml.NVML_FI_DEV_C2C_LINK_ERROR_INTR,
+    "c2c_replay_errors": pynvml.NVML_FI_DEV_C2C_LINK_ERROR_REPLAY,
+    "c2c_replay_b2b_errors": pynvml.NVML_FI_DEV_C2C_LINK_ERROR_REPLAY_B2B,
+}
+_C2C_FIELDS = (pynvml.NVML_FI_DEV_C2C_LINK_GET_STATUS, *_C2C_COUNTERS.values())
 # Per-link bit-error rates (NVML_NVLINK_ERROR_COUNTER_BER_*), each asked per link.
 _BER_FIELDS: dict[str, int] = {
     "nvlink_effective_ber": pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER,
@@ -202,6 +209,7 @@ class Device:
         self._slow: dict[str, Any] = {}
         self._fields: list[Any] = list(_COUNTER_FIELDS)
         self._nvlink_count = 0
+        self._c2c_count = 0
         self._ber_fields: list[tuple[int, int]] = []
         self._power_field_supported = True
         self._mig_profiles: tuple[MigProfile, ...] | None = None  # read once, when MIG is on
@@ -246,13 +254,20 @@ class Device:
             )
             for attr, threshold in _THRESHOLDS.items()
         }
-        (links,) = _field_values(self.worker, self.handle, [pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT])
+        links, c2c_links = _field_values(
+            self.worker,
+            self.handle,
+            [pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, pynvml.NVML_FI_DEV_C2C_LINK_COUNT],
+        )
         self._nvlink_count = int(links or 0)
+        self._c2c_count = int(c2c_links or 0)
         self._fields = list(_COUNTER_FIELDS) + [
             (pynvml.NVML_FI_DEV_NVLINK_GET_STATE, link) for link in range(self._nvlink_count)
         ]
         if self._nvlink_count:
             self._fields += _NVLINK_THROUGHPUT
+        # NVLink-C2C to the CPU (Grace-Blackwell): each link's state and error counters.
+        self._fields += [(field, link) for link in range(self._c2c_count) for field in _C2C_FIELDS]
         # Per-link bit-error rates, read with the slow counters (they are measured over
         # time by the link, and a GPU without NVLink has none to ask for).
         self._ber_fields = [
@@ -326,6 +341,7 @@ class Device:
             _link_state(values.get((pynvml.NVML_FI_DEV_NVLINK_GET_STATE, link)))
             for link in range(self._nvlink_count)
         )
+        readings.update(self._c2c(values))
         if readings["power_w"] is None and self._power_field_supported:
             # Older drivers lack the power fields: the classic call reads the same average.
             power = self._get("nvmlDeviceGetPowerUsage", pynvml.nvmlDeviceGetPowerUsage)
@@ -340,6 +356,22 @@ class Device:
                 bool(readings.get("mig_mode_current")), values, profiling_interval
             )
         return GpuReadings(**readings)
+
+    def _c2c(self, values: dict[Any, Any]) -> dict[str, Any]:
+        """The C2C links' states, and each error counter summed over the links (None when
+        a link does not report it)."""
+        links = range(self._c2c_count)
+        out: dict[str, Any] = {
+            "c2c_up": tuple(
+                _link_state(values.get((pynvml.NVML_FI_DEV_C2C_LINK_GET_STATUS, link)))
+                for link in links
+            )
+        }
+        for key, field in _C2C_COUNTERS.items():
+            counts = [values.get((field, link)) for link in links]
+            known = [int(count) for count in counts if count is not None]
+            out[key] = sum(known) if known and len(known) == len(counts) else None
+        return out
 
     def _profiling_due(
         self, mig: bool, values: dict[Any, Any], interval: float

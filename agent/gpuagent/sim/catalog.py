@@ -428,6 +428,7 @@ GB200 = GpuProfile(
     remap_banks=3968,
     gsp_firmware=True,
     fabric=True,
+    c2c_links=1,
     violation_counters=True,
 )
 
@@ -491,6 +492,7 @@ GB300 = GpuProfile(
     remap_banks=5952,
     gsp_firmware=True,
     fabric=True,
+    c2c_links=1,
     violation_counters=True,
 )
 

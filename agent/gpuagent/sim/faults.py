@@ -16,7 +16,7 @@ from gpuagent.inventory.model import FABRIC_MANAGER, IMEX
 from gpuagent.model import FABRIC_CONDITIONS
 from gpuagent.sim import codes, hardware
 from gpuagent.sim.codes import RECOVERY_ACTION_CODES
-from gpuagent.sim.gpu import SimGpu, SimProcess, make_instances
+from gpuagent.sim.gpu import C2C_COUNTERS, SimGpu, SimProcess, make_instances
 from gpuagent.sim.infiniband import DOWN_STATES, ERROR_COUNTERS
 from gpuagent.sim.profiles import GpuProfile
 
@@ -177,6 +177,11 @@ def _nvlink_ber(gpu: SimGpu, params: Params, _at: float) -> Events:
     link = _int(params["link"])
     gpu.nvlink_effective_ber[link] = _number(params["effective_ber"])
     gpu.nvlink_symbol_ber[link] = _number(params["symbol_ber"])
+    return ()
+
+
+def _c2c_errors(gpu: SimGpu, params: Params, _at: float) -> Events:
+    gpu.c2c_errors[str(params["counter"])][_int(params["link"])] += _int(params["count"])
     return ()
 
 
@@ -385,6 +390,16 @@ KINDS: dict[str, FaultKind] = {
         FaultKind("nvlink_down", (_LINK,), _nvlink_down),
         FaultKind("nvlink_errors", (_LINK, *_ERRORS, *_MORE_ERRORS), _nvlink_errors),
         # The bit-error rates the link measures (NVML packs them as one significant digit).
+        # NVLink-C2C errors on a Grace-Blackwell GPU (profile c2c_links).
+        FaultKind(
+            "c2c_errors",
+            (
+                Param("count", "int", default=1, minimum=1),
+                Param("counter", "str", default="crc", choices=C2C_COUNTERS),
+                Param("link", "int", default=0, minimum=0, maximum=hardware.MAX_NVLINKS - 1),
+            ),
+            _c2c_errors,
+        ),
         FaultKind(
             "nvlink_ber",
             (
@@ -518,6 +533,7 @@ _MISSING_FEATURE: dict[str, tuple[Callable[[GpuProfile], bool], str]] = {
     ),
     "fabric": (lambda p: p.fabric, "is not in an NVSwitch fabric"),
     "fabric_health": (lambda p: p.fabric, "is not in an NVSwitch fabric"),
+    "c2c_errors": (lambda p: p.c2c_links > 0, "has no NVLink-C2C (Grace-Blackwell only)"),
 }
 
 
@@ -548,7 +564,19 @@ def _check_for_model(
         _within(checked, "watts", profile.power_min_limit_w, profile.power_max_limit_w)
     elif kind == "app_clocks":
         _within(checked, "mhz", profile.sm_clock_idle_mhz, profile.sm_clock_max_mhz)
-    if "link" in checked and _int(checked["link"]) >= nvlinks:
+    _check_link(kind, checked, profile, nvlinks)
+
+
+def _check_link(
+    kind: str, checked: Mapping[str, ParamValue], profile: GpuProfile, nvlinks: int
+) -> None:
+    """A link index names an NVLink the GPU has (a C2C link, for `c2c_errors`)."""
+    if "link" not in checked:
+        return
+    if kind == "c2c_errors":
+        if _int(checked["link"]) >= profile.c2c_links:
+            raise FaultError(f"no such C2C link: this GPU has {profile.c2c_links}", key="link")
+    elif _int(checked["link"]) >= nvlinks:
         raise FaultError(f"no such NVLink: this GPU has {nvlinks} links", key="link")
 
 

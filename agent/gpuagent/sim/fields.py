@@ -135,6 +135,25 @@ def _per_link_ber(rates: Callable[[SimGpu], list[float]]) -> Reader:
     return read
 
 
+def _c2c_link_count(gpu: SimGpu, _now: float, _scope: int) -> Result:
+    if not gpu.profile.c2c_links:
+        return NOT_SUPPORTED  # as the R580 H200 (no C2C) answers
+    return codes.SUCCESS, codes.VALUE_UINT, gpu.profile.c2c_links
+
+
+def _per_c2c_link(value: Callable[[SimGpu, int], int]) -> Reader:
+    """A C2C link's value (``scopeId`` is the link)."""
+
+    def read(gpu: SimGpu, _now: float, scope: int) -> Result:
+        if not gpu.profile.c2c_links:
+            return NOT_SUPPORTED
+        if scope >= gpu.profile.c2c_links:
+            return _INVALID
+        return codes.SUCCESS, codes.VALUE_UINT, value(gpu, scope)
+
+    return read
+
+
 def _tlimit(threshold: Callable[[SimGpu], int | None]) -> Reader:
     """A threshold on NVML's T.Limit scale, not in degrees Celsius.
 
@@ -210,6 +229,13 @@ READERS: dict[int, Reader] = {
     codes.FI_NVLINK_CRC_DATA_TOTAL: _all_links(lambda g: g.nvlink_crc_data),
     codes.FI_NVLINK_REPLAY_TOTAL: _all_links(lambda g: g.nvlink_replay),
     codes.FI_NVLINK_RECOVERY_TOTAL: _all_links(lambda g: g.nvlink_recovery),
+    pynvml.NVML_FI_DEV_C2C_LINK_COUNT: _c2c_link_count,
+    pynvml.NVML_FI_DEV_C2C_LINK_GET_STATUS: _per_c2c_link(lambda _g, _link: 1),  # active
+    pynvml.NVML_FI_DEV_C2C_LINK_ERROR_INTR: _per_c2c_link(lambda g, n: g.c2c_errors["crc"][n]),
+    pynvml.NVML_FI_DEV_C2C_LINK_ERROR_REPLAY: _per_c2c_link(lambda g, n: g.c2c_errors["replay"][n]),
+    pynvml.NVML_FI_DEV_C2C_LINK_ERROR_REPLAY_B2B: _per_c2c_link(
+        lambda g, n: g.c2c_errors["replay_b2b"][n]
+    ),
     pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER: _per_link_ber(lambda g: g.nvlink_effective_ber),
     pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER: _per_link_ber(lambda g: g.nvlink_symbol_ber),
     pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: nvlink_throughput_field(receive=False),

@@ -65,6 +65,10 @@ class SimProcess:
     hung: bool = False
 
 
+# The C2C error counters, as the fault and the field readers name them.
+C2C_COUNTERS = ("crc", "replay", "replay_b2b")
+
+
 @dataclass(slots=True)
 class SimGpuInstance:
     """A MIG GPU instance; NVML hands out a pointer to ``handle``, and a pointer to
@@ -191,6 +195,9 @@ class SimGpu:
         self.nvlink_crc_data = [0] * self.nvlinks
         self.nvlink_replay = [0] * self.nvlinks
         self.nvlink_recovery = [0] * self.nvlinks
+        # NVLink-C2C links to the CPU (Grace-Blackwell): each link's CRC, replay and
+        # back-to-back replay error counters (`c2c_errors`), since the driver loaded.
+        self.c2c_errors = {counter: [0] * self.profile.c2c_links for counter in C2C_COUNTERS}
         # Bit-error rates each link measures (`nvlink_ber`): effective (after FEC), symbol.
         self.nvlink_effective_ber = [0.0] * self.nvlinks
         self.nvlink_symbol_ber = [0.0] * self.nvlinks

@@ -117,6 +117,9 @@ class GpuProfile:
     remap_banks: int = 2560
     gsp_firmware: bool  # GSP firmware runs by default on this model with its drivers
     fabric: bool  # nvmlDeviceGetGpuFabricInfo (NVSwitch fabric, Hopper and later)
+    # NVLink-C2C links to the Grace CPU (Grace-Blackwell superchips; NVML fields 170-171,
+    # 231-233). The captures show "C2C Mode: Enabled" but no count: one link is assumed.
+    c2c_links: int = 0
     # nvmlDeviceGetViolationStatus and the throttle-duration fields: NVML gives them on
     # "fully supported" products (data-centre, workstation, Titan), not on GeForce.
     violation_counters: bool
