@@ -110,3 +110,28 @@ def test_malformed_kernel_records_are_counted_and_the_daemon_carries_on(run_daem
     daemon.wait_for(unparsed, timeout=5)
     log = (daemon.workdir / "daemon.log").read_text()
     assert log.count("unparseable kernel log record") == 1
+
+
+def test_an_operational_event_and_its_xid_line_are_one_event(run_daemon: Run) -> None:
+    daemon = run_daemon(
+        H100 + 'driver_version = "615.10.01"\n',
+        config_extra="[sources.nvml_events]\noperational = true\n",
+    )
+    bus = _gpu(daemon.status(), 3)["pci_bus_id"]
+    short = bus.rsplit(".", 1)[0]
+    daemon.inject("operational_event", 3, xid=79)
+    daemon.wait_for(lambda d: _finding(d, 3, "xid") is not None, timeout=5)
+    daemon.write_kernel_log(
+        f"[ 99.1] NVRM: Xid (PCI:{short}): 79, pid=4242, name=train.py, GPU has fallen off the bus."
+    )
+    # The kernel line's content joins the one event; no second one comes.
+    doc = daemon.wait_for(
+        lambda d: daemon.call("events", {"gpu": bus})["events"][0]["source"] == "kmsg", timeout=5
+    )
+    events = daemon.call("events", {"gpu": bus})["events"]
+    assert [(e["kind"], e["code"]) for e in events] == [("xid", 79)]
+    assert events[0]["id"].startswith("nvml-op:")
+    assert events[0]["process"] == "train.py"
+    finding = _finding(doc, 3, "xid")
+    assert finding is not None
+    assert finding["severity"] == "CRITICAL"

@@ -236,3 +236,23 @@ def test_open_incidents_are_bounded_whatever_the_storm() -> None:
         log.add(teardown(n, pid=n))
     assert len(log.incidents.open_incidents()) == MAX_OPEN
     assert len(log.recent()) == 100
+
+
+def test_an_operational_event_its_xid_event_and_its_kernel_line_are_one_event() -> None:
+    log = EventLog(EventsSection(dedup_window_seconds=10))
+    operational = event(
+        "nvml-op:x:1", source="nvml_operational", at=100.0, line="GPU operational event"
+    )
+    classic = event("nvml:x", source="nvml", at=100.2, line="Xid 79 (NVML event)")
+    kernel = event("kmsg:b:1", source="kmsg", at=100.5, line=KERNEL_LINE, pid=4242)
+    assert log.add(operational)
+    assert not log.add(classic)
+    assert not log.add(kernel)
+    (kept,) = [e for e in log.recent() if e.kind == "xid"]
+    assert (kept.event_id, kept.source, kept.line, kept.pid) == (
+        "nvml-op:x:1",
+        "kmsg",
+        KERNEL_LINE,
+        4242,
+    )
+    assert log.duplicates == 2

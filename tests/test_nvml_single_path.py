@@ -447,3 +447,56 @@ def _worker(source: NvmlSource, index: int) -> CallWorker:
     session = source._session  # the GPU's worker, to see it free again
     assert session is not None
     return next(d.worker for d in session.devices if d.index == index)
+
+
+async def _operational_watcher(
+    node: SimulatedNode, events: list[Any]
+) -> tuple[NvmlSource, NvmlEventWatcher]:
+    source = _source(node)
+    await source.poll()
+    watcher = NvmlEventWatcher(
+        source.devices(),
+        events.append,
+        asyncio.get_running_loop(),
+        call_timeout=TIMEOUT,
+        operational=True,
+    )
+    watcher.start()
+    await _until(lambda: watcher.registered == 2)
+    return source, watcher
+
+
+async def test_operational_events_arrive_with_their_legacy_xid_beside_classic_ones() -> None:
+    scenario = SCENARIO + 'driver_version = "615.10.01"\n'
+    with SimulatedNode(parse_scenario(scenario)) as node:
+        events: list[Any] = []
+        source, watcher = await _operational_watcher(node, events)
+        await _until(lambda: watcher.operational_registered == 2)
+        node.inject("operational_event", 1, {"xid": 79})
+        node.inject("xid", 0, {"xid": 13})  # a classic event, through the same v3 wait
+        await _until(lambda: len(events) == 2)
+        operational = next(e for e in events if e.source == "nvml_operational")
+        assert (operational.code, operational.kind) == (79, "xid")
+        assert operational.line.startswith("GPU operational event on ")
+        assert "Xid 79, RM category 1 code 79, fatal (primary)" in operational.line
+        classic = next(e for e in events if e.source == "nvml")
+        assert classic.code == 13
+        async with asyncio.timeout(watcher.stop_timeout + 1.0):
+            assert await watcher.stopped()
+        await source.close()
+
+
+async def test_a_driver_without_operational_events_keeps_the_classic_ones(
+    node: SimulatedNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="gpuagent.sources.nvml_events")
+    events: list[Any] = []
+    source, watcher = await _operational_watcher(node, events)  # driver 550
+    node.inject("operational_event", 1, {"xid": 79})  # nobody listens for it
+    node.inject("xid", 1, {"xid": 79})
+    await _until(lambda: events)
+    assert [(e.source, e.code) for e in events] == [("nvml", 79)]
+    assert "GPU operational events are not offered by this driver" in caplog.text
+    async with asyncio.timeout(watcher.stop_timeout + 1.0):
+        assert await watcher.stopped()
+    await source.close()

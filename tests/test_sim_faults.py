@@ -583,6 +583,8 @@ def test_every_kind_has_a_test_here() -> None:
         # In test_sim_kubernetes.py, with the node's Kubernetes GPU stack:
         "device_plugin_down", "cdi_stale",
         "fabric_manager", "nvlink_ber", "c2c_errors",
+        # In test_nvml_single_path.py, through the event watcher:
+        "operational_event",
     }  # fmt: skip
     assert set(FAULT_KINDS) == tested
 

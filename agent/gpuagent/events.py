@@ -22,8 +22,10 @@ from gpuagent.incidents import SAMPLES, Incident, IncidentBook
 from gpuagent.model import AerSeverity, EventCount, EventKind, GpuEvent
 
 _CountKey = tuple[str | None, EventKind, int | None, AerSeverity | None]
-# Sources whose XID records carry the kernel's line (pid, process, text, drill marker).
+# Sources whose XID records carry the kernel's line (pid, process, text, drill marker),
+# and those that carry only the driver's number (an XID event, an operational event).
 _KERNEL_SOURCES = frozenset({"kmsg", "drill"})
+_NVML_SOURCES = frozenset({"nvml", "nvml_operational"})
 # How far back from the newest event an NVML XID is looked for to take a kernel line's
 # content: the two arrive within the de-duplication window, so near the end.
 _ENRICH_SEARCH = 256
@@ -100,7 +102,7 @@ class EventLog:
         same = source != event.source and abs(event.monotonic - when) <= (
             self._config.dedup_window_seconds
         )
-        if same and event.source in _KERNEL_SOURCES and source == "nvml":
+        if same and event.source in _KERNEL_SOURCES and source in _NVML_SOURCES:
             self._enrich(event)
         return same
 
@@ -109,8 +111,7 @@ class EventLog:
         events = self._events
         for index in range(len(events) - 1, max(-1, len(events) - 1 - _ENRICH_SEARCH), -1):
             kept = events[index]
-            if (kept.source, kept.kind, kept.gpu, kept.code) == (
-                "nvml",
+            if kept.source in _NVML_SOURCES and (kept.kind, kept.gpu, kept.code) == (
                 "xid",
                 kernel.gpu,
                 kernel.code,

@@ -500,7 +500,7 @@ class KernelLine(NamedTuple):
     text: str = ""  # the message without timestamp or syslog prefixes
 
 
-EventSource = Literal["kmsg", "nvml", "udev", "drill", "dcgm"]
+EventSource = Literal["kmsg", "nvml", "nvml_operational", "udev", "drill", "dcgm"]
 # Kernel kinds, udev's, and a DCGM policy violation that has no XID of its own (PCIe,
 # retired pages, thermal, power, NVLink; DCGM's DBE and XID notifications are XIDs).
 EventKind = (

@@ -162,6 +162,7 @@ class NvmlPoller:
             asyncio.get_running_loop(),
             call_timeout=self._config.sources.nvml.call_timeout_seconds,
             on_recovery_action=self._recovery_action_changed,
+            operational=self._config.sources.nvml_events.operational,
         )
         self._xid_watcher.start()
 

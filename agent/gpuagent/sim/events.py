@@ -10,6 +10,12 @@ from gpuagent.sim import codes
 from gpuagent.sim.gpu import SimGpu
 from gpuagent.sim.profiles import GpuProfile
 
+# A GPU operational event (drivers R615 and later, a preview), queued beside the classic
+# event types; its data is the legacy Xid it carries. Not an NVML event-type bit.
+OPERATIONAL_EVENT = 1 << 62
+# Drivers that have the operational-event calls (R580 answers FunctionNotFound for them).
+OPERATIONAL_EVENTS_DRIVER_MAJOR = 615
+
 _EVERY_MODEL = (
     codes.EVENT_PSTATE
     | codes.EVENT_XID
@@ -34,12 +40,21 @@ class EventSet:
         # The nvmlEventSet_t handed out points here; its address identifies the set.
         self.target = pynvml.struct_c_nvmlEventSet_t()
         self.masks: dict[int, int] = {}  # GPU index -> registered event types
+        self.operational: set[int] = set()  # GPU indices registered for operational events
         self.queue: deque[tuple[SimGpu, int, int]] = deque()
         self.freed = False
+        # The legacy Xid of the operational event nvmlEventSetWait_v3 returned last (what
+        # the context calls answer about), and how many it has returned.
+        self.context_xid: int | None = None
+        self.operational_count = 0
 
     def offer(self, gpu: SimGpu, event_type: int, data: int) -> bool:
         """Queue the event if this set listens for it on ``gpu``."""
-        if self.masks.get(gpu.index, 0) & event_type:
+        if event_type == OPERATIONAL_EVENT:
+            listening = gpu.index in self.operational
+        else:
+            listening = bool(self.masks.get(gpu.index, 0) & event_type)
+        if listening:
             self.queue.append((gpu, event_type, data))
             return True
         return False

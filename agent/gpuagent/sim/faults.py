@@ -16,6 +16,7 @@ from gpuagent.inventory.model import FABRIC_MANAGER, IMEX
 from gpuagent.model import FABRIC_CONDITIONS
 from gpuagent.sim import codes, hardware
 from gpuagent.sim.codes import RECOVERY_ACTION_CODES
+from gpuagent.sim.events import OPERATIONAL_EVENT
 from gpuagent.sim.gpu import C2C_COUNTERS, SimGpu, SimProcess, make_instances
 from gpuagent.sim.infiniband import DOWN_STATES, ERROR_COUNTERS
 from gpuagent.sim.profiles import GpuProfile
@@ -227,6 +228,10 @@ def _xid(_gpu: SimGpu, params: Params, _at: float) -> Events:
     return ((codes.EVENT_XID, _int(params["xid"])),)
 
 
+def _operational_event(_gpu: SimGpu, params: Params, _at: float) -> Events:
+    return ((OPERATIONAL_EVENT, _int(params["xid"])),)
+
+
 def _ecc_mode(gpu: SimGpu, params: Params, _at: float) -> Events:
     # `nvidia-smi -e`: the new mode is pending until the next reset.
     gpu.ecc_pending = bool(params["enabled"])
@@ -430,6 +435,12 @@ KINDS: dict[str, FaultKind] = {
             _memory_leak,
         ),
         FaultKind("xid", (Param("xid", "int", required=True, minimum=1, maximum=999),), _xid),
+        # A GPU operational event carrying that legacy Xid (drivers R615 and later).
+        FaultKind(
+            "operational_event",
+            (Param("xid", "int", required=True, minimum=1, maximum=999),),
+            _operational_event,
+        ),
         FaultKind("ecc_mode", (Param("enabled", "bool", required=True),), _ecc_mode),
         FaultKind("mig_mode", (Param("enabled", "bool", required=True),), _mig_mode),
         FaultKind("mig_instances", (Param("profiles", "names", required=True),), _mig_instances),

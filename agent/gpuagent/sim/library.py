@@ -17,7 +17,12 @@ import pynvml
 
 from gpuagent.model import fabric_health_mask
 from gpuagent.sim import codes, costs, hardware
-from gpuagent.sim.events import EventSet, supported_event_types
+from gpuagent.sim.events import (
+    OPERATIONAL_EVENT,
+    OPERATIONAL_EVENTS_DRIVER_MAJOR,
+    EventSet,
+    supported_event_types,
+)
 from gpuagent.sim.fields import fill_field_values
 from gpuagent.sim.gpm import GpmDriver
 from gpuagent.sim.gpu import SimGpu, SimGpuInstance
@@ -211,7 +216,17 @@ class SimulatedLibrary:
         spec = self._state.spec
         driver = spec.driver_version.encode()
         nvml = spec.resolved_nvml_version.encode()
+        operational: dict[str, Entry] = {}
+        if spec.driver_major >= OPERATIONAL_EVENTS_DRIVER_MAJOR:
+            operational = {
+                "nvmlEventSetRegisterGpuOperationalEvents_v1": self._register_operational,
+                "nvmlEventSetWait_v3": self._event_set_wait_v3,
+                "nvmlEventSetGetContextCount_v1": self._context_count,
+                "nvmlEventSetGetContextInfo_v1": self._context_info,
+                "nvmlEventSetGetGpuOperationalEventContextLegacyXid_v1": self._context_xid,
+            }
         return {
+            **operational,
             "nvmlSystemGetDriverVersion": lambda _n, buf, size: _put_string(buf, size, driver),
             "nvmlSystemGetNVMLVersion": lambda _n, buf, size: _put_string(buf, size, nvml),
             "nvmlSystemGetCudaDriverVersion": self._cuda_version,
@@ -296,6 +311,72 @@ class SimulatedLibrary:
         target.eventData = event_data
         target.gpuInstanceId = hardware.NO_INSTANCE_ID
         target.computeInstanceId = hardware.NO_INSTANCE_ID
+        return codes.SUCCESS
+
+    # GPU operational events (R615 and later): nvmlEventSetWait_v3 returns them and the
+    # classic events alike; the context calls describe the operational event it returned
+    # last, whose one context is its legacy Xid.
+
+    def _register_operational(self, _now: float, pointer: Any, config: Any) -> int:
+        event_set = self._state.event_set_for(pointer)
+        wanted = _out(config).uuid  # pynvml's printable structs hand strings back as str
+        wanted = wanted.encode() if isinstance(wanted, str) else wanted
+        gpu = next((g for g in self._state.gpus if g.uuid == wanted), None)
+        if event_set is None or gpu is None:
+            return codes.ERROR_INVALID_ARGUMENT
+        event_set.operational.add(gpu.index)
+        return codes.SUCCESS
+
+    def _event_set_wait_v3(self, _now: float, pointer: Any, params: Any) -> int:
+        event_set = self._state.event_set_for(pointer)
+        if event_set is None:
+            return codes.ERROR_INVALID_ARGUMENT
+        target = _out(params)
+        outcome = self._state.wait_event(event_set, target.timeoutMs / 1000.0)
+        if isinstance(outcome, int):
+            return outcome
+        gpu, event_type, event_data = outcome
+        target.uuid = gpu.uuid
+        target.gpuInstanceId = target.computeInstanceId = hardware.NO_INSTANCE_ID
+        target.timestampUsec = int(time.time() * 1_000_000)
+        if event_type != OPERATIONAL_EVENT:
+            target.dataType = pynvml.NVML_EVENT_DATA_TYPE_NVML_EVENT
+            target.eventType, target.eventData = event_type, event_data
+            return codes.SUCCESS
+        event_set.context_xid = event_data
+        event_set.operational_count += 1
+        target.dataType = pynvml.NVML_EVENT_DATA_TYPE_GPU_OPERATIONAL_EVENT
+        target.sourceModule = b"RM"
+        target.severity = pynvml.NVML_OPERATIONAL_EVENT_SEVERITY_FATAL
+        target.categoryId = 1
+        target.moduleEventCode = event_data
+        target.instanceId = event_set.operational_count
+        target.attributes = pynvml.NVML_OPERATIONAL_EVENT_ATTR_PRIMARY
+        return codes.SUCCESS
+
+    def _context_count(self, _now: float, pointer: Any, params: Any) -> int:
+        event_set = self._state.event_set_for(pointer)
+        if event_set is None:
+            return codes.ERROR_INVALID_ARGUMENT
+        _out(params).count = 0 if event_set.context_xid is None else 1
+        return codes.SUCCESS
+
+    def _context_info(self, _now: float, pointer: Any, params: Any) -> int:
+        event_set = self._state.event_set_for(pointer)
+        target = _out(params)
+        if event_set is None or event_set.context_xid is None or target.index != 0:
+            return codes.ERROR_INVALID_ARGUMENT
+        target.nvmlGpuOperationalEventContextType = (
+            pynvml.NVML_GPU_OPERATIONAL_EVENT_CONTEXT_TYPE_LEGACY_XID
+        )
+        return codes.SUCCESS
+
+    def _context_xid(self, _now: float, pointer: Any, params: Any) -> int:
+        event_set = self._state.event_set_for(pointer)
+        target = _out(params)
+        if event_set is None or event_set.context_xid is None or target.index != 0:
+            return codes.ERROR_INVALID_ARGUMENT
+        target.xidCode = event_set.context_xid
         return codes.SUCCESS
 
     def _event_set_free(self, _now: float, pointer: Any) -> int:

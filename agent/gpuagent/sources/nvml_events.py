@@ -5,7 +5,14 @@ that waits in short slices (so it can stop) and hands each event to the event lo
 call in it is timed like any other NVML call: a wait that runs past its slice plus the call
 timeout is reported (logged, and `error` says so) while the daemon carries on. `stop` ends
 the job and joins the thread with a bound. The kernel log usually carries the same XID; the
-event log keeps whichever arrives first.
+event log keeps one event, with the kernel line's content.
+
+With ``operational`` on, the GPUs are also registered for NVIDIA's GPU operational events
+(drivers R615 and later) and the set is waited on with nvmlEventSetWait_v3, which returns
+both kinds. Each operational event becomes an XID event with its legacy Xid (so the same
+fault from the kernel line and the classic event is still one event); one without a
+legacy Xid is logged once per module and code. A driver without them is told once, and
+the classic events go on as before.
 """
 
 from __future__ import annotations
@@ -21,7 +28,17 @@ from typing import Any
 from gpuagent.config import NvmlSourceSection
 from gpuagent.model import GpuEvent
 from gpuagent.nvml.errors import GpuLostError, NvmlCallError, NvmlUnavailableError
-from gpuagent.nvml.events import create_event_set, free_event_set, register_events, wait_event
+from gpuagent.nvml.events import (
+    OperationalEvent,
+    create_event_set,
+    describe_operational,
+    device_uuid,
+    free_event_set,
+    register_events,
+    register_operational_events,
+    wait_event,
+    wait_event_v3,
+)
 from gpuagent.nvml.worker import CallWorker
 
 log = logging.getLogger(__name__)
@@ -48,8 +65,11 @@ class NvmlEventWatcher:
         wall_clock: Callable[[], float] = time.time,
         call_timeout: float = _DEFAULT_CALL_TIMEOUT,
         on_recovery_action: Callable[[str], None] = lambda _bus_id: None,
+        operational: bool = False,
     ) -> None:
         self._devices = list(devices)
+        self._operational = operational
+        self._unexplained: set[tuple[str, int]] = set()  # operational events without an Xid
         self._on_event = on_event
         self._on_recovery_action = on_recovery_action
         self._loop = loop
@@ -62,6 +82,7 @@ class NvmlEventWatcher:
         self._stopping: asyncio.Future[bool] | None = None
         self._error: str | None = None
         self.registered = 0
+        self.operational_registered = 0  # GPUs registered for operational events
 
     @property
     def error(self) -> str | None:
@@ -158,13 +179,85 @@ class NvmlEventWatcher:
             except NvmlUnavailableError:
                 break
             self.registered += 1
+        by_uuid = self._register_operational(worker, event_set) if self._operational else {}
         try:
             while not self._stop.is_set():
-                self._wait_once(worker, event_set, by_address)
+                if by_uuid:
+                    self._wait_once_v3(worker, event_set, by_uuid)
+                else:
+                    self._wait_once(worker, event_set, by_address)
         except NvmlUnavailableError as exc:
             log.info("NVML XID events stop: %s", exc)
         finally:
             free_event_set(worker, event_set)
+
+    def _register_operational(self, worker: CallWorker, event_set: Any) -> dict[str, str]:
+        """Every GPU's UUID → bus id once one GPU's operational events are registered (the
+        v3 wait names GPUs by UUID); {} where the driver lacks them."""
+        by_uuid: dict[str, str] = {}
+        registered = 0
+        for handle, bus_id in self._devices:
+            try:
+                uuid = device_uuid(worker, handle)
+                registered += register_operational_events(worker, event_set, uuid)
+            except (NvmlCallError, GpuLostError) as exc:
+                log.info("no GPU operational events from %s: %s", bus_id, exc)
+                continue
+            by_uuid[uuid] = bus_id
+        if not registered:
+            log.info(
+                "GPU operational events are not offered by this driver: XID events and the "
+                "kernel log stand"
+            )
+            return {}
+        self.operational_registered = registered
+        log.info("GPU operational events registered on %d GPUs", registered)
+        return by_uuid
+
+    def _wait_once_v3(self, worker: CallWorker, event_set: Any, by_uuid: dict[str, str]) -> None:
+        try:
+            got = wait_event_v3(worker, event_set, _WAIT_MS)
+        except NvmlCallError as exc:
+            self._error = str(exc)
+            self._stop.wait(_ERROR_BACKOFF_SECONDS)
+            return
+        if got is None:
+            return
+        self._error = None
+        if isinstance(got, OperationalEvent):
+            self._operational_event(got, by_uuid.get(got.uuid))
+            return
+        uuid, kind, data = got
+        self._deliver(by_uuid.get(uuid), kind, data)
+
+    def _operational_event(self, event: OperationalEvent, bus_id: str | None) -> None:
+        if event.xid is None:
+            key = (event.module, event.code)
+            if key not in self._unexplained:
+                self._unexplained.add(key)
+                log.info(
+                    "GPU operational event without a legacy Xid on %s: module %s code %d "
+                    "(further ones of this code are not logged)",
+                    bus_id,
+                    event.module,
+                    event.code,
+                )
+            return
+        now, wall = self._clock(), self._wall()
+        self._loop.call_soon_threadsafe(
+            self._on_event,
+            GpuEvent(
+                event_id=f"nvml-op:{bus_id}:{event.instance}:{event.timestamp_usec}",
+                source="nvml_operational",
+                kind="xid",
+                gpu=bus_id,
+                time=wall,
+                monotonic=now,
+                pci=bus_id,
+                code=event.xid,
+                line=describe_operational(event, bus_id),
+            ),
+        )
 
     def _wait_once(self, worker: CallWorker, event_set: Any, by_address: dict[int, str]) -> None:
         try:
@@ -176,8 +269,11 @@ class NvmlEventWatcher:
         if got is None:
             return
         self._error = None
-        address, kind, xid = got
-        bus_id = by_address.get(address)
+        address, kind, data = got
+        self._deliver(by_address.get(address), kind, data)
+
+    def _deliver(self, bus_id: str | None, kind: str, xid: int) -> None:
+        """A classic event: an XID, or a recovery action that changed."""
         if kind == "recovery_action":
             if bus_id is not None:
                 self._loop.call_soon_threadsafe(self._on_recovery_action, bus_id)

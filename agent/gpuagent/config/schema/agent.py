@@ -79,6 +79,10 @@ class KmsgSourceSection:
 class NvmlEventsSourceSection:
     # XID events straight from the driver (nvmlEventSetWait), beside the kernel log.
     enabled: bool = True
+    # NVIDIA's GPU operational events too (drivers R615 and later; a preview, so off by
+    # default): each becomes an event with its legacy Xid. Where the driver lacks them,
+    # nothing changes.
+    operational: bool = False
 
 
 @dataclass(frozen=True)
