@@ -118,6 +118,61 @@ def test_a_healthy_gb200_is_ok_and_c2c_errors_are_found(tmp_path: Path) -> None:
         daemon.stop()
 
 
+B200_NODE = (
+    '[node]\ngpus = 8\nmodel = "b200"\ndriver_version = "615.10.01"\n'
+    'fabric_state = "completed"\nfabricmanager = "active"\n'
+)
+
+
+def _problems(doc: dict[str, Any]) -> list[tuple[int | None, str, str, str]]:
+    """(GPU index or None, check, severity, runbook) of every finding that is not OK."""
+    found = [(None, f["check"], f["severity"], f["runbook"]) for f in doc["node"]["findings"]]
+    for gpu in doc["gpus"]:
+        found += [
+            (gpu["index"], f["check"], f["severity"], f["runbook"])
+            for f in gpu["findings"]
+            if f["severity"] != "OK"
+        ]
+    return found
+
+
+def test_a_simulated_b200_gives_one_finding_per_fabric_fault(tmp_path: Path) -> None:
+    daemon = start_daemon(
+        tmp_path,
+        B200_NODE,
+        config_extra="[sources.nvml_events]\noperational = true\n"
+        "[inventory]\nservices_probe_seconds = 0.2\n",
+    )
+    try:
+        # Healthy first: persistence mode off is the one expected warning on every GPU.
+        doc = daemon.wait_for(lambda d: d["node"]["inventory"] is not None)
+        assert [p for p in _problems(doc) if p[1] != "persistence"] == []
+        steps = [
+            (("fabric_health", 0, {"bits": ["route_unhealthy"]}),
+             (0, "fabric_health", "CRITICAL", "gpu-fabric-route-unhealthy")),
+            (("nvlink_ber", 1, {"link": 7, "effective_ber": 3e-11}),
+             (1, "nvlink", "WARN", "gpu-nvlink-ber")),
+            (("operational_event", 2, {"xid": 79}),
+             (2, "xid", "CRITICAL", "gpu-xid-reboot-required")),
+            (("fabric_manager", 3, {"state": "flapping"}),
+             (None, "fabric", "CRITICAL", "node-service-flapping")),
+        ]  # fmt: skip
+        expected: set[tuple[int | None, str, str, str]] = set()
+        for (kind, gpu, values), finding in steps:
+            daemon.inject(kind, gpu, **values)
+            expected.add(finding)
+            doc = daemon.wait_for(
+                lambda d: {p for p in _problems(d) if p[1] != "persistence"} == expected
+            )
+        daemon.inject("clear", 3)
+        daemon.inject("fabric_manager", 3, state="down")
+        down = (None, "fabric", "CRITICAL", "node-fabric-manager")
+        expected = (expected - {steps[3][1]}) | {down}
+        daemon.wait_for(lambda d: {p for p in _problems(d) if p[1] != "persistence"} == expected)
+    finally:
+        daemon.stop()
+
+
 # (fault kind, values, check that must fire, severity, extra config)
 FAULTS: list[tuple[str, dict[str, Any], str, str]] = [
     ("ecc_dbe", {"count": 1}, "ecc", "CRITICAL"),
