@@ -361,22 +361,32 @@ class SimulatedLibrary:
         _out(params).count = 0 if event_set.context_xid is None else 1
         return codes.SUCCESS
 
-    def _context_info(self, _now: float, pointer: Any, params: Any) -> int:
+    def _legacy_xid_context(self, pointer: Any, params: Any) -> tuple[Any, int] | None:
+        """The request and the legacy Xid of its set's last operational event, for the one
+        context (index 0) that event has; None for any other request."""
         event_set = self._state.event_set_for(pointer)
         target = _out(params)
         if event_set is None or event_set.context_xid is None or target.index != 0:
+            return None
+        return target, event_set.context_xid
+
+    def _context_info(self, _now: float, pointer: Any, params: Any) -> int:
+        found = self._legacy_xid_context(pointer, params)
+        if found is None:
             return codes.ERROR_INVALID_ARGUMENT
-        target.nvmlGpuOperationalEventContextType = (
+        found[
+            0
+        ].nvmlGpuOperationalEventContextType = (
             pynvml.NVML_GPU_OPERATIONAL_EVENT_CONTEXT_TYPE_LEGACY_XID
         )
         return codes.SUCCESS
 
     def _context_xid(self, _now: float, pointer: Any, params: Any) -> int:
-        event_set = self._state.event_set_for(pointer)
-        target = _out(params)
-        if event_set is None or event_set.context_xid is None or target.index != 0:
+        found = self._legacy_xid_context(pointer, params)
+        if found is None:
             return codes.ERROR_INVALID_ARGUMENT
-        target.xidCode = event_set.context_xid
+        target, xid = found
+        target.xidCode = xid
         return codes.SUCCESS
 
     def _event_set_free(self, _now: float, pointer: Any) -> int:

@@ -29,6 +29,7 @@ from gpuagent.config import NvmlSourceSection
 from gpuagent.model import GpuEvent
 from gpuagent.nvml.errors import GpuLostError, NvmlCallError, NvmlUnavailableError
 from gpuagent.nvml.events import (
+    EventKind,
     OperationalEvent,
     create_event_set,
     describe_operational,
@@ -182,10 +183,7 @@ class NvmlEventWatcher:
         by_uuid = self._register_operational(worker, event_set) if self._operational else {}
         try:
             while not self._stop.is_set():
-                if by_uuid:
-                    self._wait_once_v3(worker, event_set, by_uuid)
-                else:
-                    self._wait_once(worker, event_set, by_address)
+                self._wait_once(worker, event_set, by_address, by_uuid)
         except NvmlUnavailableError as exc:
             log.info("NVML XID events stop: %s", exc)
         finally:
@@ -213,22 +211,6 @@ class NvmlEventWatcher:
         self.operational_registered = registered
         log.info("GPU operational events registered on %d GPUs", registered)
         return by_uuid
-
-    def _wait_once_v3(self, worker: CallWorker, event_set: Any, by_uuid: dict[str, str]) -> None:
-        try:
-            got = wait_event_v3(worker, event_set, _WAIT_MS)
-        except NvmlCallError as exc:
-            self._error = str(exc)
-            self._stop.wait(_ERROR_BACKOFF_SECONDS)
-            return
-        if got is None:
-            return
-        self._error = None
-        if isinstance(got, OperationalEvent):
-            self._operational_event(got, by_uuid.get(got.uuid))
-            return
-        uuid, kind, data = got
-        self._deliver(by_uuid.get(uuid), kind, data)
 
     def _operational_event(self, event: OperationalEvent, bus_id: str | None) -> None:
         if event.xid is None:
@@ -259,9 +241,20 @@ class NvmlEventWatcher:
             ),
         )
 
-    def _wait_once(self, worker: CallWorker, event_set: Any, by_address: dict[int, str]) -> None:
+    def _wait_once(
+        self,
+        worker: CallWorker,
+        event_set: Any,
+        by_address: dict[int, str],
+        by_uuid: dict[str, str],
+    ) -> None:
+        """One wait: v3 (naming GPUs by UUID) once operational events are registered."""
+        got: tuple[int | str, EventKind, int] | OperationalEvent | None
         try:
-            got = wait_event(worker, event_set, _WAIT_MS)
+            if by_uuid:
+                got = wait_event_v3(worker, event_set, _WAIT_MS)
+            else:
+                got = wait_event(worker, event_set, _WAIT_MS)
         except NvmlCallError as exc:
             self._error = str(exc)
             self._stop.wait(_ERROR_BACKOFF_SECONDS)
@@ -269,8 +262,11 @@ class NvmlEventWatcher:
         if got is None:
             return
         self._error = None
-        address, kind, data = got
-        self._deliver(by_address.get(address), kind, data)
+        if isinstance(got, OperationalEvent):
+            self._operational_event(got, by_uuid.get(got.uuid))
+            return
+        gpu, kind, data = got
+        self._deliver(by_uuid.get(gpu) if isinstance(gpu, str) else by_address.get(gpu), kind, data)
 
     def _deliver(self, bus_id: str | None, kind: str, xid: int) -> None:
         """A classic event: an XID, or a recovery action that changed."""
