@@ -71,6 +71,9 @@ class EventLog:
             self._events.append(event)
             self._ids.add(event.event_id)
             self._recent = None
+            # Only a kept record can take the log past its size; age is trimmed here and
+            # by `prune` alike, so the records a storm folds cost no trimming.
+            self._trim(event.monotonic)
         if event.kind == "xid" and event.code is not None:
             self._last_xid[(event.gpu, event.code)] = (event.source, event.monotonic)
         key = (event.gpu, event.kind, event.code, event.aer_severity)
@@ -81,7 +84,6 @@ class EventLog:
             tally[0] += 1
             tally[1] = max(tally[1], event.time)
         self._counts_view = None
-        self._trim(event.monotonic)
         return added
 
     def weights(self) -> Mapping[str, int]:
