@@ -16,16 +16,15 @@ from gpuagent.checks import (
     evaluate,
 )
 from gpuagent.checks.common import Outcome, to_finding
+from gpuagent.checks.daemons import check_fabric, check_services
 from gpuagent.checks.inventory import (
     check_drift,
     check_driver,
     check_ecc_mode,
-    check_fabric,
     check_firmware,
     check_gpu_count,
     check_mig_layout,
     check_persistence_mode,
-    check_services,
     check_settings,
     layout_text,
     version_matches,

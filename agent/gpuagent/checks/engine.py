@@ -15,6 +15,7 @@ from gpuagent.checks.aer import check_aer, remember_aer
 from gpuagent.checks.availability import check_availability, no_data
 from gpuagent.checks.bus import check_bus
 from gpuagent.checks.common import EventView, GpuView, NodeView, Outcome, to_finding
+from gpuagent.checks.daemons import check_fabric, check_services
 from gpuagent.checks.dcgm import check_dcgm, check_dcgm_node, corroborate
 from gpuagent.checks.ecc import check_ecc, remember_sbe
 from gpuagent.checks.eventindex import EventIndex
@@ -31,13 +32,11 @@ from gpuagent.checks.inventory import (
     check_drift,
     check_driver,
     check_ecc_mode,
-    check_fabric,
     check_firmware,
     check_gpu_count,
     check_kernel_module,
     check_mig_layout,
     check_persistence_mode,
-    check_services,
     check_settings,
 )
 from gpuagent.checks.kernel import check_kernel
