@@ -68,6 +68,10 @@ def test_healthy_node_ready_status_metrics_and_clean_stop(run_daemon: Run) -> No
     assert {s.value for s in _samples(metrics, "gpuagent_gpu_up")} == {1.0}
     with urllib.request.urlopen(f"http://127.0.0.1:{daemon.port}/", timeout=5) as r:
         assert b'href="metrics"' in r.read()
+    # The probes a kubelet asks: alive (the loop turns, snapshots come) and ready.
+    for probe in ("healthz", "readyz"):
+        with urllib.request.urlopen(f"http://127.0.0.1:{daemon.port}/{probe}", timeout=5) as r:
+            assert (r.status, r.read()) == (200, b"ok\n")
 
     # The watchdog is pinged from the event loop.
     notes = daemon.read_notifications(1.5)

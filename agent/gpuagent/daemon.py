@@ -29,6 +29,7 @@ from gpuagent.dcgm.source import DcgmSource
 from gpuagent.diskio import DiskThread
 from gpuagent.events import EventLog
 from gpuagent.metrics import MetricsServer, build_registry
+from gpuagent.metrics.probes import Probes
 from gpuagent.model import DiagResult, GpuEvent, NodeSnapshot
 from gpuagent.node.inventory import InventoryKeeper
 from gpuagent.node.kubernetes import KubernetesWatch, kubernetes_check_enabled
@@ -315,8 +316,12 @@ class Agent:
             remediator.on_record = self.reporter.audit_written
         self._open_sources()
         host, port = self.config.metrics.host_port
+        stall = self.config.metrics.health_stall_seconds
+        self.probes = Probes(
+            stall, self._snapshot_age, stall + self.config.sources.nvml.interval_seconds
+        )
         self._metrics = MetricsServer(
-            build_registry(lambda: self.store.current, __version__), host, port
+            build_registry(lambda: self.store.current, __version__), host, port, self.probes
         )
         self._metrics.start()
         self.publisher.metrics = self._metrics
@@ -340,6 +345,7 @@ class Agent:
             running = [
                 tasks.create_task(self.poller.loop(), name="poll-nvml"),
                 tasks.create_task(self._watchdog_loop(), name="watchdog"),
+                tasks.create_task(self.probes.run(), name="heartbeat"),
                 tasks.create_task(self.sources.prune_loop(), name="prune-events"),
                 tasks.create_task(self.sources.incident_loop(), name="incidents"),
             ]
@@ -370,6 +376,10 @@ class Agent:
                 # Before the connection goes: a clean goodbye, not the Last Will.
                 await self._until(deadline, self.reporter.shutdown(), "the MQTT goodbye")
             await self._cancel_and_wait(running, deadline)
+
+    def _snapshot_age(self) -> float | None:
+        snapshot = self.store.current
+        return None if snapshot is None else time.time() - snapshot.taken_at
 
     async def _watchdog_loop(self) -> None:
         # WATCHDOG=1 comes from the event loop itself, so a blocked loop stops the pings

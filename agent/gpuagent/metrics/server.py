@@ -1,4 +1,5 @@
-"""The /metrics HTTP endpoint: a small threaded WSGI server that reads only memory."""
+"""The /metrics HTTP endpoint (and /healthz, /readyz): a small threaded WSGI server that
+reads only memory."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 
 from gpuagent.api import OUT_OF_DESCRIPTORS, ExhaustionLog
 from gpuagent.metrics.exposition import CONTENT_TYPE, Exposition
+from gpuagent.metrics.probes import Probes
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +94,14 @@ class _Server(ThreadingWSGIServer):
         log.debug("metrics request from %s failed: %r", client_address, sys.exc_info()[1])
 
 
-def _router(exposition: Exposition) -> WSGIApplication:
+def _router(exposition: Exposition, probes: Probes | None) -> WSGIApplication:
     def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO") or "/"
+        if probes is not None and path in ("/healthz", "/readyz"):
+            ok, reason = probes.live() if path == "/healthz" else probes.ready()
+            status = "200 OK" if ok else "503 Service Unavailable"
+            start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+            return [f"{reason}\n".encode()]
         if path == "/metrics":
             gzipped = "gzip" in str(environ.get("HTTP_ACCEPT_ENCODING", ""))
             body = exposition.body(gzipped=gzipped)
@@ -125,9 +132,11 @@ def _resolve(host: str, port: int) -> tuple[int, _Address]:
 class MetricsServer:
     """Serves ``registry`` on /metrics in the text format (gzip when asked)."""
 
-    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, host: str, port: int, probes: Probes | None = None
+    ) -> None:
         self.exposition = Exposition(registry)
-        self._app = _router(self.exposition)
+        self._app = _router(self.exposition, probes)
         self._host = host
         self._requested_port = port
         self._server: _Server | None = None

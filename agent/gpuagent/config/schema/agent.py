@@ -32,6 +32,10 @@ class ApiSection:
 @dataclass(frozen=True)
 class MetricsSection:
     listen: str = "0.0.0.0:19400"
+    # /healthz fails once the event loop has not turned for this long, or no snapshot was
+    # taken for this long plus the NVML poll interval (the probes a kubelet or a load
+    # balancer asks; systemd's watchdog judges the loop the same way).
+    health_stall_seconds: Annotated[float, POSITIVE] = 60.0
 
     @property
     def host_port(self) -> tuple[str, int]:
