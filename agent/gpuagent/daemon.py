@@ -78,6 +78,11 @@ class Agent:
             scenario = load_scenario(simulate) if isinstance(simulate, Path) else simulate
             self.simulator = SimulatedNode(scenario)
         self.store = SnapshotStore()
+        stall = config.metrics.health_stall_seconds
+        # /healthz and /readyz (on the metrics listener); its heartbeat runs with the rest.
+        self.probes = Probes(
+            stall, self._snapshot_age, stall + config.sources.nvml.interval_seconds
+        )
         self.events = EventLog(config.events)
         self.notifier = Notifier()
         self.node_name = config.agent.resolved_node_name
@@ -316,10 +321,6 @@ class Agent:
             remediator.on_record = self.reporter.audit_written
         self._open_sources()
         host, port = self.config.metrics.host_port
-        stall = self.config.metrics.health_stall_seconds
-        self.probes = Probes(
-            stall, self._snapshot_age, stall + self.config.sources.nvml.interval_seconds
-        )
         self._metrics = MetricsServer(
             build_registry(lambda: self.store.current, __version__), host, port, self.probes
         )
