@@ -349,6 +349,15 @@ class GpuReadings:
     # where the GPU has no GPM, so such a GPU exports no profiling series at all.
     profiling: tuple[GpuProfiling, ...] = ()
 
+    @property
+    def c2c_errors(self) -> tuple[tuple[str, int | None], ...]:
+        """The C2C error counters by the names metrics give them."""
+        return (
+            ("crc", self.c2c_crc_errors),
+            ("replay", self.c2c_replay_errors),
+            ("replay_b2b", self.c2c_replay_b2b_errors),
+        )
+
 
 GpuStatus = Literal["ok", "lost", "timeout", "error"]
 

@@ -17,7 +17,6 @@ from gpuagent.inventory.model import (
     FABRIC_MANAGER,
     IMEX,
     PERSISTENCED,
-    STOPPED_STATES,
     GpuInventory,
     Service,
 )
@@ -66,8 +65,7 @@ def check_services(view: InventoryView) -> Outcome:
     # Not installed, masked (an operator's choice), or no systemd to ask: persistence
     # itself is the persistence check's. Stopped at fewer probes than make it down: a
     # restart in passing.
-    running = state in ("active", "activating", "not_installed", "masked", "unknown")
-    if not running and not (service is not None and service.pending):
+    if service is not None and service.down:
         problems.insert(
             0,
             Problem(
@@ -95,7 +93,7 @@ def _imex_problems(imex: Service | None) -> list[Problem]:
     if imex is None or imex.state in ("not_installed", "masked", "unknown"):
         return []
     problems = _flapping(imex, Severity.CRITICAL)
-    if imex.state in STOPPED_STATES and not imex.pending:
+    if imex.down:
         problems.insert(
             0,
             Problem(

@@ -60,12 +60,8 @@ def remember_nvlink(
 
 def _c2c_sample(readings: GpuReadings) -> int | None:
     """The C2C error counters summed; None unless the GPU reports all three."""
-    counters = (
-        readings.c2c_crc_errors,
-        readings.c2c_replay_errors,
-        readings.c2c_replay_b2b_errors,
-    )
-    return None if None in counters else sum(c for c in counters if c is not None)
+    counters = [value for _, value in readings.c2c_errors if value is not None]
+    return sum(counters) if len(counters) == len(readings.c2c_errors) else None
 
 
 def _per_second(value: float) -> str:

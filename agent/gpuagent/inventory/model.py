@@ -95,6 +95,11 @@ class Service:
     recent_restarts: int = 0  # automatic restarts within the restart window
     flapping: bool = False  # recent_restarts at or above the limit
 
+    @property
+    def down(self) -> bool:
+        """Installed and stopped, at enough probes in a row (or read once)."""
+        return self.state in STOPPED_STATES and not self.pending
+
 
 @dataclass(frozen=True, slots=True)
 class HostFacts:

@@ -418,12 +418,7 @@ class _Builder:
             for link, state in enumerate(readings.c2c_up):
                 if state is not None:
                     up.add_metric([*gpu.labels, str(link)], float(state))
-            counters = (
-                ("crc", readings.c2c_crc_errors),
-                ("replay", readings.c2c_replay_errors),
-                ("replay_b2b", readings.c2c_replay_b2b_errors),
-            )
-            for counter, value in counters:
+            for counter, value in readings.c2c_errors:
                 if value is not None:
                     errors.add_metric([*gpu.labels, counter], float(value))
         return [up, errors]

@@ -115,7 +115,7 @@ class InventoryKeeper:
         """Probe the NVIDIA services between inventory reads (their liveness needs probes
         closer together than the rest of the inventory does)."""
         if self._simulator is not None:
-            probed = self._simulator.host_facts().services
+            probed = self._simulator.services()
         else:
             probed = await read_services(self._config.inventory.systemctl)
         services = self._observe(probed)

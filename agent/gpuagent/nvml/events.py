@@ -79,9 +79,13 @@ def wait_event(
         return None
     except pynvml.NVMLError as exc:
         raise NvmlCallError("nvmlEventSetWait_v2", exc) from None
-    recovery = int(data.eventType) & pynvml.nvmlEventTypeGpuRecoveryAction
-    kind: EventKind = "recovery_action" if recovery else "xid"
-    return handle_address(data.device), kind, int(data.eventData)
+    return handle_address(data.device), _kind(data.eventType), int(data.eventData)
+
+
+def _kind(event_type: int) -> EventKind:
+    """What a classic event is: a recovery-action change, else a critical XID."""
+    recovery = int(event_type) & pynvml.nvmlEventTypeGpuRecoveryAction
+    return "recovery_action" if recovery else "xid"
 
 
 def device_uuid(worker: CallWorker, handle: Any) -> str:
@@ -140,9 +144,7 @@ def wait_event_v3(
         raise NvmlCallError("nvmlEventSetWait_v3", exc) from None
     uuid = text(params.uuid) or ""
     if params.dataType != pynvml.NVML_EVENT_DATA_TYPE_GPU_OPERATIONAL_EVENT:
-        recovery = int(params.eventType) & pynvml.nvmlEventTypeGpuRecoveryAction
-        kind: EventKind = "recovery_action" if recovery else "xid"
-        return uuid, kind, int(params.eventData)
+        return uuid, _kind(params.eventType), int(params.eventData)
     return OperationalEvent(
         uuid=uuid,
         module=text(params.sourceModule) or "",

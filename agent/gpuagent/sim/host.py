@@ -56,6 +56,15 @@ def pci_functions(
     return tuple(sorted(functions, key=lambda f: f.address))
 
 
+def spec_services(spec: NodeSpec) -> tuple[Service, ...]:
+    """The NVIDIA services as the scenario installs them (before any fault)."""
+    return (
+        Service(PERSISTENCED, spec.persistenced),
+        Service(FABRIC_MANAGER, spec.fabricmanager),
+        Service(IMEX, spec.imex),
+    )
+
+
 def host_facts(
     spec: NodeSpec, profile: GpuProfile, off_bus: frozenset[int] = frozenset()
 ) -> HostFacts:
@@ -77,10 +86,6 @@ def host_facts(
             for release in sorted({spec.kernel_release, *spec.installed_kernels}, key=version_key)
         ),
         os_release=spec.os_release,
-        services=(
-            Service(PERSISTENCED, spec.persistenced),
-            Service(FABRIC_MANAGER, spec.fabricmanager),
-            Service(IMEX, spec.imex),
-        ),
+        services=spec_services(spec),
         collected_at=time.time(),
     )

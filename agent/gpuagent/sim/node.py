@@ -15,7 +15,7 @@ from gpuagent.inventory.model import HostFacts, Service, ServiceState
 from gpuagent.k8s.model import DevicePlugin, Toolkit
 from gpuagent.model import IbDevice
 from gpuagent.sim.faults import FaultError, check_params
-from gpuagent.sim.host import host_facts
+from gpuagent.sim.host import host_facts, spec_services
 from gpuagent.sim.kubernetes import kubernetes_host
 from gpuagent.sim.library import SimulatedLibrary
 from gpuagent.sim.replay import unknown_host_facts
@@ -160,12 +160,21 @@ class SimulatedNode:
         with self._state.cond:
             self._tick()
             off_bus = frozenset(g.index for g in self._state.gpus if not g.on_pci_bus)
-            faults = {k: v for g in self._state.gpus for k, v in g.service_faults.items()}
         facts = host_facts(self.scenario.node, self._state.hardware.profile, off_bus)
-        services = tuple(
-            self._probed(service, faults.get(service.name)) for service in facts.services
+        return dataclasses.replace(facts, services=self.services())
+
+    def services(self) -> tuple[Service, ...]:
+        """The NVIDIA services as one `systemctl show` finds them now, the `fabric_manager`
+        faults applied (a probe of its own: the daemon probes them between inventory reads)."""
+        if self.scenario.capture is not None:
+            return unknown_host_facts().services
+        with self._state.cond:
+            self._tick()
+            faults = {k: v for g in self._state.gpus for k, v in g.service_faults.items()}
+        return tuple(
+            self._probed(service, faults.get(service.name))
+            for service in spec_services(self.scenario.node)
         )
-        return dataclasses.replace(facts, services=services)
 
     def _probed(self, service: Service, fault: str | None) -> Service:
         """A service as one `systemctl show` finds it: a flapping one has been restarted

@@ -26,7 +26,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from gpuagent.config import NvmlSourceSection
-from gpuagent.model import GpuEvent
+from gpuagent.model import EventSource, GpuEvent
 from gpuagent.nvml.errors import GpuLostError, NvmlCallError, NvmlUnavailableError
 from gpuagent.nvml.events import (
     EventKind,
@@ -225,20 +225,12 @@ class NvmlEventWatcher:
                     event.code,
                 )
             return
-        now, wall = self._clock(), self._wall()
-        self._loop.call_soon_threadsafe(
-            self._on_event,
-            GpuEvent(
-                event_id=f"nvml-op:{bus_id}:{event.instance}:{event.timestamp_usec}",
-                source="nvml_operational",
-                kind="xid",
-                gpu=bus_id,
-                time=wall,
-                monotonic=now,
-                pci=bus_id,
-                code=event.xid,
-                line=describe_operational(event, bus_id),
-            ),
+        self._hand_over_xid(
+            "nvml_operational",
+            f"nvml-op:{bus_id}:{event.instance}:{event.timestamp_usec}",
+            bus_id,
+            event.xid,
+            describe_operational(event, bus_id),
         )
 
     def _wait_once(
@@ -274,16 +266,22 @@ class NvmlEventWatcher:
             if bus_id is not None:
                 self._loop.call_soon_threadsafe(self._on_recovery_action, bus_id)
             return
+        self._hand_over_xid("nvml", None, bus_id, xid, f"NVML XID event {xid} on {bus_id}")
+
+    def _hand_over_xid(
+        self, source: EventSource, event_id: str | None, bus_id: str | None, xid: int, line: str
+    ) -> None:
+        """An XID from NVML, to the event loop; ``event_id`` None: one from the time."""
         now, wall = self._clock(), self._wall()
         event = GpuEvent(
-            event_id=f"nvml:{bus_id}:{xid}:{int(wall * 1000)}",
-            source="nvml",
+            event_id=event_id or f"nvml:{bus_id}:{xid}:{int(wall * 1000)}",
+            source=source,
             kind="xid",
             gpu=bus_id,
             time=wall,
             monotonic=now,
             pci=bus_id,
             code=xid,
-            line=f"NVML XID event {xid} on {bus_id}",
+            line=line,
         )
         self._loop.call_soon_threadsafe(self._on_event, event)
