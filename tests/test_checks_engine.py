@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from conftest import PATIENCE
 from gpuagent.checks import CHECK_NAMES, NODE_CHECK_NAMES, HealthMemory, evaluate
 from gpuagent.checks.common import Outcome, Problem, fmt, to_finding
 from gpuagent.checks.memory import (
@@ -419,7 +420,7 @@ def test_a_full_event_log_is_indexed_not_rescanned() -> None:
     states, log = _busy_node(gpus=8, events=10_000)
     started = time.perf_counter()
     health, _ = evaluate(states, NVML_OK, ChecksSection(), HealthMemory(), 5000.0, events=log)
-    assert time.perf_counter() - started < 0.25
+    assert time.perf_counter() - started < 0.25 * PATIENCE  # a busy machine is slow
     assert finding(health, "xid", "0000:10:00.0").severity is Severity.CRITICAL
 
 
