@@ -1,5 +1,6 @@
 """A small in-memory Kubernetes API server that applies strategic merge patches to one
-Node, for the Kubernetes cordon backend's tests (the real client library talks HTTP to it)."""
+Node and keeps events.k8s.io/v1 events, for the Kubernetes cordon backend's and output's
+tests (the real client library talks HTTP to it)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ NODE = "gpu-node-1"
 NODE_PATH = f"/api/v1/nodes/{NODE}"
 STATUS_PATH = f"{NODE_PATH}/status"
 SMP = "application/strategic-merge-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
+EVENTS_PATH = "/apis/events.k8s.io/v1/namespaces/default/events"
 
 # Someone else's taint, with a field this client's models do not know: it must come
 # back exactly as it was.
@@ -55,6 +58,7 @@ def make_node(
         "metadata": {
             "name": NODE,
             "resourceVersion": "100",
+            "uid": "9f3c2a1e-5b7d-4c0e-8a61-2f0d3c4b5a69",
             "labels": {"kubernetes.io/hostname": NODE},
             "annotations": {"node.alpha.kubernetes.io/ttl": "0", **(annotations or {})},
         },
@@ -94,6 +98,8 @@ class FakeApiServer:
     interfere: int = 0
     # While set, requests are held until it is released (or 10 s pass).
     hold: threading.Event | None = None
+    # events.k8s.io/v1 events in the default namespace, by name.
+    events: dict[str, Any] = field(default_factory=dict)
 
     def handle(self, method: str, path: str, content_type: str, raw: bytes) -> tuple[int, Any]:
         body = json.loads(raw) if raw else None
@@ -103,6 +109,10 @@ class FakeApiServer:
         if (method, path) in self.failures:
             status = self.failures[(method, path)]
             return status, _status(status, f'nodes "{NODE}" is forbidden or broken')
+        if path == EVENTS_PATH and method == "POST":
+            return self._create_event(body)
+        if path.startswith(EVENTS_PATH + "/") and method == "PATCH":
+            return self._patch_event(path.removeprefix(EVENTS_PATH + "/"), content_type, body)
         if path not in (NODE_PATH, STATUS_PATH):
             return 404, _status(404, f"{path} not found")
         if method == "GET" and path == NODE_PATH:
@@ -127,6 +137,31 @@ class FakeApiServer:
         self._bump()
         return 200, copy.deepcopy(self.node)
 
+    def _create_event(self, event: Any) -> tuple[int, Any]:
+        # What the API server's validation asks of a new event.
+        required = ("eventTime", "reportingController", "reportingInstance", "action", "reason")
+        missing = [key for key in required if not event.get(key)]
+        name = event.get("metadata", {}).get("name", "")
+        if missing or event.get("type") not in ("Normal", "Warning") or not name:
+            return 422, _status(422, f"Event is invalid: {missing or 'type or name'}")
+        if len(event.get("note", "").encode()) > 1024:
+            return 422, _status(422, "note: must have at most 1024 bytes")
+        if name in self.events:
+            return 409, _status(409, f'events.events.k8s.io "{name}" already exists')
+        self.events[name] = copy.deepcopy(event)
+        return 201, event
+
+    def _patch_event(self, name: str, content_type: str, patch: Any) -> tuple[int, Any]:
+        if content_type != MERGE_PATCH:
+            return 415, _status(415, "unsupported")
+        if name not in self.events:
+            return 404, _status(404, f'events.events.k8s.io "{name}" not found')
+        series = patch.get("series")
+        if series is not None and (series.get("count", 0) < 2 or "lastObservedTime" not in series):
+            return 422, _status(422, "series: count must be at least 2, with lastObservedTime")
+        _merge(self.events[name], patch, ())
+        return 200, copy.deepcopy(self.events[name])
+
     def _someone_else_changes_the_node(self) -> None:
         self.node["spec"]["taints"].append({"key": "other/taint", "effect": "NoSchedule"})
         self._bump()
@@ -135,9 +170,12 @@ class FakeApiServer:
         metadata = self.node["metadata"]
         metadata["resourceVersion"] = str(int(metadata["resourceVersion"]) + 1)
 
-    def condition(self) -> Any:
+    def condition(self, kind: str = "GpuHealthy") -> Any:
         conditions = self.node["status"]["conditions"]
-        return next((c for c in conditions if c["type"] == "GpuHealthy"), None)
+        return next((c for c in conditions if c["type"] == kind), None)
+
+    def requests_to(self, method: str, path: str) -> int:
+        return sum(1 for r in list(self.requests) if (r.method, r.path) == (method, path))
 
 
 def _status(code: int, message: str) -> Any:
@@ -170,6 +208,9 @@ def _handler(server: FakeApiServer) -> type[BaseHTTPRequestHandler]:
 
         def do_PATCH(self) -> None:
             self._answer("PATCH")
+
+        def do_POST(self) -> None:
+            self._answer("POST")
 
         def _answer(self, method: str) -> None:
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))

@@ -110,6 +110,15 @@ def test_values_are_applied() -> None:
         ),
         # To Python 1 == True; in TOML 1 is no boolean.
         ("[checks.kubernetes]\nenabled = 1\n", "checks.kubernetes.enabled", 2, "got int 1"),
+        *(
+            (
+                f"[outputs.kubernetes]\nsummary_condition = '{kind}'\n",
+                "outputs.kubernetes.summary_condition",
+                2,
+                "condition type",
+            )
+            for kind in ("", "Gpu Healthy", "-Gpu", "a/b")
+        ),
         (
             (
                 "[[remediation.rules]]\ncheck = 'xid'\nactions = ['cordon']\n"

@@ -194,6 +194,16 @@ def test_the_node_name_comes_from_the_downward_api() -> None:
     assert config_of(rendered(BASE)).agent.node_name == ""
 
 
+def test_the_shipped_agent_writes_conditions_and_events_in_observe_mode() -> None:
+    config = config_of(rendered(BASE))
+    assert config.remediation.mode == "observe"
+    output = config.outputs.kubernetes
+    assert output.enabled
+    # The in-cluster service account, and the Node this pod runs on (--node-name).
+    assert (output.kubeconfig, output.node_name) == ("", "")
+    assert config.remediation.cordon.kubernetes.node_name == ""
+
+
 def test_node_name_option_sets_agent_node_name_and_is_checked() -> None:
     config = _with_node_name(Config(), "gpu-node-07")
     assert config.agent.node_name == "gpu-node-07"
@@ -301,12 +311,15 @@ def test_overlay_configurations_differ_from_the_base_only_where_they_say(tree: P
 # --- RBAC -------------------------------------------------------------------------------------
 
 
-def test_rbac_is_what_the_cordon_backend_uses_and_matches_the_docs() -> None:
+def test_rbac_is_what_the_agent_uses_and_matches_the_docs() -> None:
     docs = rendered(BASE)
     role = one(docs, "ClusterRole")
+    # The cordon backend and the output's conditions (nodes, nodes/status), the output's
+    # events (create, then patch to count on them); the requests the tests see are these.
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
         {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
+        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
     ]
     binding = one(docs, "ClusterRoleBinding")
     account = one(docs, "ServiceAccount")

@@ -111,6 +111,19 @@ async def test_cordon_patches_spec_taint_annotations_then_the_condition(
     assert TIME.match(api.condition()["lastTransitionTime"])
 
 
+async def test_with_the_conditions_output_the_cordon_leaves_the_condition_to_it(
+    api: FakeApiServer, api_client: client.ApiClient
+) -> None:
+    backend = KubernetesBackend(NODE, taint_key=TAINT, api_client=api_client, node_condition=False)
+    result = await backend.cordon(CORDON)
+    assert (result.ok, result.changed) == (True, True)
+    assert result.detail == f"cordoned, tainted {TAINT}"
+    assert calls(api) == [("GET", NODE_PATH), ("PATCH", NODE_PATH)]
+    assert api.condition() is None
+    await backend.uncordon(CORDON)
+    assert ("PATCH", STATUS_PATH) not in calls(api)
+
+
 async def test_a_second_cordon_sends_no_patch(
     api: FakeApiServer, backend: KubernetesBackend
 ) -> None:

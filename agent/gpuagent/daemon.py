@@ -15,9 +15,9 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpuagent import __version__
 from gpuagent.api import ApiServer
@@ -28,6 +28,7 @@ from gpuagent.dcgm.control import DcgmControl
 from gpuagent.dcgm.source import DcgmSource
 from gpuagent.diskio import DiskThread
 from gpuagent.events import EventLog
+from gpuagent.k8s.output import KubernetesOutput
 from gpuagent.metrics import MetricsServer, build_registry
 from gpuagent.metrics.probes import Probes
 from gpuagent.model import DiagResult, GpuEvent, NodeSnapshot
@@ -37,7 +38,7 @@ from gpuagent.node.poller import NvmlPoller
 from gpuagent.node.publisher import SnapshotPublisher
 from gpuagent.node.remediation import RemediationScheduler, build_remediator
 from gpuagent.node.sources import EventSources
-from gpuagent.remediation.audit import AuditStore
+from gpuagent.remediation.audit import AuditRecord, AuditStore
 from gpuagent.remediation.executor import Remediator
 from gpuagent.sdnotify import Notifier
 from gpuagent.sources.nvml import NvmlSource
@@ -147,6 +148,13 @@ class Agent:
             self.attribution = AttributionSource(config, trackers, self._schedule_publish)
             self.sources.owners = self.attribution.owners_of
         self.publisher.attribution = self.attribution
+        # Conditions and events on the Node (outputs.kubernetes), observe mode included.
+        self.kubernetes_output: KubernetesOutput | None = None
+        if config.outputs.kubernetes.enabled:
+            tracker = trackers.setdefault("kubernetes_output", SourceTracker("kubernetes_output"))
+            self.kubernetes_output = KubernetesOutput(config, tracker)
+            self.sources.sinks.append(self.kubernetes_output)
+            self.publisher.kubernetes_output = self.kubernetes_output
 
     # --- what the components hold, as the API, the tests and the CLI know it ----------------
 
@@ -156,8 +164,11 @@ class Agent:
 
     @reporter.setter
     def reporter(self, reporter: Reporter | None) -> None:
+        if self._reporter is not None:
+            self.sources.sinks.remove(self._reporter)
         self._reporter = reporter
-        self.sources.reporter = reporter
+        if reporter is not None:
+            self.sources.sinks.append(reporter)
         self.publisher.reporter = reporter
 
     @property
@@ -295,6 +306,11 @@ class Agent:
         reporter.target = self
         return reporter
 
+    def _audit_written(self, record: AuditRecord) -> None:
+        for sink in (self.reporter, self.kubernetes_output):
+            if sink is not None:
+                sink.audit_written(record)
+
     def _on_gpu_reset(self, bus_id: str, when: float) -> None:
         # A reset clears what the XIDs before it asked for; poll at once to see the GPU.
         self.events.forget(bus_id, when, frozenset({"xid", "gsp"}))
@@ -317,8 +333,7 @@ class Agent:
             dcgm=lambda: self.dcgm,
         )
         self.remediation.remediator = remediator
-        if self.reporter is not None:
-            remediator.on_record = self.reporter.audit_written
+        remediator.on_record = self._audit_written
         self._open_sources()
         host, port = self.config.metrics.host_port
         self._metrics = MetricsServer(
@@ -340,35 +355,42 @@ class Agent:
         await self.poller.poll_once()
         self.notifier.ready(self.summary())
 
-    async def main_loop(self) -> None:
+    def _loops(self) -> dict[str, Callable[[], Coroutine[Any, Any, None]]]:
+        """The long-running tasks of this configuration, by name."""
         sources = self.config.sources
+        loops: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
+            "poll-nvml": self.poller.loop,
+            "watchdog": self._watchdog_loop,
+            "heartbeat": self.probes.run,
+            "prune-events": self.sources.prune_loop,
+            "incidents": self.sources.incident_loop,
+        }
+        if sources.kmsg.enabled:
+            loops["kmsg"] = self.sources.run_kmsg
+        if sources.sysfs.enabled:
+            loops["sysfs"] = self.sources.sysfs_loop
+        if self.config.inventory.enabled:
+            loops["inventory"] = self.inventory.loop
+            loops["services"] = self.inventory.services_loop
+        # A simulated node has no NVIDIA devices on the host bus; its udev events come
+        # from `gpuagent inject pci_remove|pci_add` instead.
+        if sources.udev.enabled and self.simulator is None:
+            loops["udev"] = self.sources.run_udev
+        if self.reporter is not None:
+            loops["mqtt"] = self.reporter.run
+        if self.dcgm is not None and self._dcgm_source is not None:
+            loops["dcgm"] = self._dcgm_source.run
+        if self.kubernetes is not None:
+            loops["kubernetes"] = self.kubernetes.loop
+        if self.kubernetes_output is not None:
+            loops["kubernetes-output"] = self.kubernetes_output.run
+        if self.attribution is not None and self.config.attribution.kubernetes:
+            loops["attribution"] = self.attribution.loop
+        return loops
+
+    async def main_loop(self) -> None:
         async with asyncio.TaskGroup() as tasks:
-            running = [
-                tasks.create_task(self.poller.loop(), name="poll-nvml"),
-                tasks.create_task(self._watchdog_loop(), name="watchdog"),
-                tasks.create_task(self.probes.run(), name="heartbeat"),
-                tasks.create_task(self.sources.prune_loop(), name="prune-events"),
-                tasks.create_task(self.sources.incident_loop(), name="incidents"),
-            ]
-            if sources.kmsg.enabled:
-                running.append(tasks.create_task(self.sources.run_kmsg(), name="kmsg"))
-            if sources.sysfs.enabled:
-                running.append(tasks.create_task(self.sources.sysfs_loop(), name="sysfs"))
-            if self.config.inventory.enabled:
-                running.append(tasks.create_task(self.inventory.loop(), name="inventory"))
-                running.append(tasks.create_task(self.inventory.services_loop(), name="services"))
-            # A simulated node has no NVIDIA devices on the host bus; its udev events come
-            # from `gpuagent inject pci_remove|pci_add` instead.
-            if sources.udev.enabled and self.simulator is None:
-                running.append(tasks.create_task(self.sources.run_udev(), name="udev"))
-            if self.reporter is not None:
-                running.append(tasks.create_task(self.reporter.run(), name="mqtt"))
-            if self.dcgm is not None and self._dcgm_source is not None:
-                running.append(tasks.create_task(self._dcgm_source.run(), name="dcgm"))
-            if self.kubernetes is not None:
-                running.append(tasks.create_task(self.kubernetes.loop(), name="kubernetes"))
-            if self.attribution is not None and self.config.attribution.kubernetes:
-                running.append(tasks.create_task(self.attribution.loop(), name="attribution"))
+            running = [tasks.create_task(run(), name=name) for name, run in self._loops().items()]
             await self._stop.wait()
             deadline = self._stop_deadline()
             # A storm's last counts go to the spool with everything else.

@@ -19,6 +19,8 @@ _MIG_PROFILE_RE = re.compile(r"^[1-9]\d*g\.[1-9]\d*gb([+-][a-z]+(\.[a-z]+)?)?$")
 _TOPIC_PREFIX_RE = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
 _HTTP_HOST_RE = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.\-]+)(:\d{1,5})?$")
 _LISTEN_RE = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]*):(\d{1,5})$")
+# A Node condition's type as the API server accepts it: a qualified name's name part.
+_CONDITION_TYPE_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
 # Keys that were replaced: the loader calls them unknown; this says where they went.
 _REPLACED = {
     "sources.dcgm.diag_timeout_seconds": (
@@ -50,7 +52,13 @@ def check_value(key: str, value: object) -> str | None:
         return _check_link(key, str(value))
     if key == "aggregator.database":
         return _check_database(str(value))
-    return _check_topic_name(key, value)
+    return _check_condition_type(key, value) or _check_topic_name(key, value)
+
+
+def _check_condition_type(key: str, value: object) -> str | None:
+    if key == "outputs.kubernetes.summary_condition" and not _CONDITION_TYPE_RE.match(str(value)):
+        return 'must be a condition type like "GpuHealthy" (letters, digits, ".", "_", "-")'
+    return None
 
 
 def _check_link(key: str, value: str) -> str | None:

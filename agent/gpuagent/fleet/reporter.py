@@ -40,7 +40,7 @@ from gpuagent.fleet.spool import SpoolError, ThreadedSpool
 from gpuagent.fleet.topics import Channel, NodeTopics
 from gpuagent.incidents import Incident
 from gpuagent.model import GpuEvent, MqttStatus, NodeSnapshot
-from gpuagent.remediation.audit import AuditStore
+from gpuagent.remediation.audit import AuditRecord, AuditStore
 from gpuagent.remediation.types import CordonRequest
 from gpuagent.statusview import finding_json
 
@@ -165,7 +165,7 @@ class Reporter:
         message = schema.incident_message(self.node, self.cluster, incident)
         self._enqueue(message["id"], "events", message)
 
-    def audit_written(self) -> None:
+    def audit_written(self, _record: AuditRecord) -> None:
         """New audit records: copy them to the spool (from the audit trail's own cursor)."""
         self._work.set()
 

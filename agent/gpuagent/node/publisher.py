@@ -119,15 +119,19 @@ class Spool(Protocol):
     def error(self) -> str | None: ...
 
 
-class SnapshotSink(Protocol):
+class SnapshotConsumer(Protocol):
+    """What gets every snapshot once it is published (the Kubernetes output)."""
+
+    def offer_snapshot(self, snapshot: NodeSnapshot) -> None: ...
+
+
+class SnapshotSink(SnapshotConsumer, Protocol):
     """The fleet reporter as publishing sees it."""
 
     @property
     def outbox(self) -> Spool: ...
 
     def status(self) -> MqttStatus: ...
-
-    def offer_snapshot(self, snapshot: NodeSnapshot) -> None: ...
 
 
 class RejectionCounter(Protocol):
@@ -178,6 +182,7 @@ class SnapshotPublisher:
         self.dcgm: DcgmView | None = None  # set when sources.dcgm is enabled
         self.kubernetes: KubernetesWatchView | None = None  # set when checks.kubernetes applies
         self.attribution: AttributionView | None = None  # set when attribution is on
+        self.kubernetes_output: SnapshotConsumer | None = None  # set when outputs.kubernetes is on
         attribution = config.attribution
         # dcgm-exporter's names: --kubernetes's pod/namespace/container, HPC jobs' hpc_job.
         self._attribution_labels = (
@@ -317,8 +322,9 @@ class SnapshotPublisher:
                     lambda: without_node_exporter_families(exposition.body(gzipped=False))
                 )
         self._notifier.status(self.summary())
-        if self.reporter is not None:
-            self.reporter.offer_snapshot(snapshot)
+        for sink in (self.reporter, self.kubernetes_output):
+            if sink is not None:
+                sink.offer_snapshot(snapshot)
         self._remediation.schedule(snapshot)
 
 

@@ -45,7 +45,13 @@ def build_remediator(
     return Remediator(
         remediation,
         audit=audit,
-        backends=build_backends(remediation.cordon, node, config.agent.cluster, ask),
+        backends=build_backends(
+            remediation.cordon,
+            node,
+            config.agent.cluster,
+            ask,
+            node_condition=not config.outputs.kubernetes.enabled,
+        ),
         ops=GpuOps(
             reset_command=remediation.reset.command,
             timeout=remediation.reset.timeout_seconds,

@@ -40,7 +40,8 @@ _UDEV_KINDS = {
 
 
 class EventSink(Protocol):
-    """Where accepted events go beyond the node (the fleet reporter)."""
+    """Where accepted events go beyond the node (the fleet reporter, the Kubernetes
+    output)."""
 
     def offer_event(self, event: GpuEvent) -> None: ...
 
@@ -64,7 +65,8 @@ class EventSources:
         self._schedule_publish = schedule_publish
         self._inventory_changed = inventory_changed
         self._gpu_appeared = gpu_appeared
-        self.reporter: EventSink | None = None  # set at startup, when MQTT is on
+        # The fleet reporter (set at startup, when MQTT is on) and the Kubernetes output.
+        self.sinks: list[EventSink] = []
         # Who is on a GPU now, by bus id (set when attribution is on): stamped on its events.
         self.owners: Callable[[str], str] | None = None
         self.pcie: tuple[PciePath, ...] = ()
@@ -84,8 +86,8 @@ class EventSources:
             event = event._replace(workloads=owners)
         added = self._events.add(event)
         if added is Added.NEW:
-            if self.reporter is not None:
-                self.reporter.offer_event(event)
+            for sink in self.sinks:
+                sink.offer_event(event)
             _log_event(event)
         if added:
             self._schedule_publish()
@@ -183,9 +185,9 @@ class EventSources:
         grown = self._events.incidents.grown()
         if not grown:
             return
-        if self.reporter is not None:
+        for sink in self.sinks:
             for incident in grown:
-                self.reporter.offer_incident(incident)
+                sink.offer_incident(incident)
         largest = max(grown, key=lambda incident: incident.count)
         event = largest.first
         log.info(

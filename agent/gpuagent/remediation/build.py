@@ -14,8 +14,15 @@ __all__ = ["BackendConfigError", "build_backends"]
 
 
 def build_backends(
-    config: RemediationCordon, node: str, cluster: str, ask_aggregator: Ask | None = None
+    config: RemediationCordon,
+    node: str,
+    cluster: str,
+    ask_aggregator: Ask | None = None,
+    *,
+    node_condition: bool = True,
 ) -> list[CordonBackend]:
+    """``node_condition``: the Kubernetes backend writes the GpuHealthy condition with a
+    cordon (false when outputs.kubernetes writes every condition itself)."""
     backends: list[CordonBackend] = []
     for name in config.backends:
         if name == "slurm":
@@ -37,6 +44,7 @@ def build_backends(
                     kubeconfig=config.kubernetes.kubeconfig,
                     taint_key=config.kubernetes.taint_key,
                     timeout=config.timeout_seconds,
+                    node_condition=node_condition,
                 )
             )
         elif name == "command":

@@ -111,8 +111,9 @@ class Remediator:
         # One cycle or requested action at a time: two must never act on one GPU at once.
         self._busy = asyncio.Lock()
         self._audit_failing = False  # logged once per episode of an unusable audit trail
-        # Called after every audit record (the MQTT reporter forwards them).
-        self.on_record: Callable[[], None] = lambda: None
+        # Called with every audit record (the MQTT reporter and the Kubernetes output
+        # forward them).
+        self.on_record: Callable[[AuditRecord], None] = lambda _record: None
 
     @property
     def node(self) -> str:
@@ -224,8 +225,7 @@ class Remediator:
                 return
 
     async def _record(self, action: PlannedAction, result: ActionResult, detail: str = "") -> None:
-        await self.audit.record(action, result, mode=self.mode, detail=detail)
-        self.on_record()
+        self.on_record(await self.audit.record(action, result, mode=self.mode, detail=detail))
         self.counts[(action.kind, result)] = self.counts.get((action.kind, result), 0) + 1
         level = logging.WARNING if result in ("failed", "refused", "escalated") else logging.INFO
         log.log(

@@ -69,6 +69,7 @@ class KubernetesBackend:
         taint_key: str = "gpuagent.io/gpu-unhealthy",
         api_client: ApiClient | None = None,
         timeout: float = 30.0,
+        node_condition: bool = True,
     ) -> None:
         try:
             from kubernetes import client  # noqa: PLC0415
@@ -81,6 +82,8 @@ class KubernetesBackend:
         self._node = node
         self._taint_key = taint_key
         self._timeout = timeout
+        # False: the conditions output owns GpuHealthy (one writer, one meaning).
+        self._node_condition = node_condition
         # A client we made from the configuration is ours to close; an injected one is not.
         self._own_client = None if api_client is not None else _load_config(kubeconfig)
         self._api: CoreV1Api = client.CoreV1Api(api_client or self._own_client)
@@ -210,6 +213,8 @@ class KubernetesBackend:
     async def _set_condition(self, node: Node, *, healthy: bool, message: str) -> str:
         """PATCH the condition; returns words for the result's detail. A failure here does
         not fail the cordon: the node's scheduling state, which is what counts, is done."""
+        if not self._node_condition:
+            return ""
         patch = {"status": {"conditions": [_new_condition(node, healthy, message)]}}
         words = f"condition {CONDITION_TYPE}={'True' if healthy else 'False'}"
         try:

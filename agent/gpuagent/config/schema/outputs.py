@@ -1,5 +1,5 @@
-"""[outputs]: the textfile collector and the MQTT reporter (with the broker connection
-the aggregator uses too)."""
+"""[outputs]: the textfile collector, the MQTT reporter (with the broker connection the
+aggregator uses too) and the Node's conditions and events in Kubernetes."""
 
 from __future__ import annotations
 
@@ -76,6 +76,35 @@ class MqttOutput:
 
 
 @dataclass(frozen=True)
+class KubernetesOutput:
+    # GPU health as conditions of this node's Node object, and what happens once (XID
+    # incidents, lost GPUs, remediation) as events: docs/kubernetes.md. Independent of
+    # remediation: observe mode writes them too.
+    enabled: bool = False
+    # Empty: remediation.cordon.kubernetes.kubeconfig (empty there too: the in-cluster
+    # service account).
+    kubeconfig: str = ""
+    # Empty: remediation.cordon.kubernetes.node_name, else agent.node_name.
+    node_name: str = ""
+    # The summary condition (True: healthy). "AcceleratedHardwareReady" lets a repair
+    # controller that keys on that name act on it (docs/kubernetes.md).
+    summary_condition: str = "GpuHealthy"
+    # At most one status patch per this many seconds (changes meanwhile are batched).
+    min_interval_seconds: Annotated[float, NON_NEGATIVE] = 1.0
+    # Every condition is written again this often (lastHeartbeatTime), changed or not.
+    heartbeat_seconds: Annotated[float, POSITIVE] = 300.0
+    # Events (events.k8s.io/v1) on the Node; false: conditions only.
+    events: bool = True
+    # Where node events live (the kubelet's are in "default").
+    event_namespace: str = "default"
+    # New events at most this many per minute; past it they are dropped and counted.
+    events_per_minute: Annotated[int, POSITIVE] = 30
+    # Each API request's timeout.
+    timeout_seconds: Annotated[float, POSITIVE] = 10.0
+
+
+@dataclass(frozen=True)
 class OutputsSection:
     textfile: TextfileOutput = field(default_factory=TextfileOutput)
     mqtt: MqttOutput = field(default_factory=MqttOutput)
+    kubernetes: KubernetesOutput = field(default_factory=KubernetesOutput)

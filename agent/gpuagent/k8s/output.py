@@ -1,0 +1,399 @@
+"""The Kubernetes output: GPU health as the Node's conditions, and what happens once as
+events on it (`[outputs.kubernetes]`, docs/kubernetes.md).
+
+One task writes both, off the event loop (the client is synchronous), one request at a
+time. Conditions: the first snapshot after start writes them all (so a condition left
+from before a restart is cleared by what the agent sees now); after that one strategic
+merge patch of the Node's status per change of what they say, at most one per
+`min_interval_seconds`, and all of them again every `heartbeat_seconds`. The patch names
+only our condition types: the API server merges conditions by type, so the kubelet's and
+others' stay as they are. Events: created under a rate limit, counted on (``series``) as
+their incident grows. A failed request is retried with backoff; the API server being away
+loses the events of that time (counted), never a condition's latest state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+from gpuagent.config import Config
+from gpuagent.k8s.client import KubernetesConfigError, kubernetes_node_name, load_api_client
+from gpuagent.k8s.conditions import Condition, node_conditions
+from gpuagent.k8s.events import (
+    NodeEvent,
+    action_event,
+    availability_event,
+    event_body,
+    event_name,
+    kernel_event,
+    series_patch,
+)
+from gpuagent.model import GpuEvent, NodeSnapshot, Severity
+from gpuagent.supervisor import SourceTracker
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
+    from gpuagent.incidents import Incident
+    from gpuagent.remediation.audit import AuditRecord
+
+log = logging.getLogger("gpuagent.kubernetes")
+
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
+# Events waiting to be created at most; past it new ones are dropped (and counted).
+MAX_PENDING_EVENTS = 256
+# Events remembered as created (so an incident's growth is counted on its event).
+MAX_KNOWN_EVENTS = 4096
+_MAX_BACKOFF_SECONDS = 60.0
+
+
+class _RawResponse(Protocol):
+    @property
+    def data(self) -> bytes: ...
+
+    def release_conn(self) -> None: ...
+
+
+class ApiError(Exception):
+    """A request failed; ``status`` is the HTTP status (0: no answer)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class NodeApi:
+    """The four requests the output makes, each blocking (run in a worker thread)."""
+
+    def __init__(self, client: ApiClient, node: str, namespace: str, timeout: float) -> None:
+        from kubernetes.client import CoreV1Api, EventsV1Api  # noqa: PLC0415
+
+        self._client = client
+        self._core = CoreV1Api(client)
+        self._events = EventsV1Api(client)
+        self._node = node
+        self._namespace = namespace
+        self._timeout = timeout
+
+    def read_node(self) -> dict[str, Any]:
+        node = self._call(self._core.read_node, self._node)
+        if not isinstance(node, dict) or not isinstance(node.get("metadata"), dict):
+            raise ApiError(0, f"GET node {self._node}: the answer is not a Node")
+        return node
+
+    def patch_conditions(self, conditions: list[dict[str, str]]) -> None:
+        body = {"status": {"conditions": conditions}}
+        self._call(
+            self._core.patch_node_status, self._node, body, _content_type=STRATEGIC_MERGE_PATCH
+        )
+
+    def create_event(self, body: dict[str, Any]) -> None:
+        self._call(self._events.create_namespaced_event, self._namespace, body)
+
+    def patch_event(self, name: str, body: dict[str, Any]) -> None:
+        self._call(
+            self._events.patch_namespaced_event,
+            name,
+            self._namespace,
+            body,
+            _content_type=MERGE_PATCH,
+        )
+
+    def close(self) -> None:
+        close: Callable[[], None] = self._client.close  # the client has no hints
+        close()
+
+    def _call(self, method: Any, *args: Any, **kwargs: Any) -> object:
+        from kubernetes.client import ApiException  # noqa: PLC0415
+        from urllib3.exceptions import HTTPError  # noqa: PLC0415
+
+        try:
+            response = cast(
+                "_RawResponse",
+                method(*args, _preload_content=False, _request_timeout=self._timeout, **kwargs),
+            )
+            try:
+                data = response.data
+            finally:
+                response.release_conn()
+            return json.loads(data) if data else None
+        except ApiException as exc:
+            raise ApiError(exc.status or 0, _describe_http(exc)) from None
+        except (HTTPError, OSError, ValueError) as exc:
+            cause = getattr(exc, "reason", None) or exc
+            raise ApiError(0, f"cannot reach the Kubernetes API: {cause}") from None
+
+
+class KubernetesOutput:
+    def __init__(self, config: Config, tracker: SourceTracker) -> None:
+        self._config = config.outputs.kubernetes
+        self.node = self._config.node_name or kubernetes_node_name(config)
+        self._kubeconfig = (
+            self._config.kubeconfig or config.remediation.cordon.kubernetes.kubeconfig
+        )
+        self._tracker = tracker
+        self._api: NodeApi | None = None
+        self._snapshot: NodeSnapshot | None = None
+        # Our conditions as they are on the Node (None until the Node has been read).
+        self._on_node: dict[str, dict[str, Any]] | None = None
+        self._node_uid = ""
+        self._written: dict[str, tuple[object, ...]] = {}  # type -> the key last written
+        self._written_at = -math.inf
+        self._all_written_at = -math.inf
+        self._lost: dict[str, bool] | None = None  # per GPU, at the last snapshot
+        self._pending: deque[NodeEvent] = deque()
+        self._series: dict[str, tuple[int, float]] = {}  # event key -> (count, last seen)
+        self._known: OrderedDict[str, None] = OrderedDict()  # keys of events that exist
+        self._tokens = float(self._config.events_per_minute)
+        self._tokens_at = time.monotonic()
+        self._failures = 0
+        self._answered = False  # some request of this round got its answer
+        self.dropped_events = 0
+        self.condition_patches = 0
+        self._wake = asyncio.Event()
+
+    # --- what the daemon hands over (on the event loop; never blocks) -------------------
+
+    def offer_snapshot(self, snapshot: NodeSnapshot) -> None:
+        self._note_availability(snapshot)
+        self._snapshot = snapshot
+        self._wake.set()
+
+    def offer_event(self, event: GpuEvent) -> None:
+        made = kernel_event(event)
+        if made is not None:
+            self._offer(made)
+
+    def offer_incident(self, incident: Incident) -> None:
+        if self._config.events and kernel_event(incident.first) is not None:
+            self._series[incident.id] = (incident.count, incident.last.time)
+            self._wake.set()
+
+    def audit_written(self, record: AuditRecord) -> None:
+        made = action_event(record)
+        if made is not None:
+            self._offer(made)
+
+    # --- the writer ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            while True:
+                self._wake.clear()
+                delay = await self._step()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)
+        finally:
+            if self._api is not None:
+                self._api.close()
+                self._api = None
+
+    async def _step(self) -> float:
+        """One round: read the Node if not yet, write conditions if due, send events.
+        Returns how long to wait for the next round at most."""
+        started = time.monotonic()
+        self._answered = False
+        try:
+            if self._on_node is None:
+                await self._read_node()
+            delay = await self._write_conditions()
+            await self._send_events()
+        except ApiError as exc:
+            error = str(exc)
+        except Exception as exc:  # an output's failure must not stop the daemon
+            if not self._failures:
+                log.exception("the Kubernetes output failed")
+            error = f"{type(exc).__name__}: {exc}"
+        else:
+            self._failures = 0
+            if self._answered:
+                self._tracker.success(time.monotonic() - started)
+            return delay
+        self._failures += 1
+        self._tracker.failure(time.monotonic() - started, error)
+        return min(_MAX_BACKOFF_SECONDS, 2.0 ** min(self._failures, 6))
+
+    async def _read_node(self) -> None:
+        node = await self._request("read_node")
+        metadata = node["metadata"]
+        self._node_uid = str(metadata.get("uid") or "")
+        status = node.get("status")
+        conditions = status.get("conditions") if isinstance(status, dict) else None
+        self._on_node = {
+            str(c["type"]): c
+            for c in (conditions if isinstance(conditions, list) else [])
+            if isinstance(c, dict) and "type" in c
+        }
+
+    async def _write_conditions(self) -> float:
+        heartbeat = self._config.heartbeat_seconds
+        if self._snapshot is None:
+            return heartbeat
+        now = time.monotonic()
+        wanted = node_conditions(self._snapshot, self._config.summary_condition)
+        changed = [c for c in wanted if self._written.get(c.type) != c.key]
+        beat = now - self._all_written_at >= heartbeat
+        if not changed and not beat:
+            return self._all_written_at + heartbeat - now
+        wait = self._written_at + self._config.min_interval_seconds - now
+        if wait > 0:
+            return wait
+        sending = list(wanted) if beat else changed
+        body = [self._condition_json(c) for c in sending]
+        await self._request("patch_conditions", body)
+        self.condition_patches += 1
+        assert self._on_node is not None  # read before any write
+        for condition, written in zip(sending, body, strict=True):
+            before = self._on_node.get(condition.type, {})
+            if before.get("status") != condition.status or before.get("reason") != condition.reason:
+                log.info(
+                    "node condition %s=%s (%s): %s",
+                    condition.type,
+                    condition.status,
+                    condition.reason,
+                    condition.message,
+                )
+            self._on_node[condition.type] = written
+            self._written[condition.type] = condition.key
+        self._written_at = time.monotonic()
+        if beat:
+            self._all_written_at = self._written_at
+        return heartbeat
+
+    def _condition_json(self, condition: Condition) -> dict[str, str]:
+        assert self._on_node is not None
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        before = self._on_node.get(condition.type, {})
+        # The transition time moves only when the status does (as the kubelet keeps it).
+        transition = before.get("lastTransitionTime")
+        if before.get("status") != condition.status or not isinstance(transition, str):
+            transition = now
+        return {
+            "type": condition.type,
+            "status": condition.status,
+            "reason": condition.reason,
+            "message": condition.message,
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": transition,
+        }
+
+    async def _send_events(self) -> None:
+        while self._pending:
+            event = self._pending[0]
+            body = event_body(
+                event, node=self.node, node_uid=self._node_uid, namespace=self._namespace
+            )
+            try:
+                await self._request("create_event", body)
+            except ApiError as exc:
+                if exc.status != 409:  # 409: made before a restart; count on it
+                    raise
+            self._pending.popleft()
+            self._known[event.key] = None
+            while len(self._known) > MAX_KNOWN_EVENTS:
+                self._known.popitem(last=False)
+        for key, (count, last_seen) in list(self._series.items()):
+            del self._series[key]
+            if key not in self._known:
+                continue  # its event was dropped, or is older than this agent
+            try:
+                await self._request(
+                    "patch_event", event_name(self.node, key), series_patch(count, last_seen)
+                )
+            except ApiError as exc:
+                if exc.status != 404:  # 404: the event expired (the API keeps them ~1 h)
+                    self._series.setdefault(key, (count, last_seen))
+                    raise
+                del self._known[key]
+
+    @property
+    def _namespace(self) -> str:
+        return self._config.event_namespace
+
+    async def _request(self, name: str, *args: Any) -> Any:
+        if self._api is None:
+            try:
+                client = load_api_client(self._kubeconfig)
+            except (KubernetesConfigError, ImportError) as exc:
+                raise ApiError(0, str(exc) or "the kubernetes package is not installed") from None
+            self._api = NodeApi(client, self.node, self._namespace, self._config.timeout_seconds)
+        method = getattr(self._api, name)
+        timeout = self._config.timeout_seconds + 1.0  # the client's, plus the thread's
+        try:
+            async with asyncio.timeout(timeout):
+                answer = await asyncio.to_thread(method, *args)
+        except TimeoutError:
+            raise ApiError(0, f"no answer from the Kubernetes API within {timeout:g} s") from None
+        self._answered = True
+        return answer
+
+    # --- events -------------------------------------------------------------------------
+
+    def _offer(self, event: NodeEvent) -> None:
+        if not self._config.events:
+            return
+        now = time.monotonic()
+        rate = self._config.events_per_minute
+        self._tokens = min(rate, self._tokens + (now - self._tokens_at) * rate / 60.0)
+        self._tokens_at = now
+        if self._tokens < 1.0 or len(self._pending) >= MAX_PENDING_EVENTS:
+            self.dropped_events += 1
+            if self.dropped_events == 1 or self.dropped_events % 1000 == 0:
+                log.warning(
+                    "Kubernetes events over %d a minute: %d dropped so far (the agent's "
+                    "log and status have them all)",
+                    rate,
+                    self.dropped_events,
+                )
+            return
+        self._tokens -= 1.0
+        self._pending.append(event)
+        self._wake.set()
+
+    def _note_availability(self, snapshot: NodeSnapshot) -> None:
+        """A GPU whose availability finding turned CRITICAL is lost; back to OK, it is
+        back. The first snapshot only sets the baseline (the conditions say the rest)."""
+        lost = {
+            f.gpu: f
+            for f in snapshot.health.findings
+            if f.check == "availability" and f.gpu is not None
+        }
+        now_lost = {bus: f.severity is Severity.CRITICAL for bus, f in lost.items()}
+        before, self._lost = self._lost, now_lost
+        if before is None:
+            return
+        for bus, is_lost in now_lost.items():
+            was = before.get(bus)
+            if was is None or was == is_lost:
+                continue
+            if not is_lost and lost[bus].severity is not Severity.OK:
+                self._lost[bus] = was  # UNKNOWN: not back yet
+                continue
+            gpu = snapshot.gpu(bus)
+            index = gpu.identity.index if gpu is not None else None
+            reason = lost[bus].reason or "answers again"
+            self._offer(availability_event(bus, index, is_lost, reason, snapshot.taken_at))
+
+
+def _describe_http(exc: Any) -> str:
+    text = f"Kubernetes API: HTTP {exc.status} {exc.reason}"
+    body = exc.body.decode("utf-8", "replace") if isinstance(exc.body, bytes) else exc.body
+    try:
+        message = json.loads(body).get("message") if body else None
+    except (ValueError, AttributeError):
+        message = None
+    if isinstance(message, str) and message:
+        text += f": {message}"
+    if exc.status == 403:
+        text += " (the agent's ClusterRole must allow patch on nodes/status, create on events)"
+    return text
