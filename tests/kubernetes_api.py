@@ -212,6 +212,9 @@ def _handler(server: FakeApiServer) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             self._answer("POST")
 
+        def do_DELETE(self) -> None:
+            self._answer("DELETE")
+
         def _answer(self, method: str) -> None:
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             content_type = self.headers.get("Content-Type") or ""

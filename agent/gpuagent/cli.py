@@ -439,6 +439,12 @@ def cmd_events(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_mqtt_identity(args: argparse.Namespace) -> int:
+    from gpuagent.k8s.identity import run_command  # noqa: PLC0415 - its libraries load here
+
+    return run_command(args)
+
+
 def cmd_config_check(args: argparse.Namespace) -> int:
     config = _load_config(Path(args.file))
     print(
@@ -779,6 +785,17 @@ def _add_tool_commands(add: Add) -> None:
     xid_explain.add_argument("xid", type=int, metavar="N", help="the XID number")
     xid_explain.add_argument("--json", action="store_true", help="print a JSON object")
     xid_explain.set_defaults(func=cmd_xid_explain)
+
+    identity = add("mqtt-identity", "get this node's MQTT client certificate from cert-manager")
+    identity.add_argument("--node-name", required=True, help="the certificate's CN")
+    identity.add_argument("--dir", type=Path, required=True, help="for tls.key, tls.crt, ca.crt")
+    identity.add_argument("--issuer", required=True, help="the cert-manager issuer's name")
+    identity.add_argument("--issuer-kind", default="Issuer", choices=["Issuer", "ClusterIssuer"])
+    identity.add_argument("--namespace", required=True, help="where the request is made")
+    identity.add_argument("--kubeconfig", default="", help="default: the in-cluster account")
+    identity.add_argument("--duration-hours", type=int, default=8760, help="default: a year")
+    identity.add_argument("--timeout", type=float, default=300.0, help="seconds to wait")
+    identity.set_defaults(func=cmd_mqtt_identity)
 
 
 def main(argv: list[str] | None = None) -> int:
