@@ -2,7 +2,7 @@
 # `make deb VERSION=0.1.0+1` builds another package version from the same tree.
 # `make image` builds the container image localhost/gpuagent:<version> from Debian packages
 # (no registry base image; see docs/kubernetes.md); `make image IMAGE=registry/gpuagent:tag`
-# names it otherwise.
+# names it otherwise, `make image ARCH=arm64` builds it for arm64 (GB200 nodes).
 
 VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 ARCH := $(shell dpkg --print-architecture 2>/dev/null || echo amd64)
@@ -43,4 +43,4 @@ image-deps:
 	scripts/setup mmdebstrap podman
 
 image: image-deps
-	scripts/build-image $(IMAGE)
+	GPUAGENT_IMAGE_ARCH=$(ARCH) scripts/build-image $(IMAGE)

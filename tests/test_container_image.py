@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -145,3 +146,45 @@ def test_image_runs_the_agent_on_a_simulated_node(image: str, tmp_path: Path) ->
         logs = _podman("logs", name)
         _podman("rm", "--force", "--time", "10", name)
         print(logs.stdout[-3000:], logs.stderr[-3000:])
+
+
+def test_image_runs_the_fleet_side_too(image: str) -> None:
+    """The fleet manifests run the aggregator (PostgreSQL through Debian's libpq) and the
+    MQTT identity step from this image."""
+    probe = _podman(
+        "run", "--rm", "--network=none", *_run_options(),
+        "--entrypoint", "/opt/gpuagent/bin/python", image, "-c",
+        "import psycopg, cryptography; print(psycopg.pq.version() > 0, psycopg.pq.__impl__)",
+    )  # fmt: skip
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.split()[0] == "True"
+    for command in (["gpuagent-aggregator", "--version"], ["gpuagent", "mqtt-identity", "-h"]):
+        ran = _podman(
+            "run", "--rm", "--network=none", *_run_options(),
+            "--entrypoint", f"/opt/gpuagent/bin/{command[0]}", image, *command[1:],
+        )  # fmt: skip
+        assert ran.returncode == 0, ran.stderr
+
+
+def test_the_arm64_image_has_every_wheel_pinned(tmp_path: Path) -> None:
+    """`make image ARCH=arm64` downloads the closure for aarch64 with the hashes pinned in
+    deb/requirements.txt; a missing or wrong hash fails here rather than in a build on an
+    arm64 machine. (The arm64 rootfs itself needs an arm64 machine or emulation.)"""
+    download = subprocess.run(
+        [
+            sys.executable, "-m", "pip", "download", "-q",
+            "--disable-pip-version-check", "--no-deps", "--only-binary=:all:",
+            "--python-version", "3.11", "--implementation", "cp",
+            "--abi", "cp311", "--abi", "abi3", "--abi", "none",
+            "--platform", "manylinux_2_28_aarch64", "--platform", "manylinux_2_17_aarch64",
+            "--platform", "manylinux2014_aarch64", "--platform", "any",
+            "--require-hashes", "-r", str(REPO / "deb" / "requirements.txt"),
+            "-d", str(tmp_path),
+        ],
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    assert download.returncode == 0, download.stderr[-3000:]
+    wheels = [p.name for p in tmp_path.glob("*.whl")]
+    compiled = [w for w in wheels if not w.endswith("-none-any.whl")]
+    assert compiled, wheels
+    assert all("aarch64" in w for w in compiled), compiled

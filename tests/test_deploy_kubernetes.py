@@ -1,7 +1,8 @@
 """deploy/kubernetes: the DaemonSet's base and overlays, checked offline.
 
-Each kustomization is rendered here (resources, namespace, labels and the two kinds of patch
-these overlays use; any other kustomize feature fails the test rather than being ignored)
+Each kustomization is rendered here (resources, namespace, labels, the two kinds of patch
+these overlays use, ConfigMap generators with a hash suffix, and image overrides;
+any other kustomize feature fails the test rather than being ignored)
 and every core resource is validated against the Kubernetes OpenAPI schema shipped in
 kubernetes-validate, strictly (an unknown field is an error). The Prometheus Operator's
 ServiceMonitor and PrometheusRule are custom resources outside that schema: their structure
@@ -13,7 +14,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
+import json
 import re
+import shutil
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -30,12 +34,26 @@ from gpuagent.deploy import prometheusrule
 KUBE = REPO / "deploy" / "kubernetes"
 BASE = KUBE / "base"
 OVERLAYS = sorted(p.parent for p in (KUBE / "overlays").glob("*/kustomization.yaml"))
+# The agent's trees (a DaemonSet each), and the fleet's (broker and aggregators).
 TREES = [BASE, *OVERLAYS]
+FLEET = KUBE / "fleet"
+ALL_TREES = [*TREES, FLEET]
 # The oldest Kubernetes these manifests are for, and the newest schema shipped.
 VERSIONS = ["1.29.0", kubernetes_validate.latest_version()]
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
-CUSTOM = {"ServiceMonitor", "PrometheusRule"}
-KUSTOMIZATION_KEYS = {"apiVersion", "kind", "namespace", "labels", "resources", "patches"}
+CUSTOM = {"ServiceMonitor", "PrometheusRule", "Issuer", "Certificate"}
+KUSTOMIZATION_KEYS = {
+    "apiVersion",
+    "kind",
+    "namespace",
+    "labels",
+    "resources",
+    "patches",
+    "configMapGenerator",
+    "images",
+}
+# Where workloads name a ConfigMap that a generator made (its name gets a hash suffix).
+WORKLOADS = {"DaemonSet", "Deployment", "StatefulSet"}
 
 
 # --- a small kustomize: what these kustomizations use, nothing more ------------------------
@@ -87,6 +105,65 @@ def _same(doc: dict[str, Any], kind: str, name: str) -> bool:
     return bool(doc["kind"] == kind and doc["metadata"]["name"] == name)
 
 
+def _generate(tree: Path, docs: list[dict[str, Any]], generators: list[dict[str, Any]]) -> None:
+    """configMapGenerator: a ConfigMap of the files (marked for the name hash), created, or
+    replacing the one a base generated."""
+    for generator in generators:
+        assert set(generator) <= {"name", "files", "behavior"}, f"{tree}: {generator}"
+        data = {PurePosixPath(f).name: (tree / f).read_text() for f in generator["files"]}
+        made = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": generator["name"]},
+            "data": data,
+            "__generated__": True,
+        }
+        matches = [d for d in docs if _same(d, "ConfigMap", generator["name"])]
+        if generator.get("behavior", "create") == "replace":
+            assert len(matches) == 1, f"{tree}: replace of a ConfigMap no base generated"
+            docs[docs.index(matches[0])] = made
+        else:
+            assert not matches, f"{tree}: {generator['name']} generated twice"
+            docs.append(made)
+
+
+def content_hash(config_map: dict[str, Any]) -> str:
+    """A suffix that changes with the ConfigMap's name and data, as kustomize's does (its
+    digits are kustomize's own: only what the name follows matters here)."""
+    content = json.dumps([config_map["metadata"]["name"], config_map["data"]], sort_keys=True)
+    return hashlib.sha256(content.encode()).hexdigest()[:10]
+
+
+def _suffix_generated_names(docs: list[dict[str, Any]]) -> None:
+    """The generated ConfigMaps get their hash suffix, and the workloads' volumes follow."""
+    renamed = {}
+    for doc in docs:
+        if doc.pop("__generated__", False):
+            name = doc["metadata"]["name"]
+            renamed[name] = f"{name}-{content_hash(doc)}"
+            doc["metadata"]["name"] = renamed[name]
+    for doc in docs:
+        if doc["kind"] in WORKLOADS:
+            for volume in doc["spec"]["template"]["spec"].get("volumes", []):
+                config_map = volume.get("configMap")
+                if config_map and config_map["name"] in renamed:
+                    config_map["name"] = renamed[config_map["name"]]
+
+
+def _set_images(docs: list[dict[str, Any]], images: list[dict[str, str]]) -> None:
+    """images: a container image named ``name`` (any tag) becomes newName:newTag."""
+    for doc in docs:
+        if doc["kind"] not in WORKLOADS:
+            continue
+        pod = doc["spec"]["template"]["spec"]
+        for box in [*pod.get("initContainers", []), *pod["containers"]]:
+            name, _, tag = box["image"].rpartition(":")
+            for image in images:
+                assert set(image) <= {"name", "newName", "newTag"}, image
+                if name == image["name"]:
+                    box["image"] = f"{image.get('newName', name)}:{image.get('newTag', tag)}"
+
+
 def render(tree: Path) -> list[dict[str, Any]]:
     kustomization = yaml.safe_load((tree / "kustomization.yaml").read_text())
     unknown = set(kustomization) - KUSTOMIZATION_KEYS
@@ -95,6 +172,7 @@ def render(tree: Path) -> list[dict[str, Any]]:
     for entry in kustomization.get("resources", []):
         path = tree / entry
         docs += render(path) if path.is_dir() else _load(path)
+    _generate(tree, docs, kustomization.get("configMapGenerator", []))
     for patch in kustomization.get("patches", []):
         if "path" in patch:
             (body,) = _load(tree / patch["path"])
@@ -114,11 +192,19 @@ def render(tree: Path) -> list[dict[str, Any]]:
             metadata.setdefault("labels", {}).update(label_set["pairs"])
             if label_set.get("includeSelectors"):
                 pytest.fail("labels with includeSelectors are not rendered here")
+    _set_images(docs, kustomization.get("images", []))
+    return docs
+
+
+def build(tree: Path) -> list[dict[str, Any]]:
+    """What `kubectl kustomize tree` prints: render, then the generated names."""
+    docs = render(tree)
+    _suffix_generated_names(docs)
     return docs
 
 
 def rendered(tree: Path) -> list[dict[str, Any]]:
-    return copy.deepcopy(_RENDERED.setdefault(tree, render(tree)))
+    return copy.deepcopy(_RENDERED.setdefault(tree, build(tree)))
 
 
 _RENDERED: dict[Path, list[dict[str, Any]]] = {}
@@ -131,6 +217,11 @@ def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
 
 def config_of(docs: list[dict[str, Any]]) -> Config:
     return parse_config(one(docs, "ConfigMap")["data"]["config.toml"])
+
+
+def pod_spec(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    spec: dict[str, Any] = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    return spec
 
 
 def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -146,7 +237,7 @@ def tree_id(tree: Path) -> str:
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.parametrize("tree", TREES, ids=tree_id)
+@pytest.mark.parametrize("tree", ALL_TREES, ids=tree_id)
 def test_every_resource_validates_against_the_openapi_schema(tree: Path, version: str) -> None:
     docs = rendered(tree)
     assert docs
@@ -173,14 +264,84 @@ def test_the_validator_rejects_an_unknown_field_and_a_wrong_type() -> None:
 
 def test_every_file_in_the_tree_is_used() -> None:
     listed: set[Path] = set()
-    for tree in TREES:
+    for tree in ALL_TREES:
         kustomization = yaml.safe_load((tree / "kustomization.yaml").read_text())
         listed.add((tree / "kustomization.yaml").resolve())
         listed |= {(tree / r).resolve() for r in kustomization.get("resources", [])}
         patches = kustomization.get("patches", [])
         listed |= {(tree / p["path"]).resolve() for p in patches if "path" in p}
-    files = {p.resolve() for p in KUBE.rglob("*.yaml") if "image" not in p.parts}
+        generators = kustomization.get("configMapGenerator", [])
+        listed |= {(tree / f).resolve() for g in generators for f in g["files"]}
+    files = {
+        p.resolve()
+        for pattern in ("*.yaml", "*.toml")
+        for p in KUBE.rglob(pattern)
+        if "image" not in p.parts
+    }
     assert files - listed == set()
+
+
+# --- configuration and image, each from one place ---------------------------------------
+
+
+def _copy_tree(tmp_path: Path) -> Path:
+    """deploy/kubernetes copied, for a test that changes a file of it."""
+    copy_root = tmp_path / "kubernetes"
+    shutil.copytree(KUBE, copy_root)
+    return copy_root
+
+
+@pytest.mark.parametrize("tree", TREES, ids=tree_id)
+def test_a_configuration_change_rolls_the_daemonset(tree: Path, tmp_path: Path) -> None:
+    docs = rendered(tree)
+    config_map = one(docs, "ConfigMap")
+    name = config_map["metadata"]["name"]
+    assert re.fullmatch(r"gpuagent-config-[0-9a-z]{10}", name)
+    [volume] = [v for v in pod_spec(docs)["volumes"] if v["name"] == "config"]
+    assert volume["configMap"]["name"] == name
+    # Another configuration is another name: the DaemonSet's pod template changes.
+    copy_root = _copy_tree(tmp_path)
+    changed = copy_root / tree.relative_to(KUBE)
+    toml = next(p for p in (changed, copy_root / "base") if (p / "config.toml").exists())
+    (toml / "config.toml").write_text((toml / "config.toml").read_text() + "\n# changed\n")
+    again = build(changed)
+    assert one(again, "ConfigMap")["metadata"]["name"] != name
+    [volume] = [v for v in pod_spec(again)["volumes"] if v["name"] == "config"]
+    assert volume["configMap"]["name"] == one(again, "ConfigMap")["metadata"]["name"]
+
+
+def test_every_gpuagent_image_is_the_one_the_version_names() -> None:
+    version = re.search(r'^version = "(.+)"', (REPO / "pyproject.toml").read_text(), re.MULTILINE)
+    assert version is not None
+    for tree in TREES:
+        for image in _images(rendered(tree)):
+            if "gpuagent" in image:
+                assert image == f"localhost/gpuagent:{version[1]}", tree
+
+
+def test_one_images_entry_moves_every_gpuagent_container(tmp_path: Path) -> None:
+    """What docs/kubernetes.md tells an operator to write, for a registry of their own."""
+    for tree in TREES:
+        mine = tmp_path / tree.name
+        mine.mkdir()
+        (mine / "kustomization.yaml").write_text(
+            f"resources:\n  - {tree}\n"
+            "images:\n  - name: localhost/gpuagent\n"
+            "    newName: registry.example.org/gpu/gpuagent\n    newTag: 0.1.0-1\n"
+        )
+        images = _images(build(mine))
+        ours = [i for i in images if "gpuagent" in i]
+        assert ours, tree
+        assert set(ours) == {"registry.example.org/gpu/gpuagent:0.1.0-1"}, tree
+
+
+def _images(docs: list[dict[str, Any]]) -> list[str]:
+    images = []
+    for doc in docs:
+        if doc["kind"] in WORKLOADS:
+            pod = doc["spec"]["template"]["spec"]
+            images += [c["image"] for c in [*pod.get("initContainers", []), *pod["containers"]]]
+    return images
 
 
 # --- the DaemonSet ------------------------------------------------------------------------
@@ -262,6 +423,9 @@ def test_every_path_the_configuration_reads_is_mounted(tree: Path) -> None:
         config.inventory.modules_root,
         config.inventory.dkms_root,
     ]
+    broker = config.outputs.mqtt.broker
+    if config.outputs.mqtt.enabled:
+        read += [broker.ca_file, broker.cert_file, broker.key_file]
     for path in read:
         assert _mounted(docs, Path(path)), f"{path} is not mounted"
     for path in (config.agent.state_dir, config.api.socket, config.remediation.kill_switch):
@@ -304,6 +468,11 @@ def test_overlay_configurations_differ_from_the_base_only_where_they_say(tree: P
         assert overlay.sources.kmsg.path == Path("/dev/kmsg")
         overlay = dataclasses.replace(
             overlay, sources=dataclasses.replace(overlay.sources, kmsg=base.sources.kmsg)
+        )
+    elif tree.name == "fleet-agent":
+        assert overlay.outputs.mqtt.enabled
+        overlay = dataclasses.replace(
+            overlay, outputs=dataclasses.replace(overlay.outputs, mqtt=base.outputs.mqtt)
         )
     assert overlay == base
 

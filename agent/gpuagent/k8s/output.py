@@ -321,21 +321,25 @@ class KubernetesOutput:
         return self._config.event_namespace
 
     async def _request(self, name: str, *args: Any) -> Any:
+        timeout = self._config.timeout_seconds + 1.0  # the client's, plus the thread's
+        try:
+            async with asyncio.timeout(timeout):
+                answer = await asyncio.to_thread(self._request_sync, name, *args)
+        except TimeoutError:
+            raise ApiError(0, f"no answer from the Kubernetes API within {timeout:g} s") from None
+        self._answered = True
+        return answer
+
+    def _request_sync(self, name: str, *args: Any) -> Any:
+        """In the worker thread: the client too is made there (importing the kubernetes
+        package takes a second or more, which the event loop must not wait for)."""
         if self._api is None:
             try:
                 client = load_api_client(self._kubeconfig)
             except (KubernetesConfigError, ImportError) as exc:
                 raise ApiError(0, str(exc) or "the kubernetes package is not installed") from None
             self._api = NodeApi(client, self.node, self._namespace, self._config.timeout_seconds)
-        method = getattr(self._api, name)
-        timeout = self._config.timeout_seconds + 1.0  # the client's, plus the thread's
-        try:
-            async with asyncio.timeout(timeout):
-                answer = await asyncio.to_thread(method, *args)
-        except TimeoutError:
-            raise ApiError(0, f"no answer from the Kubernetes API within {timeout:g} s") from None
-        self._answered = True
-        return answer
+        return getattr(self._api, name)(*args)
 
     # --- events -------------------------------------------------------------------------
 
