@@ -193,8 +193,11 @@ def test_an_api_server_that_fails_is_retried_and_the_latest_state_written(
     run_daemon, api, tmp_path
 ) -> None:
     api.failures[("PATCH", STATUS_PATH)] = 500
+    # Events refused for good (no RBAC for them): dropped, never holding up the conditions.
+    api.failures[("POST", EVENTS_PATH)] = 403
     daemon = _start(run_daemon, api, tmp_path)
     daemon.inject("ecc_dbe", 0, count=1)
+    daemon.inject("gpu_lost", 1)
 
     def down(doc: dict[str, Any]) -> bool:
         source = next((s for s in doc["sources"] if s["name"] == "kubernetes_output"), {})
@@ -205,6 +208,8 @@ def test_an_api_server_that_fails_is_retried_and_the_latest_state_written(
     del api.failures[("PATCH", STATUS_PATH)]
     # Back: what the agent sees now is written (backoff is at most a few seconds here).
     _until(lambda: _status(api, "GpuMemoryErrors") == "True", 20, "GpuMemoryErrors=True")
+    assert _status(api, "GpuLost") == "True"
+    assert api.events == {}
     daemon.wait_for(
         lambda doc: next(s for s in doc["sources"] if s["name"] == "kubernetes_output")["up"]
     )

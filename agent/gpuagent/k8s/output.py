@@ -16,17 +16,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any
 
 from gpuagent.config import Config
-from gpuagent.k8s.client import KubernetesConfigError, kubernetes_node_name, load_api_client
+from gpuagent.k8s.client import (
+    ApiError,
+    KubernetesConfigError,
+    NodeApi,
+    kubernetes_node_name,
+    load_api_client,
+    retried,
+)
 from gpuagent.k8s.conditions import Condition, node_conditions
 from gpuagent.k8s.events import (
     NodeEvent,
@@ -41,97 +46,16 @@ from gpuagent.model import GpuEvent, NodeSnapshot, Severity
 from gpuagent.supervisor import SourceTracker
 
 if TYPE_CHECKING:
-    from kubernetes.client import ApiClient
-
     from gpuagent.incidents import Incident
     from gpuagent.remediation.audit import AuditRecord
 
 log = logging.getLogger("gpuagent.kubernetes")
 
-STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
-MERGE_PATCH = "application/merge-patch+json"
 # Events waiting to be created at most; past it new ones are dropped (and counted).
 MAX_PENDING_EVENTS = 256
 # Events remembered as created (so an incident's growth is counted on its event).
 MAX_KNOWN_EVENTS = 4096
 _MAX_BACKOFF_SECONDS = 60.0
-
-
-class _RawResponse(Protocol):
-    @property
-    def data(self) -> bytes: ...
-
-    def release_conn(self) -> None: ...
-
-
-class ApiError(Exception):
-    """A request failed; ``status`` is the HTTP status (0: no answer)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class NodeApi:
-    """The four requests the output makes, each blocking (run in a worker thread)."""
-
-    def __init__(self, client: ApiClient, node: str, namespace: str, timeout: float) -> None:
-        from kubernetes.client import CoreV1Api, EventsV1Api  # noqa: PLC0415
-
-        self._client = client
-        self._core = CoreV1Api(client)
-        self._events = EventsV1Api(client)
-        self._node = node
-        self._namespace = namespace
-        self._timeout = timeout
-
-    def read_node(self) -> dict[str, Any]:
-        node = self._call(self._core.read_node, self._node)
-        if not isinstance(node, dict) or not isinstance(node.get("metadata"), dict):
-            raise ApiError(0, f"GET node {self._node}: the answer is not a Node")
-        return node
-
-    def patch_conditions(self, conditions: list[dict[str, str]]) -> None:
-        body = {"status": {"conditions": conditions}}
-        self._call(
-            self._core.patch_node_status, self._node, body, _content_type=STRATEGIC_MERGE_PATCH
-        )
-
-    def create_event(self, body: dict[str, Any]) -> None:
-        self._call(self._events.create_namespaced_event, self._namespace, body)
-
-    def patch_event(self, name: str, body: dict[str, Any]) -> None:
-        self._call(
-            self._events.patch_namespaced_event,
-            name,
-            self._namespace,
-            body,
-            _content_type=MERGE_PATCH,
-        )
-
-    def close(self) -> None:
-        close: Callable[[], None] = self._client.close  # the client has no hints
-        close()
-
-    def _call(self, method: Any, *args: Any, **kwargs: Any) -> object:
-        from kubernetes.client import ApiException  # noqa: PLC0415
-        from urllib3.exceptions import HTTPError  # noqa: PLC0415
-
-        try:
-            response = cast(
-                "_RawResponse",
-                method(*args, _preload_content=False, _request_timeout=self._timeout, **kwargs),
-            )
-            try:
-                data = response.data
-            finally:
-                response.release_conn()
-            return json.loads(data) if data else None
-        except ApiException as exc:
-            raise ApiError(exc.status or 0, _describe_http(exc)) from None
-        except (HTTPError, OSError, ValueError) as exc:
-            cause = getattr(exc, "reason", None) or exc
-            raise ApiError(0, f"cannot reach the Kubernetes API: {cause}") from None
 
 
 class KubernetesOutput:
@@ -288,6 +212,10 @@ class KubernetesOutput:
         }
 
     async def _send_events(self) -> None:
+        await self._create_events()
+        await self._count_on_events()
+
+    async def _create_events(self) -> None:
         while self._pending:
             event = self._pending[0]
             body = event_body(
@@ -296,12 +224,19 @@ class KubernetesOutput:
             try:
                 await self._request("create_event", body)
             except ApiError as exc:
+                if retried(exc):
+                    raise  # kept, for the next try
                 if exc.status != 409:  # 409: made before a restart; count on it
-                    raise
+                    self._pending.popleft()
+                    self._drop(f"{event.reason} not created: {exc}")
+                    continue
             self._pending.popleft()
             self._known[event.key] = None
             while len(self._known) > MAX_KNOWN_EVENTS:
                 self._known.popitem(last=False)
+
+    async def _count_on_events(self) -> None:
+        """An incident's growth, as its event's series (only for events that exist)."""
         for key, (count, last_seen) in list(self._series.items()):
             del self._series[key]
             if key not in self._known:
@@ -311,10 +246,10 @@ class KubernetesOutput:
                     "patch_event", event_name(self.node, key), series_patch(count, last_seen)
                 )
             except ApiError as exc:
-                if exc.status != 404:  # 404: the event expired (the API keeps them ~1 h)
+                if retried(exc):
                     self._series.setdefault(key, (count, last_seen))
                     raise
-                del self._known[key]
+                del self._known[key]  # gone (the API keeps events about an hour) or refused
 
     @property
     def _namespace(self) -> str:
@@ -351,18 +286,18 @@ class KubernetesOutput:
         self._tokens = min(rate, self._tokens + (now - self._tokens_at) * rate / 60.0)
         self._tokens_at = now
         if self._tokens < 1.0 or len(self._pending) >= MAX_PENDING_EVENTS:
-            self.dropped_events += 1
-            if self.dropped_events == 1 or self.dropped_events % 1000 == 0:
-                log.warning(
-                    "Kubernetes events over %d a minute: %d dropped so far (the agent's "
-                    "log and status have them all)",
-                    rate,
-                    self.dropped_events,
-                )
+            self._drop(f"more than {rate} events a minute")
             return
         self._tokens -= 1.0
         self._pending.append(event)
         self._wake.set()
+
+    def _drop(self, why: str) -> None:
+        """An event not sent: counted, and logged on the first and every thousandth (the
+        agent's own log, status and the fleet have every one)."""
+        self.dropped_events += 1
+        if self.dropped_events == 1 or self.dropped_events % 1000 == 0:
+            log.warning("Kubernetes events dropped: %d so far; now: %s", self.dropped_events, why)
 
     def _note_availability(self, snapshot: NodeSnapshot) -> None:
         """A GPU whose availability finding turned CRITICAL is lost; back to OK, it is
@@ -387,17 +322,3 @@ class KubernetesOutput:
             index = gpu.identity.index if gpu is not None else None
             reason = lost[bus].reason or "answers again"
             self._offer(availability_event(bus, index, is_lost, reason, snapshot.taken_at))
-
-
-def _describe_http(exc: Any) -> str:
-    text = f"Kubernetes API: HTTP {exc.status} {exc.reason}"
-    body = exc.body.decode("utf-8", "replace") if isinstance(exc.body, bytes) else exc.body
-    try:
-        message = json.loads(body).get("message") if body else None
-    except (ValueError, AttributeError):
-        message = None
-    if isinstance(message, str) and message:
-        text += f": {message}"
-    if exc.status == 403:
-        text += " (the agent's ClusterRole must allow patch on nodes/status, create on events)"
-    return text
