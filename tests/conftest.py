@@ -3,6 +3,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -13,12 +14,15 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pynvml
 import pytest
 
 from gpuagent.sim import SimulatedNode, parse_scenario
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
 
 # Fixtures for a real MQTT broker (mqtt_broker, pki).
 pytest_plugins = ("mqtt_broker",)
@@ -103,6 +107,26 @@ def kernel_record(sequence: int, message: str) -> str:
     microsecond per sequence number apart: a record stamped near boot would be old to the
     checks on a host up for an hour, and dropped by the look-back past a day."""
     return f"3,{sequence},{int(time.monotonic() * 1e6) + sequence},-;{message}"
+
+
+_COUNTER_TYPE = re.compile(r"^# TYPE (\S+) counter$", re.MULTILINE)
+
+
+def parse_metrics(text: str) -> list[Metric]:
+    """A text exposition's families, as Prometheus reads them. prometheus_client's parser
+    keeps only the first sample of a counter whose samples have no `_total` (dcgm-exporter's
+    names, which the format allows), so those are parsed untyped, then given their type."""
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    bare = {name for name in _COUNTER_TYPE.findall(text) if not name.endswith("_total")}
+    parsed = text_string_to_metric_families(
+        _COUNTER_TYPE.sub(lambda m: f"# TYPE {m[1]} untyped" if m[1] in bare else m[0], text)
+    )
+    families = list(parsed)
+    for family in families:
+        if family.name in bare:
+            family.type = "counter"
+    return families
 
 
 def free_port() -> int:
@@ -202,11 +226,7 @@ class DaemonProcess:
 
     def metric(self, name: str, **labels: str) -> float:
         """The value of the sample ``name`` with ``labels`` on /metrics (0 when absent)."""
-        from prometheus_client.parser import (  # noqa: PLC0415 - keep collection light
-            text_string_to_metric_families,
-        )
-
-        for family in text_string_to_metric_families(self.metrics()):
+        for family in parse_metrics(self.metrics()):
             for sample in family.samples:
                 if sample.name == name and all(
                     sample.labels.get(k) == v for k, v in labels.items()

@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import DaemonProcess, deadline_in
+from conftest import DaemonProcess, deadline_in, parse_metrics
 from gpuagent import api
 from gpuagent.api import CONNECTION_REASON_PREFIX, ApiServer
 
@@ -218,7 +217,7 @@ H100 = '[node]\ngpus = 2\nmodel = "NVIDIA H100 80GB HBM3"\n'
 def _rejected_connections(daemon: DaemonProcess) -> dict[str, float]:
     return {
         sample.labels["reason"]: sample.value
-        for family in text_string_to_metric_families(daemon.metrics())
+        for family in parse_metrics(daemon.metrics())
         for sample in family.samples
         if sample.name == "gpuagent_api_connections_rejected_total"
     }

@@ -3,6 +3,7 @@ as an operator runs them against a simulated daemon."""
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
@@ -10,8 +11,10 @@ import pty
 import re
 import select
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +23,7 @@ from typing import Any
 import pytest
 
 from conftest import PATIENCE, DaemonProcess, deadline_in, run_cli
-from gpuagent.render import color_enabled, render_status
+from gpuagent.render import color_enabled, fit_to_width, render_status
 from test_diag_cli import install_dcgmi
 
 SCENARIO = '[node]\ngpus = 2\nmodel = "NVIDIA H100 80GB HBM3"\n'
@@ -86,8 +89,9 @@ def read_until(fd: int, done: Callable[[str], bool], timeout: float = 20.0) -> s
     return received.decode(errors="replace")
 
 
-def on_a_terminal(*args: str, env: dict[str, str]) -> str:
-    """`gpuagent ARGS` with stdout a terminal (a pseudo-terminal), and what it printed."""
+def on_a_terminal(*args: str, env: dict[str, str], code: int = 0) -> str:
+    """`gpuagent ARGS` with stdout a terminal (a pseudo-terminal), and what it printed; it
+    must exit with ``code``."""
     controller, terminal = pty.openpty()
     process = gpuagent_process(*args, env=env, stdout=terminal, stderr=subprocess.PIPE)
     os.close(terminal)
@@ -96,7 +100,7 @@ def on_a_terminal(*args: str, env: dict[str, str]) -> str:
     finally:
         os.close(controller)
     _out, errors = process.communicate(timeout=30)
-    assert process.returncode == 0, errors
+    assert process.returncode == code, errors
     return output
 
 
@@ -144,13 +148,13 @@ def test_piped_output_has_no_escapes_and_always_has(run_daemon: Run) -> None:
     daemon, _doc = critical_gpu_1(run_daemon)
     socket = str(daemon.socket)
     piped = run_cli("status", "--socket", socket)
-    assert piped.returncode == 0, piped.stderr
+    assert piped.returncode == 2, piped.stderr  # CRITICAL, as `check` exits
     assert "CRITICAL" in piped.stdout
     assert "\x1b" not in piped.stdout
     always = run_cli("status", "--socket", socket, "--color", "always")
-    assert always.returncode == 0, always.stderr
+    assert always.returncode == 2, always.stderr
     assert "\x1b[31mCRITICAL\x1b[0m" in always.stdout
-    never = on_a_terminal("status", "--socket", socket, "--color", "never", env={})
+    never = on_a_terminal("status", "--socket", socket, "--color", "never", env={}, code=2)
     assert "CRITICAL" in never
     assert "\x1b" not in never
 
@@ -159,8 +163,8 @@ def test_terminal_gets_colour_unless_no_color(run_daemon: Run) -> None:
     daemon, _doc = critical_gpu_1(run_daemon)
     args = ("status", "--socket", str(daemon.socket))
     env = {"TERM": "xterm", "NO_COLOR": ""}
-    assert "\x1b[31mCRITICAL\x1b[0m" in on_a_terminal(*args, env=env)
-    plain = on_a_terminal(*args, env={**env, "NO_COLOR": "1"})
+    assert "\x1b[31mCRITICAL\x1b[0m" in on_a_terminal(*args, env=env, code=2)
+    plain = on_a_terminal(*args, env={**env, "NO_COLOR": "1"}, code=2)
     assert "CRITICAL" in plain
     assert "\x1b" not in plain
 
@@ -197,16 +201,19 @@ def test_watch_redraws_until_ctrl_c(run_daemon: Run) -> None:
     assert "\x1b" not in output  # piped: no screen clearing, no colour
 
 
-def test_watch_clears_the_screen_on_a_terminal(run_daemon: Run) -> None:
+def test_watch_clears_the_screen_on_a_terminal_and_fits_its_width(run_daemon: Run) -> None:
     daemon = run_daemon(SCENARIO)
+    daemon.inject("ecc_dbe", 1, count=1)  # a long reason on GPU 1's row
     controller, terminal = pty.openpty()
+    # A narrow terminal: 60 columns (COLUMNS empty, so the window's size is what counts).
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 60, 0, 0))
     process = gpuagent_process(
         "status",
         "--watch",
         "0.2",
         "--socket",
         str(daemon.socket),
-        env={"TERM": "xterm", "NO_COLOR": ""},
+        env={"TERM": "xterm", "NO_COLOR": "", "COLUMNS": ""},
         stdout=terminal,
         stderr=subprocess.PIPE,
     )
@@ -225,6 +232,15 @@ def test_watch_clears_the_screen_on_a_terminal(run_daemon: Run) -> None:
             os.close(controller)
     assert process.returncode == 0, errors
     assert "\x1b[32mOK\x1b[0m" in output
+    # 60 columns: the table keeps GPU, HEALTH and REASON (less needed columns left out),
+    # and no line is longer, so none wraps.
+    assert "\x1b[31mCRITICAL\x1b[0m" in output
+    lines = ESCAPE.sub("", output.replace("\x1b[H\x1b[2J", "")).splitlines()
+    assert max(len(line) for line in lines) <= 60
+    header = next(line for line in lines if line.startswith("GPU "))
+    assert "HEALTH" in header
+    assert "REASON" in header
+    assert "MODEL" not in header
 
 
 def test_watch_refuses_json_and_a_bad_interval(tmp_path: Any) -> None:
@@ -257,10 +273,13 @@ def test_status_gpu_takes_every_form(run_daemon: Run) -> None:
     ]
     for form in forms:
         result = run_cli("status", "--socket", socket, "--json", "--gpu", form)
-        assert result.returncode == 0, (form, result.stderr)
+        assert result.returncode == 2, (form, result.stderr)  # GPU 1 is CRITICAL
         assert [g["index"] for g in json.loads(result.stdout)["gpus"]] == [1], form
     both = run_cli("status", "--socket", socket, "--json", "--gpu", "0", gpu_1["uuid"])
     assert [g["index"] for g in json.loads(both.stdout)["gpus"]] == [0, 1]
+    # The exit code is the named GPUs' worst: GPU 0 alone is OK.
+    assert run_cli("status", "--socket", socket, "--gpu", "0").returncode == 0
+    assert run_cli("status", "--socket", socket, "--exit-zero").returncode == 0
     table = run_cli("status", "--socket", socket, "--gpu", nvml_form(gpu_1["pci_bus_id"]))
     rows = [line.split()[0] for line in table.stdout.splitlines() if line[:1].isdigit()]
     assert rows == ["1"]
@@ -327,3 +346,19 @@ def test_diag_resolves_every_form_to_indices(
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["gpus"] == [0]
     assert calls.read_text().splitlines() == ["diag -r 1 -j -i 0"]
+
+
+@pytest.mark.parametrize(
+    ("line", "width", "fitted"),
+    [
+        ("short", 10, "short"),
+        ("exactly10!", 10, "exactly10!"),
+        ("eleven char", 10, "eleven ch…"),
+        # Colour escapes take no column, and a colour cut off is ended.
+        ("0 \x1b[31mCRITICAL\x1b[0m", 10, "0 \x1b[31mCRITICAL\x1b[0m"),
+        ("0 \x1b[31mCRITICAL\x1b[0m x", 8, "0 \x1b[31mCRITI\x1b[0m…"),
+    ],
+)
+def test_fit_to_width(line: str, width: int, fitted: str) -> None:
+    assert fit_to_width(line, width) == fitted
+    assert fit_to_width(f"{line}\n{line}", width) == f"{fitted}\n{fitted}"

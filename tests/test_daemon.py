@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import PATIENCE, DaemonProcess, run_cli, start_daemon
+from conftest import PATIENCE, DaemonProcess, parse_metrics, run_cli, start_daemon
 
 pytestmark = pytest.mark.integration
 
@@ -32,9 +31,7 @@ def _severity(doc: dict[str, Any], index: int, check: str) -> str:
 
 
 def _samples(text: str, name: str) -> list[Any]:
-    return [
-        s for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name
-    ]
+    return [s for fam in parse_metrics(text) for s in fam.samples if s.name == name]
 
 
 def test_healthy_node_ready_status_metrics_and_clean_stop(run_daemon: Run) -> None:

@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import DaemonProcess
+from conftest import DaemonProcess, parse_metrics
 from gpuagent.sim.hardware import mig_device_uuid
 from kubelet_podresources import FakeKubelet
 
@@ -108,7 +107,7 @@ def test_attribution_off_reads_nothing_and_keeps_the_labels(
     assert "job" not in doc["gpus"][0]["processes"][0]
     assert "kubelet" not in {s["name"] for s in doc["sources"]}
     assert kubelet.calls == 0
-    families = {f.name: f for f in text_string_to_metric_families(daemon.metrics())}
+    families = {f.name: f for f in parse_metrics(daemon.metrics())}
     labels = set(families["DCGM_FI_DEV_GPU_TEMP"].samples[0].labels)
     assert not labels & (K8S_LABELS | {"hpc_job"})
 

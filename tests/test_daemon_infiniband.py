@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import DaemonProcess, deadline_in, start_daemon
+from conftest import DaemonProcess, deadline_in, parse_metrics, start_daemon
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +37,7 @@ def _severity(doc: dict[str, Any]) -> str:
 def _series(daemon: DaemonProcess, name: str) -> dict[tuple[tuple[str, str], ...], float]:
     return {
         tuple(sorted(s.labels.items())): s.value
-        for family in text_string_to_metric_families(daemon.metrics())
+        for family in parse_metrics(daemon.metrics())
         for s in family.samples
         if s.name == name
     }

@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import DaemonProcess, run_cli, start_daemon
+from conftest import DaemonProcess, parse_metrics, run_cli, start_daemon
 
 pytestmark = pytest.mark.integration
 
@@ -317,7 +316,7 @@ def test_check_without_inventory_runs_no_inventory_checks(tmp_path: Path) -> Non
 
 
 def _samples(text: str, name: str) -> list[Any]:
-    return [s for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
+    return [s for f in parse_metrics(text) for s in f.samples if s.name == name]
 
 
 def test_daemon_shows_inventory_in_status_and_metrics(tmp_path: Path) -> None:

@@ -7,9 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import DaemonProcess
+from conftest import DaemonProcess, parse_metrics
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +25,7 @@ def _finding(doc: dict[str, Any], index: int, check: str) -> dict[str, Any] | No
 
 
 def _samples(text: str, name: str) -> list[Any]:
-    return [s for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
+    return [s for f in parse_metrics(text) for s in f.samples if s.name == name]
 
 
 def test_kernel_log_xid_becomes_a_finding_a_metric_and_an_event(run_daemon: Run) -> None:

@@ -151,3 +151,24 @@ def test_every_dashboard_query_returns_data(
     # The scrape is healthy: Prometheus reports the target up.
     (up,) = server.query('up{job="gpuagent"}')
     assert up["value"][1] == "1"
+
+    # Prometheus's metadata has dcgm-exporter's types: its counters are counters, under
+    # their exact names (no `_total`), and a rate of one works.
+    def metadata() -> dict[str, str]:
+        found = server.get("/api/v1/metadata")["data"]
+        return {name: entries[0]["type"] for name, entries in found.items()}
+
+    counters = ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER")
+    _until(lambda: all(n in metadata() for n in counters), "no metadata", server, deadline)
+    types = metadata()
+    assert {name: types[name] for name in counters} == dict.fromkeys(counters, "counter")
+    assert types["DCGM_FI_DEV_GPU_TEMP"] == "gauge"
+    assert not any(
+        name.endswith("_total") and name.startswith("DCGM_FI_DEV_TOTAL") for name in types
+    )
+    _until(
+        lambda: bool(server.query("rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[5s])")),
+        "no rate of the energy counter",
+        server,
+        deadline,
+    )

@@ -147,15 +147,18 @@ def test_values_come_from_the_right_gpu(name, expected):
     assert values(samples(snapshot()), name)["2"] == expected
 
 
-def test_counters_are_untyped_so_dcgm_names_stay_exact():
+def test_counters_are_counters_under_dcgm_exporters_exact_names():
     types = families_by_name(snapshot())
-    assert types["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] == "unknown"
-    assert types["DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"] == "unknown"
+    assert types["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] == "counter"
+    assert types["DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"] == "counter"
     assert types["DCGM_FI_DEV_GPU_TEMP"] == "gauge"
     text = exposition(snapshot())
+    assert "\n# TYPE DCGM_FI_DEV_PCIE_REPLAY_COUNTER counter\n" in text
+    assert "\n# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\n" in text
     assert "\nDCGM_FI_DEV_PCIE_REPLAY_COUNTER{" in text
-    assert "_total{" not in text
+    assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION_total" not in text
     assert "_TOTAL_total" not in text
+    assert "untyped" not in text
 
 
 def test_all_gpus_up_and_node_metrics():

@@ -8,13 +8,9 @@ import re
 import subprocess
 
 import pytest
-from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
-from prometheus_client.openmetrics.parser import (
-    text_string_to_metric_families as parse_openmetrics,
-)
-from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import TEST_DATA, require
+from conftest import TEST_DATA, parse_metrics, require
+from gpuagent.metrics import names
 from gpuagent.metrics.names import DCGM_LABELS
 from gpuagent.model import Finding, Severity
 from test_metrics_support import (
@@ -23,7 +19,6 @@ from test_metrics_support import (
     degraded_snapshot,
     exposition,
     profiled_snapshot,
-    registry_for,
     samples,
     snapshot,
 )
@@ -100,8 +95,8 @@ DASHBOARD_QUERIES = (
     'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{instance=~"$instance", gpu=~"$gpu"}',
 )
 
-# dcgm-exporter's types as gpuagent exposes them: counters go out untyped (see docs).
-EXPOSED_TYPE = {"gauge": "gauge", "counter": "unknown"}
+# dcgm-exporter's types as gpuagent exposes them: the same, counters under their exact names.
+EXPOSED_TYPE = {"gauge": "gauge", "counter": "counter"}
 
 
 def rows(text: str) -> list[dict[str, str]]:
@@ -111,7 +106,7 @@ def rows(text: str) -> list[dict[str, str]]:
 def parsed_families():
     # H100s: the profiling series come from GPM.
     text = exposition(profiled_snapshot())
-    return {f.name: f for f in text_string_to_metric_families(text)}
+    return {f.name: f for f in parse_metrics(text)}
 
 
 def _expected_series() -> list[dict[str, str]]:
@@ -170,11 +165,20 @@ def test_embedded_counters_match_the_reference_data():
 
 # --- promtool -----------------------------------------------------------------------------
 
-# promtool's linter objects to two things dcgm-exporter itself does, and compatibility
-# means keeping both: the camelCase `modelName` label (reported for every family carrying
-# it), and a metric whose name ends in a type name. Nothing else may be reported.
+# promtool's linter objects to three things dcgm-exporter itself does, and compatibility
+# means keeping them: the camelCase `modelName` label (reported for every family carrying
+# it), a metric whose name ends in a type name, and counters without `_total` (its names).
+# Nothing else may be reported.
 _CAMEL_CASE_LABEL = "label names should be written in 'snake_case' not 'camelCase'"
 _TYPE_IN_NAME = "DCGM_FI_DEV_PCIE_REPLAY_COUNTER metric name should not include type 'counter'"
+_NO_TOTAL = re.compile(r'^(\w+) counter metrics should have "_total" suffix$')
+# The counters named without `_total`: dcgm-exporter's, and gpuagent's clock slowdown
+# times, named before they were typed counters.
+_BARE_COUNTERS = {
+    m.name
+    for m in (*names.DCGM_GPU_METRICS, *names.AGENT_GPU_METRICS, *names.DCGM_PROFILING_METRICS)
+    if m.kind is names.Kind.COUNTER and not m.name.endswith("_total")
+}
 
 
 def _promtool() -> str:
@@ -219,18 +223,14 @@ def test_promtool_check_metrics(snap):
     text = exposition(snap)
     code, problems = _check_metrics(promtool, text)
     assert code in (0, 3), problems  # 1 would be a parse error
-    unexpected = [p for p in problems if not p.endswith(_CAMEL_CASE_LABEL) and p != _TYPE_IN_NAME]
-    assert unexpected == []
-    # With dcgm-exporter's label renamed, only the name dcgm-exporter chose is left.
+    compatible = [p for p in problems if p.endswith(_CAMEL_CASE_LABEL) or p == _TYPE_IN_NAME]
+    counters = [m[1] for m in map(_NO_TOTAL.match, problems) if m]
+    assert len(compatible) + len(counters) == len(problems), problems
+    # Exactly the counters the metric table names so, each declared a counter.
+    assert set(counters) <= _BARE_COUNTERS
+    assert all(f"\n# TYPE {name} counter\n" in text for name in counters)
+    # With dcgm-exporter's label renamed, only the names dcgm-exporter chose are left.
     code, problems = _check_metrics(promtool, text.replace("modelName=", "model_name="))
     expected = [_TYPE_IN_NAME] if "DCGM_FI_DEV_PCIE_REPLAY_COUNTER{" in text else []
-    assert problems == expected
-    assert code == (3 if expected else 0)
-
-
-def test_openmetrics_exposition_parses():
-    text = generate_openmetrics(registry_for(_rich_snapshot())).decode()
-    assert text.endswith("# EOF\n")
-    families = {f.name: f for f in parse_openmetrics(text)}
-    assert families["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"].type == "unknown"
-    assert families["DCGM_FI_DEV_GPU_TEMP"].type == "gauge"
+    assert [p for p in problems if not _NO_TOTAL.match(p)] == expected
+    assert code == (3 if problems else 0)

@@ -5,13 +5,19 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from prometheus_client import generate_latest
-
 from conftest import require
 from gpuagent.metrics import build_registry, names
 from gpuagent.metrics.exposition import TextRenderer
 from gpuagent.model import PcieLink, PciePath
-from test_metrics_support import HOSTNAME, VERSION, exposition, families_by_name, samples, snapshot
+from test_metrics_support import (
+    HOSTNAME,
+    VERSION,
+    exposition,
+    families_by_name,
+    prometheus_client_text,
+    samples,
+    snapshot,
+)
 
 PCIE_NAMES = [spec.name for spec, _field in names.PCIE_LINK_GAUGES]
 AER = names.PCIE_AER_ERRORS.name
@@ -190,7 +196,7 @@ def test_without_paths_there_are_no_pcie_families():
 def test_the_fast_renderer_matches_prometheus_client():
     taken = pcie_snapshot()  # one snapshot: the process metrics are sampled once with it
     registry = build_registry(lambda: taken, VERSION)
-    assert TextRenderer().render(registry.collect()) == generate_latest(registry)
+    assert TextRenderer().render(registry.collect()) == prometheus_client_text(registry)
 
 
 # --- documentation and promtool ---------------------------------------------------------

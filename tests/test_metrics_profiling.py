@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from conftest import parse_metrics
 from gpuagent.metrics import names
 from gpuagent.model import DcgmStatus, GpuProfiling
 from test_metrics_support import (
@@ -48,10 +48,10 @@ def test_gpm_values_are_served_per_gpu_with_dcgm_labels() -> None:
 
 def test_types_and_help_follow_dcgm_exporter() -> None:
     text = exposition(profiled_snapshot())
-    families = {f.name: f for f in text_string_to_metric_families(text)}
+    families = {f.name: f for f in parse_metrics(text)}
     assert families[TENSOR].type == "gauge"
     assert families[TENSOR].documentation == "Ratio of cycles the tensor (HMMA) pipe is active."
-    assert families[NVLINK].type == "unknown"  # a dcgm-exporter counter, served untyped
+    assert families[NVLINK].type == "counter"  # a dcgm-exporter counter, under its name
 
 
 def test_a_gpu_without_values_gets_no_series_never_zeros() -> None:

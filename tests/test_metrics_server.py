@@ -24,6 +24,7 @@ from gpuagent.metrics.exposition import TextRenderer
 from test_metrics_support import (
     VERSION,
     degraded_snapshot,
+    prometheus_client_text,
     registry_for,
     samples_from_text,
     snapshot,
@@ -295,7 +296,7 @@ def test_refresh_renders_ahead_of_the_scrape(monkeypatch):
 
 def test_text_is_what_prometheus_client_renders():
     registry = build_registry(_Holder(degraded_snapshot()), VERSION)
-    assert TextRenderer().render(registry.collect()) == generate_latest(registry)
+    assert TextRenderer().render(registry.collect()) == prometheus_client_text(registry)
 
 
 def test_label_values_are_escaped():

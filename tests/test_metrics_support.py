@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from conftest import parse_metrics
 from gpuagent.metrics import build_registry
+from gpuagent.metrics.exposition import BareCounterFamily, TextRenderer
 from gpuagent.model import (
     Finding,
     GpuIdentity,
@@ -247,7 +248,21 @@ def registry_for(snap: NodeSnapshot | None) -> CollectorRegistry:
 
 
 def exposition(snap: NodeSnapshot | None) -> str:
-    return generate_latest(registry_for(snap)).decode()
+    """/metrics as the agent renders it."""
+    return TextRenderer().render(registry_for(snap).collect()).decode()
+
+
+def prometheus_client_text(registry: CollectorRegistry) -> bytes:
+    """What prometheus_client renders, with dcgm-exporter's counters named as the text
+    format allows (and the agent serves them): prometheus_client writes `NAME_total` in a
+    counter's HELP and TYPE lines even where the samples are plain NAME."""
+    text = generate_latest(registry)
+    for family in registry.collect():
+        if isinstance(family, BareCounterFamily):
+            for line in (b"# HELP ", b"# TYPE "):
+                name = family.name.encode()
+                text = text.replace(line + name + b"_total ", line + name + b" ")
+    return text
 
 
 def samples(snap: NodeSnapshot | None) -> dict[str, list[Sample]]:
@@ -256,12 +271,12 @@ def samples(snap: NodeSnapshot | None) -> dict[str, list[Sample]]:
 
 
 def samples_from_text(text: str) -> dict[str, list[Sample]]:
-    return {f.name: list(f.samples) for f in text_string_to_metric_families(text)}
+    return {f.name: list(f.samples) for f in parse_metrics(text)}
 
 
 def families_by_name(snap: NodeSnapshot | None) -> dict[str, str]:
     """Family name -> type as parsed from the text exposition."""
-    return {f.name: f.type for f in text_string_to_metric_families(exposition(snap))}
+    return {f.name: f.type for f in parse_metrics(exposition(snap))}
 
 
 def for_gpu(found: list[Sample], index: int) -> list[Sample]:

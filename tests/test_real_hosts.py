@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from conftest import REPO, DaemonProcess, run_cli
+from conftest import REPO, DaemonProcess, parse_metrics, run_cli
 from gpuagent.model import Finding, NodeSnapshot, Severity
 from gpuagent.sim import SimulatedNode, load_scenario
 from gpuagent.smi import load_capture
@@ -224,7 +223,7 @@ def test_simulate_and_a_capture_cannot_be_combined(tmp_path: Path) -> None:
 
 def _series(text: str) -> dict[str, list[Sample]]:
     found: dict[str, list[Sample]] = {}
-    for family in text_string_to_metric_families(text):
+    for family in parse_metrics(text):
         for sample in family.samples:
             found.setdefault(sample.name, []).append(sample)
     return found

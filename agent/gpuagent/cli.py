@@ -221,30 +221,43 @@ def cmd_status(args: argparse.Namespace) -> int:
     except ClientError as exc:
         _fail(str(exc), EXIT_UNKNOWN)
     print(json.dumps(doc, indent=2) if args.json else render_status(doc, color=color))
-    return 0
+    return 0 if args.exit_zero else _health_exit_code(doc, selectors)
+
+
+def _health_exit_code(doc: dict[str, Any], selectors: list[str]) -> int:
+    """As `check`: 0 OK, 1 WARN, 2 CRITICAL, 3 UNKNOWN; the node's health, or with --gpu
+    the worst of the GPUs named."""
+    from gpuagent.model import Severity  # noqa: PLC0415
+
+    names = [g["health"] for g in doc["gpus"]] if selectors else [doc["node"]["health"]]
+    return int(Severity.worst([Severity[name] for name in names]).value)
 
 
 def _watch_status(socket: Path, selectors: list[str], seconds: float, color: bool) -> int:
     """Redraw the status every ``seconds`` until Ctrl-C, which ends it with status 0. On a
     terminal each frame replaces the last; piped, the frames follow one another."""
+    import shutil  # noqa: PLC0415
     import time  # noqa: PLC0415
 
     from gpuagent.client import ClientError  # noqa: PLC0415
-    from gpuagent.render import render_status  # noqa: PLC0415
+    from gpuagent.render import fit_to_width, render_status  # noqa: PLC0415
 
     terminal = sys.stdout.isatty()
     frames = 0
     try:
         while True:
+            # The terminal's width now (it may have been resized); piped, no limit.
+            width = shutil.get_terminal_size().columns if terminal else 0
             try:
-                body = render_status(_status_of(socket, selectors), color=color)
+                body = render_status(_status_of(socket, selectors), color=color, width=width)
             except ClientError as exc:
                 if not frames:  # a wrong socket is told at once, not watched
                     _fail(str(exc), EXIT_UNKNOWN)
                 body = f"gpuagent: {exc}"  # keep watching through a daemon restart
             header = f"Every {seconds:g} s: gpuagent status  {time.strftime('%Y-%m-%d %H:%M:%S')}"
             start = _CLEAR_SCREEN if terminal else ("\n" if frames else "")
-            sys.stdout.write(f"{start}{header}\n\n{body}\n")
+            frame = f"{header}\n\n{body}"
+            sys.stdout.write(f"{start}{fit_to_width(frame, width) if width else frame}\n")
             sys.stdout.flush()
             frames += 1
             time.sleep(seconds)
@@ -703,6 +716,11 @@ def _add_client_commands(add: Add) -> None:
         type=_watch_seconds,
         metavar="SECONDS",
         help=f"redraw every SECONDS (default {WATCH_SECONDS:g}) until Ctrl-C",
+    )
+    status.add_argument(
+        "--exit-zero",
+        action="store_true",
+        help="exit 0 whatever the health (by default 0 OK, 1 WARN, 2 CRITICAL, 3 UNKNOWN)",
     )
     _color_option(status)
     status.set_defaults(func=cmd_status)

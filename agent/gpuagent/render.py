@@ -4,6 +4,7 @@ the CLI needs nothing but the JSON it received."""
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Mapping
 from typing import Any, Literal, TextIO
@@ -26,6 +27,33 @@ _COLUMNS = (
 _ROUTINE_CLOCK_EVENTS = {"gpu_idle", "applications_clocks", "sw_power_cap"}
 # SGR colours of the severities: red, yellow, green, magenta.
 _SEVERITY_COLORS = {"CRITICAL": "31", "WARN": "33", "OK": "32", "UNKNOWN": "35"}
+# An SGR escape: it takes no column on the screen.
+_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def fit_to_width(text: str, width: int) -> str:
+    """Each line cut to ``width`` columns (colour escapes count none), ending in "…" where
+    cut, so a redrawn screen never wraps (`status --watch` on a terminal)."""
+    return "\n".join(_fit_line(line, width) for line in text.split("\n"))
+
+
+def _fit_line(line: str, width: int) -> str:
+    visible = _ESCAPE.sub("", line)
+    if len(visible) <= width or width < 2:
+        return line
+    kept, columns, position = [], 0, 0
+    while columns < width - 1:
+        escape = _ESCAPE.match(line, position)
+        if escape:
+            kept.append(escape.group())
+            position = escape.end()
+            continue
+        kept.append(line[position])
+        position += 1
+        columns += 1
+    # A colour cut off is ended, so it does not run into the next line.
+    reset = "\x1b[0m" if "\x1b[" in line else ""
+    return "".join(kept) + reset + "…"
 
 
 def color_enabled(
@@ -132,8 +160,12 @@ def _rdma_lines(ports: list[dict[str, Any]] | None) -> list[str]:
     ]
 
 
-def render_status(doc: dict[str, Any], now: float | None = None, *, color: bool = False) -> str:
-    """The status table; with ``color``, severities in ANSI colours (for a terminal)."""
+def render_status(
+    doc: dict[str, Any], now: float | None = None, *, color: bool = False, width: int = 0
+) -> str:
+    """The status table; with ``color``, severities in ANSI colours (for a terminal); with
+    ``width``, the GPU table's least needed columns left out until it fits (GPU, HEALTH and
+    REASON always stay)."""
     node = doc["node"]
     now = time.time() if now is None else now
     age = now - doc["taken_at"]
@@ -153,16 +185,8 @@ def render_status(doc: dict[str, Any], now: float | None = None, *, color: bool 
         f" (action: {f['action']})"
         for f in node.get("findings", [])
     )
-    rows = [_COLUMNS, *(_gpu_row(g) for g in doc["gpus"])]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS) - 1)]
     lines.append("")
-    health = _COLUMNS.index("HEALTH")
-    for number, row in enumerate(rows):
-        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
-        if number:  # the padding stays outside the escape codes: they take no width
-            padding = cells[health][len(row[health]) :]
-            cells[health] = _paint(row[health], row[health], color) + padding
-        lines.append("  ".join([*cells, row[-1]]).rstrip())
+    lines.extend(_gpu_table(doc["gpus"], color, width))
     problems = [(g, f) for g in doc["gpus"] for f in g.get("findings", [])[1:]]
     if problems:
         lines.append("")
@@ -185,6 +209,37 @@ def render_status(doc: dict[str, Any], now: float | None = None, *, color: bool 
         )
     lines.extend(_dcgm_lines(doc, now))
     return "\n".join(lines)
+
+
+# Left out first when the table must be narrower, in this order.
+_DROPPABLE = ("MODEL", "ECC SBE/DBE", "P", "UTIL", "POWER", "BUS ID", "TEMP")
+# What REASON keeps at least when columns are left out for a narrow terminal.
+_MIN_REASON = 24
+
+
+def _gpu_table(gpus: list[dict[str, Any]], color: bool, width: int) -> list[str]:
+    rows = [_COLUMNS, *(_gpu_row(g) for g in gpus)]
+    shown = list(range(len(_COLUMNS)))
+    widths = {i: max(len(r[i]) for r in rows) for i in shown}
+
+    def table_width() -> int:
+        return sum(widths[i] + 2 for i in shown[:-1]) + _MIN_REASON
+
+    for name in _DROPPABLE:
+        if not width or table_width() <= width:
+            break
+        shown.remove(_COLUMNS.index(name))
+    health = _COLUMNS.index("HEALTH")
+    lines = []
+    for number, row in enumerate(rows):
+        cells = []
+        for i in shown[:-1]:
+            cell = row[i].ljust(widths[i])
+            if number and i == health:  # the padding stays outside the escape codes
+                cell = _paint(row[i], row[i], color) + cell[len(row[i]) :]
+            cells.append(cell)
+        lines.append("  ".join([*cells, row[-1]]).rstrip())
+    return lines
 
 
 def _source_state(source: dict[str, Any]) -> str:

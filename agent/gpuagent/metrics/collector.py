@@ -15,7 +15,6 @@ from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     Metric,
-    UnknownMetricFamily,
 )
 from prometheus_client.samples import Sample
 
@@ -23,6 +22,7 @@ from gpuagent.api import CONNECTION_REASON_PREFIX
 from gpuagent.metrics import names
 from gpuagent.metrics.diag import diag_families
 from gpuagent.metrics.events import event_families
+from gpuagent.metrics.exposition import BareCounterFamily
 from gpuagent.metrics.infiniband import infiniband_families
 from gpuagent.metrics.inventory import inventory_families
 from gpuagent.metrics.kubernetes import kubernetes_families
@@ -467,9 +467,10 @@ def _pcie_links(paths: Sequence[PciePath], hostname: str) -> list[tuple[PcieLink
 
 
 def _typed_family(name: str, help_text: str, kind: Kind, labels: Sequence[str]) -> Metric:
-    """A gauge, or an untyped family for counters (see docs/metrics.md)."""
-    family_type = GaugeMetricFamily if kind.exposition_type == "gauge" else UnknownMetricFamily
-    return family_type(name, help_text, labels=labels)
+    """A gauge, or a counter under its exact name (see docs/metrics.md)."""
+    if kind is Kind.COUNTER:
+        return BareCounterFamily(name, help_text)
+    return GaugeMetricFamily(name, help_text, labels=labels)
 
 
 def _bus_key(bus_id: str) -> str:

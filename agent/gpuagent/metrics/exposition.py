@@ -31,6 +31,16 @@ _MAX_LABEL_SETS = 20_000
 _MAX_VALUES = 20_000
 
 
+class BareCounterFamily(Metric):
+    """A counter whose name and samples stay as given: dcgm-exporter declares its counters
+    `counter` under names without `_total` (DCGM_FI_DEV_PCIE_REPLAY_COUNTER), which the
+    text format allows, but prometheus_client's counter families always add the suffix.
+    The samples are added as `Sample(name, labels, value)`."""
+
+    def __init__(self, name: str, documentation: str) -> None:
+        super().__init__(name, documentation, "counter")
+
+
 def _escape_label_value(value: str) -> str:
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
@@ -74,7 +84,8 @@ class TextRenderer:
         out: list[str] = []
         append = out.append
         for family in families:
-            name = family.name + _NAME_SUFFIX.get(family.type, "")
+            suffix = "" if isinstance(family, BareCounterFamily) else _NAME_SUFFIX.get(family.type)
+            name = family.name + (suffix or "")
             append(f"# HELP {name} {_escape_help(family.documentation)}\n")
             append(f"# TYPE {name} {_TEXT_TYPE.get(family.type, family.type)}\n")
             for sample in family.samples:

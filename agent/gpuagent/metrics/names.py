@@ -17,16 +17,12 @@ _MIB = 1024 * 1024
 
 
 class Kind(enum.Enum):
-    """How a value behaves; the exposition type follows from it (see ``exposition_type``)."""
+    """How a value behaves: its `# TYPE` in the exposition."""
 
     GAUGE = "gauge"
-    # Monotonic, but exported `unknown` (text format: `untyped`): prometheus_client would
-    # rename a `counter` family to NAME_total, and dcgm-exporter's names have no `_total`.
+    # Monotonic: `# TYPE NAME counter`, under dcgm-exporter's exact name (no `_total`
+    # added; gpuagent.metrics.exposition.BareCounterFamily).
     COUNTER = "counter"
-
-    @property
-    def exposition_type(self) -> str:
-        return "gauge" if self is Kind.GAUGE else "unknown"
 
 
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
