@@ -20,7 +20,7 @@ from gpuagent.aggregator.service import Aggregator
 from gpuagent.fleet import schema
 from page_support import Browser, browser, elapsed_ms
 
-GRAFANA = "https://grafana.example/d/gpuagent?var-instance={node}&var-gpu={gpu}"
+GRAFANA = "https://grafana.example/d/gpuagent?var-cluster={cluster}&var-node={node}&var-gpu={gpu}"
 DOCS = "https://gpuagent.example/docs/"
 A100 = "NVIDIA A100-SXM4-80GB"
 HOSTILE = "XID 79 <img src=x onerror=\"document.title='pwned'\">"
@@ -227,8 +227,8 @@ async def node_page(tab: Browser, base: str) -> None:
         ".filter(h => h.startsWith('https://grafana'))"
     )
     assert grafana[:2] == [
-        "https://grafana.example/d/gpuagent?var-instance=bad-node&var-gpu=All",
-        "https://grafana.example/d/gpuagent?var-instance=bad-node&var-gpu=2",
+        "https://grafana.example/d/gpuagent?var-cluster=c1&var-node=bad-node&var-gpu=All",
+        "https://grafana.example/d/gpuagent?var-cluster=c1&var-node=bad-node&var-gpu=2",
     ]
     assert "xid" in await text(tab, "#events")
     await tab.wait_for("document.getElementById('actions').innerText.includes('cordon decision')")

@@ -8,6 +8,7 @@ tensor core panel (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, from GPM) included.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 import urllib.error
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from conftest import TEST_DATA, DaemonProcess, deadline_in, free_port, require
+from conftest import REPO, TEST_DATA, DaemonProcess, deadline_in, free_port, require
 
 _TRAINING = "".join(
     f'[[fault]]\ngpu = {gpu}\nkind = "process"\npid = {4100 + gpu}\nname = "train.py"\n'
@@ -172,3 +173,52 @@ def test_every_dashboard_query_returns_data(
         server,
         deadline,
     )
+
+
+def test_the_consoles_grafana_link_lands_on_the_nodes_panels(
+    run_daemon: Callable[..., DaemonProcess],
+    prometheus: Callable[[str], Prometheus],
+) -> None:
+    """The fleet console's link (the documented grafana_url_template) carries the node's
+    name and cluster; the dashboard's variables turn them into the scrape's instance, and
+    its panels then show that node."""
+    from test_deploy_grafana import EXPRS, _load  # noqa: PLC0415
+
+    daemon = run_daemon(SCENARIO)
+    cluster = daemon.status()["node"]["cluster"]
+    target = f"127.0.0.1:{daemon.port}"
+    server = prometheus(target)
+    deadline = deadline_in(_DEADLINE_SECONDS)
+    _until(lambda: _ready(server), "prometheus was not ready", server, deadline)
+    documented = re.search(r'"(https://grafana[^"]+)"', (REPO / "config.example.toml").read_text())
+    assert documented is not None
+    link = documented[1].format(cluster=cluster, node="test-node", gpu="All")
+    chosen = {
+        key.removeprefix("var-"): values
+        for key, values in urllib.parse.parse_qs(urllib.parse.urlsplit(link).query).items()
+    }
+    assert chosen == {"cluster": [cluster], "node": ["test-node"], "gpu": ["All"]}
+
+    def label_values(query: str, values: dict[str, str]) -> list[str]:
+        match = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", query)
+        assert match, query
+        selector = match[1]
+        for name, value in values.items():
+            selector = selector.replace(f"${name}", value)
+        found = server.get("/api/v1/series?" + urllib.parse.urlencode({"match[]": selector}))
+        return sorted({series[match[2]] for series in found["data"] if match[2] in series})
+
+    variables = {v["name"]: v["query"]["query"] for v in _load()["templating"]["list"]}
+    resolved = {"cluster": cluster, "node": "test-node"}
+    _until(
+        lambda: label_values(variables["instance"], resolved) == [target],
+        "the node's instance was not found",
+        server,
+        deadline,
+    )
+    resolved |= {"instance": target, "gpu": ".*"}
+    temperature = next(expr for title, expr in EXPRS if "DCGM_FI_DEV_GPU_TEMP" in expr)
+    for name, value in resolved.items():
+        temperature = temperature.replace(f"${name}", value)
+    _until(lambda: bool(server.query(temperature)), "no temperatures", server, deadline)
+    assert {s["metric"]["instance"] for s in server.query(temperature)} == {target}

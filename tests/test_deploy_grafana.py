@@ -49,7 +49,7 @@ def test_panel_queries_only_exported_metrics(title, expr):
 
 def test_variable_queries_use_exported_metrics():
     variables = {v["name"]: v for v in _load()["templating"]["list"]}
-    assert {"instance", "gpu"} <= set(variables)
+    assert {"cluster", "node", "instance", "gpu"} <= set(variables)
     for variable in variables.values():
         match = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", variable["query"]["query"])
         assert match, variable["query"]

@@ -67,6 +67,7 @@ NOT_IN_A_CAPTURE = {
 # the recovery state, the sources' availability, the agent's own process.
 ADDED_SINCE = {
     "DCGM_FI_DEV_POWER_USAGE_INSTANT",
+    "gpuagent_agent_info",
     "gpuagent_gpu_recovery_action",
     "gpuagent_gpu_channel_repair_pending",
     "gpuagent_gpu_tpc_repair_pending",

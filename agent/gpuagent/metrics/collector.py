@@ -209,6 +209,8 @@ class _Builder:
         checks = _gauge(names.NODE_CHECK_HEALTH)
         for check, severity in _worst_by_check(snap.health.node_findings()).items():
             checks.add_metric([check], severity.value)
+        agent = _gauge(names.AGENT_INFO)
+        agent.add_metric([snap.node_name, snap.cluster], 1.0)
         nvml_up = _gauge(names.NVML_UP)
         nvml_up.add_metric([], float(snap.nvml.ok))
         taken_at = _gauge(names.SNAPSHOT_TIMESTAMP)
@@ -225,6 +227,7 @@ class _Builder:
                 rejected.add_metric([reason], count)
         return [
             build_info(snap, self.version),
+            agent,
             node_health,
             checks,
             nvml_up,

@@ -507,6 +507,12 @@ GPU_NVLINK_SYMBOL_BER = MetricSpec(
     "driver does not report it.",
     (*GPU_LABELS, "link"),
 )
+AGENT_INFO = MetricSpec(
+    "gpuagent_agent_info",
+    "Always 1; labels carry the node's name and cluster as the agent reports them "
+    "(agent.node_name, agent.cluster), to find a node's scrape instance by its name.",
+    ("node", "cluster"),
+)
 NODE_HEALTH = MetricSpec(
     "gpuagent_node_health",
     "Worst health check result on the node: 0 OK, 1 WARN, 2 CRITICAL, 3 UNKNOWN.",

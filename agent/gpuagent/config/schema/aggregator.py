@@ -86,7 +86,8 @@ class AggregatorSection:
     command_expiry_seconds: Annotated[int, MQTT_EXPIRY] = 300
     # The fleet page links each node and GPU to Grafana through this URL, with {node},
     # {cluster} and {gpu} (the GPU's index; "All" for the node) replaced; empty: no links.
-    # For example "https://grafana.example/d/gpuagent?var-instance={node}&var-gpu={gpu}".
+    # For example
+    # "https://grafana.example/d/gpuagent?var-cluster={cluster}&var-node={node}&var-gpu={gpu}".
     grafana_url_template: str = ""
     # Where docs/ is published (absolute, ending in "/"): the page links each finding's
     # runbook to <base>checks.md#<runbook>; empty: runbooks are shown as plain text.
