@@ -4,9 +4,9 @@ It runs the shipped configuration, deploy/mosquitto/gpuagent.conf (persistence, 
 packet and queue limits, and its TLS listener: `require_certificate`,
 `use_identity_as_username` and the project's own ACL file, deploy/mosquitto/gpuagent.acl),
 with a test CA and free ports of 127.0.0.1, plus a plain listener (anonymous, no ACL).
-Certificates are made with the openssl command. The broker can be made to save its
-database, killed (SIGKILL) and restarted on the same ports and persistence file, for
-outage tests.
+Certificates are made by the fleet's own PKI (gpuagent.fleet.pki). The broker can be
+made to save its database, killed (SIGKILL) and restarted on the same ports and
+persistence file, for outage tests.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +32,12 @@ from paho.mqtt.properties import Properties
 
 from conftest import DaemonProcess, deadline_in, free_port, require
 from gpuagent.config import MqttConnection
+from gpuagent.fleet.pki import Pki as FleetPki
 
 REPO = Path(__file__).resolve().parent.parent
 ACL = REPO / "deploy" / "mosquitto" / "gpuagent.acl"
 SHIPPED_CONF = REPO / "deploy" / "mosquitto" / "gpuagent.conf"
 STARTUP_SECONDS = 10.0
-_OPENSSL_FOR = "the broker's test certificates (Debian package openssl; scripts/test installs it)"
 # Further aggregators the tests run beside "aggregator", each added to the ACL as the
 # shipped file says: a copy of the aggregator's lines under its own identity.
 EXTRA_AGGREGATORS = ("aggregator-a", "aggregator-b")
@@ -62,55 +62,32 @@ def mosquitto_path() -> str:
     )
 
 
-def _openssl(*args: str, cwd: Path) -> None:
-    openssl = require("openssl", _OPENSSL_FOR)
-    subprocess.run([openssl, *args], cwd=cwd, check=True, capture_output=True)
-
-
 @dataclass
 class Pki:
-    """A test CA that signs the broker's certificate and one per client identity."""
+    """The fleet's own PKI (`gpuagent-aggregator pki`): a CA that signs the broker's
+    certificate and one per client identity, issued on first use."""
 
     root: Path
-    _issued: dict[str, tuple[Path, Path]] = field(default_factory=dict)
 
     @classmethod
     def create(cls, root: Path) -> Pki:
-        root.mkdir(parents=True, exist_ok=True)
-        _openssl(
-            "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-            "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
-            "-subj", "/CN=gpuagent test CA", cwd=root,
-        )  # fmt: skip
-        pki = cls(root)
-        pki._sign("broker", san="subjectAltName=IP:127.0.0.1,DNS:localhost")
-        return pki
+        FleetPki(root).init(["127.0.0.1", "localhost"])
+        return cls(root)
 
     @property
     def ca_file(self) -> Path:
         return self.root / "ca.crt"
 
-    def _sign(self, name: str, san: str | None = None) -> tuple[Path, Path]:
-        key, csr, crt = (self.root / f"{name}.{ext}" for ext in ("key", "csr", "crt"))
-        _openssl(
-            "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-            "-keyout", key.name, "-out", csr.name, "-subj", f"/CN={name}", cwd=self.root,
-        )  # fmt: skip
-        extfile = self.root / f"{name}.ext"
-        extfile.write_text((san or f"subjectAltName=DNS:{name}") + "\n")
-        _openssl(
-            "x509", "-req", "-in", csr.name, "-CA", "ca.crt", "-CAkey", "ca.key",
-            "-CAcreateserial", "-out", crt.name, "-days", "2", "-extfile", extfile.name,
-            cwd=self.root,
-        )  # fmt: skip
-        key.chmod(0o600)
-        return crt, key
+    @property
+    def crl_file(self) -> Path:
+        return FleetPki(self.root).crl_file
 
     def client(self, name: str) -> tuple[Path, Path]:
         """(certificate, key) for a client whose CN, and so MQTT user name, is ``name``."""
-        if name not in self._issued:
-            self._issued[name] = self._sign(name)
-        return self._issued[name]
+        crt, key = FleetPki(self.root).client_files(name)
+        if not crt.exists():
+            FleetPki(self.root).issue(name)
+        return crt, key
 
 
 @dataclass
@@ -120,6 +97,8 @@ class Broker:
     port: int
     tls_port: int
     process: subprocess.Popen[bytes] | None = None
+    # Refuse the client certificates the PKI revoked (mosquitto's crlfile, read at start).
+    check_revocation: bool = False
 
     @property
     def log(self) -> Path:
@@ -192,6 +171,7 @@ class Broker:
                 f"{name} {paths[name]}" if (name := line.split()[0]) in paths else line
                 for line in listener
             ),
+            *([f"crlfile {self.pki.crl_file}"] if self.check_revocation else []),
         ]
         if os.geteuid() == 0:
             lines.insert(0, "user root")  # else mosquitto drops to a user that can't read our files
@@ -263,7 +243,6 @@ class Broker:
 
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    require("openssl", _OPENSSL_FOR)
     return Pki.create(tmp_path_factory.mktemp("pki"))
 
 

@@ -1,4 +1,5 @@
-"""`gpuagent-aggregator`: run the fleet aggregator, or check its configuration."""
+"""`gpuagent-aggregator`: run the fleet aggregator, check its configuration, or keep the
+fleet's MQTT certificates (`pki`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from gpuagent.aggregator.database import describe
 from gpuagent.config import AggregatorSection, ConfigError, load_config
 
 DEFAULT_CONFIG = Path("/etc/gpuagent/aggregator.toml")
+DEFAULT_PKI = Path("/etc/gpuagent/pki")
 EXIT_CONFIG_ERROR = 2
 
 
@@ -64,6 +66,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pki(args: argparse.Namespace) -> int:
+    from gpuagent.fleet.pki import Pki, PkiError  # noqa: PLC0415 - only for this command
+
+    pki = Pki(args.dir)
+    try:
+        if args.pki_command == "init":
+            pki.init(args.broker_name or ["localhost"], args.days)
+            print(f"{args.dir}: CA, broker certificate, aggregator certificate, empty CRL")  # noqa: T201
+        elif args.pki_command == "issue":
+            crt, key = pki.issue(args.name, args.days)
+            print(f"{crt} {key}")  # noqa: T201 - a CLI
+        else:
+            serial = pki.revoke(args.name)
+            print(f"{args.name}: serial {serial:x} revoked in {pki.crl_file}")  # noqa: T201
+    except (PkiError, OSError) as exc:
+        _fail(str(exc))
+    return 0
+
+
 def cmd_config_check(args: argparse.Namespace) -> int:
     config = _load(args.file)
     broker = config.broker
@@ -95,7 +116,34 @@ def _parser() -> argparse.ArgumentParser:
     check = config_commands.add_parser("check", help="validate a configuration file")
     check.add_argument("file", type=Path)
     check.set_defaults(func=cmd_config_check)
+    _add_pki_commands(commands)
     return parser
+
+
+def _add_pki_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    pki = commands.add_parser(
+        "pki",
+        help="the fleet's MQTT certificates: a CA, the broker's, one per node",
+        description="Certificates for a small fleet (docs/fleet.md, Certificates): the CN of "
+        "a client certificate is the name the broker's ACL lets it publish as.",
+    )
+    pki_commands = pki.add_subparsers(dest="pki_command", required=True, metavar="ACTION")
+    init = pki_commands.add_parser("init", help="a new CA, broker and aggregator certificates")
+    init.add_argument(
+        "--broker-name",
+        action="append",
+        metavar="NAME",
+        help="a host name or address clients reach the broker by (repeat; default localhost)",
+    )
+    issue = pki_commands.add_parser("issue", help="a client certificate with CN = NAME")
+    issue.add_argument("name", metavar="NAME", help="a node's name, or aggregator-<name>")
+    revoke = pki_commands.add_parser("revoke", help="revoke NAME's certificate (crl.pem)")
+    revoke.add_argument("name", metavar="NAME")
+    for sub in (init, issue, revoke):
+        sub.add_argument("--dir", type=Path, default=DEFAULT_PKI, help=f"default {DEFAULT_PKI}")
+    for sub in (init, issue):
+        sub.add_argument("--days", type=int, default=825, help="validity (default 825)")
+    pki.set_defaults(func=cmd_pki)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,17 +12,12 @@ from __future__ import annotations
 
 import argparse
 import base64
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
-
+from gpuagent.fleet.pki import csr_pem, key_pem, new_key, write_file
 from gpuagent.k8s.client import KubernetesConfigError, load_api_client
 
 GROUP, VERSION, PLURAL = "cert-manager.io", "v1", "certificaterequests"
@@ -31,22 +26,6 @@ _POLL_SECONDS = 1.0
 
 class IdentityError(RuntimeError):
     """No certificate: the message says why."""
-
-
-def key_and_csr(common_name: str) -> tuple[bytes, bytes]:
-    """A new P-256 key (PEM, PKCS#8) and a CSR for ``common_name`` signed with it."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    csr = (
-        x509.CertificateSigningRequestBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-        .sign(key, hashes.SHA256())
-    )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    return key_pem, csr.public_bytes(serialization.Encoding.PEM)
 
 
 def certificate_request(
@@ -99,7 +78,8 @@ def obtain(
 ) -> tuple[bytes, bytes, bytes]:
     """(key, certificate, CA) for ``node``, through a CertificateRequest that is deleted
     once answered. ``api`` is a kubernetes CustomObjectsApi."""
-    key, csr = key_and_csr(node)
+    key = new_key()
+    csr = csr_pem(key, node)
     body = certificate_request(node, csr, issuer, issuer_kind, duration_hours)
     created = api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
     name = created["metadata"]["name"]
@@ -109,7 +89,7 @@ def obtain(
             request = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
             answer = signed(request)
             if answer is not None:
-                return key, *answer
+                return key_pem(key), *answer
             if time.monotonic() > deadline:
                 raise IdentityError(
                     f"certificate request {namespace}/{name} not signed within {timeout:g} s "
@@ -123,14 +103,10 @@ def obtain(
 def write_identity(directory: Path, key: bytes, certificate: bytes, ca: bytes) -> None:
     """tls.key (0600, written first), tls.crt and ca.crt, each replaced atomically."""
     directory.mkdir(parents=True, exist_ok=True)
-    for name, data, mode in (("tls.key", key, 0o600), ("tls.crt", certificate, 0o644)) + (
-        (("ca.crt", ca, 0o644),) if ca else ()
-    ):
-        temporary = directory / f".{name}.tmp"
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(descriptor, "wb") as file:
-            file.write(data)
-        temporary.replace(directory / name)
+    write_file(directory / "tls.key", key, 0o600)
+    write_file(directory / "tls.crt", certificate, 0o644)
+    if ca:
+        write_file(directory / "ca.crt", ca, 0o644)
 
 
 def run_command(args: argparse.Namespace) -> int:
