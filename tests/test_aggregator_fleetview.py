@@ -52,7 +52,8 @@ def view() -> FleetView:
         gpus=[msg.gpu_doc(1, "WARN", [xid(48)])],
         fingerprint={"driver": "535.1"},
     )
-    put(state, "c", fingerprint={"driver": "550.54"})
+    serial = {**msg.gpu_doc(2), "uuid": "GPU-3f1c0a2e-77d4", "serial": "1650923000123"}
+    put(state, "c", gpus=[serial], fingerprint={"driver": "550.54"})
     put(state, "old", health="WARN", gpus=[msg.gpu_doc(0, "WARN", [xid()])], when=NOW - 900)
     message = msg.state("gone", health="WARN", gpus=[msg.gpu_doc(0, "WARN", [xid()])], when=NOW)
     record = from_online_state(message, json.dumps(message), NOW)
@@ -81,6 +82,12 @@ def test_offline_and_stale_nodes_show_unknown(view: FleetView) -> None:
         (Query(model="nothing"), []),
         (Query(text="XID 48"), ["b"]),
         (Query(text="GON"), ["gone"]),  # names too, any case
+        # A GPU by what an RMA ticket or an alert names it: UUID, serial, bus id in any form.
+        (Query(text="gpu-3f1c0a2e"), ["c"]),
+        (Query(text="1650923000123"), ["c"]),
+        (Query(text="0000:1a:00.0"), ["c"]),
+        (Query(text="00000000:1A:00.0"), ["c"]),
+        (Query(text="1a:00.0"), ["c"]),
         (Query(kind="xid 48"), ["b"]),
         (Query(kind="xid 79", health="CRITICAL"), ["a"]),
         (Query(sort="name"), ["a", "b", "c", "gone", "old"]),

@@ -77,12 +77,23 @@ async def test_nodes_lists_unhealthy_first_with_gpus(rig: Rig) -> None:
     assert sick["gpus"][1] == {
         "index": 3,
         "pci_bus_id": "0000:1b:00.0",
+        "uuid": "GPU-3",
+        "serial": "",
         "model": "NVIDIA H100 80GB HBM3",
         "health": "CRITICAL",
         "findings": [msg.finding("ecc", "CRITICAL", "DBE")],
     }
     assert body["nodes"][1]["reason"] == "connection lost"
-    assert body["counts"] == {"nodes": 3, "critical": 1, "warning": 0, "offline": 1, "stale": 0}
+    assert body["counts"] == {
+        "nodes": 3, "critical": 1, "warning": 0, "ok": 1, "unknown": 0, "offline": 1, "stale": 0
+    }  # fmt: skip
+    # A node that goes offline while CRITICAL counts as offline, as the table shows it.
+    rig.send("state", msg.offline("sick"))
+    _, after = await rig.get("/api/v1/nodes")
+    assert (after["counts"]["critical"], after["counts"]["offline"]) == (0, 2)
+    assert sum(v for k, v in after["counts"].items() if k != "nodes") == 3
+    rig.send("state", msg.state("sick", health="CRITICAL", gpus=[msg.gpu_doc(0), bad_gpu]))
+    _, body = await rig.get("/api/v1/nodes")
     # The page asks for the rows it shows only; the counts are still the fleet's.
     _, first = await rig.get("/api/v1/nodes?limit=2")
     assert [n["name"] for n in first["nodes"]] == ["sick", "gone"]

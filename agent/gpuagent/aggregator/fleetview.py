@@ -76,6 +76,26 @@ def _reasons(record: NodeRecord) -> Iterable[str]:
     return (str(finding.get("reason", "")) for _, finding in with_gpu(record))
 
 
+def _searched(record: NodeRecord) -> Iterable[str]:
+    yield record.node
+    yield record.cluster
+    yield from _reasons(record)
+    yield from (name for name in _gpu_names(record) if name)
+
+
+def _gpu_names(record: NodeRecord) -> Iterable[str]:
+    """What a GPU is found by: its UUID, serial, and bus id as sysfs, NVML and lspci
+    write it ("0000:3b:00.0", "00000000:3B:00.0", "3b:00.0")."""
+    for gpu in record.gpus:
+        yield gpu.uuid
+        yield gpu.serial
+        if gpu.pci_bus_id:
+            domain, _, rest = gpu.pci_bus_id.partition(":")
+            yield gpu.pci_bus_id
+            yield f"{int(domain or '0', 16):08x}:{rest}" if rest else gpu.pci_bus_id
+            yield rest
+
+
 class FleetView:
     """Answers the console's fleet table and node page from the fleet state."""
 
@@ -95,10 +115,7 @@ class FleetView:
             and (not query.model or query.model in _models(record))
             and (not query.driver or driver_of(record) == query.driver)
             and (not query.kind or any(finding_kind(f) == query.kind for _, f in with_gpu(record)))
-            and (
-                not text
-                or any(text in s.lower() for s in (record.node, record.cluster, *_reasons(record)))
-            )
+            and (not text or any(text in s.lower() for s in _searched(record)))
         )
 
     def oldest_onset(self, record: NodeRecord) -> float | None:

@@ -118,7 +118,8 @@ dl.ident dt { font-weight: bold; } dl.ident dd { margin: 0; overflow-wrap: anywh
 </select></label>
 <label>GPU model<select name="model"><option value="">all</option></select></label>
 <label>driver<select name="driver"><option value="">all</option></select></label>
-<label>search<input name="q" type="search" placeholder="node, cluster, reason"></label>
+<label>search<input name="q" type="search"
+  placeholder="node, reason, GPU UUID, serial, bus id"></label>
 </form>
 <h2>Findings by kind</h2>
 <ul id="kinds"></ul>

@@ -23,11 +23,16 @@ class GpuSummary:
     model: str
     health: str
     findings: tuple[dict[str, Any], ...]
+    # What an RMA ticket or an alert names a GPU by ("" when the report has none).
+    uuid: str = ""
+    serial: str = ""
 
     def json(self) -> dict[str, Any]:
         return {
             "index": self.index,
             "pci_bus_id": self.pci_bus_id,
+            "uuid": self.uuid,
+            "serial": self.serial,
             "model": self.model,
             "health": self.health,
             "findings": list(self.findings),
@@ -79,6 +84,8 @@ def _gpu(doc: dict[str, Any]) -> GpuSummary:
         model=_text(doc.get("model")),
         health=_text(doc.get("health"), "UNKNOWN"),
         findings=_dicts(doc.get("findings")),
+        uuid=_text(doc.get("uuid")),
+        serial=_text(doc.get("serial")),
     )
 
 

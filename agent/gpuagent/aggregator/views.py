@@ -65,13 +65,20 @@ def nodes_json(
     return [node_json(r, now, stale_after) for r in ordered]
 
 
+_COUNTED = {"CRITICAL": "critical", "WARN": "warning", "OK": "ok"}
+
+
 def node_counts(state: FleetState, now: float, stale_after: float) -> dict[str, int]:
-    """How many nodes there are, and how many are critical, warning, offline and stale."""
-    counts = dict.fromkeys(("nodes", "critical", "warning", "offline", "stale"), 0)
+    """How many nodes there are, and how many are in each state the table shows: offline,
+    stale (online, not heard from lately), else by their health. Each node counts once, so
+    a node that went offline while CRITICAL is offline, not critical."""
+    counts = dict.fromkeys(("nodes", "critical", "warning", "ok", "unknown", "offline", "stale"), 0)
     for record in state.nodes.values():
         counts["nodes"] += 1
-        counts["critical"] += record.health == "CRITICAL"
-        counts["warning"] += record.health == "WARN"
-        counts["offline"] += not record.online
-        counts["stale"] += record.online and record.is_stale(now, stale_after)
+        if not record.online:
+            counts["offline"] += 1
+        elif record.is_stale(now, stale_after):
+            counts["stale"] += 1
+        else:
+            counts[_COUNTED.get(record.health, "unknown")] += 1
     return counts
