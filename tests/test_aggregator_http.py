@@ -448,3 +448,30 @@ async def test_commands_must_be_sent_as_json(
         assert agg.state.counters.bad_requests["commands"] == 1
     else:
         assert len(sent) == 1
+
+
+async def test_the_pages_answers_carry_an_etag_and_304_when_unchanged(rig: Rig) -> None:
+    """The console refreshes every few seconds; an unchanged fleet costs a 304, no body."""
+    rig.send("state", msg.state("n1"))
+    for path in ("/api/v1/fleet", "/api/v1/fleet/n1", "/api/v1/events", "/api/v1/drift"):
+        async with rig.session.get(rig.base + path) as first:
+            assert first.status == 200, path
+            etag = first.headers["ETag"]
+            body = await first.read()
+        headers = {"If-None-Match": etag}
+        async with rig.session.get(rig.base + path, headers=headers) as again:
+            assert again.status == 304, path
+            assert await again.read() == b""
+            assert again.headers["ETag"] == etag
+        assert body
+    # A change is a new answer.
+    rig.send("state", msg.state("n1", health="WARN"))
+    async with rig.session.get(rig.base + "/api/v1/fleet") as first:
+        etag = first.headers["ETag"]
+    rig.send("state", msg.state("n2"))
+    async with rig.session.get(
+        rig.base + "/api/v1/fleet", headers={"If-None-Match": etag}
+    ) as changed:
+        assert changed.status == 200
+        assert changed.headers["ETag"] != etag
+        assert "n2" in await changed.text()

@@ -5,6 +5,7 @@ cordon history comes from the store."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import ipaddress
 import json
@@ -187,7 +188,8 @@ class Api:
             )
         except (BadRequestError, ValueError) as exc:
             return self._bad("fleet", str(exc))
-        return _json(FleetView(self.state, self.stale_after).fleet(query, self.clock()))
+        fleet = FleetView(self.state, self.stale_after).fleet(query, self.clock())
+        return _json_unless_seen(request, fleet)
 
     async def fleet_node(self, request: web.Request) -> web.Response:
         """The page's node view: the node's detail, with shown health and finding onsets."""
@@ -196,7 +198,7 @@ class Api:
             return found
         record, document = found
         view = FleetView(self.state, self.stale_after)
-        return _json(view.node(record, self.clock(), document))
+        return _json_unless_seen(request, view.node(record, self.clock(), document))
 
     async def events(self, request: web.Request) -> web.Response:
         try:
@@ -207,14 +209,16 @@ class Api:
             )
         except BadRequestError as exc:
             return self._bad("events", str(exc))
-        return _json({"events": await self.store.events(node=node, since=since, limit=limit)})
+        events = await self.store.events(node=node, since=since, limit=limit)
+        return _json_unless_seen(request, {"events": events})
 
     async def actions(self, request: web.Request) -> web.Response:
         try:
             node, limit = self._name(request, "node"), self._limit(request)
         except BadRequestError as exc:
             return self._bad("actions", str(exc))
-        return _json({"actions": await self.store.actions(node=node, limit=limit)})
+        actions = await self.store.actions(node=node, limit=limit)
+        return _json_unless_seen(request, {"actions": actions})
 
     async def cordons(self, request: web.Request) -> web.Response:
         try:
@@ -222,10 +226,11 @@ class Api:
         except BadRequestError as exc:
             return self._bad("cordons", str(exc))
         rows = await self.store.cordons(since=since, limit=limit)
-        return _json({"cordons": [r.json() for r in rows]})
+        return _json_unless_seen(request, {"cordons": [r.json() for r in rows]})
 
-    async def drift(self, _: web.Request) -> web.Response:
-        return _json({"clusters": [c.json() for c in fleet_drift(self.state.nodes.values())]})
+    async def drift(self, request: web.Request) -> web.Response:
+        drift = [c.json() for c in fleet_drift(self.state.nodes.values())]
+        return _json_unless_seen(request, {"clusters": drift})
 
     def _command_refusal(self, request: web.Request) -> tuple[str, web.Response] | None:
         """Commands change nodes: every one needs the bearer token, sent as JSON."""
@@ -418,6 +423,18 @@ def _loopback(remote: str | None) -> bool:
 def _json(doc: object, status: int = 200) -> web.Response:
     # Strict JSON: a node's NaN would otherwise make the whole answer unreadable to a browser.
     return web.Response(text=schema.dumps(doc), status=status, content_type="application/json")
+
+
+def _json_unless_seen(request: web.Request, doc: object) -> web.Response:
+    """The answer with an ETag (a hash of it), or 304 and no body when the client's copy
+    (If-None-Match) is still right: the page refreshes every few seconds, mostly to find
+    nothing changed, and then neither sends nor parses the fleet again."""
+    text = schema.dumps(doc)
+    etag = '"' + hashlib.blake2b(text.encode(), digest_size=12).hexdigest() + '"'
+    headers = {"ETag": etag, "Cache-Control": "no-cache"}
+    if etag in request.headers.get("If-None-Match", ""):
+        return web.Response(status=304, headers=headers)
+    return web.Response(text=text, content_type="application/json", headers=headers)
 
 
 def _error(status: int, problem: str) -> web.Response:

@@ -454,10 +454,26 @@ function renderNode(doc, events, actions, cordons) {
 
 // --- refresh -------------------------------------------------------------------------
 
+// The last answer per URL with its ETag: a refresh that finds nothing changed gets 304
+// and no body, and the page is drawn again only for its ages ("5 s ago"), every 5 s.
+const answers = new Map();
+let changed = false;
+let drawnAt = 0;
+
 async function get(url) {
-  const r = await fetch(url);
+  const known = answers.get(url);
+  const r = await fetch(url, known ? {headers: {"If-None-Match": known.etag}} : {});
+  if (r.status === 304 && known) return known.doc;
   if (!r.ok) throw new Error(url + ": HTTP " + r.status);
-  return r.json();
+  const doc = await r.json();
+  const etag = r.headers.get("ETag");
+  if (etag) {
+    answers.delete(url);
+    answers.set(url, {etag, doc});
+    if (answers.size > 64) answers.delete(answers.keys().next().value);
+  }
+  changed = true;
+  return doc;
 }
 
 function route() {
@@ -471,9 +487,10 @@ function route() {
 
 let generation = 0;
 
-async function refresh() {
+async function refresh(forced = true) {
   const mine = ++generation;
   const target = route();
+  changed = forced || Date.now() - drawnAt > 5000;
   document.getElementById("fleet-view").hidden = !!target;
   document.getElementById("node-view").hidden = !target;
   try {
@@ -486,9 +503,11 @@ async function refresh() {
         get("api/v1/fleet?limit=1")]);
       if (mine !== generation) return;
       const own = x => x.node === target.node && x.cluster === target.cluster;
-      renderSummary(summary.counts);
-      renderNode(doc, events.events.filter(own), actions.actions.filter(own),
-        cordons.cordons.filter(own));
+      if (changed) {
+        renderSummary(summary.counts);
+        renderNode(doc, events.events.filter(own), actions.actions.filter(own),
+          cordons.cordons.filter(own));
+      }
       document.title = target.node + " · gpuagent";
     } else {
       const params = fleetParams();
@@ -497,12 +516,15 @@ async function refresh() {
       const [fleet, drift] = await Promise.all([get("api/v1/fleet?" + query),
         get("api/v1/drift")]);
       if (mine !== generation) return;
-      renderSummary(fleet.counts);
-      renderFleet(fleet, params);
-      renderDrift(drift.clusters);
+      if (changed) {
+        renderSummary(fleet.counts);
+        renderFleet(fleet, params);
+        renderDrift(drift.clusters);
+      }
       document.title = "gpuagent fleet";
     }
     document.getElementById("error").textContent = "";
+    if (changed) drawnAt = Date.now();
     if (!document.body.dataset.loaded) window.firstRenderMs = performance.now();
     document.body.dataset.loaded = "1";
     document.body.dataset.view = target ? "node" : "fleet";
@@ -530,7 +552,7 @@ for (const b of document.querySelectorAll("#nodes th button")) {
 window.addEventListener("hashchange", () => { window.scrollTo(0, 0); refresh(); });
 refresh();
 // A page in a background tab costs the aggregator nothing; it catches up when shown.
-setInterval(() => { if (!document.hidden) refresh(); }, CONFIG.refreshMs);
+setInterval(() => { if (!document.hidden) refresh(false); }, CONFIG.refreshMs);
 document.addEventListener("visibilitychange", () => { if (!document.hidden) refresh(); });
 </script>
 </body>
