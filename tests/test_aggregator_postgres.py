@@ -29,6 +29,7 @@ ROWS: dict[str, list[tuple[Value, ...]]] = {
     "cordons": [("r1", "c", "n1", "cordon", "approved", 1.0, "budget", None)],
     "replies": [("p1", "c", "n1", 1.0, "{}")],
     "commands": [("k1", "c", "n1", 1.0, "refresh", "{}")],
+    "history": [("h1", "c", "n1", 1.0, "sample", '{"kind": "sample"}')],
 }
 
 
@@ -100,10 +101,12 @@ def test_reads_and_prunes_run(postgres: PostgresServer) -> None:
     newest = store._SELECT_BODIES.format(table="events", where=" WHERE node = ? AND time >= ?")
     assert len(postgres.run(_prepared(newest, ("n2", 4.0, 10)))) == 2
     cordons = postgres.run(_prepared(store._SELECT_CORDONS, (float("-inf"), 10)))
+    history = postgres.run(_prepared(store._SELECT_HISTORY, ("c", "n1", 0.5, 10)))
+    assert history == ['{"kind": "sample"}']
     assert [line.split("|")[0] for line in cordons] == ["r1"] * len(cordons)
     for table in store._INSERT:
         postgres.run(_prepared(store._PRUNE_BY_AGE.format(table=table), (1.5,)))
     assert postgres.count("events") == 4
-    assert [postgres.count(t) for t in store._INSERT if t != "events"] == [0, 0, 0, 0]
+    assert [postgres.count(t) for t in store._INSERT if t != "events"] == [0, 0, 0, 0, 0]
     postgres.run(_prepared(store._PRUNE_BY_COUNT, (1,)))  # keep the newest 2
     assert postgres.run("SELECT id FROM events ORDER BY time;") == ["p4", "p5"]

@@ -212,6 +212,28 @@ class Api:
         events = await self.store.events(node=node, since=since, limit=limit)
         return _json_unless_seen(request, {"events": events})
 
+    async def history(self, request: web.Request) -> web.Response:
+        """A node's health transitions and trend samples (the console's timelines), the
+        last day by default (?since=UNIX time)."""
+        try:
+            found = self._record(request)
+            since = self._since(request)
+            limit = self._limit(request) if "limit" in request.query else MAX_LIMIT
+        except BadRequestError as exc:
+            return self._bad("history", str(exc))
+        except NotFoundError as exc:
+            return _error(404, str(exc))
+        since = self.clock() - 86400.0 if since is None else since
+        rows = await self.store.history(found.cluster, found.node, since, limit)
+        doc = {
+            "node": found.node,
+            "cluster": found.cluster,
+            "since": since,
+            "transitions": [r for r in rows if r.get("kind") == "transition"],
+            "samples": [r for r in rows if r.get("kind") == "sample"],
+        }
+        return _json_unless_seen(request, doc)
+
     async def actions(self, request: web.Request) -> web.Response:
         try:
             node, limit = self._name(request, "node"), self._limit(request)
@@ -455,4 +477,5 @@ def application(api: Api, middlewares: tuple[Any, ...] = ()) -> web.Application:
     app.router.add_get("/api/v1/drift", api.drift)
     app.router.add_get("/api/v1/fleet", api.fleet)
     app.router.add_get("/api/v1/fleet/{node}", api.fleet_node)
+    app.router.add_get("/api/v1/history/{node}", api.history)
     return app

@@ -20,6 +20,7 @@ from typing import Any, Final
 
 from gpuagent.aggregator import decisions
 from gpuagent.aggregator.budget import BudgetDecision, CordonBudget
+from gpuagent.aggregator.history import HistoryRecorder
 from gpuagent.aggregator.records import from_online_state, with_offline
 from gpuagent.aggregator.state import FleetState
 from gpuagent.aggregator.store import CordonRow, FleetStore, row_key
@@ -78,9 +79,11 @@ class Ingest:
         *,
         stale_after: float,
         clock: Callable[[], float] = time.time,
+        history_interval: float = 300.0,
     ) -> None:
         self.state = state
         self.store = store
+        self.history = HistoryRecorder(history_interval)
         self.budget = budget
         self.prefix = prefix
         self.stale_after = stale_after
@@ -199,8 +202,10 @@ class Ingest:
                 or (not previous.online and record.last_seen <= previous.last_seen)
             ):
                 return
+            self.store.queue_history(self.history.rows(previous, record, message["status"]))
         else:
             record = with_offline(message, previous, now)
+            self.store.queue_history(self.history.offline(previous, record))
         self.store.queue_node(record, stale=record.is_stale(now, self.stale_after))
         # The document goes to the database only: a node's page reads it from there, and
         # a fleet of 100,000 reports of 10-50 KB is not kept in memory twice.

@@ -50,6 +50,7 @@ class Aggregator:
             max_events=config.max_events,
             budget=config.cordon_budget,
             postgres=config.postgres,
+            history_retention_seconds=config.history_retention_seconds,
         )
         self.budget = CordonBudget(config.cordon_budget)
         # A shared database: the others' writes, read into this one's view.
@@ -70,6 +71,7 @@ class Aggregator:
             prefix,
             stale_after=config.stale_after_seconds,
             clock=clock,
+            history_interval=config.history_interval_seconds,
         )
         self.consumer = Consumer(config, self.ingest.handle, self.state, self.store)
         token, self._no_token_reason = _command_token(config.command_token_file)

@@ -73,6 +73,8 @@ _INSERT = {
     "VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
     "commands": "INSERT INTO commands (id, cluster, node, time, command, body) "
     "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+    "history": "INSERT INTO history (id, cluster, node, time, kind, body) "
+    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
 }
 
 # Reads and prunes. Like the schema, every statement here is one SQLite and PostgreSQL
@@ -89,6 +91,9 @@ _SELECT_NODES = (
     "SELECT cluster, node, online, health, reason, last_seen, agent_version, document FROM nodes"
 )
 _SELECT_BODIES = "SELECT body FROM {table}{where} ORDER BY time DESC LIMIT ?"
+_SELECT_HISTORY = (
+    "SELECT body FROM history WHERE cluster = ? AND node = ? AND time >= ? ORDER BY time LIMIT ?"
+)
 _SELECT_APPROVALS = (
     "SELECT cluster, node, action, time FROM cordons "
     "WHERE time > ? AND decision = 'approved' ORDER BY time"
@@ -249,6 +254,7 @@ class FleetStore:
         max_events: int,
         budget: CordonBudgetSection | None = None,
         postgres: PostgresSection | None = None,
+        history_retention_seconds: float = 7 * 86400.0,
     ) -> None:
         self.location = location
         self.database = database(location, postgres)
@@ -256,6 +262,8 @@ class FleetStore:
         # events also at most max_events; cordon decisions at least the budget's window.
         self.retention_seconds = retention_seconds
         self.max_events = max_events
+        # Each node's history (health transitions, trend samples) keeps this long.
+        self.history_retention_seconds = history_retention_seconds
         # Decisions made in the database (a shared one) follow this budget.
         self.budget = budget or CordonBudgetSection()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleet-store")
@@ -359,6 +367,9 @@ class FleetStore:
     def queue_action(self, message: dict[str, Any], raw: str) -> None:
         row = (_key(message), message["cluster"], message["node"], float(message["time"]), raw)
         self._pending.rows["actions"].append(row)
+
+    def queue_history(self, rows: list[tuple[str, str, str, float, str, str]]) -> None:
+        self._pending.rows["history"].extend(rows)
 
     def queue_reply(self, message: dict[str, Any], raw: str) -> None:
         row = (_key(message), message["cluster"], message["node"], float(message["time"]), raw)
@@ -570,7 +581,9 @@ class FleetStore:
             removed = 0
             for table in _INSERT:
                 keep = self.retention_seconds
-                if table == "cordons":
+                if table == "history":
+                    keep = self.history_retention_seconds
+                elif table == "cordons":
                     # The budget is decided from the approvals within its window.
                     keep = max(keep, self.budget.window_seconds)
                 sql = _PRUNE_BY_AGE.format(table=table)
@@ -586,6 +599,12 @@ class FleetStore:
         where, args = _filters(node=node, since=since)
         sql = _SELECT_BODIES.format(table="events", where=where)
         return await self._read(self._bodies, sql, (*args, limit))
+
+    async def history(
+        self, cluster: str, node: str, since: float, limit: int
+    ) -> list[dict[str, Any]]:
+        """The node's history rows since ``since``, oldest first."""
+        return await self._read(self._bodies, _SELECT_HISTORY, (cluster, node, since, limit))
 
     async def actions(self, *, node: str | None, limit: int) -> list[dict[str, Any]]:
         where, args = _filters(node=node, since=None)

@@ -73,6 +73,10 @@ class AggregatorSection:
     # is deleted; cordon decisions are kept at least for the cordon budget's window.
     events_retention_seconds: Annotated[float, POSITIVE] = 7 * 86400.0
     max_events: Annotated[int, POSITIVE] = 1_000_000
+    # Each node's history for the console's timelines: health transitions (node and GPUs)
+    # and every GPU's trend values sampled once per history_interval_seconds; kept this long.
+    history_retention_seconds: Annotated[float, POSITIVE] = 7 * 86400.0
+    history_interval_seconds: Annotated[float, POSITIVE] = 300.0
     # Sending commands to nodes (POST .../commands) needs "Authorization: Bearer <token>"
     # with the token in this file; without a readable token (empty, missing file), commands
     # are refused.
