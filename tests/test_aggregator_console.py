@@ -237,6 +237,15 @@ async def node_page(tab: Browser, base: str) -> None:
     assert "approved" in actions, actions
     assert "done" in await text(tab, "#replies")
     assert await tab.evaluate("document.querySelectorAll('img').length") == 0
+    # The last day: a health strip per GPU (and the node), from the aggregator's history.
+    strips = await tab.evaluate(
+        "[...document.querySelectorAll('#history tr')].slice(1)"
+        ".map(r => [r.cells[0].innerText, r.cells[1].querySelectorAll('svg rect').length,"
+        " r.cells[1].querySelector('svg title').textContent])"
+    )
+    assert strips[0][0] == "node"
+    assert strips[0][1] >= 1, strips
+    assert strips[1][0].startswith("GPU "), strips
     await tab.screenshot("node-desktop")
 
     # An offline node's page: health unknown, its last report marked as such.

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import aggregator_support as msg
-from conftest import free_port
+from conftest import free_port, require
 from fleet_support import chromium, dump_dom
 from gpuagent.aggregator.service import Aggregator
 from gpuagent.fleet import schema
@@ -44,3 +45,15 @@ async def test_the_page_shows_unhealthy_first_then_offline_and_drift(tmp_path: P
     drift = dom[dom.index('id="drift"') :]
     assert "fp-550.54-6.1 (majority)" in drift
     assert "Drifted: bad-node (fp-535.1-6.1: driver)" in drift
+
+
+def test_the_pages_script_parses() -> None:
+    """A syntax error would leave the page blank in every browser; node finds it at once."""
+    from gpuagent.aggregator import page  # noqa: PLC0415
+
+    node = require("node", "checks the fleet page's script (Node.js)")
+    script = max(re.findall(r"<script[^>]*>(.*?)</script>", page.render(), re.DOTALL), key=len)
+    checked = subprocess.run(
+        [node, "--check", "-"], input=script, capture_output=True, text=True, check=False
+    )
+    assert checked.returncode == 0, checked.stderr

@@ -105,7 +105,8 @@ def _xid_events(gpu: dict[str, Any]) -> int:
     return 0
 
 
-def _row(record: NodeRecord, kind: str, body: dict[str, Any], suffix: str = "") -> HistoryRow:
+def _row(record: NodeRecord, kind: str, change: dict[str, Any], suffix: str = "") -> HistoryRow:
     row_id = f"{record.cluster}/{record.node}/{kind}/{record.last_seen!r}/{suffix}"
-    body_json = json.dumps({"time": record.last_seen, "kind": kind, **body})
+    body = {"time": record.last_seen, "kind": kind, **change}
+    body_json = json.dumps(body, separators=(",", ":"))
     return (row_id, record.cluster, record.node, record.last_seen, kind, body_json)

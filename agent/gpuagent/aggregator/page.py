@@ -391,7 +391,81 @@ function workload(g) {
 
 const ENVELOPE = ["schema", "type", "id", "node", "cluster", "time"];
 
-function renderNode(doc, events, actions, cordons) {
+// --- the last day, as inline SVG: a health strip and trend lines per GPU ---------------
+
+const SVGNS = "http://www.w3.org/2000/svg";
+const HEALTH_FILL = {OK: "#2e7d32", WARN: "#f9a825", CRITICAL: "#c62828", UNKNOWN: "#7b1fa2",
+  OFFLINE: "#9e9e9e"};
+const STRIP_W = 240, STRIP_H = 14;
+
+function svgEl(tag, attrs, text) {
+  const e = document.createElementNS(SVGNS, tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+
+function chart(from, to, title) {
+  const s = svgEl("svg", {width: STRIP_W, height: STRIP_H, viewBox: "0 0 " + STRIP_W + " " +
+    STRIP_H, role: "img"});
+  s.append(svgEl("title", {}, title));
+  return [s, t => Math.max(0, Math.min(STRIP_W, (t - from) / (to - from) * STRIP_W))];
+}
+
+// Health over [from, to]: ``changes`` are {time, health}, oldest first; before the first,
+// ``initial`` (null: not known, left blank).
+function healthStrip(changes, initial, from, to) {
+  const title = changes.map(c => utc(c.time) + " " + c.health).join("; ") || "no change";
+  const [s, x] = chart(from, to, title);
+  let state = initial, start = from;
+  for (const c of [...changes, {time: to, health: null}]) {
+    if (state) s.append(svgEl("rect", {x: x(start), y: 0, height: STRIP_H,
+      width: Math.max(0, x(c.time) - x(start)), fill: HEALTH_FILL[state] || "#9e9e9e"}));
+    state = c.health; start = Math.max(from, c.time);
+  }
+  return s;
+}
+
+// A trend line of {time, value} points, scaled to its own range (named in the title).
+function trendLine(points, from, to, unit) {
+  if (!points.length) return "";
+  const values = points.map(p => p.value);
+  const low = Math.min(...values), high = Math.max(...values);
+  const span = high - low;
+  const y = v => span ? STRIP_H - 1 - (v - low) / span * (STRIP_H - 2) : STRIP_H / 2;
+  const [s, x] = chart(from, to, low + " to " + high + " " + unit + " over the last day");
+  s.append(svgEl("polyline", {fill: "none", stroke: "#1565c0", "stroke-width": 1.5,
+    points: points.map(p => x(p.time).toFixed(1) + "," + y(p.value).toFixed(1)).join(" ")}));
+  return s;
+}
+
+function renderHistory(history, gpus) {
+  const to = Date.now() / 1000, from = to - 86400;
+  const transitions = history.transitions || [], samples = history.samples || [];
+  const own = index => transitions.filter(t => t.gpu === index);
+  const first = (changes, index) => {
+    if (changes.length) return changes[0].previous;
+    const sample = samples.find(s => (s.gpus || []).some(g => g.index === index));
+    return sample ? sample.gpus.find(g => g.index === index).health : null;
+  };
+  const series = (index, name) => samples.flatMap(s => (s.gpus || [])
+    .filter(g => g.index === index && typeof g[name] === "number")
+    .map(g => ({time: s.time, value: g[name]})));
+  const nodeChanges = own(null);
+  const rows = [["node", healthStrip(nodeChanges, nodeChanges.length ?
+    nodeChanges[0].previous : (samples[0] || {}).health || null, from, to), "", "", ""]];
+  for (const gpu of gpus) {
+    const changes = own(gpu.index);
+    const xids = series(gpu.index, "xid_events");
+    rows.push(["GPU " + gpu.index, healthStrip(changes, first(changes, gpu.index), from, to),
+      trendLine(series(gpu.index, "temperature_c"), from, to, "°C"),
+      trendLine(series(gpu.index, "power_w"), from, to, "W"),
+      xids.length ? xids[xids.length - 1].value : ""]);
+  }
+  return table(["", "health", "temperature", "power", "XID events"], rows, "history");
+}
+
+function renderNode(doc, events, actions, cordons, history) {
   const root = document.getElementById("node-view");
   const now = Date.now() / 1000;
   const parts = [inner("#fleet", "← fleet"), el("h2", doc.name + " (" + doc.cluster + ")")];
@@ -430,6 +504,8 @@ function renderNode(doc, events, actions, cordons) {
   parts.push(table(["GPU", "health", "model", "UUID", "serial", "bus id", "workload", ""],
     gpus.map(x => [x.index, el("span", x.health, current ? x.health : "old"), x.model,
       x.uuid, x.serial, x.pci_bus_id, workload(x), grafana(doc, x.index) || ""]), "gpus"));
+  parts.push(el("h2", "The last day"));
+  parts.push(renderHistory(history, gpus));
   parts.push(el("h2", "Events"));
   parts.push(events.length ? table(["time", "category", "what"], events.map(e =>
     [utc(e.time), e.category || e.type, fields(e.data || e, ENVELOPE)]), "events")
@@ -496,17 +572,18 @@ async function refresh(forced = true) {
   try {
     if (target) {
       const q = "?node=" + encodeURIComponent(target.node) + "&limit=" + CONFIG.history;
-      const [doc, events, actions, cordons, summary] = await Promise.all([
-        get("api/v1/fleet/" + encodeURIComponent(target.node) + "?cluster=" +
-          encodeURIComponent(target.cluster)),
+      const where = encodeURIComponent(target.node) + "?cluster=" +
+        encodeURIComponent(target.cluster);
+      const [doc, events, actions, cordons, summary, history] = await Promise.all([
+        get("api/v1/fleet/" + where),
         get("api/v1/events" + q), get("api/v1/actions" + q), get("api/v1/cordons?limit=1000"),
-        get("api/v1/fleet?limit=1")]);
+        get("api/v1/fleet?limit=1"), get("api/v1/history/" + where)]);
       if (mine !== generation) return;
       const own = x => x.node === target.node && x.cluster === target.cluster;
       if (changed) {
         renderSummary(summary.counts);
         renderNode(doc, events.events.filter(own), actions.actions.filter(own),
-          cordons.cordons.filter(own));
+          cordons.cordons.filter(own), history);
       }
       document.title = target.node + " · gpuagent";
     } else {
