@@ -46,9 +46,15 @@ def test_transitions_and_samples_from_reports() -> None:
         ("transition", None, "OK"),
         ("sample", None, "OK"),
     ]
-    assert rows[1]["gpus"][1] == {
-        "index": 1, "health": "OK", "temperature_c": 41.0, "power_w": 100.0, "xid_events": 0
-    }  # fmt: skip
+    assert rows[1]["gpus"] == {
+        "index": [0, 1],
+        "health": ["OK", "OK"],
+        "temperature_c": [40.0, 41.0],
+        "power_w": [100.0, 100.0],
+        "utilization_gpu_pct": [None, None],
+        "ecc_dbe_volatile": [None, None],
+        "xid_events": [0, 0],
+    }
     # Ten seconds on, nothing changed: nothing written.
     message, same = _report("n1", NOW + 10, [_gpu(0), _gpu(1)])
     assert recorder.rows(first, same, message["status"]) == []
@@ -70,7 +76,7 @@ def test_transitions_and_samples_from_reports() -> None:
     message, later = _report("n1", NOW + 300, [_gpu(0), failing], "CRITICAL")
     (sample,) = _bodies(recorder.rows(bad, later, message["status"]))
     assert sample["kind"] == "sample"
-    assert sample["gpus"][1]["xid_events"] == 3
+    assert sample["gpus"]["xid_events"] == [0, 3]
     # Offline: a transition to OFFLINE, from what it last said.
     gone = with_offline(msg.offline("n1"), later, NOW + 400)
     (offline,) = _bodies(recorder.offline(later, gone))
@@ -114,8 +120,8 @@ async def test_the_api_serves_a_nodes_history_and_pruning_keeps_its_window(rig: 
     assert [(t["gpu"], t["health"]) for t in doc["transitions"]] == [
         (None, "OK"), (None, "CRITICAL"), (0, "CRITICAL")
     ]  # fmt: skip
-    assert [s["gpus"][0]["health"] for s in doc["samples"]] == ["OK", "CRITICAL"]
-    assert doc["samples"][0]["gpus"][0]["temperature_c"] == 40.0
+    assert [s["gpus"]["health"] for s in doc["samples"]] == [["OK"], ["CRITICAL"]]
+    assert doc["samples"][0]["gpus"]["temperature_c"] == [40.0]
     # Since a time: only what came after it.
     _, recent = await rig.get(f"/api/v1/history/n1?since={now - 60}")
     assert [s["time"] for s in recent["samples"]] == [now]

@@ -76,20 +76,21 @@ class HistoryRecorder:
         return rows
 
 
-def _trends(status: dict[str, Any]) -> list[dict[str, Any]]:
+def _trends(status: dict[str, Any]) -> dict[str, list[Any]]:
+    """Every GPU's trend values, a column each (the GPUs in the report's order; null where
+    a GPU has no value): a week of samples is a third the size of one object per GPU."""
     gpus = status.get("gpus") if isinstance(status, dict) else None
-    trends = []
-    for gpu in gpus if isinstance(gpus, list) else []:
-        if not isinstance(gpu, dict):
-            continue
-        trend: dict[str, Any] = {"index": gpu.get("index"), "health": gpu.get("health")}
-        for name in TREND_FIELDS:
-            value = gpu.get(name)
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                trend[name] = value
-        trend["xid_events"] = _xid_events(gpu)
-        trends.append(trend)
-    return trends
+    rows = [g for g in gpus if isinstance(g, dict)] if isinstance(gpus, list) else []
+    columns: dict[str, list[Any]] = {
+        "index": [g.get("index") for g in rows],
+        "health": [g.get("health") for g in rows],
+    }
+    for name in TREND_FIELDS:
+        values = [g.get(name) for g in rows]
+        columns[name] = [v if isinstance(v, int | float) and not isinstance(v, bool) else None
+                         for v in values]  # fmt: skip
+    columns["xid_events"] = [_xid_events(g) for g in rows]
+    return columns
 
 
 def _xid_events(gpu: dict[str, Any]) -> int:

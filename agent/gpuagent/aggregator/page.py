@@ -443,14 +443,19 @@ function renderHistory(history, gpus) {
   const to = Date.now() / 1000, from = to - 86400;
   const transitions = history.transitions || [], samples = history.samples || [];
   const own = index => transitions.filter(t => t.gpu === index);
+  // A sample's GPUs are columns: gpus.index[i] is the GPU of gpus.health[i], ...
+  const value = (s, index, name) => {
+    const i = ((s.gpus || {}).index || []).indexOf(index);
+    return i < 0 ? undefined : ((s.gpus[name] || [])[i]);
+  };
   const first = (changes, index) => {
     if (changes.length) return changes[0].previous;
-    const sample = samples.find(s => (s.gpus || []).some(g => g.index === index));
-    return sample ? sample.gpus.find(g => g.index === index).health : null;
+    const sample = samples.find(s => value(s, index, "health") !== undefined);
+    return sample ? value(sample, index, "health") : null;
   };
-  const series = (index, name) => samples.flatMap(s => (s.gpus || [])
-    .filter(g => g.index === index && typeof g[name] === "number")
-    .map(g => ({time: s.time, value: g[name]})));
+  const series = (index, name) => samples
+    .filter(s => typeof value(s, index, name) === "number")
+    .map(s => ({time: s.time, value: value(s, index, name)}));
   const nodeChanges = own(null);
   const rows = [["node", healthStrip(nodeChanges, nodeChanges.length ?
     nodeChanges[0].previous : (samples[0] || {}).health || null, from, to), "", "", ""]];
