@@ -120,6 +120,12 @@ def test_values_are_applied() -> None:
             for kind in ("", "Gpu Healthy", "-Gpu", "a/b")
         ),
         (
+            "[outputs.kubernetes]\nsummary_condition = 'GpuLost'\n",
+            "outputs.kubernetes.summary_condition",
+            2,
+            "problem conditions",
+        ),
+        (
             (
                 "[[remediation.rules]]\ncheck = 'xid'\nactions = ['cordon']\n"
                 "finding_actions = ['drain_and_reboot', 'reboot_now']\n"

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 from gpuagent.config.errors import ConfigError, find_line, nth_line
 from gpuagent.config.schema import Config, InventoryExpected
 from gpuagent.fleet.topics import AGGREGATOR_IDENTITY, NAME_RE, is_aggregator_identity
+from gpuagent.k8s.conditions import PROBLEM_CONDITIONS
 
 # A GPU-instance profile as nvidia-smi names it: slices "g", memory "gb", and a variant.
 _MIG_PROFILE_RE = re.compile(r"^[1-9]\d*g\.[1-9]\d*gb([+-][a-z]+(\.[a-z]+)?)?$")
@@ -56,8 +57,12 @@ def check_value(key: str, value: object) -> str | None:
 
 
 def _check_condition_type(key: str, value: object) -> str | None:
-    if key == "outputs.kubernetes.summary_condition" and not _CONDITION_TYPE_RE.match(str(value)):
+    if key != "outputs.kubernetes.summary_condition":
+        return None
+    if not _CONDITION_TYPE_RE.match(str(value)):
         return 'must be a condition type like "GpuHealthy" (letters, digits, ".", "_", "-")'
+    if value in PROBLEM_CONDITIONS:
+        return f"{value} is one of the problem conditions; the summary needs a name of its own"
     return None
 
 

@@ -35,6 +35,7 @@ PROBLEM_CLASSES: tuple[tuple[str, frozenset[str], str], ...] = (
     ("GpuThermalProblem", frozenset({"thermal"}), "GpuThermalOk"),
     ("GpuPcieDegraded", frozenset({"pcie", "aer"}), "GpuPcieOk"),
 )
+PROBLEM_CONDITIONS = frozenset(kind for kind, _, _ in PROBLEM_CLASSES)
 # The checks that only the summary weighs (settings, inventory drift, the node's own
 # plumbing): each is either here or in a class, so a new check is placed on purpose.
 SUMMARY_ONLY_CHECKS = frozenset(

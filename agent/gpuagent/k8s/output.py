@@ -83,7 +83,6 @@ class KubernetesOutput:
         self._failures = 0
         self._answered = False  # some request of this round got its answer
         self.dropped_events = 0
-        self.condition_patches = 0
         self._wake = asyncio.Event()
 
     # --- what the daemon hands over (on the event loop; never blocks) -------------------
@@ -175,7 +174,6 @@ class KubernetesOutput:
         sending = list(wanted) if beat else changed
         body = [self._condition_json(c) for c in sending]
         await self._request("patch_conditions", body)
-        self.condition_patches += 1
         assert self._on_node is not None  # read before any write
         for condition, written in zip(sending, body, strict=True):
             before = self._on_node.get(condition.type, {})
