@@ -72,6 +72,22 @@ def fleet_messages(now: float) -> list[tuple[str, dict[str, Any]]]:
         ("state", msg.offline("lost-node")),
         ("state", msg.state("stale-node", health="WARN", gpus=[stale], when=now - 960)),
         ("events", msg.event("bad-node")),
+        # A storm on GPU 2 (0000:1a:00.0), as the agent reports an incident that grew.
+        (
+            "events",
+            {
+                **msg.event("bad-node", when=now - 30),
+                "data": {
+                    "kind": "xid",
+                    "code": 45,
+                    "gpu": "0000:1a:00.0",
+                    "process": "train.py",
+                    "pid": 4100,
+                    "line": "NVRM: Xid (PCI:0000:1a:00): 45, pid=4100",
+                    "incident": {"count": 400, "first_time": now - 60},
+                },
+            },
+        ),
         ("actions", _action("bad-node")),
         ("actions", msg.cordon_request("bad-node")),
         ("replies", msg.reply("bad-node", "cmd-1")),
@@ -247,6 +263,24 @@ async def node_page(tab: Browser, base: str) -> None:
     assert strips[0][1] >= 1, strips
     assert strips[1][0].startswith("GPU "), strips
     await tab.screenshot("node-desktop")
+
+    # GPU 2's own page, from its row: identity, its finding's real onset, its last day,
+    # its events in words (the storm as one line with its count).
+    await tab.evaluate("document.querySelector('#gpus a[href^=\"#gpu/\"]').click()")
+    await tab.wait_for("document.body.dataset.view === 'gpu'")
+    assert await tab.evaluate("location.hash") == "#gpu/c1/bad-node/2"
+    ident = await text(tab, "#node-view dl")
+    for shown in ("GPU-2", "1650923000123", "0000:1a:00.0", "pod ml/trainer-0"):
+        assert shown in ident, ident
+    gpu_findings = await text(tab, "#findings")
+    assert HOSTILE in gpu_findings
+    assert "60 min ago" in gpu_findings
+    assert await tab.evaluate("document.querySelectorAll('#history svg').length") >= 1
+    await tab.wait_for("!!document.getElementById('events')")
+    gpu_events = await text(tab, "#events")
+    assert "xid 45 on 0000:1a:00.0 (train.py, pid 4100) [400 records since" in gpu_events
+    assert "0000:18:00.0" not in gpu_events  # another GPU's event
+    await tab.screenshot("gpu-desktop")
 
     # An offline node's page: health unknown, its last report marked as such.
     await tab.evaluate("location.hash = '#node/c1/lost-node'")

@@ -391,6 +391,22 @@ function workload(g) {
 
 const ENVELOPE = ["schema", "type", "id", "node", "cluster", "time"];
 
+// An event in words: a kernel-log record (and a storm's count), a finding's change.
+function describeEvent(e) {
+  const d = e.data || {};
+  if (e.category === "finding")
+    return (d.gpu || "node") + " " + d.check + ": " + d.from + " → " + d.to +
+      (d.reason ? ": " + d.reason : "");
+  if (e.category === "kernel") {
+    const what = d.kind + (d.code !== null && d.code !== undefined ? " " + d.code : "");
+    const who = d.process ? " (" + d.process + (d.pid ? ", pid " + d.pid : "") + ")" : "";
+    const storm = d.incident && d.incident.count > 1 ? " [" + d.incident.count +
+      " records since " + utc(d.incident.first_time) + "]" : "";
+    return what + " on " + (d.gpu || d.pci || "node") + who + storm + ": " + (d.line || "");
+  }
+  return fields(e.data || e, ENVELOPE);
+}
+
 // --- the last day, as inline SVG: a health strip and trend lines per GPU ---------------
 
 const SVGNS = "http://www.w3.org/2000/svg";
@@ -470,6 +486,60 @@ function renderHistory(history, gpus) {
   return table(["", "health", "temperature", "power", "XID events"], rows, "history");
 }
 
+function gpuHash(doc, index) {
+  return "#gpu/" + encodeURIComponent(doc.cluster) + "/" + encodeURIComponent(doc.name) + "/" +
+    index;
+}
+
+// One GPU: what it is, its findings since when, its last day, its events and actions.
+function renderGpu(doc, index, events, actions, history) {
+  const root = document.getElementById("node-view");
+  const status = doc.status || {};
+  const gpu = (status.gpus || doc.gpus).find(g => g.index === index);
+  const back = "#node/" + encodeURIComponent(doc.cluster) + "/" + encodeURIComponent(doc.name);
+  if (!gpu) {
+    root.replaceChildren(inner(back, "← " + doc.name), el("p", "No GPU " + index + " here."));
+    return;
+  }
+  const current = live(doc);
+  const parts = [inner(back, "← " + doc.name),
+    el("h2", "GPU " + index + " of " + doc.name + " (" + doc.cluster + ")")];
+  const ident = el("dl", undefined, "ident");
+  for (const [k, v] of [["health", el("span", gpu.health, current ? gpu.health : "old")],
+      ["model", gpu.model], ["UUID", gpu.uuid], ["serial", gpu.serial],
+      ["bus id", gpu.pci_bus_id], ["workload", workload(gpu)],
+      ["temperature", typeof gpu.temperature_c === "number" ? gpu.temperature_c + " °C" : ""],
+      ["power", typeof gpu.power_w === "number" ? gpu.power_w + " W" : ""],
+      ["Grafana", grafana(doc, index)]]) {
+    if (v === undefined || v === null || v === "") continue;
+    const dd = el("dd");
+    if (v instanceof Node) dd.append(v); else dd.textContent = v;
+    ident.append(el("dt", k), dd);
+  }
+  parts.push(ident);
+  parts.push(el("h2", "Findings"));
+  const findings = gpu.findings || [];
+  parts.push(findings.length ? table(["severity", "reason", "action", "runbook", "started"],
+    findings.map(f => [el("span", f.severity, current ? f.severity : "old"), f.reason,
+      f.action, runbook(f.runbook), typeof f.since === "number" ? ago(f.since) + " (" +
+      utc(f.since) + ")" : ""]), "findings") : el("p", "None.", "OK"));
+  parts.push(el("h2", "The last day"));
+  parts.push(renderHistory(history, [gpu]));
+  const mine = (events || []).filter(e => {
+    const d = e.data || {};
+    return d.gpu === gpu.pci_bus_id || d.pci === gpu.pci_bus_id;
+  });
+  parts.push(el("h2", "Events"));
+  parts.push(mine.length ? table(["time", "category", "what"], mine.map(e =>
+    [utc(e.time), e.category || e.type, describeEvent(e)]), "events") : el("p", "None stored."));
+  const acts = (actions || []).filter(a => (a.record || {}).target === gpu.pci_bus_id);
+  parts.push(el("h2", "Actions"));
+  parts.push(acts.length ? table(["time", "action", "result", "detail"], acts.map(a =>
+    [utc(a.time), a.record.action, a.record.result, a.record.reason + (a.record.detail ?
+      " (" + a.record.detail + ")" : "")]), "actions") : el("p", "None stored."));
+  root.replaceChildren(...parts);
+}
+
 function renderNode(doc, events, actions, cordons, history) {
   const root = document.getElementById("node-view");
   const now = Date.now() / 1000;
@@ -507,13 +577,14 @@ function renderNode(doc, events, actions, cordons, history) {
   parts.push(el("h2", "GPUs"));
   const gpus = status.gpus || doc.gpus;
   parts.push(table(["GPU", "health", "model", "UUID", "serial", "bus id", "workload", ""],
-    gpus.map(x => [x.index, el("span", x.health, current ? x.health : "old"), x.model,
+    gpus.map(x => [inner(gpuHash(doc, x.index), "GPU " + x.index),
+      el("span", x.health, current ? x.health : "old"), x.model,
       x.uuid, x.serial, x.pci_bus_id, workload(x), grafana(doc, x.index) || ""]), "gpus"));
   parts.push(el("h2", "The last day"));
   parts.push(renderHistory(history, gpus));
   parts.push(el("h2", "Events"));
   parts.push(events.length ? table(["time", "category", "what"], events.map(e =>
-    [utc(e.time), e.category || e.type, fields(e.data || e, ENVELOPE)]), "events")
+    [utc(e.time), e.category || e.type, describeEvent(e)]), "events")
     : el("p", "None stored."));
   parts.push(el("h2", "Actions and cordon decisions"));
   // An audit record ("action") carries what the agent did in "record"; a cordon request
@@ -558,9 +629,10 @@ async function get(url) {
 }
 
 function route() {
-  const m = /^#node\\/([^/]*)\\/([^/]*)$/.exec(location.hash);
+  const m = /^#(node|gpu)\\/([^/]*)\\/([^/]*)(?:\\/(\\d+))?$/.exec(location.hash);
   try {
-    return m ? {cluster: decodeURIComponent(m[1]), node: decodeURIComponent(m[2])} : null;
+    return m && (m[1] === "gpu") === (m[4] !== undefined) ? {cluster: decodeURIComponent(m[2]),
+      node: decodeURIComponent(m[3]), gpu: m[4] === undefined ? null : Number(m[4])} : null;
   } catch (e) {
     return null;  // a mangled link shows the fleet
   }
@@ -587,10 +659,15 @@ async function refresh(forced = true) {
       const own = x => x.node === target.node && x.cluster === target.cluster;
       if (changed) {
         renderSummary(summary.counts);
-        renderNode(doc, events.events.filter(own), actions.actions.filter(own),
-          cordons.cordons.filter(own), history);
+        if (target.gpu === null)
+          renderNode(doc, events.events.filter(own), actions.actions.filter(own),
+            cordons.cordons.filter(own), history);
+        else
+          renderGpu(doc, target.gpu, events.events.filter(own), actions.actions.filter(own),
+            history);
       }
-      document.title = target.node + " · gpuagent";
+      document.title = (target.gpu === null ? "" : "GPU " + target.gpu + " · ") + target.node +
+        " · gpuagent";
     } else {
       const params = fleetParams();
       const query = new URLSearchParams(params);
@@ -609,7 +686,7 @@ async function refresh(forced = true) {
     if (changed) drawnAt = Date.now();
     if (!document.body.dataset.loaded) window.firstRenderMs = performance.now();
     document.body.dataset.loaded = "1";
-    document.body.dataset.view = target ? "node" : "fleet";
+    document.body.dataset.view = target ? (target.gpu === null ? "node" : "gpu") : "fleet";
   } catch (e) {
     if (mine === generation)
       document.getElementById("error").textContent = "Refresh failed: " + e.message;
