@@ -248,3 +248,19 @@ def test_the_configuration_takes_links(tmp_path: Path) -> None:
     section = load_config(path).aggregator
     assert section.grafana_url_template == "https://g.example/d?n={node}"
     assert section.runbook_base_url == "https://gpuagent.example/docs/"
+
+
+def test_a_node_its_agent_cordoned_says_so_in_the_table() -> None:
+    from gpuagent.aggregator.records import from_summary, summary_json  # noqa: PLC0415
+
+    state = FleetState()
+    message = msg.state("cordoned-node", health="CRITICAL", when=NOW)
+    message["status"]["remediation"] = {"mode": "enforce", "cordoned_by_us": True}
+    record = from_online_state(message, json.dumps(message), NOW)
+    state.put(record)
+    put(state, "free-node")
+    rows = {n["name"]: n["cordoned"] for n in FleetView(state, STALE).fleet(Query(), NOW)["nodes"]}
+    assert rows == {"cordoned-node": True, "free-node": False}
+    # Kept through the shared database's summary, and while the node is offline.
+    assert from_summary(record, summary_json(record)).cordoned is True  # type: ignore[union-attr]
+    assert with_offline(msg.offline("cordoned-node"), record, NOW + 1).cordoned is True

@@ -85,6 +85,7 @@ th button { font: inherit; font-weight: bold; border: 0; background: none; paddi
   cursor: pointer; color: #124; }
 .CRITICAL { color: #b00020; font-weight: bold; } .WARN { color: #a15c00; font-weight: bold; }
 .OK { color: #17702a; } .UNKNOWN, .offline, .stale, .old { color: #666; font-style: italic; }
+.cordoned { background: #b00020; color: #fff; padding: 0 4px; border-radius: 3px; }
 #summary span { margin-right: 1.2em; white-space: nowrap; } #error { color: #b00020; }
 #filters { display: flex; flex-wrap: wrap; gap: 0.5em; align-items: end; }
 #filters label { display: flex; flex-direction: column; font-size: 0.85em; }
@@ -288,8 +289,11 @@ function renderFleet(doc, params) {
     driver.className = "wide";
     const agent = el("td", n.agent_version);
     agent.className = "wide";
+    // Cordoned by its agent: out of scheduling, whatever its health says now.
+    const stateCell = el("td", state, state.split(" ")[0]);
+    if (n.cordoned) stateCell.append(" ", el("span", "cordoned", "cordoned"));
     tr.append(name, el("td", n.cluster), el("td", n.shown_health, n.shown_health),
-      el("td", state, state.split(" ")[0]), reasons, age, gpus,
+      stateCell, reasons, age, gpus,
       el("td", ago(n.last_seen), live(n) ? "" : "stale"), driver, agent);
     rows.push(tr);
   }

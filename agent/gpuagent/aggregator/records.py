@@ -55,6 +55,8 @@ class NodeRecord:
     findings: tuple[dict[str, Any], ...] = ()
     fingerprint_id: str = UNKNOWN_FINGERPRINT
     fingerprint: tuple[tuple[str, str], ...] = ()
+    # The node says it is cordoned by its agent (status.remediation.cordoned_by_us).
+    cordoned: bool = False
     # The last online state message, as received (JSON text), on its way to the database;
     # the records the fleet state keeps leave it there (empty), and a node's page reads it
     # back (`FleetStore.node_document`).
@@ -124,8 +126,14 @@ def from_online_state(message: dict[str, Any], raw: str, received_at: float) -> 
         findings=_dicts(node.get("findings")),
         fingerprint_id=fingerprint_id,
         fingerprint=fingerprint,
+        cordoned=_cordoned(status),
         document=raw,
     )
+
+
+def _cordoned(status: dict[str, Any]) -> bool:
+    remediation = status.get("remediation")
+    return isinstance(remediation, dict) and remediation.get("cordoned_by_us") is True
 
 
 def with_offline(
@@ -164,6 +172,7 @@ def summary_json(record: NodeRecord) -> str:
             "findings": list(record.findings),
             "fingerprint_id": record.fingerprint_id,
             "fingerprint": dict(record.fingerprint),
+            "cordoned": record.cordoned,
         },
         separators=(",", ":"),
     )
@@ -188,4 +197,5 @@ def from_summary(base: NodeRecord, summary: str) -> NodeRecord | None:
         fingerprint=tuple(sorted((str(k), str(v)) for k, v in fingerprint.items()))
         if isinstance(fingerprint, dict)
         else (),
+        cordoned=doc.get("cordoned") is True,
     )

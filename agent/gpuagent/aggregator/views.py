@@ -23,6 +23,7 @@ def node_json(record: NodeRecord, now: float, stale_after: float) -> dict[str, A
         "last_seen": record.last_seen,
         "agent_version": record.agent_version,
         "fingerprint_id": record.fingerprint_id,
+        "cordoned": record.cordoned,
         "findings": list(record.findings),
         "gpus": [g.json() for g in record.gpus],
     }
