@@ -99,7 +99,8 @@ async def test_a_message_is_acknowledged_only_once_its_rows_are_committed(rig: R
     mids.append(rig.deliver("events", b"{garbage"))  # rejected: acknowledged all the same
     rig.deliver("events", msg.event("n1"), qos=0)  # nothing to acknowledge at QoS 0
     assert rig.session.acks == []
-    assert rig.agg.store.pending() == 5
+    # Four events, the node, and the node's first history (its health, a sample).
+    assert rig.agg.store.pending() == 7
     await rig.agg.store.flush()
     # In the order received (MQTT wants PUBACKs in that order), each once all 4 events and
     # the node were committed.
