@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -35,8 +36,9 @@ def certificate_request(
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "CertificateRequest",
         "metadata": {
-            "generateName": f"gpuagent-mqtt-{node}-",
-            "labels": {"app.kubernetes.io/name": "gpuagent", "gpuagent.io/node": node},
+            # The node's name is in the CSR; a label could not hold every name (63 chars).
+            "generateName": f"gpuagent-mqtt-{node[:200]}-",
+            "labels": {"app.kubernetes.io/name": "gpuagent"},
         },
         "spec": {
             "request": base64.b64encode(csr_pem).decode(),
@@ -97,7 +99,10 @@ def obtain(
                 )
             time.sleep(_POLL_SECONDS)
     finally:
-        api.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        # A request that cannot be deleted (RBAC without delete) is left for an operator;
+        # the certificate is what counts.
+        with contextlib.suppress(Exception):
+            api.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
 
 
 def write_identity(directory: Path, key: bytes, certificate: bytes, ca: bytes) -> None:
