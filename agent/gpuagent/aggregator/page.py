@@ -478,16 +478,19 @@ function renderHistory(history, gpus) {
     .map(s => ({time: s.time, value: value(s, index, name)}));
   const nodeChanges = own(null);
   const rows = [["node", healthStrip(nodeChanges, nodeChanges.length ?
-    nodeChanges[0].previous : (samples[0] || {}).health || null, from, to), "", "", ""]];
+    nodeChanges[0].previous : (samples[0] || {}).health || null, from, to), "", "", "", "",
+    ""]];
   for (const gpu of gpus) {
     const changes = own(gpu.index);
-    const xids = series(gpu.index, "xid_events");
     rows.push(["GPU " + gpu.index, healthStrip(changes, first(changes, gpu.index), from, to),
       trendLine(series(gpu.index, "temperature_c"), from, to, "°C"),
       trendLine(series(gpu.index, "power_w"), from, to, "W"),
-      xids.length ? xids[xids.length - 1].value : ""]);
+      trendLine(series(gpu.index, "utilization_gpu_pct"), from, to, "%"),
+      trendLine(series(gpu.index, "ecc_dbe_volatile"), from, to, "DBEs"),
+      trendLine(series(gpu.index, "xid_events"), from, to, "XID events")]);
   }
-  return table(["", "health", "temperature", "power", "XID events"], rows, "history");
+  return table(["", "health", "temperature", "power", "utilisation", "DBEs", "XIDs"], rows,
+    "history");
 }
 
 function gpuHash(doc, index) {
