@@ -121,6 +121,11 @@ async def test_the_agent_reconnects_before_the_aggregator(
     daemon = await asyncio.to_thread(reporting_agent, run_daemon, mqtt_broker, "gpu-f")
     async with aggregator(tmp_path, mqtt_broker, "a"):
         pass
+    # Connected once before the crash (on a busy machine the first connection can come
+    # after the aggregator's visit), so the one after it is the second.
+    await asyncio.to_thread(
+        daemon.wait_for, lambda _: metric_total(daemon, "gpuagent_mqtt_connections_total") >= 1, 20
+    )
     await asyncio.to_thread(mqtt_broker.kill)
     await asyncio.to_thread(mqtt_broker.start)
     await asyncio.to_thread(
