@@ -11,12 +11,10 @@ from typing import Any
 import pytest
 
 import aggregator_support as msg
-from conftest import free_port
 from gpuagent.aggregator.history import TRANSITIONS_PER_HOUR, HistoryRecorder
 from gpuagent.aggregator.records import from_online_state, with_offline
-from gpuagent.aggregator.service import Aggregator
 from gpuagent.fleet import schema
-from test_aggregator_http import Rig
+from test_aggregator_http import Rig, running
 
 NOW = 1_795_000_000.0
 
@@ -99,14 +97,8 @@ def test_a_flapping_node_writes_a_bounded_number_of_rows() -> None:
 
 @pytest.fixture
 async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    import aiohttp  # noqa: PLC0415
-
-    port = free_port()
-    agg = Aggregator(msg.config(tmp_path, port=port, history_interval_seconds=60.0))
-    await agg.start()
-    async with aiohttp.ClientSession() as session:
-        yield Rig(agg, session, f"http://127.0.0.1:{port}")
-    await agg.close()
+    async with running(tmp_path, history_interval_seconds=60.0) as started:
+        yield started
 
 
 async def test_the_api_serves_a_nodes_history_and_pruning_keeps_its_window(rig: Rig) -> None:

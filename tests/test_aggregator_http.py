@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -52,14 +53,23 @@ class Rig:
             return response.status, await response.json()
 
 
+@contextlib.asynccontextmanager
+async def running(tmp_path: Path, **config: Any) -> AsyncIterator[Rig]:
+    """An aggregator on a free port with ``config``, and a client session for its API."""
+    port = free_port()
+    agg = Aggregator(msg.config(tmp_path, port=port, **config))
+    await agg.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            yield Rig(agg, session, f"http://127.0.0.1:{port}")
+    finally:
+        await agg.close()
+
+
 @pytest.fixture
 async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
-    port = free_port()
-    agg = Aggregator(msg.config(tmp_path, port=port, stale_after_seconds=60.0))
-    await agg.start()
-    async with aiohttp.ClientSession() as session:
-        yield Rig(agg, session, f"http://127.0.0.1:{port}")
-    await agg.close()
+    async with running(tmp_path, stale_after_seconds=60.0) as started:
+        yield started
 
 
 async def test_nodes_lists_unhealthy_first_with_gpus(rig: Rig) -> None:

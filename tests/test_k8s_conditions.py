@@ -41,8 +41,8 @@ def _finding(check: str, severity: Severity, reason: str = "", **fields: Any) ->
     return Finding(check, severity, reason or f"{check} {severity.name}", **fields)
 
 
-def _conditions(*findings: Finding) -> dict[str, tuple[str, str, str]]:
-    snapshot = NodeSnapshot(
+def _snapshot(*findings: Finding) -> NodeSnapshot:
+    return NodeSnapshot(
         node_name="n",
         cluster="c",
         hostname="n",
@@ -52,8 +52,12 @@ def _conditions(*findings: Finding) -> dict[str, tuple[str, str, str]]:
         gpus=GPUS,
         health=NodeHealth(findings),
     )
+
+
+def _conditions(*findings: Finding) -> dict[str, tuple[str, str, str]]:
     return {
-        c.type: (c.status, c.reason, c.message) for c in node_conditions(snapshot, "GpuHealthy")
+        c.type: (c.status, c.reason, c.message)
+        for c in node_conditions(_snapshot(*findings), "GpuHealthy")
     }
 
 
@@ -137,16 +141,7 @@ def test_a_reason_whose_numbers_change_changes_no_key() -> None:
     """The key (what a patch is sent for) is the finding's identity and severity."""
 
     def keys(reason: str, severity: Severity = CRIT) -> tuple[object, ...]:
-        snapshot = NodeSnapshot(
-            node_name="n",
-            cluster="c",
-            hostname="n",
-            sequence=1,
-            taken_at=1.7e9,
-            nvml=NVML_OK,
-            gpus=GPUS,
-            health=NodeHealth((_finding("ecc", severity, reason),)),
-        )
+        snapshot = _snapshot(_finding("ecc", severity, reason))
         return tuple(c.key for c in node_conditions(snapshot, "AcceleratedHardwareReady"))
 
     assert keys("2 uncorrectable ECC errors") == keys("3 uncorrectable ECC errors")

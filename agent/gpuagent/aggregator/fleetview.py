@@ -19,6 +19,7 @@ from gpuagent.aggregator import views
 from gpuagent.aggregator.onsets import Onsets, with_gpu
 from gpuagent.aggregator.records import NodeRecord
 from gpuagent.aggregator.state import FleetState
+from gpuagent.kernel.parse import canonical_pci
 
 HEALTHS = ("CRITICAL", "WARN", "UNKNOWN", "OK")
 SORTS = ("health", "name", "cluster", "last_seen", "gpus", "finding_age")
@@ -77,23 +78,20 @@ def _reasons(record: NodeRecord) -> Iterable[str]:
 
 
 def _searched(record: NodeRecord) -> Iterable[str]:
+    """What the text filter looks in: names, reasons, and what an RMA ticket or an alert
+    names a GPU by (UUID, serial, bus id)."""
     yield record.node
     yield record.cluster
     yield from _reasons(record)
-    yield from (name for name in _gpu_names(record) if name)
-
-
-def _gpu_names(record: NodeRecord) -> Iterable[str]:
-    """What a GPU is found by: its UUID, serial, and bus id as sysfs, NVML and lspci
-    write it ("0000:3b:00.0", "00000000:3B:00.0", "3b:00.0")."""
     for gpu in record.gpus:
-        yield gpu.uuid
-        yield gpu.serial
-        if gpu.pci_bus_id:
-            domain, _, rest = gpu.pci_bus_id.partition(":")
-            yield gpu.pci_bus_id
-            yield f"{int(domain or '0', 16):08x}:{rest}" if rest else gpu.pci_bus_id
-            yield rest
+        yield from (name for name in (gpu.uuid, gpu.serial, gpu.pci_bus_id) if name)
+
+
+def _has_bus_id(record: NodeRecord, text: str) -> bool:
+    """Whether ``text`` is a bus id, in any form (NVML's "00000000:3B:00.0", lspci's
+    "3b:00.0", ...), of one of the node's GPUs."""
+    bus_id = canonical_pci(text)
+    return bus_id is not None and any(canonical_pci(g.pci_bus_id) == bus_id for g in record.gpus)
 
 
 class FleetView:
@@ -115,7 +113,11 @@ class FleetView:
             and (not query.model or query.model in _models(record))
             and (not query.driver or driver_of(record) == query.driver)
             and (not query.kind or any(finding_kind(f) == query.kind for _, f in with_gpu(record)))
-            and (not text or any(text in s.lower() for s in _searched(record)))
+            and (
+                not text
+                or any(text in s.lower() for s in _searched(record))
+                or _has_bus_id(record, text)
+            )
         )
 
     def oldest_onset(self, record: NodeRecord) -> float | None:

@@ -493,6 +493,18 @@ function renderHistory(history, gpus) {
     "history");
 }
 
+// A <dl> of [term, value] pairs, the empty values left out; a value may be an element.
+function definitions(pairs) {
+  const list = el("dl", undefined, "ident");
+  for (const [k, v] of pairs) {
+    if (v === undefined || v === null || v === "") continue;
+    const dd = el("dd");
+    if (v instanceof Node) dd.append(v); else dd.textContent = v;
+    list.append(el("dt", k), dd);
+  }
+  return list;
+}
+
 function gpuHash(doc, index) {
   return "#gpu/" + encodeURIComponent(doc.cluster) + "/" + encodeURIComponent(doc.name) + "/" +
     index;
@@ -511,19 +523,12 @@ function renderGpu(doc, index, events, actions, history) {
   const current = live(doc);
   const parts = [inner(back, "← " + doc.name),
     el("h2", "GPU " + index + " of " + doc.name + " (" + doc.cluster + ")")];
-  const ident = el("dl", undefined, "ident");
-  for (const [k, v] of [["health", el("span", gpu.health, current ? gpu.health : "old")],
-      ["model", gpu.model], ["UUID", gpu.uuid], ["serial", gpu.serial],
-      ["bus id", gpu.pci_bus_id], ["workload", workload(gpu)],
-      ["temperature", typeof gpu.temperature_c === "number" ? gpu.temperature_c + " °C" : ""],
-      ["power", typeof gpu.power_w === "number" ? gpu.power_w + " W" : ""],
-      ["Grafana", grafana(doc, index)]]) {
-    if (v === undefined || v === null || v === "") continue;
-    const dd = el("dd");
-    if (v instanceof Node) dd.append(v); else dd.textContent = v;
-    ident.append(el("dt", k), dd);
-  }
-  parts.push(ident);
+  parts.push(definitions([["health", el("span", gpu.health, current ? gpu.health : "old")],
+    ["model", gpu.model], ["UUID", gpu.uuid], ["serial", gpu.serial],
+    ["bus id", gpu.pci_bus_id], ["workload", workload(gpu)],
+    ["temperature", typeof gpu.temperature_c === "number" ? gpu.temperature_c + " °C" : ""],
+    ["power", typeof gpu.power_w === "number" ? gpu.power_w + " W" : ""],
+    ["Grafana", grafana(doc, index)]]));
   parts.push(el("h2", "Findings"));
   const findings = gpu.findings || [];
   parts.push(findings.length ? table(["severity", "reason", "action", "runbook", "started"],
@@ -551,21 +556,13 @@ function renderNode(doc, events, actions, cordons, history) {
   const root = document.getElementById("node-view");
   const now = Date.now() / 1000;
   const parts = [inner("#fleet", "← fleet"), el("h2", doc.name + " (" + doc.cluster + ")")];
-  const ident = el("dl", undefined, "ident");
   const status = doc.status || {};
   const nodeDoc = status.node || {};
-  const g = grafana(doc);
-  for (const [k, v] of [["health", el("span", doc.shown_health, doc.shown_health)],
-      ["state", stateOf(doc)], ["last seen", ago(doc.last_seen) + " (" + utc(doc.last_seen) + ")"],
-      ["agent", doc.agent_version], ["driver", nodeDoc.driver_version || doc.driver],
-      ["CUDA", nodeDoc.cuda_driver_version], ["hostname", nodeDoc.hostname],
-      ["fingerprint", doc.fingerprint_id], ["Grafana", g]]) {
-    if (v === undefined || v === null || v === "") continue;
-    const dd = el("dd");
-    if (v instanceof Node) dd.append(v); else dd.textContent = v;
-    ident.append(el("dt", k), dd);
-  }
-  parts.push(ident);
+  parts.push(definitions([["health", el("span", doc.shown_health, doc.shown_health)],
+    ["state", stateOf(doc)], ["last seen", ago(doc.last_seen) + " (" + utc(doc.last_seen) + ")"],
+    ["agent", doc.agent_version], ["driver", nodeDoc.driver_version || doc.driver],
+    ["CUDA", nodeDoc.cuda_driver_version], ["hostname", nodeDoc.hostname],
+    ["fingerprint", doc.fingerprint_id], ["Grafana", grafana(doc)]]));
   const current = live(doc);
   if (!current)
     parts.push(el("p", "Health unknown: the node is " + stateOf(doc) + ", last report " +

@@ -56,10 +56,38 @@ def load_api_client(kubeconfig: str) -> ApiClient:
 
 
 class _RawResponse(Protocol):
+    """The urllib3 response the client returns with ``_preload_content=False``."""
+
     @property
     def data(self) -> bytes: ...
 
     def release_conn(self) -> None: ...
+
+
+def read_json(response: object) -> object:
+    """The parsed body of a request made with ``_preload_content=False`` (raw JSON: a model
+    would drop fields it does not know), its connection handed back to the pool; None for
+    an empty body."""
+    raw = cast("_RawResponse", response)
+    try:
+        data = raw.data
+    finally:
+        raw.release_conn()
+    return json.loads(data) if data else None
+
+
+def status_message(body: object) -> str:
+    """The message of the API server's Status object, if the body is one."""
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    if not isinstance(body, str) or not body:
+        return ""
+    try:
+        status = json.loads(body)
+    except ValueError:
+        return body.strip()[:200]
+    message = status.get("message") if isinstance(status, dict) else None
+    return message if isinstance(message, str) else ""
 
 
 class ApiError(Exception):
@@ -116,15 +144,9 @@ class NodeApi:
         from urllib3.exceptions import HTTPError  # noqa: PLC0415
 
         try:
-            response = cast(
-                "_RawResponse",
-                method(*args, _preload_content=False, _request_timeout=self._timeout, **kwargs),
+            return read_json(
+                method(*args, _preload_content=False, _request_timeout=self._timeout, **kwargs)
             )
-            try:
-                data = response.data
-            finally:
-                response.release_conn()
-            return json.loads(data) if data else None
         except ApiException as exc:
             raise ApiError(exc.status or 0, _describe_http(exc)) from None
         except (HTTPError, OSError, ValueError) as exc:
@@ -140,12 +162,8 @@ def retried(exc: ApiError) -> bool:
 
 def _describe_http(exc: Any) -> str:
     text = f"Kubernetes API: HTTP {exc.status} {exc.reason}"
-    body = exc.body.decode("utf-8", "replace") if isinstance(exc.body, bytes) else exc.body
-    try:
-        message = json.loads(body).get("message") if body else None
-    except (ValueError, AttributeError):
-        message = None
-    if isinstance(message, str) and message:
+    message = status_message(exc.body)
+    if message:
         text += f": {message}"
     if exc.status == 403:
         text += " (the agent's ClusterRole must allow patch on nodes/status, create on events)"

@@ -6,23 +6,13 @@ credentials still starts; each failure is the read's error, tried again next tim
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any
 
-from gpuagent.k8s.client import KubernetesConfigError, load_api_client
+from gpuagent.k8s.client import KubernetesConfigError, load_api_client, read_json
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
-
-
-class _RawResponse(Protocol):
-    """The urllib3 response the client returns with ``_preload_content=False``."""
-
-    @property
-    def data(self) -> bytes: ...
-
-    def release_conn(self) -> None: ...
 
 
 class NodeReadError(RuntimeError):
@@ -69,16 +59,11 @@ class NodeReader:
             if self._client is None:
                 self._client = load_api_client(self._kubeconfig)
             # Raw JSON, as the cordon backend reads it: only two fields are wanted.
-            response = cast(
-                "_RawResponse",
+            document = read_json(
                 client.CoreV1Api(self._client).read_node(
                     self.node, _preload_content=False, _request_timeout=self._timeout
-                ),
+                )
             )
-            try:
-                document = json.loads(response.data)
-            finally:
-                response.release_conn()
         except KubernetesConfigError as exc:
             raise NodeReadError(str(exc)) from None
         except client.ApiException as exc:

@@ -20,8 +20,10 @@ import logging
 import math
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpuagent.config import Config
 from gpuagent.k8s.client import (
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
     from gpuagent.remediation.audit import AuditRecord
 
 log = logging.getLogger("gpuagent.kubernetes")
+T = TypeVar("T")
 
 # Events waiting to be created at most; past it new ones are dropped (and counted).
 MAX_PENDING_EVENTS = 256
@@ -74,7 +77,7 @@ class KubernetesOutput:
         self._written: dict[str, tuple[object, ...]] = {}  # type -> the key last written
         self._written_at = -math.inf
         self._all_written_at = -math.inf
-        self._lost: dict[str, bool] | None = None  # per GPU, at the last snapshot
+        self._lost: dict[str, bool] | None = None  # per GPU: lost at its last known state
         self._pending: deque[NodeEvent] = deque()
         self._series: dict[str, tuple[int, float]] = {}  # event key -> (count, last seen)
         self._known: OrderedDict[str, None] = OrderedDict()  # keys of events that exist
@@ -147,7 +150,7 @@ class KubernetesOutput:
         return min(_MAX_BACKOFF_SECONDS, 2.0 ** min(self._failures, 6))
 
     async def _read_node(self) -> None:
-        node = await self._request("read_node")
+        node = await self._request(NodeApi.read_node)
         metadata = node["metadata"]
         self._node_uid = str(metadata.get("uid") or "")
         status = node.get("status")
@@ -173,7 +176,7 @@ class KubernetesOutput:
             return wait
         sending = list(wanted) if beat else changed
         body = [self._condition_json(c) for c in sending]
-        await self._request("patch_conditions", body)
+        await self._request(partial(NodeApi.patch_conditions, conditions=body))
         assert self._on_node is not None  # read before any write
         for condition, written in zip(sending, body, strict=True):
             before = self._on_node.get(condition.type, {})
@@ -220,7 +223,7 @@ class KubernetesOutput:
                 event, node=self.node, node_uid=self._node_uid, namespace=self._namespace
             )
             try:
-                await self._request("create_event", body)
+                await self._request(partial(NodeApi.create_event, body=body))
             except ApiError as exc:
                 if retried(exc):
                     raise  # kept, for the next try
@@ -240,9 +243,8 @@ class KubernetesOutput:
             if key not in self._known:
                 continue  # its event was dropped, or is older than this agent
             try:
-                await self._request(
-                    "patch_event", event_name(self.node, key), series_patch(count, last_seen)
-                )
+                name, patch = event_name(self.node, key), series_patch(count, last_seen)
+                await self._request(partial(NodeApi.patch_event, name=name, body=patch))
             except ApiError as exc:
                 if retried(exc):
                     self._series.setdefault(key, (count, last_seen))
@@ -253,17 +255,18 @@ class KubernetesOutput:
     def _namespace(self) -> str:
         return self._config.event_namespace
 
-    async def _request(self, name: str, *args: Any) -> Any:
+    async def _request(self, call: Callable[[NodeApi], T]) -> T:
+        """``call`` on the API, in a worker thread, under the timeout."""
         timeout = self._config.timeout_seconds + 1.0  # the client's, plus the thread's
         try:
             async with asyncio.timeout(timeout):
-                answer = await asyncio.to_thread(self._request_sync, name, *args)
+                answer = await asyncio.to_thread(self._request_sync, call)
         except TimeoutError:
             raise ApiError(0, f"no answer from the Kubernetes API within {timeout:g} s") from None
         self._answered = True
         return answer
 
-    def _request_sync(self, name: str, *args: Any) -> Any:
+    def _request_sync(self, call: Callable[[NodeApi], T]) -> T:
         """In the worker thread: the client too is made there (importing the kubernetes
         package takes a second or more, which the event loop must not wait for)."""
         if self._api is None:
@@ -272,7 +275,7 @@ class KubernetesOutput:
             except (KubernetesConfigError, ImportError) as exc:
                 raise ApiError(0, str(exc) or "the kubernetes package is not installed") from None
             self._api = NodeApi(client, self.node, self._namespace, self._config.timeout_seconds)
-        return getattr(self._api, name)(*args)
+        return call(self._api)
 
     # --- events -------------------------------------------------------------------------
 
@@ -299,24 +302,26 @@ class KubernetesOutput:
 
     def _note_availability(self, snapshot: NodeSnapshot) -> None:
         """A GPU whose availability finding turned CRITICAL is lost; back to OK, it is
-        back. The first snapshot only sets the baseline (the conditions say the rest)."""
-        lost = {
+        back (UNKNOWN in between is neither). The first snapshot only sets the baseline
+        (the conditions say the rest)."""
+        findings = {
             f.gpu: f
             for f in snapshot.health.findings
             if f.check == "availability" and f.gpu is not None
         }
-        now_lost = {bus: f.severity is Severity.CRITICAL for bus, f in lost.items()}
-        before, self._lost = self._lost, now_lost
+        known = {
+            bus: f.severity is Severity.CRITICAL
+            for bus, f in findings.items()
+            # The baseline counts every GPU not lost as there; later, UNKNOWN changes nothing.
+            if self._lost is None or f.severity in (Severity.CRITICAL, Severity.OK)
+        }
+        before, self._lost = self._lost, {**(self._lost or {}), **known}
         if before is None:
             return
-        for bus, is_lost in now_lost.items():
-            was = before.get(bus)
-            if was is None or was == is_lost:
-                continue
-            if not is_lost and lost[bus].severity is not Severity.OK:
-                self._lost[bus] = was  # UNKNOWN: not back yet
+        for bus, is_lost in known.items():
+            if before.get(bus, is_lost) == is_lost:
                 continue
             gpu = snapshot.gpu(bus)
             index = gpu.identity.index if gpu is not None else None
-            reason = lost[bus].reason or "answers again"
+            reason = findings[bus].reason or "answers again"
             self._offer(availability_event(bus, index, is_lost, reason, snapshot.taken_at))

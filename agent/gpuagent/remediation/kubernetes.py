@@ -13,12 +13,17 @@ See docs/remediation-kubernetes.md.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any
 
-from gpuagent.k8s.client import KubernetesConfigError, load_api_client
+from gpuagent.k8s.client import (
+    STRATEGIC_MERGE_PATCH,
+    KubernetesConfigError,
+    load_api_client,
+    read_json,
+    status_message,
+)
 from gpuagent.remediation.backend import BackendConfigError
 from gpuagent.remediation.types import CordonRequest, CordonResult, CordonState
 
@@ -34,7 +39,6 @@ REASON_ANNOTATION = "gpuagent.io/cordon-reason"
 CONDITION_TYPE = "GpuHealthy"
 # Strategic merge patch: status.conditions merge by type (the kubelet's conditions stay);
 # spec.taints is an atomic list, replaced whole, hence the resourceVersion guard.
-STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 # A node that changed between our GET and our PATCH (409 Conflict) is read again this often.
 CONFLICT_ATTEMPTS = 3
 
@@ -43,15 +47,6 @@ Node = dict[str, Any]  # a Node as the API server's JSON
 
 class KubernetesBackendError(RuntimeError):
     """The node's state could not be read (raised by ``state()`` only)."""
-
-
-class _RawResponse(Protocol):
-    """The urllib3 response the client returns with ``_preload_content=False``."""
-
-    @property
-    def data(self) -> bytes: ...
-
-    def release_conn(self) -> None: ...
 
 
 class _Conflict(Exception):  # noqa: N818 - a signal between two methods, not an error
@@ -241,11 +236,9 @@ class KubernetesBackend:
         await asyncio.to_thread(self._patch_sync, body, status)
 
     def _read_sync(self) -> Node:
-        response = cast(
-            "_RawResponse",
-            self._api.read_node(self._node, _preload_content=False, _request_timeout=self._timeout),
+        document = read_json(
+            self._api.read_node(self._node, _preload_content=False, _request_timeout=self._timeout)
         )
-        document = _json(response)
         if not isinstance(document, dict) or not isinstance(document.get("metadata"), dict):
             raise TypeError(f"GET node {self._node}: the answer is not a Node")
         return document
@@ -253,21 +246,18 @@ class KubernetesBackend:
     def _patch_sync(self, body: Node, status: bool) -> None:
         patch = self._api.patch_node_status if status else self._api.patch_node
         try:
-            response = cast(
-                "_RawResponse",
-                patch(
-                    self._node,
-                    body,
-                    _content_type=STRATEGIC_MERGE_PATCH,
-                    _preload_content=False,
-                    _request_timeout=self._timeout,
-                ),
+            response = patch(
+                self._node,
+                body,
+                _content_type=STRATEGIC_MERGE_PATCH,
+                _preload_content=False,
+                _request_timeout=self._timeout,
             )
         except self._api_exception as exc:
             if exc.status == 409:
                 raise _Conflict from exc
             raise
-        _json(response)  # read to the end so the connection goes back to the pool
+        read_json(response)  # read to the end so the connection goes back to the pool
 
     def _timed_out(self) -> str:
         return (
@@ -290,7 +280,7 @@ class KubernetesBackend:
         if status == 0:  # the client's own failures (TLS, bad config) carry status 0
             return f"Kubernetes API client error: {reason}"
         text = f"Kubernetes API: HTTP {status} {reason}"
-        message = _status_message(body)
+        message = status_message(body)
         if message:
             text += f": {message}"
         if status == 403:
@@ -321,14 +311,6 @@ def _unchanged(detail: str) -> CordonResult:
 
 def _failed(detail: str) -> CordonResult:
     return CordonResult(ok=False, changed=False, detail=detail)
-
-
-def _json(response: _RawResponse) -> object:
-    try:
-        data = response.data
-    finally:
-        response.release_conn()
-    return json.loads(data) if data else None
 
 
 def _version_guard(node: Node) -> dict[str, str]:
@@ -384,17 +366,3 @@ def _new_condition(node: Node, healthy: bool, message: str) -> dict[str, str]:
         "lastHeartbeatTime": now,
         "lastTransitionTime": transition,
     }
-
-
-def _status_message(body: object) -> str:
-    """The message of the API server's Status object, if the body is one."""
-    if isinstance(body, bytes):
-        body = body.decode("utf-8", "replace")
-    if not isinstance(body, str) or not body:
-        return ""
-    try:
-        status = json.loads(body)
-    except ValueError:
-        return body.strip()[:200]
-    message = status.get("message") if isinstance(status, dict) else None
-    return message if isinstance(message, str) else ""
