@@ -28,7 +28,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH.parent / "agent"))
 
-from gpuagent.aggregator.history import HistoryRecorder  # noqa: E402
+from gpuagent.aggregator.history import HistoryRecorder, HistoryRow  # noqa: E402
 from gpuagent.aggregator.records import NodeRecord, from_online_state  # noqa: E402
 from gpuagent.aggregator.store import FleetStore  # noqa: E402
 from report import Row, report  # noqa: E402
@@ -69,7 +69,7 @@ async def run(nodes: int, minutes: int) -> list[Row]:
     broken = failed(template)
     recorder = HistoryRecorder(INTERVAL)
     previous: dict[str, NodeRecord] = {}
-    rows: list[tuple[str, str, str, float, str, str]] = []
+    rows: list[HistoryRow] = []
     reports = 0
     spent = 0.0
     start = 1_795_000_000.0

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 from gpuagent.aggregator import decisions, migrations
 from gpuagent.aggregator.database import Session, database, describe
+from gpuagent.aggregator.history import HistoryRow
 from gpuagent.aggregator.records import NodeRecord, from_online_state, from_summary, summary_json
 from gpuagent.config.schema.aggregator import CordonBudgetSection, PostgresSection
 
@@ -368,7 +369,7 @@ class FleetStore:
         row = (_key(message), message["cluster"], message["node"], float(message["time"]), raw)
         self._pending.rows["actions"].append(row)
 
-    def queue_history(self, rows: list[tuple[str, str, str, float, str, str]]) -> None:
+    def queue_history(self, rows: list[HistoryRow]) -> None:
         self._pending.rows["history"].extend(rows)
 
     def queue_reply(self, message: dict[str, Any], raw: str) -> None:
