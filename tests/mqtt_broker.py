@@ -241,6 +241,23 @@ class Broker:
         self._forget()
 
 
+def start_on_free_ports(root: Path, pki: Pki, **options: Any) -> Broker:
+    """A broker started on two free ports. A port found free can be taken by another test
+    before mosquitto binds it: then two others are tried."""
+    for _ in range(2):
+        broker = Broker(root, pki, port=free_port(), tls_port=free_port(), **options)
+        try:
+            broker.start()
+        except RuntimeError as exc:
+            if "Address already in use" not in str(exc):
+                raise
+        else:
+            return broker
+    broker = Broker(root, pki, port=free_port(), tls_port=free_port(), **options)
+    broker.start()
+    return broker
+
+
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return Pki.create(tmp_path_factory.mktemp("pki"))
@@ -254,8 +271,7 @@ def mqtt_broker(tmp_path: Path, pki: Pki) -> Iterator[Broker]:
     (root / "pki").mkdir()
     for name in ("broker.crt", "broker.key"):
         shutil.copy(pki.root / name, root / "pki" / name)
-    broker = Broker(root, pki, port=free_port(), tls_port=free_port())
-    broker.start()
+    broker = start_on_free_ports(root, pki)
     try:
         yield broker
     finally:

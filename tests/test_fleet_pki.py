@@ -13,10 +13,10 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from conftest import deadline_in, free_port
+from conftest import deadline_in
 from gpuagent.aggregator.cli import main
 from gpuagent.fleet.pki import Pki, PkiError
-from mqtt_broker import Broker
+from mqtt_broker import Broker, start_on_free_ports
 from mqtt_broker import Pki as BrokerPki
 
 
@@ -143,8 +143,7 @@ def test_a_real_broker_refuses_a_revoked_node(tmp_path: Path) -> None:
     (root / "pki").mkdir(parents=True)
     for name in ("broker.crt", "broker.key"):
         shutil.copy(pki.root / name, root / "pki" / name)
-    broker = Broker(root, pki, port=free_port(), tls_port=free_port(), check_revocation=True)
-    broker.start()
+    broker = start_on_free_ports(root, pki, check_revocation=True)
     try:
         assert _connects(broker, "gpu-node-1")
         assert _connects(broker, "gpu-node-2")
