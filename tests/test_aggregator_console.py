@@ -262,6 +262,18 @@ async def node_page(tab: Browser, base: str) -> None:
     assert strips[0][0] == "node"
     assert strips[0][1] >= 1, strips
     assert strips[1][0].startswith("GPU "), strips
+    # The health now shows however recent its change (a few pixels of a day's 240), and
+    # nothing is drawn before the node was first heard from.
+    now = await tab.evaluate(
+        "[...document.querySelectorAll('#history tr')].slice(1).map(r => {"
+        " const rects = [...r.cells[1].querySelectorAll('svg rect')];"
+        " const last = rects[rects.length - 1];"
+        " return [Number(rects[0].getAttribute('x')), Number(last.getAttribute('width')),"
+        " last.getAttribute('fill')]; })"
+    )
+    assert all(width >= 3 for _, width, _ in now), now
+    assert now[0][2] == "#c62828", now  # the node is CRITICAL now
+    assert all(x > 200 for x, _, _ in now), now  # first heard from minutes ago
     await tab.screenshot("node-desktop")
 
     # GPU 2's own page, from its row: identity, its finding's real onset, its last day,

@@ -93,6 +93,18 @@ def test_values_are_applied() -> None:
         ("[agent]\nnode_name = 'aggregator'\n", "agent.node_name", 2, "aggregator identities"),
         ("[agent]\nnode_name = 'aggregator-2'\n", "agent.node_name", 2, "aggregator identities"),
         ("[aggregator]\nshare_group = 'a/b'\n", "aggregator.share_group", 2, "one topic level"),
+        (
+            "[aggregator.alertmanager]\nurl = 'alertmanager:9093'\n",
+            "aggregator.alertmanager.url",
+            2,
+            "absolute http(s) URL",
+        ),
+        (
+            "[aggregator.alertmanager]\n\nnode_labels = []\n",
+            "aggregator.alertmanager.node_labels",
+            3,
+            "must name a label",
+        ),
         *(
             (
                 f"[outputs.mqtt.broker]\ntopic_prefix = '{prefix}'\n",

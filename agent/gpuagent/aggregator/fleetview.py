@@ -22,7 +22,7 @@ from gpuagent.aggregator.state import FleetState
 from gpuagent.kernel.parse import canonical_pci
 
 HEALTHS = ("CRITICAL", "WARN", "UNKNOWN", "OK")
-SORTS = ("health", "name", "cluster", "last_seen", "gpus", "finding_age")
+SORTS = ("health", "name", "cluster", "last_seen", "gpus", "finding_age", "alerts")
 # Findings started within this long count as "today" in the per-kind counts.
 DAY = 86400.0
 
@@ -126,16 +126,16 @@ class FleetView:
         return min(known) if known else None
 
     def _sort_key(self, query: Query, now: float) -> Callable[[NodeRecord], Any]:
-        if query.sort == "health":
-            return lambda r: views.sort_key(r, now, self.stale_after)
-        if query.sort == "name":
-            return lambda r: (r.node, r.cluster)
-        if query.sort == "cluster":
-            return lambda r: (r.cluster, r.node)
-        if query.sort == "last_seen":
-            return lambda r: (r.last_seen, r.node)
-        if query.sort == "gpus":
-            return lambda r: (len(r.gpus), r.node)
+        keys: dict[str, Callable[[NodeRecord], Any]] = {
+            "health": lambda r: views.sort_key(r, now, self.stale_after),
+            "name": lambda r: (r.node, r.cluster),
+            "cluster": lambda r: (r.cluster, r.node),
+            "last_seen": lambda r: (r.last_seen, r.node),
+            "gpus": lambda r: (len(r.gpus), r.node),
+            "alerts": lambda r: (*self.state.alerts.weight(r), r.node),
+        }
+        if query.sort in keys:
+            return keys[query.sort]
 
         def age(record: NodeRecord) -> tuple[float, str]:
             # Oldest finding first; nodes without findings after every node with one.
@@ -156,12 +156,14 @@ class FleetView:
             "counts": views.node_counts(self.state, now, self.stale_after),
             "kinds": self.kinds(now),
             "choices": self.choices(),
+            "alertmanager": self.state.alerts.status(),
         }
 
     def row(self, record: NodeRecord, now: float) -> dict[str, Any]:
         doc = views.node_json(record, now, self.stale_after)
         doc["shown_health"] = shown_health(record, now, self.stale_after)
         doc["driver"] = driver_of(record)
+        doc["alerts"] = self.state.alerts.for_node(record)
         doc["findings"] = [self._dated(record, "", f) for f in record.findings]
         for gpu_doc, gpu in zip(doc["gpus"], record.gpus, strict=True):
             gpu_doc["findings"] = [self._dated(record, gpu.pci_bus_id, f) for f in gpu.findings]
@@ -217,6 +219,7 @@ class FleetView:
         document = record.document if document is None else document
         doc = views.node_detail(self.state, record, now, self.stale_after, document)
         doc.update(self.row(record, now))
+        doc["alertmanager"] = self.state.alerts.status()
         status = doc.get("status")
         gpus = status.get("gpus") if isinstance(status, dict) else None
         for gpu in gpus if isinstance(gpus, list) else ():

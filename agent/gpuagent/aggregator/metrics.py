@@ -94,6 +94,8 @@ class FleetCollector(Collector):
         ]
         if self.view is not None:
             single += self._view(self.view)
+        if self.state.alerts.configured:
+            single += self._alertmanager()
         for family_type, name, help_text, value in single:
             family = family_type(name, help_text)
             family.add_metric([], float(value))
@@ -127,6 +129,28 @@ class FleetCollector(Collector):
                 "gpuagent_fleet_view_refresh_errors",
                 "Failed reads of the shared fleet database; the view keeps what it had.",
                 view.refresh_errors,
+            ),
+        ]
+
+    def _alertmanager(
+        self,
+    ) -> list[tuple[type[GaugeMetricFamily | CounterMetricFamily], str, str, float]]:
+        alerts = self.state.alerts
+        return [
+            (
+                GaugeMetricFamily,
+                "gpuagent_fleet_alertmanager_up",
+                "1 while Alertmanager's last read succeeded (aggregator.alertmanager.url).",
+                1.0 if alerts.checked_at is not None and not alerts.error else 0.0,
+            ),
+            (
+                GaugeMetricFamily,
+                "gpuagent_fleet_alertmanager_alerts_without_node",
+                (
+                    "Alerts in Alertmanager's last answer with none of "
+                    "aggregator.alertmanager.node_labels: shown on no node."
+                ),
+                alerts.nameless,
             ),
         ]
 
@@ -246,6 +270,15 @@ class FleetCollector(Collector):
                 ),
                 "reason",
                 counters.disconnects,
+            ),
+            (
+                "gpuagent_fleet_alertmanager_errors",
+                (
+                    "Failed reads of Alertmanager, by reason (unreachable, bad_answer), and "
+                    "entries of its answers that were not alerts (malformed_alert)."
+                ),
+                "reason",
+                self.state.alerts.failures,
             ),
             (
                 "gpuagent_fleet_task_failures",

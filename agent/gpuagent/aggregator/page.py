@@ -127,11 +127,13 @@ dl.ident dt { font-weight: bold; } dl.ident dd { margin: 0; overflow-wrap: anywh
 <h2>Nodes</h2>
 <p id="kind"></p>
 <p id="matched"></p>
+<p id="alerts-note"></p>
 <div class="scroll">
 <table id="nodes">
 <thead><tr><th><button data-sort="name">node</button></th>
 <th><button data-sort="cluster">cluster</button></th>
-<th><button data-sort="health">health</button></th><th>state</th><th>reasons</th>
+<th><button data-sort="health">health</button></th><th>state</th>
+<th id="alerts-head" hidden><button data-sort="alerts">alerts</button></th><th>reasons</th>
 <th><button data-sort="finding_age">finding age</button></th>
 <th class="wide"><button data-sort="gpus">GPUs</button></th>
 <th><button data-sort="last_seen">last seen</button></th>
@@ -216,6 +218,40 @@ function allFindings(n) {
   return out;
 }
 
+// A node's alerts in Alertmanager, in a few words: "2 firing, 1 silenced".
+function alertsCell(alerts) {
+  const firing = alerts.filter(a => a.state === "firing");
+  const td = el("td");
+  const parts = [];
+  if (firing.length) parts.push(el("span", firing.length + " firing",
+    firing.some(a => a.severity === "critical") ? "CRITICAL" : "WARN"));
+  if (alerts.length > firing.length)
+    parts.push(el("span", alerts.length - firing.length + " silenced", "old"));
+  parts.forEach((p, i) => td.append(...(i ? [", ", p] : [p])));
+  td.title = alerts.map(a => a.name + (a.gpu ? " (GPU " + a.gpu + ")" : "") +
+    (a.state === "firing" ? "" : ": silenced")).join("; ");
+  return td;
+}
+
+// Where the alerts come from and how old they are; empty while they are current.
+function alertsNote(am) {
+  if (!am || !am.configured || !am.error) return "";
+  return "Alerts " + (am.checked_at ? "as of " + ago(am.checked_at) : "unknown") +
+    ": Alertmanager cannot be read (" + am.error + ").";
+}
+
+function withAlertmanager(doc) {
+  return !!(doc.alertmanager && doc.alertmanager.configured);
+}
+
+function alertsTable(alerts) {
+  return alerts.length ? table(["alert", "severity", "state", "GPU", "since", "summary"],
+    alerts.map(a => [a.name, a.severity, el("span", a.state, a.state === "firing" ?
+      (a.severity === "critical" ? "CRITICAL" : "WARN") : "old"), a.gpu,
+      typeof a.since === "number" ? ago(a.since) : "", a.summary]), "alerts")
+    : el("p", "None firing or silenced.", "OK");
+}
+
 function nodeHref(n) {
   return "#node/" + encodeURIComponent(n.cluster) + "/" + encodeURIComponent(n.name);
 }
@@ -263,6 +299,9 @@ function renderFleet(doc, params) {
     b.textContent = b.dataset.label + mark;
   }
   const now = Date.now() / 1000;
+  const withAlerts = withAlertmanager(doc);
+  document.getElementById("alerts-head").hidden = !withAlerts;
+  document.getElementById("alerts-note").textContent = alertsNote(doc.alertmanager);
   const rows = [];
   for (const n of doc.nodes) {
     const tr = el("tr");
@@ -292,8 +331,8 @@ function renderFleet(doc, params) {
     // Cordoned by its agent: out of scheduling, whatever its health says now.
     const stateCell = el("td", state, state.split(" ")[0]);
     if (n.cordoned) stateCell.append(" ", el("span", "cordoned", "cordoned"));
-    tr.append(name, el("td", n.cluster), el("td", n.shown_health, n.shown_health),
-      stateCell, reasons, age, gpus,
+    tr.append(name, el("td", n.cluster), el("td", n.shown_health, n.shown_health), stateCell,
+      ...(withAlerts ? [alertsCell(n.alerts)] : []), reasons, age, gpus,
       el("td", ago(n.last_seen), live(n) ? "" : "stale"), driver, agent);
     rows.push(tr);
   }
@@ -416,7 +455,7 @@ function describeEvent(e) {
 const SVGNS = "http://www.w3.org/2000/svg";
 const HEALTH_FILL = {OK: "#2e7d32", WARN: "#f9a825", CRITICAL: "#c62828", UNKNOWN: "#7b1fa2",
   OFFLINE: "#9e9e9e"};
-const STRIP_W = 240, STRIP_H = 14;
+const STRIP_W = 240, STRIP_H = 14, NOW_W = 3;
 
 function svgEl(tag, attrs, text) {
   const e = document.createElementNS(SVGNS, tag);
@@ -433,14 +472,17 @@ function chart(from, to, title) {
 }
 
 // Health over [from, to]: ``changes`` are {time, health}, oldest first; before the first,
-// ``initial`` (null: not known, left blank).
-function healthStrip(changes, initial, from, to) {
+// ``initial`` from ``since`` on (null: not known, left blank). The health now is at least
+// a few pixels wide, however recent its change: a minute is invisible in a day's strip.
+function healthStrip(changes, initial, since, from, to) {
   const title = changes.map(c => utc(c.time) + " " + c.health).join("; ") || "no change";
   const [s, x] = chart(from, to, title);
-  let state = initial, start = from;
+  let state = initial, start = Math.max(from, since);
   for (const c of [...changes, {time: to, health: null}]) {
-    if (state) s.append(svgEl("rect", {x: x(start), y: 0, height: STRIP_H,
-      width: Math.max(0, x(c.time) - x(start)), fill: HEALTH_FILL[state] || "#9e9e9e"}));
+    const now = c.health === null ? NOW_W : 0;
+    const left = Math.min(x(start), STRIP_W - now);
+    if (state) s.append(svgEl("rect", {x: left, y: 0, height: STRIP_H,
+      width: Math.max(now, x(c.time) - left), fill: HEALTH_FILL[state] || "#9e9e9e"}));
     state = c.health; start = Math.max(from, c.time);
   }
   return s;
@@ -468,21 +510,24 @@ function renderHistory(history, gpus) {
     const i = ((s.gpus || {}).index || []).indexOf(index);
     return i < 0 ? undefined : ((s.gpus[name] || [])[i]);
   };
+  // The health before the first change (held since before the day began), or, without
+  // a change, from the first sample on: [health, since].
   const first = (changes, index) => {
-    if (changes.length) return changes[0].previous;
+    if (changes.length) return [changes[0].previous, from];
     const sample = samples.find(s => value(s, index, "health") !== undefined);
-    return sample ? value(sample, index, "health") : null;
+    return sample ? [value(sample, index, "health"), sample.time] : [null, from];
   };
   const series = (index, name) => samples
     .filter(s => typeof value(s, index, name) === "number")
     .map(s => ({time: s.time, value: value(s, index, name)}));
   const nodeChanges = own(null);
-  const rows = [["node", healthStrip(nodeChanges, nodeChanges.length ?
-    nodeChanges[0].previous : (samples[0] || {}).health || null, from, to), "", "", "", "",
-    ""]];
+  const [nodeInitial, nodeSince] = nodeChanges.length ? [nodeChanges[0].previous, from] :
+    samples.length ? [samples[0].health, samples[0].time] : [null, from];
+  const rows = [["node", healthStrip(nodeChanges, nodeInitial, nodeSince, from, to), "", "",
+    "", "", ""]];
   for (const gpu of gpus) {
     const changes = own(gpu.index);
-    rows.push(["GPU " + gpu.index, healthStrip(changes, first(changes, gpu.index), from, to),
+    rows.push(["GPU " + gpu.index, healthStrip(changes, ...first(changes, gpu.index), from, to),
       trendLine(series(gpu.index, "temperature_c"), from, to, "°C"),
       trendLine(series(gpu.index, "power_w"), from, to, "W"),
       trendLine(series(gpu.index, "utilization_gpu_pct"), from, to, "%"),
@@ -535,6 +580,10 @@ function renderGpu(doc, index, events, actions, history) {
     findings.map(f => [el("span", f.severity, current ? f.severity : "old"), f.reason,
       f.action, runbook(f.runbook), typeof f.since === "number" ? ago(f.since) + " (" +
       utc(f.since) + ")" : ""]), "findings") : el("p", "None.", "OK"));
+  if (withAlertmanager(doc)) {
+    parts.push(el("h2", "Alerts"));
+    parts.push(alertsTable(doc.alerts.filter(a => a.gpu === String(index))));
+  }
   parts.push(el("h2", "The last day"));
   parts.push(renderHistory(history, [gpu]));
   const mine = (events || []).filter(e => {
@@ -578,6 +627,12 @@ function renderNode(doc, events, actions, cordons, history) {
       f.severity : "old"), f.reason, f.action, runbook(f.runbook),
       typeof f.since === "number" ? ago(f.since) + " (" + utc(f.since) + ")" : ""]), "findings")
     : el("p", "None.", "OK"));
+  if (withAlertmanager(doc)) {
+    parts.push(el("h2", "Alerts"));
+    const note = alertsNote(doc.alertmanager);
+    if (note) parts.push(el("p", note, "banner"));
+    parts.push(alertsTable(doc.alerts));
+  }
   parts.push(el("h2", "GPUs"));
   const gpus = status.gpus || doc.gpus;
   parts.push(table(["GPU", "health", "model", "UUID", "serial", "bus id", "workload", ""],

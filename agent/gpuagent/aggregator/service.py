@@ -15,6 +15,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from gpuagent.aggregator.alerts import AlertmanagerReader
 from gpuagent.aggregator.budget import CordonBudget
 from gpuagent.aggregator.consumer import Consumer
 from gpuagent.aggregator.database import describe
@@ -101,6 +102,9 @@ class Aggregator:
             max_connections=config.http.max_connections,
             counter=self.state.counters.connections_rejected,
         )
+        self.alertmanager: AlertmanagerReader | None = None
+        if config.alertmanager.url:
+            self.alertmanager = AlertmanagerReader(config.alertmanager, self.state.alerts, clock)
         self._stop = asyncio.Event()
         self.supervisor = Supervisor(self.state.counters.task_failures)
         self._runner: web.AppRunner | None = None
@@ -145,6 +149,8 @@ class Aggregator:
         self.supervisor.start("stale-sweep", self._sweep_stale)
         if self.view is not None:
             self.supervisor.start("shared-view", self.view.run)
+        if self.alertmanager is not None:
+            self.supervisor.start("alertmanager", self.alertmanager.run)
 
     async def _restore(self) -> None:
         if self.view is not None:

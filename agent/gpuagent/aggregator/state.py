@@ -11,6 +11,7 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuagent.aggregator.alerts import FleetAlerts
 from gpuagent.aggregator.onsets import Onsets
 from gpuagent.aggregator.records import NodeRecord
 
@@ -67,6 +68,8 @@ class FleetState:
     sizes: Counter[str] = field(default_factory=Counter)
     # When each node's findings started (the page shows their age).
     onsets: Onsets = field(default_factory=Onsets)
+    # Each node's alerts in Alertmanager (aggregator.alertmanager), when configured.
+    alerts: FleetAlerts = field(default_factory=FleetAlerts)
 
     def put(self, record: NodeRecord) -> None:
         if record.key not in self.nodes:

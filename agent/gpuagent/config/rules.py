@@ -41,19 +41,26 @@ def check_value(key: str, value: object) -> str | None:
         odd = [p for p in typing.cast("list[str]", value) if not _MIG_PROFILE_RE.match(p)]
         if odd:
             return f'{odd[0]!r} is not a GPU-instance profile name like "1g.10gb" or "1g.10gb+me"'
-    if key == "aggregator.http_hosts":
-        odd = [h for h in typing.cast("list[str]", value) if not _HTTP_HOST_RE.match(h)]
-        if odd:
-            return f'{odd[0]!r} is not a host name, "name:port", "[v6 address]" or "[...]:port"'
+    if key in ("aggregator.http_hosts", "aggregator.alertmanager.node_labels"):
+        return _check_aggregator_list(key, typing.cast("list[str]", value))
     if key in ("metrics.listen", "aggregator.listen"):
         match = _LISTEN_RE.match(str(value))
         if match is None or not 0 < int(match.group(2)) < 65536:
             return 'must be "HOST:PORT", e.g. "0.0.0.0:19400" or "[::1]:19400"'
-    if key in ("aggregator.grafana_url_template", "aggregator.runbook_base_url") and value:
+    if key in _LINKS and value:
         return _check_link(key, str(value))
     if key == "aggregator.database":
         return _check_database(str(value))
     return _check_condition_type(key, value) or _check_topic_name(key, value)
+
+
+def _check_aggregator_list(key: str, value: list[str]) -> str | None:
+    if key == "aggregator.alertmanager.node_labels":
+        return None if value else 'must name a label, e.g. ["Hostname", "node", "instance"]'
+    odd = [h for h in value if not _HTTP_HOST_RE.match(h)]
+    if odd:
+        return f'{odd[0]!r} is not a host name, "name:port", "[v6 address]" or "[...]:port"'
+    return None
 
 
 def _check_condition_type(key: str, value: object) -> str | None:
@@ -66,8 +73,15 @@ def _check_condition_type(key: str, value: object) -> str | None:
     return None
 
 
+# The fleet page makes links of the first two: nothing but http(s) may be clicked there.
+_LINKS = (
+    "aggregator.grafana_url_template",
+    "aggregator.runbook_base_url",
+    "aggregator.alertmanager.url",
+)
+
+
 def _check_link(key: str, value: str) -> str | None:
-    # The fleet page makes these links: nothing but http(s) may be clicked there.
     if not value.startswith(("https://", "http://")):
         return "must be an absolute http(s) URL"
     if key == "aggregator.runbook_base_url" and not value.endswith("/"):

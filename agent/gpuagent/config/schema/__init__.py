@@ -25,6 +25,7 @@ from gpuagent.config.schema.aggregator import (
     DEFAULT_COMMAND_TOKEN_FILE,
     AggregatorHttpSection,
     AggregatorSection,
+    AlertmanagerSection,
     CordonBudgetSection,
     PostgresSection,
 )
@@ -91,6 +92,7 @@ __all__ = [
     "AgentSection",
     "AggregatorHttpSection",
     "AggregatorSection",
+    "AlertmanagerSection",
     "ApiSection",
     "AttributionSection",
     "BusCheck",

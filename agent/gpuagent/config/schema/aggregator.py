@@ -52,6 +52,22 @@ class AggregatorHttpSection:
     max_connections: Annotated[int, POSITIVE] = 256
 
 
+@dataclass(frozen=True)
+class AlertmanagerSection:
+    # Alertmanager's address ("http://alertmanager.monitoring:9093"): the fleet table and
+    # the node and GPU pages show each node's firing and silenced alerts from it. Empty: none.
+    url: str = ""
+    # How often it is read (one request for the whole fleet), and how long a read may take.
+    interval_seconds: Annotated[float, POSITIVE] = 30.0
+    timeout_seconds: Annotated[float, POSITIVE] = 10.0
+    # The labels that name an alert's node, the first one set wins; "instance" is matched
+    # by its host part. gpuagent's and dcgm-exporter's GPU alerts carry Hostname.
+    node_labels: list[str] = field(default_factory=lambda: ["Hostname", "node", "instance"])
+    # Only alerts that match all of these Alertmanager matchers (e.g. 'alertname=~"Gpu.*"');
+    # empty: every alert that names a node.
+    matchers: list[str] = field(default_factory=list)
+
+
 # Where systemd hands the aggregator its command token (LoadCredential= in its unit).
 DEFAULT_COMMAND_TOKEN_FILE = "/run/credentials/gpuagent-aggregator.service/command-token"  # noqa: S105
 
@@ -100,6 +116,7 @@ class AggregatorSection:
     cordon_budget: CordonBudgetSection = field(default_factory=CordonBudgetSection)
     postgres: PostgresSection = field(default_factory=PostgresSection)
     http: AggregatorHttpSection = field(default_factory=AggregatorHttpSection)
+    alertmanager: AlertmanagerSection = field(default_factory=AlertmanagerSection)
 
     @property
     def host_port(self) -> tuple[str, int]:

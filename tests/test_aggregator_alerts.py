@@ -1,0 +1,355 @@
+"""Each node's alerts from Alertmanager in the console: the answer parsed and matched to
+nodes (a table of real answers' shapes), then a real Alertmanager (Debian's
+prometheus-alertmanager) with firing, silenced and foreign alerts read by a running
+aggregator, shown in the fleet table and on the node and GPU pages in headless Chromium,
+and what the page and metrics say once Alertmanager is gone."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+import aggregator_support as msg
+from conftest import deadline_in, free_port, parse_metrics, require
+from fleet_support import chromium
+from gpuagent.aggregator.alerts import BadAnswerError, index_alerts, node_of
+from gpuagent.aggregator.service import Aggregator
+from gpuagent.config import AlertmanagerSection
+from gpuagent.fleet import schema
+from page_support import browser
+
+LABELS = ("Hostname", "node", "instance")
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
+
+
+def alert(
+    labels: dict[str, str],
+    *,
+    summary: str = "",
+    silenced: bool = False,
+    inhibited: bool = False,
+    starts: float = 1_795_862_612.0,
+) -> dict[str, Any]:
+    """One entry of GET /api/v2/alerts, shaped as Alertmanager 0.25 answers it."""
+    return {
+        "annotations": {"summary": summary} if summary else {},
+        "endsAt": _iso(starts + 3600),
+        "fingerprint": "39380f6053003142",
+        "receivers": [{"name": "none"}],
+        "startsAt": _iso(starts),
+        "status": {
+            "inhibitedBy": ["0f3c"] if inhibited else [],
+            "silencedBy": ["29c3037d-39ec-49a0-8e43-c710f0981c94"] if silenced else [],
+            "state": "suppressed" if silenced or inhibited else "active",
+        },
+        "updatedAt": _iso(starts),
+        "labels": {"alertname": "GpuagentGpuCritical", "severity": "critical", **labels},
+    }
+
+
+@pytest.mark.parametrize(
+    ("labels", "node"),
+    [
+        ({"Hostname": "gpu-a1", "instance": "10.0.0.5:19400"}, "gpu-a1"),
+        ({"instance": "gpu-a1:19400"}, "gpu-a1"),  # a node-level rule: no Hostname
+        ({"instance": "gpu-a1.example.net:9100"}, "gpu-a1.example.net"),  # node_exporter
+        ({"instance": "[fd00::5]:19400"}, "fd00::5"),
+        ({"instance": "gpu-a1"}, "gpu-a1"),
+        ({"node": "gpu-a1", "instance": "10.1.2.3:19400"}, "gpu-a1"),  # relabelled pod target
+        ({"job": "gpuagent"}, ""),
+        ({"Hostname": "", "node": "gpu-b2"}, "gpu-b2"),
+    ],
+)
+def test_the_node_an_alert_names(labels: dict[str, str], node: str) -> None:
+    assert node_of(labels, LABELS) == node
+
+
+def test_alertmanagers_answer_indexed_by_node() -> None:
+    body = json.dumps(
+        [
+            alert({"Hostname": "gpu-a1", "gpu": "3"}, summary="GPU 3 on gpu-a1 is CRITICAL"),
+            alert(
+                {"alertname": "GpuagentXidRecent", "severity": "warning", "Hostname": "gpu-a1"},
+                silenced=True,
+            ),
+            alert({"alertname": "NodeDown", "instance": "gpu-a1:9100"}, inhibited=True),
+            alert({"alertname": "Watchdog", "severity": "none"}),
+            {"labels": "not a map"},
+            "nonsense",
+        ]
+    ).encode()
+    by_node, nameless, malformed = index_alerts(body, LABELS)
+    assert (nameless, malformed) == (1, 2)
+    alerts = [a.json() for a in by_node["gpu-a1"]]
+    # Firing first, then by name.
+    assert [(a["name"], a["state"], a["gpu"]) for a in alerts] == [
+        ("GpuagentGpuCritical", "firing", "3"),
+        ("GpuagentXidRecent", "silenced", ""),
+        ("NodeDown", "silenced", ""),
+    ]
+    assert alerts[0]["summary"] == "GPU 3 on gpu-a1 is CRITICAL"
+    assert alerts[0]["since"] == 1_795_862_612.0
+
+
+@pytest.mark.parametrize("body", [b"<html>proxy login</html>", b'{"alerts": []}', b""])
+def test_an_answer_that_is_no_list_of_alerts_is_refused(body: bytes) -> None:
+    with pytest.raises(BadAnswerError):
+        index_alerts(body, LABELS)
+
+
+# --- a real Alertmanager ----------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Alertmanager:
+    url: str
+    process: subprocess.Popen[bytes]
+
+    async def post(self, path: str, doc: object) -> Any:
+        async with aiohttp.ClientSession() as session, session.post(self.url + path, json=doc) as r:
+            assert r.status == 200, await r.text()
+            return await r.json(content_type=None)
+
+
+@pytest.fixture
+def alertmanager(tmp_path: Path) -> Iterator[Alertmanager]:
+    binary = require(
+        "prometheus-alertmanager",
+        "the console's alert column (Debian package prometheus-alertmanager)",
+        alternatives=("alertmanager",),
+    )
+    conf = tmp_path / "alertmanager.yml"
+    conf.write_text("route:\n  receiver: none\nreceivers:\n  - name: none\n")
+    port = free_port()
+    log = (tmp_path / "alertmanager.log").open("wb")
+    process = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={conf}",
+            f"--storage.path={tmp_path / 'alertmanager-data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",  # no gossip port: one instance
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        yield Alertmanager(f"http://127.0.0.1:{port}", process)
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+async def _ready(url: str) -> None:
+    deadline = deadline_in(10)
+    async with aiohttp.ClientSession() as session:
+        while True:
+            try:
+                async with session.get(url + "/-/ready") as answer:
+                    if answer.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            assert time.monotonic() < deadline, f"Alertmanager at {url} never became ready"
+            await asyncio.sleep(0.1)
+
+
+@asynccontextmanager
+async def running(agg: Aggregator) -> AsyncIterator[Aggregator]:
+    await agg.start()
+    try:
+        yield agg
+    finally:
+        await agg.close()
+
+
+async def _get(url: str) -> Any:
+    async with aiohttp.ClientSession() as session, session.get(url) as answer:
+        assert answer.status == 200, await answer.text()
+        if answer.content_type == "application/json":
+            return await answer.json()
+        return await answer.text()
+
+
+async def _until(check: Any, what: str) -> Any:
+    deadline = deadline_in(10)
+    while True:
+        value = await check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"not within the deadline: {what}"
+        await asyncio.sleep(0.1)
+
+
+async def test_alerts_from_a_real_alertmanager_in_the_console(
+    tmp_path: Path, alertmanager: Alertmanager
+) -> None:
+    await _ready(alertmanager.url)
+    now = time.time()
+    posted = [
+        {"labels": labels, "annotations": {"summary": summary}, "startsAt": _iso(now - 600)}
+        for labels, summary in (
+            (
+                {
+                    "alertname": "GpuagentGpuCritical",
+                    "severity": "critical",
+                    "gpu": "2",
+                    "Hostname": "bad-node",
+                    "instance": "10.0.0.5:19400",
+                },
+                "GPU 2 on bad-node is CRITICAL",
+            ),
+            (
+                {
+                    "alertname": "GpuagentXidRecent",
+                    "severity": "warning",
+                    "gpu": "2",
+                    "Hostname": "bad-node",
+                },
+                "XID 79 on GPU 2 of bad-node",
+            ),
+            (
+                {"alertname": "NodeFilesystemAlmostFull", "instance": "ok-node:9100"},
+                "/var is 95 % full",
+            ),
+            # Another cluster's node of the same name: not this one's.
+            ({"alertname": "GpuagentGpuLost", "Hostname": "ok-node", "cluster": "c9"}, ""),
+            ({"alertname": "Watchdog"}, "always firing"),
+        )
+    ]
+    await alertmanager.post("/api/v2/alerts", posted)
+    # Somebody silenced the XID alert while the GPU waits for its RMA.
+    await alertmanager.post(
+        "/api/v2/silences",
+        {
+            "matchers": [
+                {"name": "alertname", "value": "GpuagentXidRecent", "isRegex": False},
+                {"name": "Hostname", "value": "bad-node", "isRegex": False},
+            ],
+            "startsAt": _iso(now - 60),
+            "endsAt": _iso(now + 3600),
+            "createdBy": "sre",
+            "comment": "RMA 4711",
+        },
+    )
+
+    port = free_port()
+    config = msg.config(
+        tmp_path,
+        port=port,
+        alertmanager=AlertmanagerSection(
+            url=alertmanager.url, interval_seconds=0.3, timeout_seconds=2.0
+        ),
+    )
+    base = f"http://127.0.0.1:{port}/"
+    async with running(Aggregator(config)) as agg:
+        gpu = msg.gpu_doc(2, "CRITICAL", [msg.finding("xid", "CRITICAL", "XID 79")])
+        for message in (
+            msg.state("bad-node", health="CRITICAL", gpus=[msg.gpu_doc(0), gpu]),
+            msg.state("ok-node"),
+        ):
+            agg.ingest.handle(msg.topic(message["node"], "state"), schema.encode(message))
+
+        async def fleet() -> Any:
+            doc = await _get(base + "api/v1/fleet?sort=alerts")
+            return doc if doc["alertmanager"]["checked_at"] else None
+
+        doc = await _until(fleet, "the aggregator read Alertmanager")
+        assert doc["alertmanager"]["error"] == ""
+        assert doc["alertmanager"]["without_node"] == 1  # Watchdog
+        rows = {n["name"]: n["alerts"] for n in doc["nodes"]}
+        assert [n["name"] for n in doc["nodes"]] == ["bad-node", "ok-node"]
+        assert [(a["name"], a["state"], a["gpu"]) for a in rows["bad-node"]] == [
+            ("GpuagentGpuCritical", "firing", "2"),
+            ("GpuagentXidRecent", "silenced", "2"),
+        ]
+        assert abs(rows["bad-node"][0]["since"] - (now - 600)) < 2
+        assert [(a["name"], a["state"]) for a in rows["ok-node"]] == [
+            ("NodeFilesystemAlmostFull", "firing")
+        ]
+        families = {f.name: f for f in parse_metrics(await _get(base + "metrics"))}
+        assert families["gpuagent_fleet_alertmanager_up"].samples[0].value == 1
+
+        async with browser(chromium(), tmp_path) as tab:
+            await tab.open(base)
+            cell = "document.querySelector('#nodes tr[data-node=\"{}\"] td:nth-child(5)')"
+            await tab.wait_for(
+                f"{cell.format('bad-node')}.innerText === '1 firing, 1 silenced'"
+                f" && {cell.format('ok-node')}.innerText === '1 firing'"
+            )
+            assert await tab.evaluate(f"{cell.format('bad-node')}.title") == (
+                "GpuagentGpuCritical (GPU 2); GpuagentXidRecent (GPU 2): silenced"
+            )
+            assert await tab.evaluate("document.getElementById('alerts-head').hidden") is False
+            await tab.screenshot("fleet-alerts")
+            await tab.open(base + "#gpu/c1/bad-node/2")
+            await tab.wait_for("!!document.getElementById('alerts')")
+            page = await tab.evaluate("document.getElementById('alerts').innerText")
+            assert "GpuagentGpuCritical" in page
+            assert "GpuagentXidRecent" in page
+            assert "silenced" in page
+            await tab.open(base + "#gpu/c1/bad-node/0")
+            await tab.wait_for("document.body.innerText.includes('None firing or silenced.')")
+
+            # Alertmanager goes away: the last alerts stay, marked as old, and the
+            # metrics say so.
+            alertmanager.process.terminate()
+            alertmanager.process.wait(10)
+
+            async def failing() -> Any:
+                doc = await _get(base + "api/v1/fleet")
+                return doc if doc["alertmanager"]["error"] else None
+
+            doc = await _until(failing, "the aggregator noticed Alertmanager is gone")
+            assert {n["name"]: len(n["alerts"]) for n in doc["nodes"]} == {
+                "bad-node": 2,
+                "ok-node": 1,
+            }
+            await tab.open(base)
+            await tab.wait_for(
+                "document.getElementById('alerts-note').innerText.includes("
+                "'Alertmanager cannot be read')"
+            )
+            await tab.open(base + "#node/c1/bad-node")
+            await tab.wait_for("document.querySelector('.banner') !== null")
+            await tab.screenshot("node-alerts-old")
+        families = {f.name: f for f in parse_metrics(await _get(base + "metrics"))}
+        assert families["gpuagent_fleet_alertmanager_up"].samples[0].value == 0
+        errors = {
+            s.labels["reason"]: s.value
+            for s in families["gpuagent_fleet_alertmanager_errors"].samples
+            if s.name.endswith("_total")
+        }
+        assert errors.get("unreachable", 0) >= 1
+
+
+async def test_without_alertmanager_there_is_no_alert_column(tmp_path: Path) -> None:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}/"
+    async with running(Aggregator(msg.config(tmp_path, port=port))) as agg:
+        message = msg.state("ok-node")
+        agg.ingest.handle(msg.topic("ok-node", "state"), schema.encode(message))
+        doc = await _get(base + "api/v1/fleet")
+        assert doc["alertmanager"]["configured"] is False
+        assert doc["nodes"][0]["alerts"] == []
+        families = {f.name for f in parse_metrics(await _get(base + "metrics"))}
+        assert "gpuagent_fleet_alertmanager_up" not in families
