@@ -203,6 +203,8 @@ def main() -> int:
             f"  console  http://127.0.0.1:{args.port}/\n"
             f"  API      http://127.0.0.1:{args.port}/api/v1/fleet\n"
             f"  files    {root} (certificates in pki/, a log per node)\n"
+            f"  a fault  {REPO / '.venv/bin/gpuagent'} inject --config "
+            f"{root / 'sim-node-01' / 'config.toml'} ecc_dbe --gpu 3 count=1\n"
             "Ctrl-C stops everything.\n"
         )
         sys.stdout.flush()

@@ -1,5 +1,7 @@
-"""scripts/run-fleet: a broker, a CA, an aggregator and simulated agents on this machine,
-seen in the console's API, and all of it gone after Ctrl-C."""
+"""scripts/run-fleet: a broker, a CA, an aggregator and simulated agents on this machine.
+Four nodes show in the console; a fault injected into one shows on its GPU page (in
+headless Chromium) with its onset and its timeline; Ctrl-C leaves no process behind; and
+the same with a PostgreSQL store."""
 
 from __future__ import annotations
 
@@ -9,48 +11,156 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psutil
 
-from conftest import REPO, deadline_in, free_port
+import postgres_server
+from conftest import REPO, deadline_in, free_port, require_that
+from fleet_support import chromium
 from mqtt_broker import mosquitto_path
+from page_support import browser
+
+CRITICAL_FILL = "#c62828"
 
 
-def test_two_nodes_show_in_the_console_and_ctrl_c_stops_all(tmp_path: Path) -> None:
+class RunningFleet:
+    def __init__(self, process: subprocess.Popen[str], port: int, root: Path) -> None:
+        self.process = process
+        self.base = f"http://127.0.0.1:{port}/"
+        self.root = root
+
+    def get(self, path: str) -> Any:
+        with urllib.request.urlopen(self.base + path, timeout=10) as answer:  # noqa: S310
+            return json.loads(answer.read())
+
+    def until(self, check: Callable[[], Any], seconds: float, what: str) -> Any:
+        deadline = deadline_in(seconds)
+        while True:
+            try:
+                value = check()
+            except OSError:
+                value = None
+            if value:
+                return value
+            assert self.process.poll() is None, f"run-fleet exited: {self.process.stderr}"
+            assert time.monotonic() < deadline, f"not within {seconds} s: {what}"
+            time.sleep(0.5)
+
+    def online(self) -> list[str]:
+        return sorted(n["name"] for n in self.get("api/v1/nodes")["nodes"] if n["online"])
+
+
+@contextmanager
+def run_fleet(tmp_path: Path, *args: str) -> Iterator[RunningFleet]:
+    """run-fleet with ``args``, its first lines read; stopped with Ctrl-C at the end, which
+    must leave none of its processes."""
     mosquitto_path()
     port = free_port()
-    fleet = subprocess.Popen(
-        [sys.executable, str(REPO / "scripts" / "run_fleet.py"), "2", "--port", str(port),
-         "--dir", str(tmp_path / "fleet")],
+    root = tmp_path / "fleet"
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "scripts" / "run_fleet.py"), *args, "--port", str(port),
+         "--dir", str(root)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        assert fleet.stdout is not None
-        first = fleet.stdout.readline()
-        assert first.startswith("run-fleet: 2 simulated nodes"), first
-        assert f"http://127.0.0.1:{port}/" in fleet.stdout.readline()
-        nodes: list[dict[str, object]] = []
-        deadline = deadline_in(30)
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/nodes") as answer:
-                    nodes = json.loads(answer.read())["nodes"]
-            except OSError:
-                nodes = []
-            if len([n for n in nodes if n["online"]]) == 2:
-                break
-            time.sleep(0.5)
-        assert sorted(n["name"] for n in nodes) == ["sim-node-01", "sim-node-02"], nodes
-        assert {n["cluster"] for n in nodes} == {"dev"}
-        children = psutil.Process(fleet.pid).children(recursive=True)
-        assert len(children) == 4  # the broker, the aggregator, two agents
-        fleet.send_signal(signal.SIGINT)
-        _out, errors = fleet.communicate(timeout=30)
-        assert fleet.returncode == 0, errors
+        assert process.stdout is not None
+        first = process.stdout.readline()
+        assert first.startswith(f"run-fleet: {args[0]} simulated nodes"), first
+        assert f"http://127.0.0.1:{port}/" in process.stdout.readline()
+        fleet = RunningFleet(process, port, root)
+        yield fleet
+        children = psutil.Process(process.pid).children(recursive=True)
+        assert len(children) == int(args[0]) + 2  # the broker, the aggregator, the agents
+        process.send_signal(signal.SIGINT)
+        _out, errors = process.communicate(timeout=30)
+        assert process.returncode == 0, errors
         _gone, alive = psutil.wait_procs(children, timeout=10)
         assert alive == []
     finally:
-        if fleet.poll() is None:
-            fleet.kill()
-        fleet.communicate()
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
+
+
+def _finding_of(fleet: RunningFleet, node: str, index: int) -> dict[str, Any] | None:
+    doc = fleet.get(f"api/v1/fleet/{node}?cluster=dev")
+    gpu = next(g for g in doc["status"]["gpus"] if g["index"] == index)
+    found = [f for f in gpu["findings"] if f["check"] == "ecc"]
+    return found[0] if found else None
+
+
+async def test_four_nodes_show_and_an_injected_fault_shows_on_its_gpu_page(
+    tmp_path: Path,
+) -> None:
+    nodes = [f"sim-node-{i:02d}" for i in range(1, 5)]
+    with run_fleet(tmp_path, "4") as fleet:
+        started = time.monotonic()
+        fleet.until(lambda: fleet.online() == nodes, 60, "four nodes online")
+        print(f"four nodes online {time.monotonic() - started:.1f} s after run-fleet printed")
+
+        # Node 2 stays healthy on its own: a double-bit error, injected as a person would.
+        config = fleet.root / "sim-node-02" / "config.toml"
+        injected = time.time()
+        subprocess.run(
+            [sys.executable, "-m", "gpuagent", "inject", "--config", str(config),
+             "ecc_dbe", "--gpu", "3", "count=1"],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+        finding = fleet.until(lambda: _finding_of(fleet, "sim-node-02", 3), 30, "the DBE")
+        assert finding["severity"] == "CRITICAL", finding
+        # Its onset: when the aggregator first saw it, seconds after the injection.
+        assert injected - 1 <= finding["since"] <= injected + 30, (injected, finding)
+
+        def transition() -> list[dict[str, Any]]:
+            history = fleet.get("api/v1/history/sim-node-02?cluster=dev")
+            return [
+                t for t in history["transitions"] if t["gpu"] == 3 and t["health"] == "CRITICAL"
+            ]
+
+        assert fleet.until(transition, 30, "GPU 3's transition")[0]["time"] >= injected - 1
+
+        async with browser(chromium(), tmp_path) as tab:
+            await tab.open(fleet.base + "#gpu/dev/sim-node-02/3")
+            await tab.wait_for(
+                "!!document.getElementById('findings') && "
+                "document.getElementById('findings').innerText.includes('CRITICAL')"
+            )
+            started_text = await tab.evaluate(
+                "document.querySelector('#findings tr:nth-child(2)').lastChild.innerText"
+            )
+            assert "ago" in started_text, started_text
+            fill = await tab.evaluate(
+                "[...document.querySelectorAll('#history tr')]"
+                ".find(r => r.cells[0].innerText === 'GPU 3')"
+                ".querySelector('svg rect:last-of-type').getAttribute('fill')"
+            )
+            assert fill == CRITICAL_FILL
+            # The GPU was OK from the node's first report (seconds ago, far right of a
+            # day's strip) to the DBE, not all day; its first sample is a dot.
+            first_x = await tab.evaluate(
+                "Number([...document.querySelectorAll('#history tr')]"
+                ".find(r => r.cells[0].innerText === 'GPU 3')"
+                ".querySelector('svg rect').getAttribute('x'))"
+            )
+            assert first_x > 200, first_x
+            assert await tab.evaluate("document.querySelectorAll('#history circle').length") >= 1
+            await tab.screenshot("run-fleet-gpu")
+
+
+def test_run_fleet_with_a_postgresql_store(tmp_path: Path) -> None:
+    require_that(
+        postgres_server.available(),
+        "PostgreSQL's initdb and pg_ctl (Debian package postgresql; the test command installs it)",
+    )
+    with postgres_server.throwaway_postgres() as server:
+        url = server.create_database("fleet")
+        with run_fleet(tmp_path, "1", "--postgres", url) as fleet:
+            fleet.until(lambda: fleet.online() == ["sim-node-01"], 60, "the node online")
+            # The aggregator's state is in PostgreSQL, not in a file of the run's.
+            rows = server.run("SELECT node, cluster FROM nodes;", "fleet")
+            assert rows == ["sim-node-01|dev"], rows
+            assert not (fleet.root / "fleet.sqlite").exists()

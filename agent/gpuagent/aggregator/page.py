@@ -498,6 +498,10 @@ function trendLine(points, from, to, unit) {
   const [s, x] = chart(from, to, low + " to " + high + " " + unit + " over the last day");
   s.append(svgEl("polyline", {fill: "none", stroke: "#1565c0", "stroke-width": 1.5,
     points: points.map(p => x(p.time).toFixed(1) + "," + y(p.value).toFixed(1)).join(" ")}));
+  // One sample is no line: a dot, so a node's first minutes show something.
+  if (points.length === 1)
+    s.append(svgEl("circle", {cx: Math.min(x(points[0].time), STRIP_W - 2), cy: y(values[0]),
+      r: 2, fill: "#1565c0"}));
   return s;
 }
 
@@ -510,10 +514,13 @@ function renderHistory(history, gpus) {
     const i = ((s.gpus || {}).index || []).indexOf(index);
     return i < 0 ? undefined : ((s.gpus[name] || [])[i]);
   };
-  // The health before the first change (held since before the day began), or, without
-  // a change, from the first sample on: [health, since].
+  // Nothing is known before the node's first row of the day: its first report, or about
+  // the day's start for a node that reported before.
+  const known = Math.min(to, ...transitions.map(t => t.time), ...samples.map(s => s.time));
+  // The health before the first change (held since the first row), or, without a change,
+  // from the first sample on: [health, since].
   const first = (changes, index) => {
-    if (changes.length) return [changes[0].previous, from];
+    if (changes.length) return [changes[0].previous, known];
     const sample = samples.find(s => value(s, index, "health") !== undefined);
     return sample ? [value(sample, index, "health"), sample.time] : [null, from];
   };
@@ -521,7 +528,7 @@ function renderHistory(history, gpus) {
     .filter(s => typeof value(s, index, name) === "number")
     .map(s => ({time: s.time, value: value(s, index, name)}));
   const nodeChanges = own(null);
-  const [nodeInitial, nodeSince] = nodeChanges.length ? [nodeChanges[0].previous, from] :
+  const [nodeInitial, nodeSince] = nodeChanges.length ? [nodeChanges[0].previous, known] :
     samples.length ? [samples[0].health, samples[0].time] : [null, from];
   const rows = [["node", healthStrip(nodeChanges, nodeInitial, nodeSince, from, to), "", "",
     "", "", ""]];
