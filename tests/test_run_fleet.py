@@ -34,7 +34,7 @@ class RunningFleet:
         self.root = root
 
     def get(self, path: str) -> Any:
-        with urllib.request.urlopen(self.base + path, timeout=10) as answer:  # noqa: S310
+        with urllib.request.urlopen(self.base + path, timeout=10) as answer:
             return json.loads(answer.read())
 
     def until(self, check: Callable[[], Any], seconds: float, what: str) -> Any:
