@@ -96,7 +96,16 @@ def fleet_messages(now: float) -> list[tuple[str, dict[str, Any]]]:
 
 def _action(node: str) -> dict[str, Any]:
     message = schema.envelope("action", f"{node}:audit:1", node, "c1")
-    message["record"] = {"action": "cordon", "result": "started", "reason": "XID 79"}
+    # A cordon GPU 2 asked for, as the agent audits it: the GPUs in its evidence, the
+    # fleet budget's decision in its detail.
+    message["record"] = {
+        "action": "cordon",
+        "target": node,
+        "result": "done",
+        "reason": "GPU 0000:1a:00.0: XID 79 (xid)",
+        "evidence": {"checks": "xid", "gpus": "0000:1a:00.0", "findings": 1},
+        "detail": "approved: 1 of 2 nodes in the window",
+    }
     return message
 
 
@@ -292,6 +301,10 @@ async def node_page(tab: Browser, base: str) -> None:
     gpu_events = await text(tab, "#events")
     assert "xid 45 on 0000:1a:00.0 (train.py, pid 4100) [400 records since" in gpu_events
     assert "0000:18:00.0" not in gpu_events  # another GPU's event
+    # The cordon this GPU asked for, with the fleet budget's decision.
+    await tab.wait_for("!!document.getElementById('actions')")
+    gpu_actions = await text(tab, "#actions")
+    assert "cordon\tdone\tGPU 0000:1a:00.0: XID 79 (xid) (approved: 1 of 2" in gpu_actions
     await tab.screenshot("gpu-desktop")
 
     # An offline node's page: health unknown, its last report marked as such.

@@ -562,7 +562,9 @@ function gpuHash(doc, index) {
     index;
 }
 
-// One GPU: what it is, its findings since when, its last day, its events and actions.
+// One GPU: what it is, its findings since when, its last day, its events, and the actions
+// on it or for it: a cordon's record names the GPUs that asked for it (evidence "gpus")
+// and says what the fleet's cordon budget decided (its detail).
 function renderGpu(doc, index, events, actions, history) {
   const root = document.getElementById("node-view");
   const status = doc.status || {};
@@ -600,8 +602,10 @@ function renderGpu(doc, index, events, actions, history) {
   parts.push(el("h2", "Events"));
   parts.push(mine.length ? table(["time", "category", "what"], mine.map(e =>
     [utc(e.time), e.category || e.type, describeEvent(e)]), "events") : el("p", "None stored."));
-  const acts = (actions || []).filter(a => (a.record || {}).target === gpu.pci_bus_id);
-  parts.push(el("h2", "Actions"));
+  const forGpu = r => r.target === gpu.pci_bus_id || (r.action === "cordon" &&
+    String((r.evidence || {}).gpus || "").split(", ").includes(gpu.pci_bus_id));
+  const acts = actions.filter(a => a.record && forGpu(a.record));
+  parts.push(el("h2", "Actions and cordon decisions"));
   parts.push(acts.length ? table(["time", "action", "result", "detail"], acts.map(a =>
     [utc(a.time), a.record.action, a.record.result, a.record.reason + (a.record.detail ?
       " (" + a.record.detail + ")" : "")]), "actions") : el("p", "None stored."));
