@@ -637,6 +637,39 @@ FM, IMEX, PD = "nvidia-fabricmanager", "nvidia-imex", "nvidia-persistenced"
             "NVSwitch fabric up",
             id="imex-stopped-once",
         ),
+        pytest.param(
+            (Service(FM, "active"), Service(IMEX, "active", readiness="READY")),
+            Severity.OK,
+            "",
+            "NVSwitch fabric up",
+            id="imex-ready",
+        ),
+        pytest.param(
+            (
+                Service(FM, "active"),
+                Service(IMEX, "active", readiness="UNAVAILABLE", unready_probes=3),
+            ),
+            Severity.CRITICAL,
+            "node-imex-not-ready",
+            "nvidia-imex runs but is not ready (nvidia-imex-ctl -q: 'UNAVAILABLE', 3 probes",
+            id="imex-not-ready",
+        ),
+        pytest.param(
+            (
+                Service(FM, "active"),
+                Service(
+                    IMEX,
+                    "active",
+                    readiness="UNAVAILABLE",
+                    unready_probes=1,
+                    readiness_pending=True,
+                ),
+            ),
+            Severity.OK,
+            "",
+            "NVSwitch fabric up",
+            id="imex-not-ready-once-is-a-start",
+        ),
     ],
 )
 def test_fabric_daemons_liveness(

@@ -100,10 +100,31 @@ def test_an_nvlink_ber_above_the_limit_is_found_and_exported_per_link(tmp_path: 
 
 
 def test_a_healthy_gb200_is_ok_and_c2c_errors_are_found(tmp_path: Path) -> None:
-    daemon = start_daemon(tmp_path, '[node]\ngpus = 4\nmodel = "gb200"\n')
+    daemon = start_daemon(
+        tmp_path,
+        '[node]\ngpus = 4\nmodel = "gb200"\nimex = "active"\n',
+        config_extra="[inventory]\nservices_probe_seconds = 0.2\n",
+    )
     try:
-        doc = daemon.wait_for(lambda d: all(_gpu(d, i)["health"] == "OK" for i in range(4)))
+        doc = daemon.wait_for(
+            lambda d: (
+                all(_gpu(d, i)["health"] == "OK" for i in range(4))
+                and d["node"]["inventory"] is not None
+            )
+        )
         assert doc["node"]["health"] == "OK"
+        assert _samples(daemon.metrics(), "gpuagent_imex_ready")[0].value == 1.0
+        # The IMEX daemon runs but says it is not ready: one node finding, once three
+        # probes in a row heard it.
+        daemon.inject("fabric_manager", 0, state="not_ready", service="nvidia-imex")
+        doc = daemon.wait_for(lambda d: d["node"]["health"] == "CRITICAL")
+        assert [(f["check"], f["runbook"]) for f in doc["node"]["findings"]] == [
+            ("fabric", "node-imex-not-ready")
+        ]
+        assert "3 probes in a row" in doc["node"]["findings"][0]["reason"]
+        assert _samples(daemon.metrics(), "gpuagent_imex_ready")[0].value == 0.0
+        daemon.inject("clear", 0)
+        daemon.wait_for(lambda d: d["node"]["health"] == "OK")
         daemon.inject("c2c_errors", 2, count=5)
         doc = daemon.wait_for(lambda d: _severity(d, 2, "nvlink") == "WARN")
         finding = next(f for f in _gpu(doc, 2)["findings"] if f["check"] == "nvlink")

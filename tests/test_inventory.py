@@ -33,7 +33,7 @@ from gpuagent.inventory.collect import (
     read_pci_functions,
 )
 from gpuagent.inventory.model import UNKNOWN_DRIVER, KernelModuleState
-from gpuagent.inventory.services import parse_show, read_services
+from gpuagent.inventory.services import ImexReadiness, parse_show, read_services
 from gpuagent.metrics.inventory import inventory_families
 from gpuagent.model import GpuIdentity, GpuReadings, GpuState, NvmlStatus, Severity
 from gpuagent.render import render_status
@@ -359,6 +359,39 @@ def test_services_are_unknown_when_systemd_cannot_tell(tmp_path: Path, case: str
     }[case]
     services = asyncio.run(read_services(systemctl, runtime_dir=runtime, limit_seconds=0.2))
     assert {s.state for s in services} == {"unknown"}
+
+
+@pytest.mark.parametrize(
+    ("body", "readiness"),
+    [
+        ('[ "$1" = -q ] && echo READY', "READY"),
+        ("echo '  NOT READY  '", "NOT READY"),  # whatever else it says, in one line
+        ("echo 'Failed to connect to the command service' >&2; exit 1", None),
+        ("exec sleep 5", None),
+    ],
+    ids=["ready", "not-ready", "no-command-service", "hangs"],
+)
+def test_the_imex_daemon_is_asked_whether_it_is_ready(
+    tmp_path: Path, body: str, readiness: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    imex_ctl = _fake_systemctl(tmp_path, body)
+    asker = ImexReadiness(imex_ctl, limit_seconds=0.3)
+    running = (Service("nvidia-persistenced", "active"), Service("nvidia-imex", "active"))
+    for _ in range(3):
+        services = asyncio.run(asker.add_to(running))
+    assert [s.readiness for s in services] == [None, readiness]
+    # No answer is said once, not at every probe.
+    assert len([r for r in caplog.records if "IMEX readiness unknown" in r.message]) == (
+        1 if readiness is None else 0
+    )
+
+
+def test_a_stopped_imex_daemon_is_not_asked(tmp_path: Path) -> None:
+    asked = tmp_path / "asked"
+    asker = ImexReadiness(_fake_systemctl(tmp_path, f"touch {asked}; echo READY"))
+    services = (Service("nvidia-imex", "failed"),)
+    assert asyncio.run(asker.add_to(services)) == services
+    assert not asked.exists()
 
 
 # --- baseline ------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Service liveness: down only after several probes in a row, flapping by systemd's
-restart counter, and a probe that could not be answered changing nothing."""
+restart counter, a probe that could not be answered changing nothing, and the IMEX
+daemon's own readiness judged the same way."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from gpuagent.inventory.liveness import ServiceLiveness
 from gpuagent.inventory.model import Service, ServiceState
 
 FM = "nvidia-fabricmanager"
+IMEX = "nvidia-imex"
 
 
 def _tracker() -> ServiceLiveness:
@@ -45,6 +47,30 @@ def test_an_unanswered_probe_keeps_what_was_known() -> None:
     unknown = _probe(tracker, "unknown", restarts=None, at=90.0)
     assert unknown == down  # a failed probe never clears a fault
     assert _probe(tracker, "failed", at=120.0).down_probes == 4
+
+
+def _ask_imex(
+    tracker: ServiceLiveness, readiness: str | None, at: float, state: ServiceState = "active"
+) -> Service:
+    (observed,) = tracker.observe((Service(IMEX, state, 0, readiness=readiness),), at)
+    return observed
+
+
+def test_imex_not_ready_only_after_three_answers_in_a_row() -> None:
+    tracker = _tracker()
+    assert not _ask_imex(tracker, "READY", 0.0).not_ready
+    first = _ask_imex(tracker, "UNAVAILABLE", 30.0)
+    assert (first.unready_probes, first.readiness_pending, first.not_ready) == (1, True, False)
+    # No answer (the command service did not reply) neither counts nor clears.
+    unanswered = _ask_imex(tracker, None, 60.0)
+    assert (unanswered.readiness, unanswered.unready_probes) == ("UNAVAILABLE", 1)
+    _ask_imex(tracker, "UNAVAILABLE", 90.0)
+    third = _ask_imex(tracker, "UNAVAILABLE", 120.0)
+    assert (third.unready_probes, third.not_ready) == (3, True)
+    assert not _ask_imex(tracker, "READY", 150.0).not_ready
+    # Stopped: that is the down rule's, not a readiness left over from before.
+    stopped = _ask_imex(tracker, None, 180.0, "failed")
+    assert (stopped.readiness, stopped.not_ready) == (None, False)
 
 
 def test_restarts_within_the_window_make_it_flapping() -> None:

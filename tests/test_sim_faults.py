@@ -564,6 +564,15 @@ def test_fabric_manager_down_and_flapping_as_systemd_shows_them(make_node: MakeN
     assert probe()["nvidia-fabricmanager"] == ("active", 4)  # NRestarts keeps its count
     node.inject("clear", 0, {})
     assert probe()["nvidia-imex"] == ("active", 0)
+    # The IMEX daemon also says whether it is ready, as `nvidia-imex-ctl -q` does.
+    readiness = {s.name: s.readiness for s in node.host_facts().services}
+    assert readiness == {"nvidia-persistenced": None, "nvidia-fabricmanager": None,
+                         "nvidia-imex": "READY"}  # fmt: skip
+    node.inject("fabric_manager", 0, {"state": "not_ready", "service": "nvidia-imex"})
+    imex = next(s for s in node.host_facts().services if s.name == "nvidia-imex")
+    assert (imex.state, imex.readiness) == ("active", "UNAVAILABLE")
+    with pytest.raises(ValueError, match="only nvidia-imex says whether it is ready"):
+        node.inject("fabric_manager", 0, {"state": "not_ready"})
 
 
 def test_every_kind_has_a_test_here() -> None:

@@ -104,6 +104,18 @@ def _imex_problems(imex: Service | None) -> list[Problem]:
                 Runbook.NODE_IMEX_DOWN,
             ),
         )
+    elif imex.not_ready:
+        probes = f", {plural(imex.unready_probes, 'probe')} in a row" if imex.unready_probes else ""
+        problems.insert(
+            0,
+            Problem(
+                Severity.CRITICAL,
+                f"{IMEX} runs but is not ready (nvidia-imex-ctl -q: {imex.readiness!r}{probes}): "
+                "multi-node NVLink memory sharing is down",
+                Action.INVESTIGATE,
+                Runbook.NODE_IMEX_NOT_READY,
+            ),
+        )
     return problems
 
 
@@ -118,6 +130,7 @@ def check_fabric(view: InventoryView) -> Outcome:
         ("nvswitches", len(switches)),
         *_service_evidence("fabric_manager", service),
         ("imex", imex.state if imex is not None else "unknown"),
+        ("imex_readiness", (imex.readiness if imex is not None else None) or "unknown"),
         *((f"gpu{g.index}_fabric", _fabric_word(g)) for g in fabric_gpus),
     )
     if not switches and not fabric_gpus:

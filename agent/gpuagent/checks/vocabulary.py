@@ -108,6 +108,7 @@ class Runbook(enum.StrEnum):
     NODE_FABRIC_MANAGER = "node-fabric-manager"
     NODE_SERVICE_FLAPPING = "node-service-flapping"
     NODE_IMEX_DOWN = "node-imex-down"
+    NODE_IMEX_NOT_READY = "node-imex-not-ready"
     NODE_INVENTORY_DRIFT = "node-inventory-drift"
     NODE_IB_PORT_DOWN = "node-ib-port-down"
     NODE_IB_HCA_MISSING = "node-ib-hca-missing"

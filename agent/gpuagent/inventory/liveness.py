@@ -7,7 +7,9 @@ stopped, and flapping when systemd restarted it ``restart_limit`` times or more 
 ``restart_window_seconds`` (its NRestarts counter; a `systemctl reset-failed` or a start
 by hand zeroes that counter, which is a new start to count from, never restarts lost).
 A probe that could not be answered ("unknown") changes nothing: the last known state
-stands, so a failed probe never clears a fault.
+stands, so a failed probe never clears a fault. The same holds for a daemon's own word on
+its readiness (the IMEX daemon's): not ready only after ``down_probes`` answers in a row
+said so (it is not ready for a while after every start), and no answer keeps the last.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import collections
 from dataclasses import replace
 
-from gpuagent.inventory.model import STOPPED_STATES, Service
+from gpuagent.inventory.model import READY, STOPPED_STATES, Service
 
 
 class ServiceLiveness:
@@ -39,12 +41,20 @@ class ServiceLiveness:
             return last
         streak = (last.down_probes if last else 0) + 1 if probed.state in STOPPED_STATES else 0
         recent = self._count_restarts(probed, last, now)
+        readiness, unready = probed.readiness, 0
+        if readiness is None and last is not None and probed.state == "active":
+            readiness, unready = last.readiness, last.unready_probes  # no answer: as before
+        elif readiness not in (None, READY):
+            unready = (last.unready_probes if last else 0) + 1
         observed = replace(
             probed,
             down_probes=streak,
             pending=0 < streak < self._down_probes,
             recent_restarts=recent,
             flapping=recent >= self._restart_limit,
+            readiness=readiness,
+            unready_probes=unready,
+            readiness_pending=0 < unready < self._down_probes,
         )
         self._last[probed.name] = observed
         return observed

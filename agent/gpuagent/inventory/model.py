@@ -39,6 +39,8 @@ FABRIC_MANAGER = "nvidia-fabricmanager"
 # The IMEX daemon: multi-node NVLink memory export on GB200/GB300 NVL racks.
 IMEX = "nvidia-imex"
 SERVICES = (PERSISTENCED, FABRIC_MANAGER, IMEX)
+# What `nvidia-imex-ctl -q` prints (alone on its line) when the local IMEX daemon is ready.
+READY = "READY"
 # Installed but not running: what a probe must find several times in a row to call it down.
 STOPPED_STATES = frozenset({"inactive", "failed", "deactivating"})
 NVIDIA_DRIVER = "nvidia"
@@ -94,11 +96,21 @@ class Service:
     pending: bool = False  # stopped, but at fewer probes in a row than make it down
     recent_restarts: int = 0  # automatic restarts within the restart window
     flapping: bool = False  # recent_restarts at or above the limit
+    # What the daemon itself says of its readiness, where it can be asked (the IMEX
+    # daemon: `nvidia-imex-ctl -q` prints READY); None: not asked, or no answer.
+    readiness: str | None = None
+    unready_probes: int = 0  # probes in a row that found it running and not ready
+    readiness_pending: bool = False  # not ready, at fewer probes in a row than count
 
     @property
     def down(self) -> bool:
         """Installed and stopped, at enough probes in a row (or read once)."""
         return self.state in STOPPED_STATES and not self.pending
+
+    @property
+    def not_ready(self) -> bool:
+        """Running and saying it is not ready, at enough probes in a row (or read once)."""
+        return self.readiness not in (None, READY) and not self.readiness_pending
 
 
 @dataclass(frozen=True, slots=True)

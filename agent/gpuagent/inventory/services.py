@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from pathlib import Path
 
-from gpuagent.inventory.model import SERVICES, Service, ServiceState
+from gpuagent.inventory.model import IMEX, SERVICES, Service, ServiceState
 
 log = logging.getLogger(__name__)
 
@@ -98,3 +99,60 @@ async def read_services(
     if process.returncode != 0:
         return _unknown(names)
     return parse_show(stdout.decode(errors="replace"), names)
+
+
+class ImexReadiness:
+    """Asks a running IMEX daemon whether it is ready: `nvidia-imex-ctl -q` ("Query the
+    status of the IMEX daemon once and return", NVIDIA's IMEX guide) prints READY when it
+    is, something else when it is not. It answers only where the daemon's command service
+    is on (IMEX_CMD_ENABLED in its config.cfg): anything else (no tool, no answer, an exit
+    status other than 0) is no answer, said once, never "not ready"."""
+
+    def __init__(self, command: str, *, limit_seconds: float = _TIMEOUT_SECONDS) -> None:
+        self.command = command
+        self.limit_seconds = limit_seconds
+        self._why_not: str | None = None
+
+    async def add_to(self, services: tuple[Service, ...]) -> tuple[Service, ...]:
+        """``services`` with the IMEX daemon's readiness, when it runs."""
+        if not any(s.name == IMEX and s.state == "active" for s in services):
+            return services
+        readiness = await self.ask()
+        return tuple(
+            dataclasses.replace(s, readiness=readiness) if s.name == IMEX else s for s in services
+        )
+
+    async def ask(self) -> str | None:
+        try:
+            process = await asyncio.create_subprocess_exec(
+                self.command,
+                "-q",
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+            )
+        except OSError as exc:
+            self._no_answer(f"cannot run {self.command}: {exc}")
+            return None
+        try:
+            async with asyncio.timeout(self.limit_seconds):
+                output, _ = await process.communicate()
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+            self._no_answer(f"{self.command} -q took longer than {self.limit_seconds:g} s")
+            return None
+        text = " ".join(output.decode(errors="replace").split())[:200]
+        if process.returncode != 0:
+            self._no_answer(f"{self.command} -q exited {process.returncode}: {text}")
+            return None
+        if self._why_not is not None:
+            log.info("%s answers again", self.command)
+            self._why_not = None
+        return text
+
+    def _no_answer(self, why: str) -> None:
+        if self._why_not is None:
+            log.warning("IMEX readiness unknown: %s (is its command service enabled?)", why)
+        self._why_not = why

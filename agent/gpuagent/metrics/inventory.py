@@ -10,7 +10,14 @@ from collections.abc import Callable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gpuagent.inventory.model import HostFacts, NodeInventory, fingerprint, fingerprint_hash
+from gpuagent.inventory.model import (
+    IMEX,
+    READY,
+    HostFacts,
+    NodeInventory,
+    fingerprint,
+    fingerprint_hash,
+)
 from gpuagent.metrics import names
 
 GpuLabels = Callable[[str], tuple[str, ...]]
@@ -86,8 +93,11 @@ def _host_families(host: HostFacts) -> list[Metric]:
     restarts = CounterMetricFamily(
         names.SERVICE_RESTARTS.name, names.SERVICE_RESTARTS.help, labels=("service",)
     )
+    imex = _gauge(names.IMEX_READY)
     for service in host.services:
         services.add_metric([service.name, service.state], 1.0)
         if service.restarts is not None:
             restarts.add_metric([service.name], float(service.restarts))
-    return [modules, kernels, services, restarts]
+        if service.name == IMEX and service.readiness is not None:
+            imex.add_metric([], float(service.readiness == READY))
+    return [modules, kernels, services, restarts, imex]

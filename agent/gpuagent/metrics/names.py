@@ -606,6 +606,11 @@ SERVICE_RESTARTS = MetricSpec(
     "reset or started by hand); absent where systemd does not count them.",
     ("service",),
 )
+IMEX_READY = MetricSpec(
+    "gpuagent_imex_ready",
+    "1 while the running IMEX daemon says it is ready (nvidia-imex-ctl -q: READY), 0 while "
+    "it says anything else; absent while it does not run or cannot be asked.",
+)
 SNAPSHOT_TIMESTAMP = MetricSpec(
     "gpuagent_snapshot_timestamp_seconds",
     "Unix time the served snapshot was taken; alert on time() minus this for staleness.",

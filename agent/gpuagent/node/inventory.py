@@ -26,7 +26,7 @@ from gpuagent.inventory.build import build_inventory
 from gpuagent.inventory.collect import collect_host
 from gpuagent.inventory.liveness import ServiceLiveness
 from gpuagent.inventory.model import Service
-from gpuagent.inventory.services import read_services
+from gpuagent.inventory.services import ImexReadiness, read_services
 from gpuagent.model import Severity
 from gpuagent.sources.nvml import NvmlObservation
 from gpuagent.supervisor import SourceTracker
@@ -60,6 +60,7 @@ class InventoryKeeper:
             restart_limit=inventory.service_restart_limit,
             restart_window_seconds=inventory.service_restart_window_seconds,
         )
+        self._imex = ImexReadiness(inventory.imex_ctl)
         self.refresh_requested = asyncio.Event()
         self._baseline_path = config.agent.state_dir / BASELINE_FILE
         self._baseline: Baseline | None = None
@@ -88,7 +89,7 @@ class InventoryKeeper:
             return
         try:
             async with asyncio.timeout(_INVENTORY_TIMEOUT_SECONDS):
-                services = self._observe(await read_services(config.systemctl))
+                services = self._observe(await self._read_services())
                 self._host = await asyncio.to_thread(
                     collect_host,
                     self._config.sources.sysfs.root,
@@ -111,13 +112,17 @@ class InventoryKeeper:
             return services
         return self._liveness.observe(services, time.monotonic())
 
+    async def _read_services(self) -> tuple[Service, ...]:
+        services = await read_services(self._config.inventory.systemctl)
+        return await self._imex.add_to(services)
+
     async def probe_services(self) -> None:
         """Probe the NVIDIA services between inventory reads (their liveness needs probes
         closer together than the rest of the inventory does)."""
         if self._simulator is not None:
             probed = self._simulator.services()
         else:
-            probed = await read_services(self._config.inventory.systemctl)
+            probed = await self._read_services()
         services = self._observe(probed)
         if self._host is not None and services != self._host.services:
             self._host = replace(self._host, services=services)

@@ -478,11 +478,12 @@ KINDS: dict[str, FaultKind] = {
             ),
             _ib_errors,
         ),
-        # A fabric daemon stopped, or restarting in a loop (systemd's NRestarts rising).
+        # A fabric daemon stopped, or restarting in a loop (systemd's NRestarts rising), or
+        # (the IMEX daemon) running and not ready.
         FaultKind(
             "fabric_manager",
             (
-                Param("state", "str", required=True, choices=("down", "flapping")),
+                Param("state", "str", required=True, choices=("down", "flapping", "not_ready")),
                 Param("service", "str", default=FABRIC_MANAGER, choices=(FABRIC_MANAGER, IMEX)),
             ),
             _fabric_manager,
@@ -575,6 +576,10 @@ def _check_for_model(
         _within(checked, "watts", profile.power_min_limit_w, profile.power_max_limit_w)
     elif kind == "app_clocks":
         _within(checked, "mhz", profile.sm_clock_idle_mhz, profile.sm_clock_max_mhz)
+    elif (
+        kind == "fabric_manager" and checked["state"] == "not_ready" and checked["service"] != IMEX
+    ):
+        raise FaultError(f"only {IMEX} says whether it is ready", key="state")
     _check_link(kind, checked, profile, nvlinks)
 
 

@@ -11,7 +11,7 @@ from typing import Self
 
 import pynvml
 
-from gpuagent.inventory.model import HostFacts, Service, ServiceState
+from gpuagent.inventory.model import IMEX, READY, HostFacts, Service, ServiceState
 from gpuagent.k8s.model import DevicePlugin, Toolkit
 from gpuagent.model import IbDevice
 from gpuagent.sim.faults import FaultError, check_params
@@ -188,6 +188,11 @@ class SimulatedNode:
             return dataclasses.replace(service, state=state, restarts=restarts)
         if fault == "down":
             return dataclasses.replace(service, state="failed", restarts=restarts)
+        if service.name == IMEX and service.state == "active":
+            # What `nvidia-imex-ctl -q` prints. Only READY is documented; the not-ready
+            # answer here stands for whatever else the daemon says.
+            readiness = "UNAVAILABLE" if fault == "not_ready" else READY
+            return dataclasses.replace(service, restarts=restarts, readiness=readiness)
         return dataclasses.replace(service, restarts=restarts)
 
     def infiniband(self) -> tuple[IbDevice, ...]:

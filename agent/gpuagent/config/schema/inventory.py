@@ -91,6 +91,10 @@ class InventorySection:
     service_down_probes: Annotated[int, AT_LEAST_ONE] = 3
     service_restart_limit: Annotated[int, AT_LEAST_ONE] = 3
     service_restart_window_seconds: Annotated[float, POSITIVE] = 600.0
+    # Asked at each probe while nvidia-imex runs: "-q" prints READY when the local IMEX
+    # daemon is (its command service must be on); not ready at service_down_probes
+    # answers in a row is a finding.
+    imex_ctl: str = "nvidia-imex-ctl"
     # Installed kernels (one directory each) and DKMS builds: a kernel that the next boot
     # may start without an nvidia module is reported before the reboot.
     modules_root: Path = Path("/lib/modules")
