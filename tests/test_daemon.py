@@ -63,6 +63,7 @@ def test_healthy_node_ready_status_metrics_and_clean_stop(run_daemon: Run) -> No
     assert temps[0].labels["Hostname"] == socket.gethostname()
     assert temps[0].labels["pci_bus_id"] == "00000000:18:00.0"
     assert {s.value for s in _samples(metrics, "gpuagent_gpu_up")} == {1.0}
+    assert _samples(metrics, "gpuagent_gpu_module_power_watts") == []  # Grace-Blackwell only
     with urllib.request.urlopen(f"http://127.0.0.1:{daemon.port}/", timeout=5) as r:
         assert b'href="metrics"' in r.read()
     # The probes a kubelet asks: alive (the loop turns, snapshots come) and ready.
@@ -113,7 +114,17 @@ def test_a_healthy_gb200_is_ok_and_c2c_errors_are_found(tmp_path: Path) -> None:
             )
         )
         assert doc["node"]["health"] == "OK"
-        assert _samples(daemon.metrics(), "gpuagent_imex_ready")[0].value == 1.0
+        metrics = daemon.metrics()
+        assert _samples(metrics, "gpuagent_imex_ready")[0].value == 1.0
+        # Each GPU's module (its share of the Grace CPU, memory, C2C) beside the GPU.
+        modules = {
+            s.labels["gpu"]: s.value for s in _samples(metrics, "gpuagent_gpu_module_power_watts")
+        }
+        powers = {s.labels["gpu"]: s.value for s in _samples(metrics, "DCGM_FI_DEV_POWER_USAGE")}
+        assert sorted(modules) == ["0", "1", "2", "3"]
+        assert all(250 < modules[g] - powers[g] < 340 for g in modules), (modules, powers)
+        limits = _samples(metrics, "gpuagent_gpu_module_power_limit_watts")
+        assert {s.value for s in limits} == {2500.0}
         # The IMEX daemon runs but says it is not ready: one node finding, once three
         # probes in a row heard it.
         daemon.inject("fabric_manager", 0, state="not_ready", service="nvidia-imex")

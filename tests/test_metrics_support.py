@@ -78,6 +78,8 @@ def readings(index: int) -> GpuReadings:
         power_w=100.5 + index,
         power_instant_w=103.25 + index,
         power_limit_w=700.0,
+        module_power_w=400.0 + index,
+        module_power_limit_w=2500.0,
         energy_mj=1_000_000_000 + index,
         sm_clock_mhz=1980,
         memory_clock_mhz=2619,

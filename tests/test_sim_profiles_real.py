@@ -315,3 +315,61 @@ def test_gpus_in_pci_domains_of_their_own_replay_at_their_bus_ids(tmp_path: Path
         finally:
             pynvml.nvmlShutdown()
     assert found == [(int(d, 16), f"0000{d}:06:00.0") for d in domains.values()]
+
+
+def _module_power(handle: Any) -> tuple[float, float] | None:
+    """NVML's module-scope average power and limit in watts; None where not supported."""
+    scope = pynvml.NVML_POWER_SCOPE_MODULE
+    values = pynvml.nvmlDeviceGetFieldValues(
+        handle,
+        [
+            (pynvml.NVML_FI_DEV_POWER_AVERAGE, scope),
+            (pynvml.NVML_FI_DEV_POWER_CURRENT_LIMIT, scope),
+        ],
+    )
+    if any(v.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED for v in values):
+        return None
+    average, limit = (v.value.uiVal / 1000 for v in values)
+    return average, limit
+
+
+@pytest.mark.parametrize(
+    ("capture", "model"),
+    [
+        ("gb200-x4-arm64.580.173.02.nvidia-smi-q.xml", "gb200"),
+        ("b200-x8.580.105.08.nvidia-smi-q.xml", "b200"),
+        ("h200-x1.580.159.04.nvidia-smi-q.txt", "h200"),
+    ],
+)
+def test_module_power_as_the_capture_has_it(tmp_path: Path, capture: str, model: str) -> None:
+    """Grace-Blackwell reports the module's power beside the GPU's; other GPUs answer the
+    module scope NOT_SUPPORTED (nvidia-smi: N/A). Replayed, NVML serves the captured value;
+    the model, the GPU's idle power plus the module's rest, within what separates two of
+    the capture's modules."""
+    captured = load_capture(REAL_HOSTS / capture).gpus
+    with SimulatedNode(parse_scenario(f'[node]\nnvidia_smi = "{REAL_HOSTS / capture}"\n')):
+        pynvml.nvmlInit()
+        try:
+            replayed = [_module_power(pynvml.nvmlDeviceGetHandleByIndex(0))]
+        finally:
+            pynvml.nvmlShutdown()
+    with SimulatedNode(parse_scenario(f'[node]\nmodel = "{model}"\ngpus = 1\n')):
+        pynvml.nvmlInit()
+        try:
+            modelled = _module_power(pynvml.nvmlDeviceGetHandleByIndex(0))
+            gpu_scope = field(
+                pynvml.nvmlDeviceGetHandleByIndex(0), pynvml.NVML_FI_DEV_POWER_AVERAGE
+            )
+        finally:
+            pynvml.nvmlShutdown()
+    if captured[0].module_power_w is None:
+        assert replayed == [None]
+        assert modelled is None
+        assert gpu_scope is not None  # the GPU's own power is there all the same
+        return
+    first = captured[0]
+    assert replayed[0] == pytest.approx((first.module_power_w, first.module_power_limit_w))
+    assert modelled is not None
+    modules = [g.module_power_w for g in captured if g.module_power_w is not None]
+    assert min(modules) - 20 <= modelled[0] <= max(modules) + 20
+    assert modelled[1] == first.module_power_limit_w

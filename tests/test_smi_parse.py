@@ -1181,6 +1181,8 @@ UNSET_IN_BOTH = {
     "fabric_status",
     "fabric_health",
     "power_instant_w",
+    "module_power_w",
+    "module_power_limit_w",
     "recovery_action",
     "channel_repair_pending",
     "tpc_repair_pending",

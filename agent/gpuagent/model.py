@@ -255,6 +255,10 @@ class GpuReadings:
     power_w: float | None = None  # averaged over the last second, as DCGM reports it
     power_instant_w: float | None = None
     power_limit_w: float | None = None
+    # Grace-Blackwell: the module's average power (the GPU with its share of the module)
+    # and the module's power limit; None on other GPUs.
+    module_power_w: float | None = None
+    module_power_limit_w: float | None = None
     energy_mj: int | None = None
     sm_clock_mhz: int | None = None
     memory_clock_mhz: int | None = None

@@ -372,6 +372,19 @@ AGENT_GPU_METRICS: tuple[GpuMetric, ...] = (
         _reading("power_limit_w"),
     ),
     GpuMetric(
+        "gpuagent_gpu_module_power_watts",
+        _G,
+        "Grace-Blackwell: the module's average power in watts (the GPU with its share of the "
+        "module: Grace CPU, memory, C2C); absent on other GPUs.",
+        _reading("module_power_w"),
+    ),
+    GpuMetric(
+        "gpuagent_gpu_module_power_limit_watts",
+        _G,
+        "Grace-Blackwell: the module's power limit in watts; absent on other GPUs.",
+        _reading("module_power_limit_w"),
+    ),
+    GpuMetric(
         "gpuagent_gpu_processes",
         _G,
         "Number of processes using the GPU.",

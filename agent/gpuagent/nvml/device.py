@@ -93,6 +93,16 @@ _NVLINK_THROUGHPUT = (
     (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, _ALL_LINKS),
 )
 NVLINK_BANDWIDTH_TOTAL = 449  # DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL, in MB/s as DCGM reports it
+# A Grace-Blackwell module's power (its GPU with its share of the module: the Grace CPU,
+# its memory, C2C) and its limit, in mW: the power fields at the module's scope, asked only
+# of GPUs that answered the first at start ("Module Power Readings" is N/A elsewhere).
+_MODULE_POWER = {
+    "module_power_w": (pynvml.NVML_FI_DEV_POWER_AVERAGE, pynvml.NVML_POWER_SCOPE_MODULE),
+    "module_power_limit_w": (
+        pynvml.NVML_FI_DEV_POWER_CURRENT_LIMIT,
+        pynvml.NVML_POWER_SCOPE_MODULE,
+    ),
+}
 _KIB = 1024
 _MB = 1_000_000
 _CADENCE_SLACK = 0.5  # s
@@ -254,10 +264,14 @@ class Device:
             )
             for attr, threshold in _THRESHOLDS.items()
         }
-        links, c2c_links = _field_values(
+        links, c2c_links, module_power = _field_values(
             self.worker,
             self.handle,
-            [pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, pynvml.NVML_FI_DEV_C2C_LINK_COUNT],
+            [
+                pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT,
+                pynvml.NVML_FI_DEV_C2C_LINK_COUNT,
+                _MODULE_POWER["module_power_w"],
+            ],
         )
         self._nvlink_count = int(links or 0)
         self._c2c_count = int(c2c_links or 0)
@@ -268,6 +282,8 @@ class Device:
             self._fields += _NVLINK_THROUGHPUT
         # NVLink-C2C to the CPU (Grace-Blackwell): each link's state and error counters.
         self._fields += [(field, link) for link in range(self._c2c_count) for field in _C2C_FIELDS]
+        if module_power is not None:
+            self._fields += _MODULE_POWER.values()
         # Per-link bit-error rates, read with the slow counters (they are measured over
         # time by the link, and a GPU without NVLink has none to ask for).
         self._ber_fields = [
@@ -342,6 +358,9 @@ class Device:
             for link in range(self._nvlink_count)
         )
         readings.update(self._c2c(values))
+        for attr, scoped in _MODULE_POWER.items():
+            milliwatts = values.get(scoped)
+            readings[attr] = None if milliwatts is None else milliwatts / 1000
         if readings["power_w"] is None and self._power_field_supported:
             # Older drivers lack the power fields: the classic call reads the same average.
             power = self._get("nvmlDeviceGetPowerUsage", pynvml.nvmlDeviceGetPowerUsage)

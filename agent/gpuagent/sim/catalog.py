@@ -429,6 +429,10 @@ GB200 = GpuProfile(
     gsp_firmware=True,
     fabric=True,
     c2c_links=1,
+    # Module minus GPU average power in the capture: 301.2, 291.6, 303.3 and 280.4 W (a
+    # module 452-467 W), under a 2500 W module limit (500-2500 W).
+    module_power_extra_w=294.0,
+    module_power_limit_w=2500.0,
     violation_counters=True,
 )
 
@@ -493,6 +497,9 @@ GB300 = GpuProfile(
     gsp_firmware=True,
     fabric=True,
     c2c_links=1,
+    # The capture's module lines (above) less its GPUs' 175.9-180.4 W.
+    module_power_extra_w=313.0,
+    module_power_limit_w=2900.0,
     violation_counters=True,
 )
 

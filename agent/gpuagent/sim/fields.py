@@ -202,6 +202,30 @@ def _violation(name: str, *, per_reason: bool = False) -> Reader:
     return read
 
 
+def _power(value: Callable[[SimGpu, float], int]) -> Reader:
+    """A power field (mW) at its scope: the GPU's, or, on Grace-Blackwell, the module's
+    (the GPU's plus the rest of the module); any other scope is not supported."""
+
+    def read(gpu: SimGpu, now: float, scope: int) -> Result:
+        if scope == pynvml.NVML_POWER_SCOPE_GPU:
+            return codes.SUCCESS, codes.VALUE_UINT, value(gpu, now)
+        extra = gpu.profile.module_power_extra_w
+        if scope != pynvml.NVML_POWER_SCOPE_MODULE or extra is None:
+            return NOT_SUPPORTED
+        return codes.SUCCESS, codes.VALUE_UINT, value(gpu, now) + round(extra * 1000)
+
+    return read
+
+
+def _module_power_limit(gpu: SimGpu, _now: float, scope: int) -> Result:
+    if scope == pynvml.NVML_POWER_SCOPE_GPU:
+        return codes.SUCCESS, codes.VALUE_UINT, gpu.power_limit_mw
+    limit = gpu.profile.module_power_limit_w
+    if scope != pynvml.NVML_POWER_SCOPE_MODULE or limit is None:
+        return NOT_SUPPORTED
+    return codes.SUCCESS, codes.VALUE_UINT, round(limit * 1000)
+
+
 READERS: dict[int, Reader] = {
     codes.FI_ECC_CURRENT: _ecc_mode(lambda g: g.ecc_enabled),
     codes.FI_ECC_PENDING: _ecc_mode(lambda g: g.ecc_pending),
@@ -219,9 +243,9 @@ READERS: dict[int, Reader] = {
     codes.FI_PCIE_REPLAY_COUNTER: _uint(lambda g: g.pcie_replays),
     codes.FI_TOTAL_ENERGY_CONSUMPTION: _energy,
     codes.FI_MEMORY_TEMP: _memory_temp,
-    codes.FI_POWER_AVERAGE: _uint_at(lambda g, now: g.readings.average_power_mw(now)),
-    codes.FI_POWER_INSTANT: _uint_at(lambda g, now: g.readings.power_mw(now)),
-    codes.FI_POWER_CURRENT_LIMIT: _uint(lambda g: g.power_limit_mw),
+    codes.FI_POWER_AVERAGE: _power(lambda g, now: g.readings.average_power_mw(now)),
+    codes.FI_POWER_INSTANT: _power(lambda g, now: g.readings.power_mw(now)),
+    codes.FI_POWER_CURRENT_LIMIT: _module_power_limit,
     codes.FI_GPU_RECOVERY_ACTION: _recovery_action,
     codes.FI_NVLINK_LINK_COUNT: _uint(lambda g: g.nvlinks),
     codes.FI_NVLINK_GET_STATE: _nvlink_state,

@@ -120,6 +120,12 @@ class GpuProfile:
     # NVLink-C2C links to the Grace CPU (Grace-Blackwell superchips; NVML fields 170-171,
     # 231-233). The captures show "C2C Mode: Enabled" but no count: one link is assumed.
     c2c_links: int = 0
+    # A Grace-Blackwell module's power beside its GPU's (NVML's power fields at scope
+    # NVML_POWER_SCOPE_MODULE, "Module Power Readings"): the module draws the GPU's power
+    # plus this (the Grace CPU's share, its memory, C2C), under this limit. None: no module
+    # power (NOT_SUPPORTED; nvidia-smi shows N/A, as on the B200 and H100 captures).
+    module_power_extra_w: float | None = None
+    module_power_limit_w: float | None = None
     # nvmlDeviceGetViolationStatus and the throttle-duration fields: NVML gives them on
     # "fully supported" products (data-centre, workstation, Titan), not on GeForce.
     violation_counters: bool

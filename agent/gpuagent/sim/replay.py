@@ -90,6 +90,13 @@ def _with_thresholds(profile: GpuProfile, gpu: CapturedGpu) -> GpuProfile:
     )
 
 
+def _module_extra(gpu: CapturedGpu) -> float | None:
+    """What the module drew beside its GPU when captured (None: no module readings)."""
+    if gpu.module_power_w is None or gpu.power_draw_w is None:
+        return None
+    return max(0.0, gpu.module_power_w - gpu.power_draw_w)
+
+
 def profile_for(gpu: CapturedGpu) -> GpuProfile:
     """The catalog's model of this GPU with what the capture shows put in its place."""
     found = catalog.find_profile(gpu.product_name)
@@ -123,6 +130,8 @@ def profile_for(gpu: CapturedGpu) -> GpuProfile:
         applications_clock_mhz=gpu.default_applications_clock_graphics_mhz,
         pcie_max_generation=gpu.pcie_generation_max or base.pcie_max_generation,
         pcie_max_width=gpu.pcie_width_max or base.pcie_max_width,
+        module_power_extra_w=_module_extra(gpu),
+        module_power_limit_w=gpu.module_power_limit_w,
         nvlinks=0,
         ecc=gpu.ecc_current is not None,
         ecc_default=bool(gpu.ecc_current),

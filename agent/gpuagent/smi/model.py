@@ -166,6 +166,10 @@ class CapturedGpu:
     power_default_limit_w: float | None = None
     power_min_limit_w: float | None = None
     power_max_limit_w: float | None = None
+    # "Module Power Readings" (Grace-Blackwell: the GPU with its share of the module);
+    # N/A elsewhere.
+    module_power_w: float | None = None
+    module_power_limit_w: float | None = None
     clock_graphics_mhz: int | None = None
     clock_sm_mhz: int | None = None
     clock_memory_mhz: int | None = None

@@ -151,6 +151,7 @@ def _gpu(block: Node) -> CapturedGpu:
     utilization = block.get("Utilization")
     temperature = block.get("Temperature")
     power = block.first("GPU Power Readings", "Power Readings")
+    module = block.first("Module Power Readings")
     clocks = block.get("Clocks")
     applications = block.get("Applications Clocks")
     defaults = block.get("Default Applications Clocks")
@@ -249,6 +250,8 @@ def _gpu(block: Node) -> CapturedGpu:
         power_default_limit_w=number(at(power, "Default Power Limit"), "W"),
         power_min_limit_w=number(at(power, "Min Power Limit"), "W"),
         power_max_limit_w=number(at(power, "Max Power Limit"), "W"),
+        module_power_w=number(at(module, "Average Power Draw"), "W"),
+        module_power_limit_w=number(at(module, "Current Power Limit"), "W"),
         clock_graphics_mhz=integer(at(clocks, "Graphics"), "MHz"),
         clock_sm_mhz=integer(at(clocks, "SM"), "MHz"),
         clock_memory_mhz=integer(at(clocks, "Memory"), "MHz"),

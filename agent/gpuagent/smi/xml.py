@@ -178,6 +178,7 @@ def _gpu(gpu: Node) -> CapturedGpu:
     utilization = gpu.get("utilization")
     temperature = gpu.get("temperature")
     power = gpu.first("gpu_power_readings", "power_readings")
+    module = gpu.first("module_power_readings")
     clocks = gpu.get("clocks")
     applications = gpu.get("applications_clocks")
     defaults = gpu.get("default_applications_clocks")
@@ -278,6 +279,8 @@ def _gpu(gpu: Node) -> CapturedGpu:
         power_default_limit_w=number(at(power, "default_power_limit"), "W"),
         power_min_limit_w=number(at(power, "min_power_limit"), "W"),
         power_max_limit_w=number(at(power, "max_power_limit"), "W"),
+        module_power_w=number(at(module, "average_power_draw"), "W"),
+        module_power_limit_w=number(at(module, "current_power_limit"), "W"),
         clock_graphics_mhz=integer(at(clocks, "graphics_clock"), "MHz"),
         clock_sm_mhz=integer(at(clocks, "sm_clock"), "MHz"),
         clock_memory_mhz=integer(at(clocks, "mem_clock"), "MHz"),
