@@ -144,17 +144,19 @@ def test_stop_returns_within_its_timeout_when_the_serving_thread_is_stuck(monkey
     stuck = threading.Event()
     release = threading.Event()
 
-    def handle_request(self: server_module._Server) -> None:
+    def accept_one(self: server_module._Server) -> None:
         stuck.set()
         release.wait(10)
 
-    monkeypatch.setattr(server_module._Server, "handle_request", handle_request)
+    monkeypatch.setattr(server_module._Server, "accept_one", accept_one)
     srv = MetricsServer(registry_for(None), "127.0.0.1", 0)
     srv.start()
     inner, thread = srv._server, srv._thread
     assert inner is not None
     assert thread is not None
+    client = socket.create_connection(("127.0.0.1", srv.port))  # the serving thread takes it
     assert stuck.wait(5)
+    client.close()
     began = time.monotonic()
     srv.stop(timeout=0.3)
     assert 0.3 <= time.monotonic() - began < 1.5
