@@ -268,6 +268,7 @@ def start_daemon(
     *,
     simulate: bool = True,
     slow_interval: float | None = None,
+    render_interval: float = 0.0,
 ) -> DaemonProcess:
     """The daemon on ``scenario`` (or, ``simulate=False``, on this machine's real NVML,
     absent on a machine without a GPU, and its real udev)."""
@@ -283,6 +284,9 @@ def start_daemon(
     config.write_text(
         f'[agent]\nnode_name = "{node_name}"\nstate_dir = "{workdir / "state"}"\n'
         f'[api]\nsocket = "{sock}"\n[metrics]\nlisten = "127.0.0.1:{port}"\n'
+        # Every snapshot rendered unless asked: the tests watch values move within a poll
+        # or two (the default, at most every 5 s, has a test of its own).
+        f"render_interval_seconds = {render_interval}\n"
         f"[sources.nvml]\ninterval_seconds = {interval}\ncall_timeout_seconds = {call_timeout}\n"
         f"slow_interval_seconds = {slow_interval or interval}\ninit_retry_seconds = 1\n"
         f'[sources.kmsg]\npath = "{kmsg}"\n[sources.sysfs]\nroot = "{workdir / "sys"}"\n'

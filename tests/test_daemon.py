@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import time
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from conftest import PATIENCE, DaemonProcess, parse_metrics, run_cli, start_daemon
+from conftest import PATIENCE, DaemonProcess, deadline_in, parse_metrics, run_cli, start_daemon
 
 pytestmark = pytest.mark.integration
 
@@ -393,6 +394,57 @@ def test_bad_api_requests_are_rejected_and_the_daemon_carries_on(run_daemon: Run
 def test_socket_is_owner_only(run_daemon: Run) -> None:
     daemon = run_daemon(H100.format(gpus=1))
     assert daemon.socket.stat().st_mode & 0o777 == 0o600
+
+
+def _served_snapshot(daemon: DaemonProcess) -> float:
+    (taken,) = _samples(daemon.metrics(), "gpuagent_snapshot_timestamp_seconds")
+    return taken.value
+
+
+def test_metrics_render_at_most_every_interval_unless_the_judgement_changes(
+    tmp_path: Path,
+) -> None:
+    """A 0.2 s poll with render_interval_seconds = 60: /metrics keeps the snapshot it
+    rendered while the API moves on, and a fault shows at once all the same."""
+    daemon = start_daemon(tmp_path, H100.format(gpus=2), interval=0.2, render_interval=60.0)
+    try:
+        daemon.wait_for(lambda d: d["node"]["health"] == "OK")
+        served = _served_snapshot(daemon)
+        first = daemon.status()["sequence"]
+        daemon.wait_for(lambda d: d["sequence"] >= first + 5)
+        assert _served_snapshot(daemon) == served  # values at most 60 s old, as configured
+        daemon.inject("ecc_dbe", 1, count=1)
+        deadline = deadline_in(2.0)
+        while _served_snapshot(daemon) == served:
+            assert time.monotonic() < deadline, "the DBE did not reach /metrics"
+            time.sleep(0.02)
+        health = {
+            s.labels["gpu"]: s.value
+            for s in _samples(daemon.metrics(), "gpuagent_gpu_health_status")
+        }
+        assert health == {"0": 0.0, "1": 2.0}
+    finally:
+        daemon.stop()
+
+
+def test_metrics_render_again_once_the_interval_has_passed(tmp_path: Path) -> None:
+    """Nothing changes on a healthy node: /metrics moves on every render_interval (1 s
+    here, a 0.2 s poll), never at every poll."""
+    daemon = start_daemon(tmp_path, H100.format(gpus=1), interval=0.2, render_interval=1.0)
+    try:
+        daemon.wait_for(lambda d: d["node"]["health"] == "OK")
+        served: list[float] = []
+        started = time.monotonic()
+        deadline = deadline_in(3.0)
+        while len(set(served)) < 3 or time.monotonic() - started < 3.0:
+            assert time.monotonic() < deadline, f"/metrics did not move on: {served}"
+            served.append(_served_snapshot(daemon))
+            time.sleep(0.05)
+        renders = sorted(set(served))
+        # At least 0.9 s apart (the interval less half a poll), however busy the machine.
+        assert all(b - a >= 0.85 for a, b in itertools.pairwise(renders)), renders
+    finally:
+        daemon.stop()
 
 
 def test_metrics_port_in_use_is_a_clear_error(tmp_path: Path, run_daemon: Run) -> None:

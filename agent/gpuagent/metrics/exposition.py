@@ -100,11 +100,14 @@ class Exposition:
     The snapshot collector returns the very same family objects until the next snapshot,
     so the body (and its gzip form, made on first request) is built once per snapshot.
     `refresh()` lets the daemon render right after it publishes, so scrapes find the body
-    ready and never pay for rendering themselves.
+    ready and never pay for rendering themselves. With ``rendered_by_caller`` a scrape
+    serves what was rendered last and renders only when nothing was yet: the daemon decides
+    when a snapshot is worth rendering (`SnapshotPublisher`).
     """
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, *, rendered_by_caller: bool = False) -> None:
         self._registry = registry
+        self.rendered_by_caller = rendered_by_caller
         self._renderer = TextRenderer()
         self._lock = threading.Lock()
         self._families: tuple[Metric, ...] = ()
@@ -133,7 +136,8 @@ class Exposition:
                 return body
             return packed if packed is not None else gzip.compress(body, compresslevel=5)
         try:
-            self._current()
+            if not self.rendered_by_caller or not self._body:
+                self._current()
             if not gzipped:
                 return self._body
             if self._gzipped is None:

@@ -177,6 +177,8 @@ class SnapshotPublisher:
         self._publish_seconds = 0.0  # what the last snapshot took
         self._asks = 0  # since the last snapshot
         self._storm = False  # the last snapshot answered a storm's asks
+        # What the last /metrics render judged, and when (`_render_due`).
+        self._rendered: tuple[object, float] = (None, -math.inf)
         self.reporter: SnapshotSink | None = None  # set at startup, when MQTT is on
         self.metrics: MetricsServer | None = None  # set at startup
         self.dcgm: DcgmView | None = None  # set when sources.dcgm is enabled
@@ -254,6 +256,30 @@ class SnapshotPublisher:
             inventory.host.module_loaded(PEERMEM) if inventory is not None else None,
         )
 
+    def _render_due(self, snapshot: NodeSnapshot) -> bool:
+        """Whether /metrics should show this snapshot now: what it judges (findings, events,
+        NVML and the GPUs answering) changed, or the last render is render_interval old
+        (less half a poll, so a poll of that interval renders every time)."""
+        judged = (
+            # An OK finding's reason and evidence carry live readings: only what is wrong
+            # counts as a change.
+            tuple(
+                (f.gpu, f.check, f.severity, "" if f.severity is Severity.OK else f.reason)
+                for f in snapshot.health.findings
+            ),
+            snapshot.event_counts,
+            snapshot.nvml.ok,
+            tuple(gpu.status for gpu in snapshot.gpus),
+        )
+        now = time.monotonic()
+        slack = self._config.sources.nvml.interval_seconds / 2
+        if judged == self._rendered[0] and now - self._rendered[1] < (
+            self._config.metrics.render_interval_seconds - slack
+        ):
+            return False
+        self._rendered = (judged, now)
+        return True
+
     def publish(self) -> None:
         observation = self._observations.last_observation
         if observation is None:
@@ -314,9 +340,12 @@ class SnapshotPublisher:
         _log_transitions(previous, snapshot)
         self._store.publish(snapshot)
         if self.metrics is not None:
-            # Render /metrics now, once per snapshot, so no scrape waits for rendering.
+            # Render /metrics here, so no scrape waits for rendering: at once when the
+            # judgement changed, else at most every render_interval_seconds.
             exposition = self.metrics.exposition
-            exposition.refresh()
+            exposition.rendered_by_caller = True
+            if self._render_due(snapshot):
+                exposition.refresh()
             if self._textfile is not None:
                 self._textfile.offer(
                     lambda: without_node_exporter_families(exposition.body(gzipped=False))

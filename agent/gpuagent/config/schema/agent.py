@@ -36,6 +36,11 @@ class MetricsSection:
     # taken for this long plus the NVML poll interval (the probes a kubelet or a load
     # balancer asks; systemd's watchdog judges the loop the same way).
     health_stall_seconds: Annotated[float, POSITIVE] = 60.0
+    # /metrics is rendered after a snapshot that changed what the node is judged (a
+    # finding, an event, a GPU or NVML lost or back) at once, and otherwise at most this
+    # often: a 1 s poll need not pay for rendering every second what is scraped every
+    # 15-30 s. 0: after every snapshot. Values served are then at most this old.
+    render_interval_seconds: Annotated[float, NON_NEGATIVE] = 5.0
 
     @property
     def host_port(self) -> tuple[str, int]:
