@@ -89,6 +89,8 @@ def reset_can_help(finding: Finding) -> bool:
 def _asks(findings: Sequence[Finding], rules: Sequence[RemediationRule]) -> list[_Ask]:
     asks: list[_Ask] = []
     for position, finding in enumerate(findings):
+        if finding.severity not in _ACTIONABLE:
+            continue  # most findings are OK: no rule matches them (rule_matches says why)
         for rule in rules:
             if rule_matches(rule, finding):
                 asks += _rule_asks(rule, finding, position)
