@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """A fleet on this machine: a broker with the shipped configuration and ACL, a development
 CA with per-node and aggregator certificates, an aggregator, and N simulated agents, some
-of whose GPUs fail as time goes on. Prints the console's address; Ctrl-C stops it all.
+of whose GPUs fail as time goes on; and, where Prometheus and Alertmanager are installed,
+a Prometheus scraping the agents with the shipped alert rules and an Alertmanager, which
+the console shows each node's alerts from. Prints the addresses; Ctrl-C stops it all.
 
-    scripts/run-fleet [N] [--dir DIR] [--postgres URL] [--port PORT]
+    scripts/run-fleet [N] [--dir DIR] [--postgres URL] [--port PORT] [--no-alerts]
 
 Everything lives in DIR (default .run/fleet, made anew each run): certificates, the
 broker's and aggregator's configuration and data, each agent's configuration, state and
@@ -27,6 +29,7 @@ from gpuagent.fleet.pki import Pki
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED_CONF = REPO / "deploy" / "mosquitto" / "gpuagent.conf"
 SHIPPED_ACL = REPO / "deploy" / "mosquitto" / "gpuagent.acl"
+SHIPPED_RULES = REPO / "deploy" / "prometheus" / "gpuagent-rules.yml"
 MODEL = 'gpus = 8\nmodel = "NVIDIA H100 80GB HBM3"\ndriver_version = "550.54.15"\n'
 # What goes wrong on which node, and when (seconds after it starts); the rest stay healthy.
 TIMELINES = {
@@ -69,7 +72,9 @@ def broker_config(root: Path, pki: Pki, port: int) -> Path:
     return conf
 
 
-def aggregator_config(root: Path, pki: Pki, broker_port: int, http: int, database: str) -> Path:
+def aggregator_config(
+    root: Path, pki: Pki, broker_port: int, http: int, database: str, *, alertmanager: str = ""
+) -> Path:
     crt, key = pki.client_files("aggregator")
     token = root / "command-token"
     token.write_text(os.urandom(16).hex() + "\n")
@@ -81,10 +86,34 @@ def aggregator_config(root: Path, pki: Pki, broker_port: int, http: int, databas
         f'[aggregator.broker]\nhost = "127.0.0.1"\nport = {broker_port}\n'
         f'ca_file = "{pki.ca_file}"\ncert_file = "{crt}"\nkey_file = "{key}"\n'
     )
+    if alertmanager:
+        with conf.open("a") as out:
+            out.write(f'[aggregator.alertmanager]\nurl = "{alertmanager}"\ninterval_seconds = 5\n')
     return conf
 
 
-def agent_files(root: Path, pki: Pki, node: str, index: int, broker_port: int) -> tuple[Path, Path]:
+def prometheus_config(root: Path, metrics_ports: dict[str, int], alertmanager_port: int) -> Path:
+    """Every agent scraped every 5 s, its node's name and cluster on its series (as a
+    relabelling would put them), the shipped rules, and this fleet's Alertmanager."""
+    targets = "".join(
+        f"      - targets: ['127.0.0.1:{port}']\n"
+        f"        labels: {{node: '{node}', cluster: 'dev'}}\n"
+        for node, port in metrics_ports.items()
+    )
+    conf = root / "prometheus.yml"
+    conf.write_text(
+        "global:\n  scrape_interval: 5s\n  evaluation_interval: 5s\n"
+        f"rule_files: ['{SHIPPED_RULES}']\n"
+        "alerting:\n  alertmanagers:\n"
+        f"    - static_configs:\n        - targets: ['127.0.0.1:{alertmanager_port}']\n"
+        f"scrape_configs:\n  - job_name: gpuagent\n    static_configs:\n{targets}"
+    )
+    return conf
+
+
+def agent_files(
+    root: Path, pki: Pki, node: str, index: int, broker_port: int, *, metrics_port: int
+) -> tuple[Path, Path]:
     """The node's configuration and scenario."""
     home = root / node
     home.mkdir()
@@ -94,7 +123,7 @@ def agent_files(root: Path, pki: Pki, node: str, index: int, broker_port: int) -
     config.write_text(
         f'[agent]\nnode_name = "{node}"\ncluster = "dev"\nstate_dir = "{home / "state"}"\n'
         f'[api]\nsocket = "{home / "gpuagent.sock"}"\n'
-        f'[metrics]\nlisten = "127.0.0.1:{free_port()}"\n'
+        f'[metrics]\nlisten = "127.0.0.1:{metrics_port}"\n'
         f'[sources.nvml]\ninterval_seconds = 1\n[sources.kmsg]\npath = "{home / "kernel.log"}"\n'
         f"[outputs.mqtt]\nenabled = true\nstate_interval_seconds = 10\n"
         f'[outputs.mqtt.broker]\nhost = "127.0.0.1"\nport = {broker_port}\n'
@@ -128,13 +157,46 @@ def wait_for_port(port: int, what: str, process: subprocess.Popen[bytes], log: P
 
 
 class Fleet:
-    def __init__(self, root: Path, nodes: int, port: int, database: str) -> None:
+    def __init__(
+        self, root: Path, nodes: int, port: int, database: str, alerting: tuple[str, str] | None
+    ) -> None:
         self.root = root
         self.nodes = nodes
         self.port = port
         self.database = database
+        # (prometheus, alertmanager) executables; None: no alerting.
+        self.alerting = alerting
         self.pki = Pki(root / "pki")
         self.children: list[subprocess.Popen[bytes]] = []
+        self.addresses: dict[str, str] = {}
+
+    def _service(self, command: list[str], name: str, port: int) -> None:
+        log = self.root / f"{name}.log"
+        child = start(command, log)
+        self.children.append(child)
+        wait_for_port(port, name, child, log)
+        self.addresses[name] = f"http://127.0.0.1:{port}/"
+
+    def _start_alerting(self, metrics_ports: dict[str, int]) -> str:
+        """Alertmanager, then Prometheus sending to it; Alertmanager's address."""
+        assert self.alerting is not None
+        prometheus, alertmanager = self.alerting
+        am_port, prom_port = free_port(), free_port()
+        am_conf = self.root / "alertmanager.yml"
+        am_conf.write_text("route:\n  receiver: none\nreceivers:\n  - name: none\n")
+        self._service(
+            [alertmanager, f"--config.file={am_conf}", f"--web.listen-address=127.0.0.1:{am_port}",
+             f"--storage.path={self.root / 'alertmanager-data'}", "--cluster.listen-address="],
+            "alertmanager", am_port,
+        )  # fmt: skip
+        prom_conf = prometheus_config(self.root, metrics_ports, am_port)
+        self._service(
+            [prometheus, f"--config.file={prom_conf}",
+             f"--web.listen-address=127.0.0.1:{prom_port}",
+             f"--storage.tsdb.path={self.root / 'prometheus-data'}"],
+            "prometheus", prom_port,
+        )  # fmt: skip
+        return f"http://127.0.0.1:{am_port}"
 
     def start(self, mosquitto: str) -> None:
         self.pki.init(["127.0.0.1", "localhost"])
@@ -143,15 +205,21 @@ class Fleet:
         broker = start([mosquitto, "-c", str(broker_config(self.root, self.pki, broker_port))], log)
         self.children.append(broker)
         wait_for_port(broker_port, "the broker", broker, log)
-        conf = aggregator_config(self.root, self.pki, broker_port, self.port, self.database)
+        names = [f"sim-node-{index:02d}" for index in range(1, self.nodes + 1)]
+        metrics_ports = {node: free_port() for node in names}
+        alertmanager = self._start_alerting(metrics_ports) if self.alerting else ""
+        conf = aggregator_config(
+            self.root, self.pki, broker_port, self.port, self.database, alertmanager=alertmanager
+        )
         log = self.root / "aggregator.log"
         python = sys.executable
         aggregator = start([python, "-m", "gpuagent.aggregator", "run", "--config", str(conf)], log)
         self.children.append(aggregator)
         wait_for_port(self.port, "the aggregator", aggregator, log)
-        for index in range(1, self.nodes + 1):
-            node = f"sim-node-{index:02d}"
-            config, scenario = agent_files(self.root, self.pki, node, index, broker_port)
+        for index, node in enumerate(names, start=1):
+            config, scenario = agent_files(
+                self.root, self.pki, node, index, broker_port, metrics_port=metrics_ports[node]
+            )
             command = [python, "-m", "gpuagent", "run", "--config", str(config)]
             log = self.root / node / "log"
             self.children.append(start([*command, "--simulate", str(scenario)], log))
@@ -178,12 +246,22 @@ class Fleet:
                 child.kill()
 
 
+def _alerting() -> tuple[str, str] | None:
+    """Prometheus's and Alertmanager's executables, where both are installed."""
+    found = [shutil.which(name) for name in ("prometheus", "prometheus-alertmanager")]
+    prometheus, alertmanager = found
+    return (prometheus, alertmanager) if prometheus and alertmanager else None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="run-fleet", description=__doc__.split("\n\n")[0])
     parser.add_argument("nodes", nargs="?", type=int, default=4, help="agents (default 4)")
     parser.add_argument("--dir", type=Path, default=REPO / ".run" / "fleet")
     parser.add_argument("--postgres", metavar="URL", help="a PostgreSQL database, not SQLite")
     parser.add_argument("--port", type=int, default=19500, help="the console's (default 19500)")
+    parser.add_argument(
+        "--no-alerts", action="store_true", help="no Prometheus and Alertmanager, even if installed"
+    )
     args = parser.parse_args()
     if not 1 <= args.nodes <= 64:
         parser.error("between 1 and 64 nodes")
@@ -193,20 +271,27 @@ def main() -> int:
     root = args.dir.resolve()
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    fleet = Fleet(root, args.nodes, args.port, args.postgres or str(root / "fleet.sqlite"))
+    alerting = None if args.no_alerts else _alerting()
+    database = args.postgres or str(root / "fleet.sqlite")
+    fleet = Fleet(root, args.nodes, args.port, database, alerting)
     # SIGTERM stops it as Ctrl-C does.
     signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
     try:
         fleet.start(mosquitto)
-        sys.stdout.write(
-            f"run-fleet: {args.nodes} simulated nodes report to the aggregator\n"
-            f"  console  http://127.0.0.1:{args.port}/\n"
-            f"  API      http://127.0.0.1:{args.port}/api/v1/fleet\n"
-            f"  files    {root} (certificates in pki/, a log per node)\n"
-            f"  a fault  {REPO / '.venv/bin/gpuagent'} inject --config "
-            f"{root / 'sim-node-01' / 'config.toml'} ecc_dbe --gpu 3 count=1\n"
-            "Ctrl-C stops everything.\n"
-        )
+        lines = [
+            f"run-fleet: {args.nodes} simulated nodes report to the aggregator",
+            f"  console  http://127.0.0.1:{args.port}/",
+            f"  API      http://127.0.0.1:{args.port}/api/v1/fleet",
+            *(f"  {name:<12} {url}" for name, url in fleet.addresses.items()),
+            f"  files    {root} (certificates in pki/, a log per node)",
+            (
+                f"  a fault  {REPO / '.venv/bin/gpuagent'} inject --config "
+                f"{root / 'sim-node-01' / 'config.toml'} ecc_dbe --gpu 3 count=1"
+            ),
+        ]
+        if not alerting and not args.no_alerts:
+            lines.append("  (no alerts: install prometheus and prometheus-alertmanager)")
+        sys.stdout.write("\n".join([*lines, "Ctrl-C stops everything.", ""]))
         sys.stdout.flush()
         return fleet.watch()
     except KeyboardInterrupt:

@@ -29,7 +29,7 @@ from gpuagent.config import AlertmanagerSection
 from gpuagent.fleet import schema
 from page_support import browser
 
-LABELS = ("Hostname", "node", "instance")
+LABELS = ("node", "Hostname", "instance")
 
 
 def _iso(t: float) -> str:
@@ -72,6 +72,8 @@ def alert(
         ({"node": "gpu-a1", "instance": "10.1.2.3:19400"}, "gpu-a1"),  # relabelled pod target
         ({"job": "gpuagent"}, ""),
         ({"Hostname": "", "node": "gpu-b2"}, "gpu-b2"),
+        # The scrape's node label (the agent's node name) before the host's name.
+        ({"node": "k8s-node-7", "Hostname": "gpu-a1.internal"}, "k8s-node-7"),
     ],
 )
 def test_the_node_an_alert_names(labels: dict[str, str], node: str) -> None:

@@ -1,7 +1,8 @@
-"""scripts/run-fleet: a broker, a CA, an aggregator and simulated agents on this machine.
-Four nodes show in the console; a fault injected into one shows on its GPU page (in
-headless Chromium) with its onset and its timeline; Ctrl-C leaves no process behind; and
-the same with a PostgreSQL store."""
+"""scripts/run-fleet: a broker, a CA, an aggregator, simulated agents, and Prometheus and
+Alertmanager with the shipped alert rules, on this machine. Four nodes show in the
+console; a fault injected into one shows on its GPU page (in headless Chromium) with its
+onset, its timeline and the alert Prometheus raised for it; Ctrl-C leaves no process
+behind; and the same with a PostgreSQL store."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typing import Any
 import psutil
 
 import postgres_server
-from conftest import REPO, deadline_in, free_port, require_that
+from conftest import REPO, deadline_in, free_port, require, require_that
 from fleet_support import chromium
 from mqtt_broker import mosquitto_path
 from page_support import browser
@@ -74,7 +75,9 @@ def run_fleet(tmp_path: Path, *args: str) -> Iterator[RunningFleet]:
         fleet = RunningFleet(process, port, root)
         yield fleet
         children = psutil.Process(process.pid).children(recursive=True)
-        assert len(children) == int(args[0]) + 2  # the broker, the aggregator, the agents
+        # The broker, the aggregator, the agents, and Prometheus and Alertmanager.
+        alerting = 0 if "--no-alerts" in args else 2
+        assert len(children) == int(args[0]) + 2 + alerting
         process.send_signal(signal.SIGINT)
         _out, errors = process.communicate(timeout=30)
         assert process.returncode == 0, errors
@@ -97,6 +100,8 @@ async def test_four_nodes_show_and_an_injected_fault_shows_on_its_gpu_page(
     tmp_path: Path,
 ) -> None:
     nodes = [f"sim-node-{i:02d}" for i in range(1, 5)]
+    require("prometheus", "run-fleet's alerts (Debian package prometheus)")
+    require("prometheus-alertmanager", "run-fleet's alerts (prometheus-alertmanager)")
     with run_fleet(tmp_path, "4") as fleet:
         started = time.monotonic()
         fleet.until(lambda: fleet.online() == nodes, 60, "four nodes online")
@@ -123,6 +128,15 @@ async def test_four_nodes_show_and_an_injected_fault_shows_on_its_gpu_page(
 
         assert fleet.until(transition, 30, "GPU 3's transition")[0]["time"] >= injected - 1
 
+        # Prometheus scrapes the agent, the shipped rule fires, Alertmanager has it, and
+        # the console shows it on the node.
+        def alert() -> list[dict[str, Any]]:
+            doc = fleet.get("api/v1/fleet/sim-node-02?cluster=dev")
+            return [a for a in doc["alerts"] if a["name"] == "GpuagentEccDoubleBitErrors"]
+
+        (dbe,) = fleet.until(alert, 60, "the DBE's alert in the console")
+        assert (dbe["state"], dbe["gpu"], dbe["severity"]) == ("firing", "3", "critical")
+
         async with browser(chromium(), tmp_path) as tab:
             await tab.open(fleet.base + "#gpu/dev/sim-node-02/3")
             await tab.wait_for(
@@ -148,6 +162,10 @@ async def test_four_nodes_show_and_an_injected_fault_shows_on_its_gpu_page(
             )
             assert first_x > 200, first_x
             assert await tab.evaluate("document.querySelectorAll('#history circle').length") >= 1
+            await tab.wait_for(
+                "!!document.getElementById('alerts') && document.getElementById('alerts')"
+                ".innerText.includes('GpuagentEccDoubleBitErrors')"
+            )
             await tab.screenshot("run-fleet-gpu")
 
 
@@ -158,7 +176,7 @@ def test_run_fleet_with_a_postgresql_store(tmp_path: Path) -> None:
     )
     with postgres_server.throwaway_postgres() as server:
         url = server.create_database("fleet")
-        with run_fleet(tmp_path, "1", "--postgres", url) as fleet:
+        with run_fleet(tmp_path, "1", "--postgres", url, "--no-alerts") as fleet:
             fleet.until(lambda: fleet.online() == ["sim-node-01"], 60, "the node online")
             # The aggregator's state is in PostgreSQL, not in a file of the run's.
             rows = server.run("SELECT node, cluster FROM nodes;", "fleet")

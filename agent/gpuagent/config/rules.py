@@ -56,7 +56,7 @@ def check_value(key: str, value: object) -> str | None:
 
 def _check_aggregator_list(key: str, value: list[str]) -> str | None:
     if key == "aggregator.alertmanager.node_labels":
-        return None if value else 'must name a label, e.g. ["Hostname", "node", "instance"]'
+        return None if value else 'must name a label, e.g. ["node", "Hostname", "instance"]'
     odd = [h for h in value if not _HTTP_HOST_RE.match(h)]
     if odd:
         return f'{odd[0]!r} is not a host name, "name:port", "[v6 address]" or "[...]:port"'

@@ -60,9 +60,10 @@ class AlertmanagerSection:
     # How often it is read (one request for the whole fleet), and how long a read may take.
     interval_seconds: Annotated[float, POSITIVE] = 30.0
     timeout_seconds: Annotated[float, POSITIVE] = 10.0
-    # The labels that name an alert's node, the first one set wins; "instance" is matched
-    # by its host part. gpuagent's and dcgm-exporter's GPU alerts carry Hostname.
-    node_labels: list[str] = field(default_factory=lambda: ["Hostname", "node", "instance"])
+    # The labels that name an alert's node, the first one set wins: "node" where the
+    # scrape sets it (agent.node_name), Hostname (gpuagent's and dcgm-exporter's GPU
+    # alerts), "instance" by its host part.
+    node_labels: list[str] = field(default_factory=lambda: ["node", "Hostname", "instance"])
     # Only alerts that match all of these Alertmanager matchers (e.g. 'alertname=~"Gpu.*"');
     # empty: every alert that names a node.
     matchers: list[str] = field(default_factory=list)
