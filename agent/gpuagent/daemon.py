@@ -340,6 +340,8 @@ class Agent:
             build_registry(lambda: self.store.current, __version__), host, port, self.probes
         )
         self._metrics.start()
+        # Scrapes serve what the publisher rendered last; it decides when to render.
+        self._metrics.exposition.rendered_by_caller = True
         self.publisher.metrics = self._metrics
         AgentApi(self).register(self._api)
         await self._api.start()

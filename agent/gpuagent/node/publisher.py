@@ -343,7 +343,6 @@ class SnapshotPublisher:
             # Render /metrics here, so no scrape waits for rendering: at once when the
             # judgement changed, else at most every render_interval_seconds.
             exposition = self.metrics.exposition
-            exposition.rendered_by_caller = True
             if self._render_due(snapshot):
                 exposition.refresh()
             if self._textfile is not None:
