@@ -280,12 +280,12 @@ def main() -> int:
         fleet.start(mosquitto)
         lines = [
             f"run-fleet: {args.nodes} simulated nodes report to the aggregator",
-            f"  console  http://127.0.0.1:{args.port}/",
-            f"  API      http://127.0.0.1:{args.port}/api/v1/fleet",
+            f"  {'console':<12} http://127.0.0.1:{args.port}/",
+            f"  {'API':<12} http://127.0.0.1:{args.port}/api/v1/fleet",
             *(f"  {name:<12} {url}" for name, url in fleet.addresses.items()),
-            f"  files    {root} (certificates in pki/, a log per node)",
+            f"  {'files':<12} {root} (certificates in pki/, a log per node)",
             (
-                f"  a fault  {REPO / '.venv/bin/gpuagent'} inject --config "
+                f"  {'a fault':<12} {REPO / '.venv/bin/gpuagent'} inject --config "
                 f"{root / 'sim-node-01' / 'config.toml'} ecc_dbe --gpu 3 count=1"
             ),
         ]
