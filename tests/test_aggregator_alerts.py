@@ -7,8 +7,10 @@ and what the page and metrics say once Alertmanager is gone."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
+import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -136,19 +138,24 @@ def alertmanager(tmp_path: Path) -> Iterator[Alertmanager]:
     )
     conf = tmp_path / "alertmanager.yml"
     conf.write_text("route:\n  receiver: none\nreceivers:\n  - name: none\n")
-    port = free_port()
     log = (tmp_path / "alertmanager.log").open("wb")
-    process = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={conf}",
-            f"--storage.path={tmp_path / 'alertmanager-data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--cluster.listen-address=",  # no gossip port: one instance
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    # A free port can be taken by a parallel test before Alertmanager binds it: it then
+    # exits at once, and another port is tried.
+    for _attempt in range(3):
+        port = free_port()
+        process = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={conf}",
+                f"--storage.path={tmp_path / 'alertmanager-data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--cluster.listen-address=",  # no gossip port: one instance
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        if _listening(port, process):
+            break
     try:
         yield Alertmanager(f"http://127.0.0.1:{port}", process)
     finally:
@@ -159,6 +166,16 @@ def alertmanager(tmp_path: Path) -> Iterator[Alertmanager]:
             process.kill()
             process.wait()
         log.close()
+
+
+def _listening(port: int, process: subprocess.Popen[bytes]) -> bool:
+    """Whether ``process`` came to listen on ``port`` (False once it has exited)."""
+    deadline = deadline_in(10)
+    while process.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return True
+        time.sleep(0.05)
+    return False
 
 
 async def _ready(url: str) -> None:
