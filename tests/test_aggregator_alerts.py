@@ -6,14 +6,13 @@ and what the page and metrics say once Alertmanager is gone."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import json
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,7 +23,7 @@ import pytest
 
 import aggregator_support as msg
 from conftest import deadline_in, free_port, parse_metrics, require
-from fleet_support import chromium
+from fleet_support import chromium, until
 from gpuagent.aggregator.alerts import BadAnswerError, index_alerts, node_of
 from gpuagent.aggregator.service import Aggregator
 from gpuagent.config import AlertmanagerSection
@@ -178,20 +177,6 @@ def _listening(port: int, process: subprocess.Popen[bytes]) -> bool:
     return False
 
 
-async def _ready(url: str) -> None:
-    deadline = deadline_in(10)
-    async with aiohttp.ClientSession() as session:
-        while True:
-            try:
-                async with session.get(url + "/-/ready") as answer:
-                    if answer.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            assert time.monotonic() < deadline, f"Alertmanager at {url} never became ready"
-            await asyncio.sleep(0.1)
-
-
 @asynccontextmanager
 async def running(agg: Aggregator) -> AsyncIterator[Aggregator]:
     await agg.start()
@@ -209,20 +194,21 @@ async def _get(url: str) -> Any:
         return await answer.text()
 
 
-async def _until(check: Any, what: str) -> Any:
-    deadline = deadline_in(10)
-    while True:
-        value = await check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"not within the deadline: {what}"
-        await asyncio.sleep(0.1)
+async def _fleet_once(base: str, holds: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """The fleet document once ``holds`` is true of it (within the deadline)."""
+    doc: dict[str, Any] = {}
+
+    async def check() -> bool:
+        doc.update(await _get(base + "api/v1/fleet?sort=alerts"))
+        return holds(doc)
+
+    await until(check, 10)
+    return doc
 
 
 async def test_alerts_from_a_real_alertmanager_in_the_console(
     tmp_path: Path, alertmanager: Alertmanager
 ) -> None:
-    await _ready(alertmanager.url)
     now = time.time()
     posted = [
         {"labels": labels, "annotations": {"summary": summary}, "startsAt": _iso(now - 600)}
@@ -288,11 +274,7 @@ async def test_alerts_from_a_real_alertmanager_in_the_console(
         ):
             agg.ingest.handle(msg.topic(message["node"], "state"), schema.encode(message))
 
-        async def fleet() -> Any:
-            doc = await _get(base + "api/v1/fleet?sort=alerts")
-            return doc if doc["alertmanager"]["checked_at"] else None
-
-        doc = await _until(fleet, "the aggregator read Alertmanager")
+        doc = await _fleet_once(base, lambda d: bool(d["alertmanager"]["checked_at"]))
         assert doc["alertmanager"]["error"] == ""
         assert doc["alertmanager"]["without_node"] == 1  # Watchdog
         rows = {n["name"]: n["alerts"] for n in doc["nodes"]}
@@ -334,11 +316,7 @@ async def test_alerts_from_a_real_alertmanager_in_the_console(
             alertmanager.process.terminate()
             alertmanager.process.wait(10)
 
-            async def failing() -> Any:
-                doc = await _get(base + "api/v1/fleet")
-                return doc if doc["alertmanager"]["error"] else None
-
-            doc = await _until(failing, "the aggregator noticed Alertmanager is gone")
+            doc = await _fleet_once(base, lambda d: bool(d["alertmanager"]["error"]))
             assert {n["name"]: len(n["alerts"]) for n in doc["nodes"]} == {
                 "bad-node": 2,
                 "ok-node": 1,

@@ -147,17 +147,17 @@ class FleetAlerts:
     nameless: int = 0
     failures: Counter[str] = field(default_factory=Counter)
 
+    def _of(self, record: NodeRecord) -> list[Alert]:
+        alerts = self.by_node.get(record.node, ())
+        return [a for a in alerts if not a.cluster or a.cluster == record.cluster]
+
     def for_node(self, record: NodeRecord) -> list[dict[str, Any]]:
-        return [
-            a.json()
-            for a in self.by_node.get(record.node, ())
-            if not a.cluster or a.cluster == record.cluster
-        ]
+        return [a.json() for a in self._of(record)]
 
     def weight(self, record: NodeRecord) -> tuple[int, int]:
         """Sorts the node with the most firing, then silenced, alerts first."""
-        alerts = self.for_node(record)
-        firing = sum(a["state"] == "firing" for a in alerts)
+        alerts = self._of(record)
+        firing = sum(a.state == "firing" for a in alerts)
         return -firing, firing - len(alerts)
 
     def status(self) -> dict[str, Any]:
@@ -182,7 +182,6 @@ class AlertmanagerReader:
         self.config = config
         self.alerts = alerts
         self.clock = clock
-        alerts.configured = True
         self._url = config.url.rstrip("/") + "/api/v2/alerts"
         self._params = [("active", "true"), ("silenced", "true"), ("inhibited", "true")]
         self._params += [("filter", m) for m in config.matchers]

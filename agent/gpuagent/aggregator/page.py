@@ -218,13 +218,19 @@ function allFindings(n) {
   return out;
 }
 
+// How an alert is coloured: firing ones by severity, silenced ones as old news.
+function alertClass(a) {
+  if (a.state !== "firing") return "old";
+  return a.severity === "critical" ? "CRITICAL" : "WARN";
+}
+
 // A node's alerts in Alertmanager, in a few words: "2 firing, 1 silenced".
 function alertsCell(alerts) {
   const firing = alerts.filter(a => a.state === "firing");
   const td = el("td");
   const parts = [];
   if (firing.length) parts.push(el("span", firing.length + " firing",
-    firing.some(a => a.severity === "critical") ? "CRITICAL" : "WARN"));
+    firing.some(a => alertClass(a) === "CRITICAL") ? "CRITICAL" : "WARN"));
   if (alerts.length > firing.length)
     parts.push(el("span", alerts.length - firing.length + " silenced", "old"));
   parts.forEach((p, i) => td.append(...(i ? [", ", p] : [p])));
@@ -246,8 +252,7 @@ function withAlertmanager(doc) {
 
 function alertsTable(alerts) {
   return alerts.length ? table(["alert", "severity", "state", "GPU", "since", "summary"],
-    alerts.map(a => [a.name, a.severity, el("span", a.state, a.state === "firing" ?
-      (a.severity === "critical" ? "CRITICAL" : "WARN") : "old"), a.gpu,
+    alerts.map(a => [a.name, a.severity, el("span", a.state, alertClass(a)), a.gpu,
       typeof a.since === "number" ? ago(a.since) : "", a.summary]), "alerts")
     : el("p", "None firing or silenced.", "OK");
 }

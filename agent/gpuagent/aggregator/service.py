@@ -104,6 +104,7 @@ class Aggregator:
         )
         self.alertmanager: AlertmanagerReader | None = None
         if config.alertmanager.url:
+            self.state.alerts.configured = True
             self.alertmanager = AlertmanagerReader(config.alertmanager, self.state.alerts, clock)
         self._stop = asyncio.Event()
         self.supervisor = Supervisor(self.state.counters.task_failures)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import typing
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from urllib.parse import urlsplit
 
 from gpuagent.config.errors import ConfigError, find_line, nth_line
@@ -41,26 +41,26 @@ def check_value(key: str, value: object) -> str | None:
         odd = [p for p in typing.cast("list[str]", value) if not _MIG_PROFILE_RE.match(p)]
         if odd:
             return f'{odd[0]!r} is not a GPU-instance profile name like "1g.10gb" or "1g.10gb+me"'
-    if key in ("aggregator.http_hosts", "aggregator.alertmanager.node_labels"):
-        return _check_aggregator_list(key, typing.cast("list[str]", value))
     if key in ("metrics.listen", "aggregator.listen"):
         match = _LISTEN_RE.match(str(value))
         if match is None or not 0 < int(match.group(2)) < 65536:
             return 'must be "HOST:PORT", e.g. "0.0.0.0:19400" or "[::1]:19400"'
     if key in _LINKS and value:
         return _check_link(key, str(value))
-    if key == "aggregator.database":
-        return _check_database(str(value))
+    if key in _ONE_KEY_RULES:
+        return _ONE_KEY_RULES[key](value)
     return _check_condition_type(key, value) or _check_topic_name(key, value)
 
 
-def _check_aggregator_list(key: str, value: list[str]) -> str | None:
-    if key == "aggregator.alertmanager.node_labels":
-        return None if value else 'must name a label, e.g. ["node", "Hostname", "instance"]'
-    odd = [h for h in value if not _HTTP_HOST_RE.match(h)]
+def _check_http_hosts(value: object) -> str | None:
+    odd = [h for h in typing.cast("list[str]", value) if not _HTTP_HOST_RE.match(h)]
     if odd:
         return f'{odd[0]!r} is not a host name, "name:port", "[v6 address]" or "[...]:port"'
     return None
+
+
+def _check_node_labels(value: object) -> str | None:
+    return None if value else 'must name a label, e.g. ["node", "Hostname", "instance"]'
 
 
 def _check_condition_type(key: str, value: object) -> str | None:
@@ -89,7 +89,8 @@ def _check_link(key: str, value: str) -> str | None:
     return None
 
 
-def _check_database(value: str) -> str | None:
+def _check_database(given: object) -> str | None:
+    value = str(given)
     if not value:
         return 'must be a SQLite file path or a "postgresql://..." URL'
     parts = urlsplit(value)
@@ -103,6 +104,14 @@ def _check_database(value: str) -> str | None:
         # Configuration files are readable by more people than the database should be.
         return "must not contain a password: put it in aggregator.postgres.password_file"
     return None
+
+
+# Rules of one key each: the key's value to its problem, or None.
+_ONE_KEY_RULES: dict[str, Callable[[object], str | None]] = {
+    "aggregator.http_hosts": _check_http_hosts,
+    "aggregator.alertmanager.node_labels": _check_node_labels,
+    "aggregator.database": _check_database,
+}
 
 
 def _check_topic_name(key: str, value: object) -> str | None:

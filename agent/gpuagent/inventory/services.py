@@ -63,6 +63,31 @@ def _unknown(names: tuple[str, ...]) -> tuple[Service, ...]:
     return tuple(Service(name, "unknown") for name in names)
 
 
+async def _run(
+    argv: list[str], limit_seconds: float, *, with_stderr: bool = False
+) -> tuple[int, str] | str:
+    """``argv``'s exit status and output (stdout, and stderr ``with_stderr``), or why there
+    is none: it could not be started, or did not end within ``limit_seconds`` (killed)."""
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT if with_stderr else asyncio.subprocess.DEVNULL,
+        )
+    except OSError as exc:
+        return f"cannot run {argv[0]}: {exc}"
+    try:
+        async with asyncio.timeout(limit_seconds):
+            output, _ = await process.communicate()
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+        return f"{' '.join(argv[:2])} took longer than {limit_seconds:g} s"
+    return process.returncode or 0, output.decode(errors="replace")
+
+
 async def read_services(
     systemctl: str,
     names: tuple[str, ...] = SERVICES,
@@ -73,32 +98,15 @@ async def read_services(
     if not await asyncio.to_thread(runtime_dir.is_dir):
         return _unknown(names)
     units = [f"{name}.service" for name in names]
-    try:
-        process = await asyncio.create_subprocess_exec(
-            systemctl,
-            "show",
-            "--property=Id,LoadState,ActiveState,NRestarts",
-            "--",
-            *units,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-    except OSError as exc:
-        log.warning("cannot run %s: %s", systemctl, exc)
+    ran = await _run(
+        [systemctl, "show", "--property=Id,LoadState,ActiveState,NRestarts", "--", *units],
+        limit_seconds,
+    )
+    if isinstance(ran, str):
+        log.warning("%s", ran)
         return _unknown(names)
-    try:
-        async with asyncio.timeout(limit_seconds):
-            stdout, _ = await process.communicate()
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        await process.wait()
-        log.warning("%s show took longer than %.0f s", systemctl, limit_seconds)
-        return _unknown(names)
-    if process.returncode != 0:
-        return _unknown(names)
-    return parse_show(stdout.decode(errors="replace"), names)
+    status, output = ran
+    return _unknown(names) if status != 0 else parse_show(output, names)
 
 
 class ImexReadiness:
@@ -123,29 +131,15 @@ class ImexReadiness:
         )
 
     async def ask(self) -> str | None:
-        try:
-            process = await asyncio.create_subprocess_exec(
-                self.command,
-                "-q",
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-            )
-        except OSError as exc:
-            self._no_answer(f"cannot run {self.command}: {exc}")
+        # Its complaint (no command service, say) goes to stderr: kept for the log.
+        ran = await _run([self.command, "-q"], self.limit_seconds, with_stderr=True)
+        if isinstance(ran, str):
+            self._no_answer(ran)
             return None
-        try:
-            async with asyncio.timeout(self.limit_seconds):
-                output, _ = await process.communicate()
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            await process.wait()
-            self._no_answer(f"{self.command} -q took longer than {self.limit_seconds:g} s")
-            return None
-        text = " ".join(output.decode(errors="replace").split())[:200]
-        if process.returncode != 0:
-            self._no_answer(f"{self.command} -q exited {process.returncode}: {text}")
+        status, output = ran
+        text = " ".join(output.split())[:200]
+        if status != 0:
+            self._no_answer(f"{self.command} -q exited {status}: {text}")
             return None
         if self._why_not is not None:
             log.info("%s answers again", self.command)

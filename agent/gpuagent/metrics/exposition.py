@@ -105,9 +105,9 @@ class Exposition:
     when a snapshot is worth rendering (`SnapshotPublisher`).
     """
 
-    def __init__(self, registry: CollectorRegistry, *, rendered_by_caller: bool = False) -> None:
+    def __init__(self, registry: CollectorRegistry) -> None:
         self._registry = registry
-        self.rendered_by_caller = rendered_by_caller
+        self.rendered_by_caller = False
         self._renderer = TextRenderer()
         self._lock = threading.Lock()
         self._families: tuple[Metric, ...] = ()

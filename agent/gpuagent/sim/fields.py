@@ -202,28 +202,42 @@ def _violation(name: str, *, per_reason: bool = False) -> Reader:
     return read
 
 
-def _power(value: Callable[[SimGpu, float], int]) -> Reader:
-    """A power field (mW) at its scope: the GPU's, or, on Grace-Blackwell, the module's
-    (the GPU's plus the rest of the module); any other scope is not supported."""
+def _power(
+    at_gpu: Callable[[SimGpu, float], int], at_module: Callable[[SimGpu, float], int | None]
+) -> Reader:
+    """A power field (mW) at its scope: the GPU's, or, on Grace-Blackwell models, the
+    module's (None: the model has none); any other scope is not supported."""
 
     def read(gpu: SimGpu, now: float, scope: int) -> Result:
         if scope == pynvml.NVML_POWER_SCOPE_GPU:
-            return codes.SUCCESS, codes.VALUE_UINT, value(gpu, now)
-        extra = gpu.profile.module_power_extra_w
-        if scope != pynvml.NVML_POWER_SCOPE_MODULE or extra is None:
-            return NOT_SUPPORTED
-        return codes.SUCCESS, codes.VALUE_UINT, value(gpu, now) + round(extra * 1000)
+            return codes.SUCCESS, codes.VALUE_UINT, at_gpu(gpu, now)
+        module = at_module(gpu, now) if scope == pynvml.NVML_POWER_SCOPE_MODULE else None
+        return NOT_SUPPORTED if module is None else (codes.SUCCESS, codes.VALUE_UINT, module)
 
     return read
 
 
-def _module_power_limit(gpu: SimGpu, _now: float, scope: int) -> Result:
-    if scope == pynvml.NVML_POWER_SCOPE_GPU:
-        return codes.SUCCESS, codes.VALUE_UINT, gpu.power_limit_mw
+def _module_draw(at_gpu: Callable[[SimGpu, float], int]) -> Callable[[SimGpu, float], int | None]:
+    """The module's draw: its GPU's plus the rest of the module."""
+
+    def draw(gpu: SimGpu, now: float) -> int | None:
+        extra = gpu.profile.module_power_extra_w
+        return None if extra is None else at_gpu(gpu, now) + round(extra * 1000)
+
+    return draw
+
+
+def _module_limit(gpu: SimGpu, _now: float) -> int | None:
     limit = gpu.profile.module_power_limit_w
-    if scope != pynvml.NVML_POWER_SCOPE_MODULE or limit is None:
-        return NOT_SUPPORTED
-    return codes.SUCCESS, codes.VALUE_UINT, round(limit * 1000)
+    return None if limit is None else round(limit * 1000)
+
+
+def _average_mw(gpu: SimGpu, now: float) -> int:
+    return gpu.readings.average_power_mw(now)
+
+
+def _instant_mw(gpu: SimGpu, now: float) -> int:
+    return gpu.readings.power_mw(now)
 
 
 READERS: dict[int, Reader] = {
@@ -243,9 +257,9 @@ READERS: dict[int, Reader] = {
     codes.FI_PCIE_REPLAY_COUNTER: _uint(lambda g: g.pcie_replays),
     codes.FI_TOTAL_ENERGY_CONSUMPTION: _energy,
     codes.FI_MEMORY_TEMP: _memory_temp,
-    codes.FI_POWER_AVERAGE: _power(lambda g, now: g.readings.average_power_mw(now)),
-    codes.FI_POWER_INSTANT: _power(lambda g, now: g.readings.power_mw(now)),
-    codes.FI_POWER_CURRENT_LIMIT: _module_power_limit,
+    codes.FI_POWER_AVERAGE: _power(_average_mw, _module_draw(_average_mw)),
+    codes.FI_POWER_INSTANT: _power(_instant_mw, _module_draw(_instant_mw)),
+    codes.FI_POWER_CURRENT_LIMIT: _power(lambda g, _now: g.power_limit_mw, _module_limit),
     codes.FI_GPU_RECOVERY_ACTION: _recovery_action,
     codes.FI_NVLINK_LINK_COUNT: _uint(lambda g: g.nvlinks),
     codes.FI_NVLINK_GET_STATE: _nvlink_state,
