@@ -262,14 +262,14 @@ def bench_daemon(rows: list[Row], seconds: float) -> float:
             per_gpu_poll <= 12,
         )
     )
-    # One sample and one metrics call every profiling_interval_seconds (10 s): 0.2 per poll.
+    # One sample and one metrics call every profiling_interval_seconds (30 s): 1/15 per poll.
     rows.append(
         Row(
             "GPM calls per GPU per poll, 1 s poll",
             gpm_per_gpu_poll,
             "calls",
-            "0.2",
-            abs(gpm_per_gpu_poll - 0.2) < 0.05,
+            "0.067",
+            abs(gpm_per_gpu_poll - 2 / 30) < 0.02,
         )
     )
     readies = [ready]

@@ -25,7 +25,7 @@ class Rig:
 
     def __init__(self, scenario: str, **config: object) -> None:
         self.clock = FakeClock()
-        # A sample every 1 s poll unless a test asks otherwise (the default is 10 s).
+        # A sample every 1 s poll unless a test asks otherwise (the default is 30 s).
         config.setdefault("profiling_interval_seconds", 1.0)
         self.node = SimulatedNode(parse_scenario(scenario), clock=self.clock)
         self.node.install()

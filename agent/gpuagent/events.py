@@ -124,13 +124,14 @@ class EventLog:
                 self._recent = None
                 return
 
-    def prune(self, now: float) -> None:
+    def prune(self, now: float) -> bool:
         """Forget events older than the retention, and incidents gone quiet (call
-        periodically)."""
-        self._trim(now)
+        periodically); whether any event went."""
+        dropped = self._trim(now)
         self.incidents.close_before(now)
+        return dropped
 
-    def _trim(self, now: float) -> None:
+    def _trim(self, now: float) -> bool:
         oldest_kept = now - self._config.retention_seconds
         events = self._events
         dropped = False
@@ -143,6 +144,7 @@ class EventLog:
             dropped = True
         if dropped:
             self._recent = None
+        return dropped
 
     def forget(self, gpu: str, before: float, kinds: frozenset[str]) -> int:
         """Drop ``gpu``'s events of ``kinds`` older than ``before`` (a GPU reset clears the

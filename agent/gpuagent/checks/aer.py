@@ -9,11 +9,9 @@ they come fast, which points at signal integrity (riser, cable, slot).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from gpuagent.checks.common import EventView, Evidence, Outcome, Problem, fmt, plural
 from gpuagent.checks.eventindex import event_evidence, newest, recent
-from gpuagent.checks.memory import GpuMemory
+from gpuagent.checks.memory import GpuMemory, MemoryChanges
 from gpuagent.checks.vocabulary import Action, Runbook
 from gpuagent.config import AerCheck
 from gpuagent.model import GpuEvent, PcieLink, PciePath, Severity
@@ -65,7 +63,7 @@ def _baseline(
 
 def remember_aer(
     memory: GpuMemory, path: PciePath | None, config: AerCheck, now: float
-) -> GpuMemory:
+) -> MemoryChanges:
     """Add this evaluation's sysfs AER sample (none without sysfs data: samples only age)."""
     functions = _functions(path)
     value, source = _corrected_sample(functions)
@@ -73,7 +71,7 @@ def remember_aer(
         source = memory.aer_corrected.source
     series = memory.aer_corrected.observe(now, value, source, config.rate_window_seconds)
     baseline = _baseline(memory.aer_uncorrectable_baseline, functions)
-    return replace(memory, aer_corrected=series, aer_uncorrectable_baseline=baseline)
+    return MemoryChanges(aer_corrected=series, aer_uncorrectable_baseline=baseline)
 
 
 def _new_uncorrectable(view: EventView) -> dict[str, int]:

@@ -8,10 +8,8 @@ back to the volatile counter on GPUs that only report that.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from gpuagent.checks.common import GpuView, Outcome, Problem, fmt, plural
-from gpuagent.checks.memory import GpuMemory, Rate
+from gpuagent.checks.memory import GpuMemory, MemoryChanges, Rate
 from gpuagent.checks.vocabulary import Action, Runbook
 from gpuagent.config import EccCheck
 from gpuagent.model import GpuReadings, Severity
@@ -25,11 +23,11 @@ def _sbe_counter(readings: GpuReadings) -> tuple[int | None, str]:
 
 def remember_sbe(
     memory: GpuMemory, readings: GpuReadings | None, config: EccCheck, now: float
-) -> GpuMemory:
+) -> MemoryChanges:
     """Add this poll's SBE sample; an unread GPU (``readings`` None) only ages old samples."""
     value, source = (None, memory.sbe.source) if readings is None else _sbe_counter(readings)
     sbe = memory.sbe.observe(now, value, source, config.rate_window_seconds)
-    return replace(memory, sbe=sbe)
+    return MemoryChanges(sbe=sbe)
 
 
 def _supported(readings: GpuReadings) -> bool:

@@ -41,7 +41,7 @@ from gpuagent.checks.inventory import (
 )
 from gpuagent.checks.kernel import check_kernel
 from gpuagent.checks.kubernetes import KubernetesView, check_kubernetes
-from gpuagent.checks.memory import GpuMemory, HealthMemory, IbMemory
+from gpuagent.checks.memory import GpuMemory, HealthMemory, IbMemory, MemoryChanges
 from gpuagent.checks.mig import check_mig
 from gpuagent.checks.nvlink import check_nvlink, remember_nvlink
 from gpuagent.checks.nvml import check_nvml
@@ -212,23 +212,23 @@ def _remember(
 ) -> GpuMemory:
     # A disabled check's memory stays empty: nothing would ever read it.
     config, now = context.config, context.now
-    memory = previous
+    changes = MemoryChanges()
     if config.ecc.enabled:
-        memory = remember_sbe(memory, readings, config.ecc, now)
+        changes.update(remember_sbe(previous, readings, config.ecc, now))
     if config.pcie.enabled:
-        memory = remember_link(memory, state.identity, readings, config.pcie, now)
-        memory = remember_bridges(memory, path, readings, config.pcie, now)
+        changes.update(remember_link(previous, state.identity, readings, config.pcie, now))
+        changes.update(remember_bridges(previous, path, readings, config.pcie, now))
     if config.aer.enabled:
-        memory = remember_aer(memory, path, config.aer, now)
+        changes.update(remember_aer(previous, path, config.aer, now))
     if config.thermal.enabled:
-        memory = remember_throttle(memory, readings, config.thermal, now)
+        changes.update(remember_throttle(previous, readings, config.thermal, now))
     if config.fabric_health.enabled:
-        memory = remember_fabric_recovery(memory, readings, now)
+        changes.update(remember_fabric_recovery(previous, readings, now))
     if config.nvlink.enabled:
-        memory = remember_nvlink(memory, readings, config.nvlink, now)
+        changes.update(remember_nvlink(previous, readings, config.nvlink, now))
     if config.processes.enabled:
-        memory = remember_processes(memory, readings, config.processes, now)
-    return memory
+        changes.update(remember_processes(previous, readings, config.processes, now))
+    return replace(previous, **changes) if changes else previous
 
 
 def _gpu_findings(

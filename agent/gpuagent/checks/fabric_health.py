@@ -19,10 +19,8 @@ A field the driver does not support is left out, never read as healthy or unheal
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from gpuagent.checks.common import Evidence, GpuView, Outcome, Problem, fmt
-from gpuagent.checks.memory import GpuMemory
+from gpuagent.checks.memory import GpuMemory, MemoryChanges
 from gpuagent.checks.vocabulary import Action, Runbook
 from gpuagent.config import FabricHealthCheck
 from gpuagent.model import (
@@ -46,14 +44,14 @@ def _recovering(readings: GpuReadings | None) -> bool:
 
 def remember_fabric_recovery(
     memory: GpuMemory, readings: GpuReadings | None, now: float
-) -> GpuMemory:
+) -> MemoryChanges:
     """When the current unbroken run of fabric recovery began (None while none runs)."""
     since = memory.fabric_recovery_since
     if not _recovering(readings):
         since = None
     elif since is None or since > now:
         since = now
-    return replace(memory, fabric_recovery_since=since)
+    return MemoryChanges(fabric_recovery_since=since)
 
 
 def _recovery_problem(

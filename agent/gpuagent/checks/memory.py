@@ -7,7 +7,9 @@ for very short poll intervals), and GPUs that are no longer present are forgotte
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 # Thinning (SAMPLES_PER_WINDOW) keeps a series near 60 samples at any poll interval; the
 # cap is a backstop so a series can never grow without end.
@@ -48,8 +50,11 @@ class CounterSeries:
     def observe(self, now: float, value: int | None, source: str, window: float) -> CounterSeries:
         """The series after sampling ``value`` at ``now``, keeping ``window`` seconds."""
         # Samples at or after ``now`` can only come from a clock that went backwards; dropping
-        # them keeps the series strictly increasing in time.
-        kept = tuple(s for s in self.samples if now - window <= s[0] < now)
+        # them keeps the series strictly increasing in time, so the window is found by
+        # bisection (a GPU observes several series every poll).
+        samples = self.samples
+        end = len(samples) if not samples or samples[-1][0] < now else bisect_left(samples, (now,))
+        kept = samples[bisect_left(samples, (now - window,), 0, end) : end]
         if value is None:
             return CounterSeries(self.source, kept)
         # A counter that went down was reset (GPU reset, driver reload): measuring across
@@ -115,6 +120,28 @@ class GpuMemory:
     pids_gone_since: tuple[tuple[int, float], ...] = ()
     idle_since: float | None = None
     idle_pids: tuple[int, ...] = ()
+
+
+class MemoryChanges(TypedDict, total=False):
+    """The fields of a GpuMemory one check's ``remember_*`` changes: the engine applies all
+    checks' changes in one copy (a copy per check was a fifth of judging a poll)."""
+
+    sbe: CounterSeries
+    pcie_replay: CounterSeries
+    pcie_degraded_since: float | None
+    bridge_degraded_since: tuple[tuple[str, float], ...]
+    aer_corrected: CounterSeries
+    throttle: CounterSeries
+    fabric_recovery_since: float | None
+    aer_uncorrectable_baseline: tuple[tuple[str, int], ...]
+    nvlink_crc: CounterSeries
+    nvlink_replay: CounterSeries
+    nvlink_recovery: CounterSeries
+    c2c_errors: CounterSeries
+    memory_held_since: float | None
+    pids_gone_since: tuple[tuple[int, float], ...]
+    idle_since: float | None
+    idle_pids: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,10 +16,8 @@ one is set.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from gpuagent.checks.common import Evidence, GpuView, Outcome, Problem, fmt, plural
-from gpuagent.checks.memory import CounterSeries, GpuMemory, Rate
+from gpuagent.checks.memory import CounterSeries, GpuMemory, MemoryChanges, Rate
 from gpuagent.checks.vocabulary import Action, Runbook
 from gpuagent.config import NvlinkCheck
 from gpuagent.model import GpuReadings, Severity
@@ -39,7 +37,7 @@ def _crc_sample(readings: GpuReadings) -> tuple[int | None, str]:
 
 def remember_nvlink(
     memory: GpuMemory, readings: GpuReadings | None, config: NvlinkCheck, now: float
-) -> GpuMemory:
+) -> MemoryChanges:
     """Add this poll's error samples; an unread GPU (``readings`` None) only ages old ones."""
     window = config.rate_window_seconds
     if readings is None:
@@ -49,8 +47,7 @@ def remember_nvlink(
         crc, source = _crc_sample(readings)
         replay, recovery = readings.nvlink_replay_errors, readings.nvlink_recovery_errors
         c2c = _c2c_sample(readings)
-    return replace(
-        memory,
+    return MemoryChanges(
         nvlink_crc=memory.nvlink_crc.observe(now, crc, source, window),
         nvlink_replay=memory.nvlink_replay.observe(now, replay, "replay", window),
         nvlink_recovery=memory.nvlink_recovery.observe(now, recovery, "recovery", window),

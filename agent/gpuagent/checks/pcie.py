@@ -14,10 +14,9 @@ while NVML, which only sees the GPU's own link, reports nothing wrong.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 from gpuagent.checks.common import Evidence, GpuView, Outcome, Problem, fmt
-from gpuagent.checks.memory import GpuMemory
+from gpuagent.checks.memory import GpuMemory, MemoryChanges
 from gpuagent.checks.vocabulary import Action, Runbook
 from gpuagent.config import PcieCheck
 from gpuagent.model import GpuIdentity, GpuReadings, PcieLink, PciePath, Severity
@@ -53,7 +52,7 @@ def remember_link(
     readings: GpuReadings | None,
     config: PcieCheck,
     now: float,
-) -> GpuMemory:
+) -> MemoryChanges:
     """Add this poll's replay sample and update when the link was first seen degraded.
 
     An unread GPU (``readings`` None) ages old samples and breaks the degraded run: a
@@ -66,7 +65,7 @@ def remember_link(
         since = None  # the hold time counts one unbroken run of degraded polls
     elif since is None or since > now:
         since = now
-    return replace(memory, pcie_replay=replay, pcie_degraded_since=since)
+    return MemoryChanges(pcie_replay=replay, pcie_degraded_since=since)
 
 
 def _cap(
@@ -122,17 +121,17 @@ def remember_bridges(
     readings: GpuReadings | None,
     config: PcieCheck,
     now: float,
-) -> GpuMemory:
+) -> MemoryChanges:
     """Start or continue the hold time of each degraded bridge; others (and all, when the
     GPU could not be read) stop theirs."""
     if readings is None:
-        return replace(memory, bridge_degraded_since=())
+        return MemoryChanges(bridge_degraded_since=())
     before = dict(memory.bridge_degraded_since)
     since = []
     for address, _ in bridge_shortfalls(path, readings, config):
         started = before.get(address)
         since.append((address, now if started is None or started > now else started))
-    return replace(memory, bridge_degraded_since=tuple(since))
+    return MemoryChanges(bridge_degraded_since=tuple(since))
 
 
 def _bridges(view: GpuView) -> tuple[list[Problem], Evidence]:

@@ -20,10 +20,8 @@ can never fire any of them (unless a hold time is configured as 0).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from gpuagent.checks.common import Evidence, GpuView, Outcome, Problem, fmt, plural
-from gpuagent.checks.memory import GpuMemory
+from gpuagent.checks.memory import GpuMemory, MemoryChanges
 from gpuagent.checks.vocabulary import Action, Runbook
 from gpuagent.config import ProcessesCheck
 from gpuagent.model import GpuProcess, GpuReadings, Severity
@@ -59,12 +57,12 @@ def gone_pids(readings: GpuReadings) -> tuple[int, ...]:
 
 def remember_processes(
     memory: GpuMemory, readings: GpuReadings | None, config: ProcessesCheck, now: float
-) -> GpuMemory:
+) -> MemoryChanges:
     """Start, keep or end each hold timer. An unread poll ends them all: nothing says the
     condition held through it."""
     if readings is None:
-        return replace(
-            memory, memory_held_since=None, pids_gone_since=(), idle_since=None, idle_pids=()
+        return MemoryChanges(
+            memory_held_since=None, pids_gone_since=(), idle_since=None, idle_pids=()
         )
     held_since = memory.memory_held_since if memory.memory_held_since is not None else now
     previous_gone = dict(memory.pids_gone_since)
@@ -74,8 +72,7 @@ def remember_processes(
     if idle_since is None or not set(pids) <= set(memory.idle_pids):
         idle_since = now
     idle = idle_with_processes(readings, config)
-    return replace(
-        memory,
+    return MemoryChanges(
         memory_held_since=held_since if memory_held_without_process(readings, config) else None,
         pids_gone_since=tuple((pid, previous_gone.get(pid, now)) for pid in gone_pids(readings)),
         idle_since=idle_since if idle else None,

@@ -14,10 +14,8 @@ still exported and named in the OK reason.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from gpuagent.checks.common import Evidence, GpuView, Outcome, Problem, fmt
-from gpuagent.checks.memory import CounterSeries, GpuMemory
+from gpuagent.checks.memory import CounterSeries, GpuMemory, MemoryChanges
 from gpuagent.checks.vocabulary import Action, Runbook
 from gpuagent.config import ThermalCheck
 from gpuagent.model import GpuReadings, Severity
@@ -108,16 +106,16 @@ def throttle_counter(readings: GpuReadings) -> tuple[int | None, str]:
 
 def remember_throttle(
     memory: GpuMemory, readings: GpuReadings | None, config: ThermalCheck, now: float
-) -> GpuMemory:
+) -> MemoryChanges:
     """Sample the throttle counters while the GPU is busy; an idle or unread poll ends the
     series, so the share is only ever measured over busy time."""
     if readings is None or not _busy(readings, config):
-        return replace(memory, throttle=CounterSeries())
+        return MemoryChanges(throttle=CounterSeries())
     value, source = throttle_counter(readings)
     # The counters are read less often than the poll runs: the sample is theirs in time.
     at = now if readings.counters_at is None else min(readings.counters_at, now)
     series = memory.throttle.observe(at, value, source, config.throttle_window_seconds)
-    return replace(memory, throttle=series)
+    return MemoryChanges(throttle=series)
 
 
 def throttled_share(view: GpuView) -> float | None:

@@ -110,6 +110,7 @@ class EventSources:
         config = self._config.sources.sysfs
         while True:
             started = time.monotonic()
+            before = (self.pcie, self.infiniband, tracker.status.up)
             try:
                 async with asyncio.timeout(_SYSFS_TIMEOUT_SECONDS):
                     self.pcie = await asyncio.to_thread(read_pcie_paths, config.root)
@@ -118,7 +119,9 @@ class EventSources:
             else:
                 tracker.success(time.monotonic() - started)
             await self.refresh_infiniband()
-            self._schedule_publish()
+            # What did not change waits for the next poll's snapshot rather than cost one.
+            if (self.pcie, self.infiniband, tracker.status.up) != before:
+                self._schedule_publish()
             await asyncio.sleep(config.interval_seconds)
 
     async def refresh_infiniband(self) -> None:
@@ -172,8 +175,9 @@ class EventSources:
     async def prune_loop(self) -> None:
         while True:
             await asyncio.sleep(_PRUNE_SECONDS)
-            self._events.prune(time.monotonic())
-            self._schedule_publish()
+            # Only a change is worth a snapshot of its own: the next poll judges the rest.
+            if self._events.prune(time.monotonic()):
+                self._schedule_publish()
 
     async def incident_loop(self) -> None:
         """Report the incidents that grew: one log line for all, one fleet event each."""

@@ -177,6 +177,14 @@ def canonical_bus_id(nvml_bus_id: str) -> str:
     return f"{int(domain, 16):04x}:{rest}" if rest else nvml_bus_id.lower()
 
 
+class _PlainFieldValue(ctypes.Structure):
+    """nvmlFieldValue_t's layout without pynvml's attribute hooks: its structures decode
+    bytes on every attribute read, which made reading a batch's answers cost more CPU than
+    NVML spent answering it. The answers are read through this view of the same memory."""
+
+    _fields_ = pynvml.c_nvmlFieldValue_t._fields_
+
+
 def _field_values(worker: CallWorker, handle: Any, ids: list[Any]) -> list[float | int | None]:
     values = worker.call(
         "nvmlDeviceGetFieldValues",
@@ -189,7 +197,7 @@ def _field_values(worker: CallWorker, handle: Any, ids: list[Any]) -> list[float
     if values is None:
         return [None] * len(ids)
     out: list[float | int | None] = []
-    for value in values:
+    for value in (_PlainFieldValue * len(values)).from_buffer(values):
         if value.nvmlReturn != pynvml.NVML_SUCCESS:
             if value.nvmlReturn == pynvml.NVML_ERROR_GPU_IS_LOST:
                 raise GpuLostError("nvmlDeviceGetFieldValues")

@@ -92,7 +92,7 @@ class CallWorker:
         """Make one NVML call, recorded for the timeout watcher. Only on this worker's
         thread, in a job given to `run` or `submit`. ``expected``: seconds the call takes
         by design (a blocking event wait), added to the timeout."""
-        if threading.current_thread() is not self._thread:
+        if threading.get_ident() != self._thread.ident:
             raise RuntimeError(f"{name}: NVML calls are made on their worker ({self.name})")
         with _gate:
             if _draining and not during_drain:

@@ -40,7 +40,7 @@ class MetricsSection:
     # finding, an event, a GPU or NVML lost or back) at once, and otherwise at most this
     # often: a 1 s poll need not pay for rendering every second what is scraped every
     # 15-30 s. 0: after every snapshot. Values served are then at most this old.
-    render_interval_seconds: Annotated[float, NON_NEGATIVE] = 5.0
+    render_interval_seconds: Annotated[float, NON_NEGATIVE] = 15.0
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -67,7 +67,7 @@ class NvmlSourceSection:
     # one sample and one metrics call per GPU and MIG instance, at most this often (the
     # metrics call costs 1.5 ms of CPU on a real H200); values are averages over it.
     profiling: bool = True
-    profiling_interval_seconds: Annotated[float, POSITIVE] = 10.0
+    profiling_interval_seconds: Annotated[float, POSITIVE] = 30.0
     # procfs as the agent sees it: each GPU process's owner, and whether it still exists.
     # An agent in a container sees only its own PID namespace unless it shares the host's
     # (hostPID) or is given the host's /proc mounted elsewhere (then point this there).
