@@ -9,6 +9,7 @@ snapshot is published. The metrics endpoint and the local API only read that sna
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -355,6 +356,10 @@ class Agent:
         if self.kubernetes is not None:
             await self.kubernetes.read_host()  # the Node is read by its loop: no wait here
         await self.poller.poll_once()
+        # What start-up made lives as long as the daemon: out of the collector's way, so a
+        # full collection walks what the polls make, not every module's objects.
+        gc.collect()
+        gc.freeze()
         self.notifier.ready(self.summary())
 
     def _loops(self) -> dict[str, Callable[[], Coroutine[Any, Any, None]]]:

@@ -100,6 +100,10 @@ class Outcome:
     problems: tuple[Problem, ...] = ()
 
 
+# Read once: an enum member's value is a descriptor lookup, and every OK finding needs both.
+_NO_ACTION, _NO_RUNBOOK = Action.NONE.value, Runbook.NONE.value
+
+
 def to_finding(check: str, gpu: str | None, outcome: Outcome) -> Finding:
     """One Finding from an outcome: the worst problem decides severity, action and runbook.
 
@@ -113,8 +117,8 @@ def to_finding(check: str, gpu: str | None, outcome: Outcome) -> Finding:
             reason=outcome.ok_reason,
             gpu=gpu,
             evidence=outcome.evidence,
-            action=Action.NONE.value,
-            runbook=Runbook.NONE.value,
+            action=_NO_ACTION,
+            runbook=_NO_RUNBOOK,
         )
     # sorted() is stable, so equally bad problems keep the order the check listed them in.
     ranked = sorted(outcome.problems, key=lambda p: -p.severity.rank)
