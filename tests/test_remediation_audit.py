@@ -73,7 +73,22 @@ async def test_counts_by_kind_result_target_and_time(tmp_path: Path) -> None:
     last = store.last("reset_gpu", "0000:3b:00.0", ("succeeded", "started"))
     assert last is not None
     assert last.result == "succeeded"
-    assert store.targets("reset_gpu", "started") == ["0000:3b:00.0", "0000:5d:00.0"]
+    assert store.targets("reset_gpu", "started") == ("0000:3b:00.0", "0000:5d:00.0")
+    store.close()
+
+
+async def test_answers_kept_between_records_follow_every_record(tmp_path: Path) -> None:
+    """`last` and `targets` are remembered until the next record, which they then show."""
+    store = await _opened(tmp_path / "a.sqlite")
+    assert store.last("reset_gpu", None, ("started",)) is None
+    assert store.targets("reset_gpu", "started") == ()
+    first = await store.record(RESET, "started", mode="enforce")
+    assert store.last("reset_gpu", None, ("started",)) == first
+    assert store.targets("reset_gpu", "started") == (RESET.target,)
+    other = PlannedAction("reset_gpu", "0000:5d:00.0", "x")
+    second = await store.record(other, "started", mode="enforce")
+    assert store.last("reset_gpu", None, ("started",)) == second
+    assert store.targets("reset_gpu", "started") == (RESET.target, other.target)
     store.close()
 
 

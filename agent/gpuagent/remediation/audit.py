@@ -99,6 +99,10 @@ class AuditStore:
         self.error = ""  # why the trail cannot be opened or written, while it cannot
         self.retry_seconds = OPEN_RETRY_SECONDS
         self._next_open = 0.0
+        # Answers of `last` and `targets` until the next record: every snapshot asks the
+        # same few (what we cordoned, capped, escalated), and only a record changes them.
+        self._last: dict[tuple[str, str | None, tuple[str, ...]], AuditRecord | None] = {}
+        self._targets: dict[tuple[str, str], tuple[str, ...]] = {}
 
     @property
     def ready(self) -> bool:
@@ -112,6 +116,7 @@ class AuditStore:
         if time.monotonic() < self._next_open:
             return False
         self._next_open = time.monotonic() + self.retry_seconds
+        self._forget_answers()
         try:
             self._writer, self._reader = await self._disk.run(self._connect)
         except (sqlite3.Error, OSError) as exc:
@@ -137,10 +142,15 @@ class AuditStore:
         return writer, reader
 
     def close(self) -> None:
+        self._forget_answers()
         if self._reader is not None:
             self._reader.close()
         if self._writer is not None:
             self._disk.call_soon(self._writer.close)
+
+    def _forget_answers(self) -> None:
+        self._last.clear()
+        self._targets.clear()
 
     def _read(self) -> sqlite3.Connection:
         if self._reader is None:
@@ -175,6 +185,8 @@ class AuditStore:
         except sqlite3.Error as exc:
             self.error = f"cannot write the audit record: {exc}"
             raise AuditError(self.error) from exc
+        finally:
+            self._forget_answers()
         self.error = ""
         return AuditRecord(
             id=row_id,
@@ -210,6 +222,9 @@ class AuditStore:
         self, kind: ActionKind, target: str | None, results: Iterable[ActionResult]
     ) -> AuditRecord | None:
         wanted = tuple(results)
+        key = (kind, target, wanted)
+        if key in self._last:
+            return self._last[key]
         marks = ",".join("?" for _ in wanted)
         query = f"SELECT {_COLUMNS} FROM actions WHERE kind = ? AND result IN ({marks})"  # noqa: S608
         args: list[object] = [kind, *wanted]
@@ -217,13 +232,17 @@ class AuditStore:
             query += " AND target = ?"
             args.append(target)
         row = self._read().execute(query + " ORDER BY id DESC LIMIT 1", args).fetchone()
-        return None if row is None else _record(row)
+        found = self._last[key] = None if row is None else _record(row)
+        return found
 
-    def targets(self, kind: ActionKind, result: ActionResult) -> list[str]:
-        rows = self._read().execute(
-            "SELECT DISTINCT target FROM actions WHERE kind = ? AND result = ?", (kind, result)
-        )
-        return [str(r[0]) for r in rows]
+    def targets(self, kind: ActionKind, result: ActionResult) -> tuple[str, ...]:
+        key = (kind, result)
+        if key not in self._targets:
+            rows = self._read().execute(
+                "SELECT DISTINCT target FROM actions WHERE kind = ? AND result = ?", (kind, result)
+            )
+            self._targets[key] = tuple(str(r[0]) for r in rows)
+        return self._targets[key]
 
     def since(self, after_id: int, limit: int) -> list[AuditRecord]:
         """Records newer than ``after_id``, oldest first (the MQTT reporter's feed)."""

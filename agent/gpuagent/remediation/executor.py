@@ -156,7 +156,7 @@ class Remediator:
             power_capped=tuple(capped),
             cool_since=tuple(self._cool_since.items()),
             healthy_since=self._healthy_since,
-            escalated=tuple(audit.targets("reset_gpu", "escalated")),
+            escalated=audit.targets("reset_gpu", "escalated"),
             persistenced_installed=self._persistenced,
         )
 
