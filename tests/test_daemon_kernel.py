@@ -3,6 +3,7 @@ daemon on a simulated node, checked in status, the events API and /metrics."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -101,7 +102,10 @@ def test_gpu_removed_from_the_bus_is_critical_at_once_and_comes_back(run_daemon:
 def test_malformed_kernel_records_are_counted_and_the_daemon_carries_on(run_daemon: Run) -> None:
     daemon = run_daemon(H100)
     daemon.write_kernel_log("3,notanumber,x,-;NVRM: Xid (PCI:0000:18:00): 13, broken")
-    daemon.write_kernel_log("3,5,1000,-;NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=a, x")
+    # Stamped now (µs since boot): a record older than sources.kmsg.lookback_seconds is
+    # history, skipped, on a host up for longer than that.
+    now_us = int(time.monotonic() * 1_000_000)
+    daemon.write_kernel_log(f"3,5,{now_us},-;NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=a, x")
 
     def unparsed(_doc: dict[str, Any]) -> bool:
         return _doc["kmsg"]["lines_unparsed"] == 1 and _doc["recent_events"] == 1
