@@ -17,7 +17,7 @@ from __future__ import annotations
 import collections
 from dataclasses import replace
 
-from gpuagent.inventory.model import READY, STOPPED_STATES, Service
+from gpuagent.inventory.model import STOPPED_STATES, Service
 
 
 class ServiceLiveness:
@@ -44,7 +44,7 @@ class ServiceLiveness:
         readiness, unready = probed.readiness, 0
         if readiness is None and last is not None and probed.state == "active":
             readiness, unready = last.readiness, last.unready_probes  # no answer: as before
-        elif readiness not in (None, READY):
+        elif probed.says_unready:
             unready = (last.unready_probes if last else 0) + 1
         observed = replace(
             probed,

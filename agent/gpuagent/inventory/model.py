@@ -108,9 +108,14 @@ class Service:
         return self.state in STOPPED_STATES and not self.pending
 
     @property
+    def says_unready(self) -> bool:
+        """This probe's answer was something other than READY (no answer says nothing)."""
+        return self.readiness not in (None, READY)
+
+    @property
     def not_ready(self) -> bool:
         """Running and saying it is not ready, at enough probes in a row (or read once)."""
-        return self.readiness not in (None, READY) and not self.readiness_pending
+        return self.says_unready and not self.readiness_pending
 
 
 @dataclass(frozen=True, slots=True)
