@@ -205,6 +205,9 @@ class Broker:
             if self.process.poll() is not None:
                 err = self.process.stderr.read().decode() if self.process.stderr else ""
                 log = self.log.read_text() if self.log.exists() else ""
+                # Its pipe closed here: a caller may try other ports with a new broker,
+                # and a pipe left to the collector fails whichever test is running then.
+                self._forget()
                 raise RuntimeError(f"mosquitto exited: {err}\n{log}")
             with (
                 contextlib.suppress(OSError),
@@ -212,6 +215,7 @@ class Broker:
             ):
                 return
             time.sleep(0.05)
+        self.kill()
         raise RuntimeError("mosquitto did not start listening")
 
     def kill(self) -> None:
