@@ -14,7 +14,6 @@ from gpuagent.checks.kubernetes import KubernetesView, check_kubernetes
 from gpuagent.config import Config, KubernetesCheck, parse_config
 from gpuagent.k8s.model import CdiSpec, DevicePlugin, KubernetesFacts, NodeResources, Toolkit
 from gpuagent.model import Finding, Severity
-from gpuagent.node.kubernetes import kubernetes_check_enabled
 from test_checks_support import DEFAULTS, NVML_OK, gpu, identity
 
 GPUS = tuple(identity(f"0000:{0x18 + i:02x}:00.0", index=i) for i in range(4))
@@ -315,7 +314,7 @@ def test_without_facts_there_is_no_kubernetes_finding() -> None:
     ],
 )
 def test_the_check_applies_only_on_a_kubernetes_node(toml: str, enabled: bool) -> None:
-    assert kubernetes_check_enabled(parse_config(toml)) is enabled
+    assert parse_config(toml).watches_kubernetes is enabled
 
 
 def test_the_default_is_auto() -> None:

@@ -111,9 +111,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     import asyncio  # noqa: PLC0415
 
+    from gpuagent import heap  # noqa: PLC0415
     from gpuagent.daemon import Agent  # noqa: PLC0415
     from gpuagent.remediation.backend import BackendConfigError  # noqa: PLC0415
 
+    heap.cap_arenas()  # before the daemon's threads start
     agent = Agent(config, simulate=args.simulate)
     try:
         asyncio.run(agent.run())
@@ -816,7 +818,9 @@ def _add_tool_commands(add: Add) -> None:
     identity.set_defaults(func=cmd_mqtt_identity)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    # Apart from main, so the parser (every command's options and help) is not kept alive
+    # for as long as the command runs: the daemon runs for months.
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
     # `inject KIND --gpu I key=value ...`: values may follow the options.
@@ -824,6 +828,11 @@ def main(argv: list[str] | None = None) -> int:
         args.values += extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
     try:
         result: int = args.func(args)
     except BrokenPipeError:

@@ -20,21 +20,16 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuagent import __version__
+from gpuagent import __version__, heap
 from gpuagent.api import ApiServer
-from gpuagent.attribution.source import AttributionSource
 from gpuagent.config import Config
 from gpuagent.daemon_api import AgentApi
-from gpuagent.dcgm.control import DcgmControl
-from gpuagent.dcgm.source import DcgmSource
 from gpuagent.diskio import DiskThread
 from gpuagent.events import EventLog
-from gpuagent.k8s.output import KubernetesOutput
 from gpuagent.metrics import MetricsServer, build_registry
 from gpuagent.metrics.probes import Probes
 from gpuagent.model import DiagResult, GpuEvent, NodeSnapshot
 from gpuagent.node.inventory import InventoryKeeper
-from gpuagent.node.kubernetes import KubernetesWatch, kubernetes_check_enabled
 from gpuagent.node.poller import NvmlPoller
 from gpuagent.node.publisher import SnapshotPublisher
 from gpuagent.node.remediation import RemediationScheduler, build_remediator
@@ -50,7 +45,12 @@ from gpuagent.supervisor import SourceTracker
 # Imported where used, so a node imports them only when it uses them (the MQTT libraries
 # only where reporting is on, the simulator only under --simulate): each costs RSS.
 if TYPE_CHECKING:
+    from gpuagent.attribution.source import AttributionSource
+    from gpuagent.dcgm.control import DcgmControl
+    from gpuagent.dcgm.source import DcgmSource
     from gpuagent.fleet.reporter import Reporter
+    from gpuagent.k8s.output import KubernetesOutput
+    from gpuagent.node.kubernetes import KubernetesWatch
     from gpuagent.sim import Scenario, SimulatedNode
 
 log = logging.getLogger(__name__)
@@ -99,6 +99,8 @@ class Agent:
         self.dcgm: DcgmControl | None = None
         self._dcgm_source: DcgmSource | None = None
         if config.sources.dcgm.enabled:
+            from gpuagent.dcgm.source import DcgmSource  # noqa: PLC0415
+
             self._dcgm_source = DcgmSource(
                 config.sources.dcgm,
                 changed=self._schedule_publish,
@@ -138,7 +140,9 @@ class Agent:
         self.publisher.dcgm = self._dcgm_source
         # Only on a Kubernetes node (checks.kubernetes): elsewhere it never reads or fires.
         self.kubernetes: KubernetesWatch | None = None
-        if kubernetes_check_enabled(config):
+        if config.watches_kubernetes:
+            from gpuagent.node.kubernetes import KubernetesWatch  # noqa: PLC0415
+
             self.kubernetes = KubernetesWatch(
                 config, trackers, self.simulator, schedule_publish=self._schedule_publish
             )
@@ -146,12 +150,16 @@ class Agent:
         # Workload attribution: off by default, and then nothing is read or attached.
         self.attribution: AttributionSource | None = None
         if config.attribution.enabled:
+            from gpuagent.attribution.source import AttributionSource  # noqa: PLC0415
+
             self.attribution = AttributionSource(config, trackers, self._schedule_publish)
             self.sources.owners = self.attribution.owners_of
         self.publisher.attribution = self.attribution
         # Conditions and events on the Node (outputs.kubernetes), observe mode included.
         self.kubernetes_output: KubernetesOutput | None = None
         if config.outputs.kubernetes.enabled:
+            from gpuagent.k8s.output import KubernetesOutput  # noqa: PLC0415
+
             tracker = trackers.setdefault("kubernetes_output", SourceTracker("kubernetes_output"))
             self.kubernetes_output = KubernetesOutput(config, tracker)
             self.sources.sinks.append(self.kubernetes_output)
@@ -238,6 +246,9 @@ class Agent:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal)
         started = time.monotonic()
+        # What importing and building the components freed, before start-up allocates.
+        gc.collect()
+        heap.give_back()
         try:
             await self.startup()
             log.info("ready in %.2f s: %s", time.monotonic() - started, self.summary())
@@ -360,6 +371,7 @@ class Agent:
         # full collection walks what the polls make, not every module's objects.
         gc.collect()
         gc.freeze()
+        heap.give_back()
         self.notifier.ready(self.summary())
 
     def _loops(self) -> dict[str, Callable[[], Coroutine[Any, Any, None]]]:

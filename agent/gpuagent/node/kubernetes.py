@@ -26,16 +26,6 @@ log = logging.getLogger("gpuagent.daemon")
 _HOST_TIMEOUT_SECONDS = 10.0
 
 
-def kubernetes_check_enabled(config: Config) -> bool:
-    """Whether this node's Kubernetes GPU stack is watched: checks.kubernetes.enabled, or
-    with "auto" whether the node is cordoned through Kubernetes (so it is a Kubernetes
-    node). A node without Kubernetes never gets the check."""
-    enabled = config.checks.kubernetes.enabled
-    if enabled == "auto":
-        return "kubernetes" in config.remediation.cordon.backends
-    return enabled is True
-
-
 class SimulatedStack(Protocol):
     """A simulated node's device plugin directory and container toolkit."""
 

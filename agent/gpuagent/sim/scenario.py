@@ -12,7 +12,7 @@ import re
 import typing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from gpuagent.config import ConfigError, build_dataclass, find_line, parse_toml, read_text
 from gpuagent.inventory.model import ServiceState
@@ -20,7 +20,9 @@ from gpuagent.sim import catalog, hardware
 from gpuagent.sim.faults import FaultError, ParamValue, check_params
 from gpuagent.sim.profiles import GpuProfile
 from gpuagent.sim.replay import profile_for
-from gpuagent.smi import Capture, CaptureError, load_capture
+
+if TYPE_CHECKING:
+    from gpuagent.smi import Capture
 
 InitError = Literal[
     "driver_not_loaded",
@@ -261,6 +263,9 @@ def _replayed(table: dict[str, Any], text: str, base: Path) -> Scenario:
             line=find_line(text, key),
         )
     path = base / str(table["nvidia_smi"])
+    # The capture parsers only where a scenario replays one (the others never use them).
+    from gpuagent.smi import CaptureError, load_capture  # noqa: PLC0415
+
     try:
         capture = load_capture(path)
     except CaptureError as exc:

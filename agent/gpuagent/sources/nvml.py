@@ -20,8 +20,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-import psutil
-
 from gpuagent.config import NvmlSourceSection
 from gpuagent.model import GpuIdentity, GpuReadings, GpuState, NvmlStatus
 from gpuagent.nvml.device import Device
@@ -46,6 +44,10 @@ class NvmlObservation:
 
 
 def host_process_name(pid: int) -> str | None:
+    # Imported at a GPU's first process: an idle node (and the simulator, which names its
+    # own processes) never loads it.
+    import psutil  # noqa: PLC0415
+
     try:
         return psutil.Process(pid).name()
     except (psutil.Error, OSError):

@@ -85,6 +85,16 @@ class Config:
     aggregator: AggregatorSection = field(default_factory=AggregatorSection)
     attribution: AttributionSection = field(default_factory=AttributionSection)
 
+    @property
+    def watches_kubernetes(self) -> bool:
+        """Whether this node's Kubernetes GPU stack is watched: checks.kubernetes.enabled, or
+        with "auto" whether the node is cordoned through Kubernetes (so it is a Kubernetes
+        node). A node without Kubernetes never gets the check."""
+        enabled = self.checks.kubernetes.enabled
+        if enabled == "auto":
+            return "kubernetes" in self.remediation.cordon.backends
+        return enabled is True
+
 
 __all__ = [
     "DEFAULT_COMMAND_TOKEN_FILE",
