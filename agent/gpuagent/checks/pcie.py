@@ -59,7 +59,9 @@ def remember_link(
     poll that saw nothing cannot vouch that the link stayed degraded.
     """
     count = None if readings is None else readings.pcie_replay_count
-    replay = memory.pcie_replay.observe(now, count, "replay", REPLAY_WINDOW_SECONDS)
+    # The counter is read with the slow counters: the sample is theirs in time.
+    at = now if readings is None or readings.counters_at is None else min(readings.counters_at, now)
+    replay = memory.pcie_replay.observe(at, count, "replay", REPLAY_WINDOW_SECONDS)
     since = memory.pcie_degraded_since
     if readings is None or not link_shortfall(identity, readings, config):
         since = None  # the hold time counts one unbroken run of degraded polls
