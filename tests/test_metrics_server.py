@@ -334,3 +334,17 @@ def test_a_renderer_reused_across_changing_values_stays_exact():
         gauge.labels(b=str(step % 2), a="x").set(value)
         gauge.labels(a="y", b="z").set(-value)
         assert renderer.render(registry.collect()) == generate_latest(registry)
+
+
+def test_the_renderers_memo_holds_two_renders_at_most():
+    # A gauge that moves every poll goes through endless values; the memo must not keep
+    # them all, only what the last two renders formatted.
+    registry = CollectorRegistry()
+    gauge = Gauge("moving", "A value that changes every render.", ["gpu"], registry=registry)
+    renderer = TextRenderer()
+    for step in range(1, 500):
+        for gpu in range(8):
+            gauge.labels(gpu=str(gpu)).set(step * 8 + gpu + 0.5)
+        assert renderer.render(registry.collect()) == generate_latest(registry)
+        remembered = len(renderer._values) + len(renderer._previous_values)
+        assert remembered <= 2 * 8 + 2  # the samples and the family's _created, twice
