@@ -178,7 +178,13 @@ def test_run_fleet_with_a_postgresql_store(tmp_path: Path) -> None:
         url = server.create_database("fleet")
         with run_fleet(tmp_path, "1", "--postgres", url, "--no-alerts") as fleet:
             fleet.until(lambda: fleet.online() == ["sim-node-01"], 60, "the node online")
-            # The aggregator's state is in PostgreSQL, not in a file of the run's.
-            rows = server.run("SELECT node, cluster FROM nodes;", "fleet")
-            assert rows == ["sim-node-01|dev"], rows
+            # The aggregator's state is in PostgreSQL, not in a file of the run's. The console
+            # answers from memory; the store is written behind it, so the row may follow.
+            fleet.until(
+                lambda: (
+                    server.run("SELECT node, cluster FROM nodes;", "fleet") == ["sim-node-01|dev"]
+                ),
+                60,
+                "the node's row in PostgreSQL",
+            )
             assert not (fleet.root / "fleet.sqlite").exists()
