@@ -29,13 +29,13 @@ def test_the_arenas_are_capped_unless_the_environment_says_otherwise() -> None:
 
 
 def test_the_daemon_imports_only_what_its_configuration_uses() -> None:
-    # The DCGM source, the Kubernetes watch and output, psutil (process names on a real
-    # host, where a GPU runs a process) and the capture parsers (a replayed host) are
-    # imported where a configuration uses them: each costs resident memory for months.
+    # The Kubernetes watch and output, attribution, psutil (process names on a real host,
+    # where a GPU runs a process) and the capture parsers (a replayed host) are imported
+    # where a configuration uses them: each costs resident memory for months.
     probe = (
         "import sys, gpuagent.cli, gpuagent.daemon, gpuagent.sim; print(sorted(m for m in "
-        "sys.modules if m.split('.')[0] == 'psutil' or m.startswith(('gpuagent.dcgm.source',"
-        " 'gpuagent.k8s.output', 'gpuagent.k8s.client', 'gpuagent.node.kubernetes',"
-        " 'gpuagent.smi', 'gpuagent.fleet.reporter'))))"
+        "sys.modules if m.split('.')[0] == 'psutil' or m.startswith(('gpuagent.k8s.output',"
+        " 'gpuagent.k8s.client', 'gpuagent.node.kubernetes', 'gpuagent.smi',"
+        " 'gpuagent.attribution', 'gpuagent.fleet.reporter'))))"
     )
     assert _run(probe) == "[]"

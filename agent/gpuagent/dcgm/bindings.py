@@ -152,14 +152,20 @@ def parse_version(build_info: str) -> str | None:
     return None
 
 
-def load(configured: str) -> DcgmBindings:
-    """Find, import and initialise the bindings (blocking: libdcgm is loaded here).
-
-    DcgmAbsentError when there are none, they do not import, or libdcgm is missing."""
+def require(configured: str) -> Path:
+    """Where the bindings are; DcgmAbsentError when there are none."""
     path = find_bindings(configured)
     if path is None:
         where = ", ".join(str(p) for p in candidate_paths(configured))
         raise DcgmAbsentError(f"no DCGM Python bindings in {where}")
+    return path
+
+
+def load(configured: str) -> DcgmBindings:
+    """Find, import and initialise the bindings (blocking: libdcgm is loaded here).
+
+    DcgmAbsentError when there are none, they do not import, or libdcgm is missing."""
+    path = require(configured)
     bindings = import_bindings(path)
     structs = bindings.structs
     try:

@@ -19,7 +19,7 @@ from typing import Any
 
 from gpuagent.config import DcgmSourceSection
 from gpuagent.dcgm import diag, health
-from gpuagent.dcgm.bindings import DcgmAbsentError, DcgmBindings, load
+from gpuagent.dcgm.bindings import DcgmAbsentError, DcgmBindings, load, require
 from gpuagent.dcgm.control import DiagUnavailableError
 from gpuagent.dcgm.fields import ProfilingWatch
 from gpuagent.dcgm.policy import PolicyWatch
@@ -69,7 +69,8 @@ class DcgmSource:
         self._profiling_watch: ProfilingWatch | None = None
         self._profiling: tuple[tuple[str, GpuProfiling], ...] = ()
         self._engine: HostEngine = parse_hostengine(config.hostengine)
-        self._worker = DcgmWorker()
+        # Started with the first DCGM call: a node without the bindings never starts it.
+        self._worker: DcgmWorker | None = None
         self._bindings: DcgmBindings | None = None
         self._handle: Any = None
         self._health: health.HealthWatch | None = None
@@ -118,13 +119,15 @@ class DcgmSource:
     # --- running ---------------------------------------------------------------------
 
     async def _call(self, job: Callable[[], Any], seconds: float | None = None) -> Any:
-        if not self._worker.usable:
+        if self._worker is None or not self._worker.usable:
             self._worker = DcgmWorker()
         return await self._worker.run(job, seconds or self._config.call_timeout_seconds)
 
     async def load(self) -> bool:
         """Import the bindings and load libdcgm (on the DCGM thread). False: absent."""
         try:
+            # Looked for here (two stat calls, once): no DCGM thread where there is no DCGM.
+            require(self._config.bindings_path)
             self._bindings = await self._call(lambda: load(self._config.bindings_path))
         except DcgmAbsentError as exc:
             self._set("absent", str(exc))
@@ -232,7 +235,7 @@ class DcgmSource:
     async def _drop_connection(self, seconds: float | None = None) -> None:
         dcgm, handle = self._bindings, self._handle
         self._handle, self._health = None, None
-        if dcgm is None or handle is None or not self._worker.usable:
+        if dcgm is None or handle is None or self._worker is None or not self._worker.usable:
             return
         with contextlib.suppress(Exception):
             await self._call(lambda: disconnect(dcgm, self._engine, handle), seconds)
@@ -266,7 +269,8 @@ class DcgmSource:
 
     def close(self) -> None:
         """Stop the DCGM thread (after the task running `run` was cancelled)."""
-        self._worker.close()
+        if self._worker is not None:
+            self._worker.close()
 
     # --- DcgmControl -------------------------------------------------------------------
 

@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
-from gpuagent.attribution.source import with_owner_evidence
 from gpuagent.checks import HealthMemory, InventoryView, evaluate
 from gpuagent.checks.infiniband import PEERMEM, IbExpected, IbInput
 from gpuagent.config import Config
@@ -310,6 +309,8 @@ class SnapshotPublisher:
             kubernetes=self.kubernetes.facts if self.kubernetes is not None else None,
         )
         if self.attribution is not None:
+            from gpuagent.attribution.source import with_owner_evidence  # noqa: PLC0415
+
             health = with_owner_evidence(health, gpus)
         self._inventory.learn(inventory, health.severity)
         self._sequence += 1

@@ -15,7 +15,6 @@ import pwd
 from dataclasses import replace
 from pathlib import Path
 
-from gpuagent.attribution.slurm import parse_cgroup
 from gpuagent.model import GpuProcess, GpuReadings
 
 
@@ -46,6 +45,8 @@ class ProcessTable:
         return replace(process, name=name, alive=True, user=self._user(fields.get("Uid")), job=job)
 
     def _job(self, entry: Path) -> str | None:
+        from gpuagent.attribution.slurm import parse_cgroup  # noqa: PLC0415 - Slurm nodes only
+
         cgroup = _read(entry / "cgroup")
         step = parse_cgroup(cgroup) if cgroup is not None else None
         return step.job if step is not None else None
