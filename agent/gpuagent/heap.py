@@ -1,7 +1,7 @@
 """The daemon's C heap: two malloc arenas, and the pages start-up freed given back.
 
 glibc gives each thread that allocates an arena of its own (up to eight per core) and
-keeps what is freed in them, and in the main heap, for later: the daemon's 15 threads
+keeps what is freed in them, and in the main heap, for later: the daemon's dozen threads
 hold the GIL for nearly all they do, so more arenas buy no parallelism, only pages.
 Start-up (imports, the configuration, the first poll and render) frees megabytes that
 the running daemon never needs again. Capping the arenas before any thread starts and

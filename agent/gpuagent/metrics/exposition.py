@@ -49,8 +49,7 @@ class TextRenderer:
     Each render remembers what it formatted and reuses what the render before it did: what
     repeats from one snapshot to the next (label sets, flags, health, counters) is formatted
     once, and the memo never holds more than two renders' worth, however many values the
-    gauges that move every poll go through (a memo of every value seen grew by about 2 MB
-    before it started over).
+    gauges that move every poll (power, energy, clocks) go through.
     """
 
     def __init__(self) -> None:
