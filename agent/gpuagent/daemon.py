@@ -43,7 +43,8 @@ from gpuagent.store import SnapshotStore
 from gpuagent.supervisor import SourceTracker
 
 # Imported where used, so a node imports them only when it uses them (the MQTT libraries
-# only where reporting is on, the simulator only under --simulate): each costs RSS.
+# only where reporting is on, the Kubernetes watch and output and attribution only where
+# configured, the simulator only under --simulate): each costs RSS (tests/test_heap.py).
 if TYPE_CHECKING:
     from gpuagent.attribution.source import AttributionSource
     from gpuagent.dcgm.control import DcgmControl

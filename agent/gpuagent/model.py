@@ -345,13 +345,17 @@ class GpuReadings:
     throttle_sw_thermal_ns: int | None = None
     throttle_hw_thermal_ns: int | None = None
     throttle_hw_power_brake_ns: int | None = None
-    # When the energy counter and the throttle durations above were read (monotonic s):
-    # they are read on the slow cadence, so a rate over them uses this time, not the poll's.
-    # None: read with the rest of the poll.
+    # When the slow counters (energy, the throttle durations above, PCIe replays) were read
+    # (monotonic s): they are read on the slow cadence, so a rate over them uses this time,
+    # not the poll's. None: read with the rest of the poll.
     counters_at: float | None = None
     # NVML GPM (Hopper and later): the whole GPU first, then each MIG GPU instance; empty
     # where the GPU has no GPM, so such a GPU exports no profiling series at all.
     profiling: tuple[GpuProfiling, ...] = ()
+
+    def counters_sampled_at(self, now: float) -> float:
+        """The time a slow counter's sample belongs to, for a poll judged at ``now``."""
+        return now if self.counters_at is None else min(self.counters_at, now)
 
     @property
     def c2c_errors(self) -> tuple[tuple[str, int | None], ...]:

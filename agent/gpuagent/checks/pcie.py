@@ -60,7 +60,7 @@ def remember_link(
     """
     count = None if readings is None else readings.pcie_replay_count
     # The counter is read with the slow counters: the sample is theirs in time.
-    at = now if readings is None or readings.counters_at is None else min(readings.counters_at, now)
+    at = now if readings is None else readings.counters_sampled_at(now)
     replay = memory.pcie_replay.observe(at, count, "replay", REPLAY_WINDOW_SECONDS)
     since = memory.pcie_degraded_since
     if readings is None or not link_shortfall(identity, readings, config):

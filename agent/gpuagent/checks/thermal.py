@@ -113,7 +113,7 @@ def remember_throttle(
         return MemoryChanges(throttle=CounterSeries())
     value, source = throttle_counter(readings)
     # The counters are read less often than the poll runs: the sample is theirs in time.
-    at = now if readings.counters_at is None else min(readings.counters_at, now)
+    at = readings.counters_sampled_at(now)
     series = memory.throttle.observe(at, value, source, config.throttle_window_seconds)
     return MemoryChanges(throttle=series)
 

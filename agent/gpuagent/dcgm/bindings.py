@@ -165,7 +165,11 @@ def load(configured: str) -> DcgmBindings:
     """Find, import and initialise the bindings (blocking: libdcgm is loaded here).
 
     DcgmAbsentError when there are none, they do not import, or libdcgm is missing."""
-    path = require(configured)
+    return load_from(require(configured))
+
+
+def load_from(path: Path) -> DcgmBindings:
+    """Import and initialise the bindings found at ``path`` (blocking, as `load`)."""
     bindings = import_bindings(path)
     structs = bindings.structs
     try:

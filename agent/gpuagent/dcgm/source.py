@@ -19,7 +19,7 @@ from typing import Any
 
 from gpuagent.config import DcgmSourceSection
 from gpuagent.dcgm import diag, health
-from gpuagent.dcgm.bindings import DcgmAbsentError, DcgmBindings, load, require
+from gpuagent.dcgm.bindings import DcgmAbsentError, DcgmBindings, load_from, require
 from gpuagent.dcgm.control import DiagUnavailableError
 from gpuagent.dcgm.fields import ProfilingWatch
 from gpuagent.dcgm.policy import PolicyWatch
@@ -127,8 +127,8 @@ class DcgmSource:
         """Import the bindings and load libdcgm (on the DCGM thread). False: absent."""
         try:
             # Looked for here (two stat calls, once): no DCGM thread where there is no DCGM.
-            require(self._config.bindings_path)
-            self._bindings = await self._call(lambda: load(self._config.bindings_path))
+            path = require(self._config.bindings_path)
+            self._bindings = await self._call(lambda: load_from(path))
         except DcgmAbsentError as exc:
             self._set("absent", str(exc))
             log.info("DCGM not used: %s", exc)
