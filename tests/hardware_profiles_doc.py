@@ -14,9 +14,11 @@ from pathlib import Path
 from gpuagent.config import Config
 from gpuagent.daemon import Agent
 from gpuagent.model import NodeSnapshot, Severity
+from gpuagent.render import settings_text
 from gpuagent.sim import GpuProfile, replay_scenario
 from gpuagent.sim.catalog import PROFILES
 from gpuagent.smi import Capture, CapturedGpu, load_capture
+from gpuagent.statusview import status_document
 
 REPO = Path(__file__).resolve().parent.parent
 REAL_HOSTS = REPO / "tests" / "data" / "real-hosts"
@@ -34,14 +36,16 @@ class Verdict:
     reasons: tuple[str, ...]
 
 
-def collect(capture: Path, kernel_log: bytes | None = None) -> NodeSnapshot:
+def collect(
+    capture: Path, kernel_log: bytes | None = None, config: Config | None = None
+) -> NodeSnapshot:
     """One `gpuagent check` of the replayed capture (and kernel log), in this process."""
-    agent = Agent(Config(), simulate=replay_scenario(load_capture(capture)))
+    agent = Agent(config or Config(), simulate=replay_scenario(load_capture(capture)))
     return asyncio.run(agent.collect_once(kernel_log))
 
 
-def judge(capture: Path) -> Verdict:
-    snapshot = collect(capture)
+def judge(capture: Path, snapshot: NodeSnapshot | None = None) -> Verdict:
+    snapshot = snapshot or collect(capture)
     index = {g.identity.pci_bus_id: g.identity.index for g in snapshot.gpus}
     bad = snapshot.health.problems()
     return Verdict(
@@ -122,17 +126,22 @@ def _profiles_table() -> list[str]:
 
 def _captures_table() -> list[str]:
     lines = [
-        "| capture | GPUs | driver | N/A on GPU 0 | read as absent | exit | findings |",
-        "|---|---|---|---|---|---|---|",
+        (
+            "| capture | GPUs | driver | N/A on GPU 0 | read as absent | settings of GPU 0 | exit "
+            "| findings |"
+        ),
+        "|---|---|---|---|---|---|---|---|",
     ]
     for path in CAPTURES:
         capture = load_capture(path)
-        verdict = judge(path)
+        snapshot = collect(path)
+        verdict = judge(path, snapshot)
         first = capture.gpus[0]
         findings = "; ".join(verdict.reasons) or "none"
+        settings = settings_text(status_document(snapshot)["gpus"][0]) or "-"
         lines.append(
             f"| `{path.name}` | {len(capture.gpus)} x {first.product_name} | "
-            f"{capture.driver_version} | {_na(first)} | {_absent(capture)} | "
+            f"{capture.driver_version} | {_na(first)} | {_absent(capture)} | {settings} | "
             f"{verdict.exit_code} | {findings} |"
         )
     return lines
@@ -168,7 +177,10 @@ def render() -> str:
         "(0 OK, 1 WARN, 2 CRITICAL, 3 UNKNOWN) and every finding that is not OK. Read as",
         "absent: fields whose value the parser did not understand (drivers 570 and later print",
         '"Requested functionality has been deprecated" for applications clocks); the check',
-        "names each with its line on stderr (`replay_notes` with `--json`).",
+        "names each with its line on stderr (`replay_notes` with `--json`). Settings are",
+        "facts, shown as `gpuagent status` shows them: without a declared or learned",
+        "expectation none of them is a finding (see",
+        "[checks.md](checks.md#settings-and-faults)).",
         "",
         *_captures_table(),
         "",

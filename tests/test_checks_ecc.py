@@ -50,7 +50,7 @@ HOURLY_100 = with_checks(ecc=EccCheck(sbe_rate_per_hour=100.0, rate_window_secon
         pytest.param(
             {"ecc_enabled": False},
             Severity.WARN,
-            "ECC is disabled",
+            "ECC is disabled (this board ships with it on)",
             "enable_ecc",
             "gpu-ecc-disabled",
             id="disabled",
@@ -58,7 +58,8 @@ HOURLY_100 = with_checks(ecc=EccCheck(sbe_rate_per_hour=100.0, rate_window_secon
         pytest.param(
             {"ecc_enabled": False, "ecc_dbe_volatile": 1},
             Severity.CRITICAL,
-            "1 uncorrectable ECC error since the last reset; ECC is disabled",
+            "1 uncorrectable ECC error since the last reset; "
+            "ECC is disabled (this board ships with it on)",
             "drain_and_reset",
             "gpu-ecc-dbe",
             id="dbe-and-disabled-worst-first",
@@ -193,13 +194,29 @@ def test_sbe_rate_over_polls(
         assert "corrected ECC errors per hour" in last.reason
 
 
-@pytest.mark.parametrize("brand", ["GeForce", "Titan"])
-def test_ecc_off_on_a_consumer_board_is_how_it_ships(brand: str) -> None:
-    # RTX 4090 captures: ECC mode Disabled on every GPU of a healthy node.
+# RTX 4090 captures: ECC mode Disabled on every GPU of a healthy node; the RTX 4000 SFF Ada
+# and RTX PRO 6000 Blackwell workstation boards ship with ECC off too.
+@pytest.mark.parametrize("brand", ["GeForce", "Titan", "NVIDIA RTX", "Quadro", "Quadro RTX"])
+def test_ecc_off_on_a_board_that_ships_with_it_off_is_a_fact(brand: str) -> None:
     found = check_once("ecc", ident=identity(brand=brand), ecc_enabled=False)
-    assert (found.severity, found.reason) == (Severity.OK, f"ECC off, as {brand} boards ship")
+    assert (found.severity, found.reason) == (Severity.OK, "ECC off, as this board ships")
 
 
-def test_ecc_off_on_a_data_centre_board_is_still_warn() -> None:
-    found = check_once("ecc", ident=identity(brand="NVIDIA"), ecc_enabled=False)
+@pytest.mark.parametrize("brand", ["NVIDIA", "Tesla"])
+def test_ecc_off_on_a_data_centre_board_is_still_warn(brand: str) -> None:
+    found = check_once("ecc", ident=identity(brand=brand), ecc_enabled=False)
     assert (found.severity, found.runbook) == (Severity.WARN, "gpu-ecc-disabled")
+
+
+@pytest.mark.parametrize(
+    ("brand", "default", "severity"),
+    [
+        pytest.param("NVIDIA RTX", True, Severity.WARN, id="workstation-shipped-on"),
+        pytest.param("NVIDIA", False, Severity.OK, id="data-centre-shipped-off"),
+    ],
+)
+def test_the_boards_own_default_ecc_mode_wins_over_its_class(
+    brand: str, default: bool, severity: Severity
+) -> None:
+    ident = identity(brand=brand, ecc_default=default)
+    assert check_once("ecc", ident=ident, ecc_enabled=False).severity is severity

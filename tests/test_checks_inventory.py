@@ -20,16 +20,13 @@ from gpuagent.checks.daemons import check_fabric, check_services
 from gpuagent.checks.inventory import (
     check_drift,
     check_driver,
-    check_ecc_mode,
     check_firmware,
     check_gpu_count,
     check_mig_layout,
-    check_persistence_mode,
-    check_settings,
     layout_text,
     version_matches,
 )
-from gpuagent.config import ChecksSection, ExpectedGpu, InventoryExpected, PersistenceCheck
+from gpuagent.config import ChecksSection, ExpectedGpu, InventoryExpected
 from gpuagent.inventory.baseline import Baseline, learn
 from gpuagent.inventory.model import (
     GpuInventory,
@@ -113,6 +110,11 @@ def node(
 
 def expect(**values: Any) -> InventoryExpected:
     return InventoryExpected(**values)
+
+
+def on(expected: InventoryExpected) -> InventoryView:
+    """What a per-GPU inventory check sees: a node with these expectations."""
+    return InventoryView(node(), expected)
 
 
 def verdict(outcome: Outcome) -> tuple[Severity, str, str]:
@@ -907,98 +909,6 @@ def test_drift_lists_every_difference() -> None:
 # --- per GPU -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("current", "pending", "severity", "reason"),
-    [
-        (True, True, Severity.OK, "ECC mode enabled, nothing pending"),
-        (None, None, Severity.OK, "ECC mode not supported, nothing pending"),
-        (
-            True,
-            False,
-            Severity.WARN,
-            "ECC mode disabled is pending; reset required to apply ECC mode",
-        ),
-        (
-            False,
-            True,
-            Severity.WARN,
-            "ECC mode enabled is pending; reset required to apply ECC mode",
-        ),
-    ],
-)
-def test_ecc_mode(
-    current: bool | None, pending: bool | None, severity: Severity, reason: str
-) -> None:
-    outcome = check_ecc_mode(gpu(0, ecc_current=current, ecc_pending=pending), expect(), CHECKS)
-    assert verdict(outcome) == (
-        severity,
-        "gpu-ecc-pending" if severity is Severity.WARN else "",
-        reason,
-    )
-
-
-@pytest.mark.parametrize(
-    ("changes", "expected_watts", "runbooks", "reason"),
-    [
-        pytest.param({}, 0.0, "", "power limit and clocks at their defaults", id="defaults"),
-        pytest.param(
-            {"power_limit_w": 700.4}, 0.0, "", "power limit and clocks", id="within-a-watt"
-        ),
-        pytest.param(
-            {"power_limit_w": 450.0},
-            0.0,
-            "gpu-power-limit-changed",
-            "power limit 450 W, default 700 W",
-            id="capped",
-        ),
-        pytest.param({"power_limit_w": 600.0}, 600.0, "", "power limit", id="as-expected"),
-        pytest.param(
-            {},
-            600.0,
-            "gpu-power-limit-changed",
-            "power limit 700 W, expected 600 W",
-            id="default-but-expected-less",
-        ),
-        pytest.param(
-            {"applications_clock_mhz": 1410, "clocks_set_by_user": True},
-            0.0,
-            "gpu-clocks-set",
-            "applications clock 1410 MHz, default 1980 MHz",
-            id="app-clocks",
-        ),
-        pytest.param(
-            {"clocks_set_by_user": True},
-            0.0,
-            "gpu-clocks-set",
-            "GPU clocks locked by a user setting",
-            id="locked-clocks",
-        ),
-        pytest.param(
-            {"power_limit_w": None, "applications_clock_mhz": None, "clocks_set_by_user": None},
-            0.0,
-            "",
-            "power limit and clocks",
-            id="not-reported",
-        ),
-    ],
-)
-def test_settings(
-    changes: dict[str, Any], expected_watts: float, runbooks: str, reason: str
-) -> None:
-    outcome = check_settings(gpu(0, **changes), expect(power_limit_watts=expected_watts), CHECKS)
-    found, runbook, text = verdict(outcome)
-    assert found is (Severity.WARN if runbooks else Severity.OK)
-    assert runbook == runbooks
-    assert reason in text
-
-
-def test_settings_names_cap_and_clocks_together() -> None:
-    outcome = check_settings(
-        gpu(0, power_limit_w=450.0, applications_clock_mhz=1410), expect(), CHECKS
-    )
-    assert len(outcome.problems) == 2
-
-
 LAYOUT = ("1g.10gb", "1g.10gb", "3g.40gb")
 
 
@@ -1082,7 +992,9 @@ def test_mig_layout(
     reason: str,
 ) -> None:
     outcome = check_mig_layout(
-        gpu(0, mig_current=mig, mig_instances=instances), expect(mig_profiles=profiles), CHECKS
+        gpu(0, mig_current=mig, mig_instances=instances),
+        on(expect(mig_profiles=profiles)),
+        CHECKS,
     )
     found, runbook, text = verdict(outcome)
     assert (found, runbook) == (severity, "gpu-mig-layout" if severity is Severity.WARN else "")
@@ -1103,7 +1015,7 @@ def test_mig_layout_per_gpu(index: int, severity: Severity) -> None:
         ],
     )
     outcome = check_mig_layout(
-        gpu(index, mig_current=True, mig_instances=("7g.80gb",)), expected, CHECKS
+        gpu(index, mig_current=True, mig_instances=("7g.80gb",)), on(expected), CHECKS
     )
     assert verdict(outcome)[0] is severity
 
@@ -1118,86 +1030,6 @@ def test_mig_layout_per_gpu(index: int, severity: Severity) -> None:
 )
 def test_layout_text(profiles: tuple[str, ...], text: str) -> None:
     assert layout_text(profiles) == text
-
-
-WITHOUT_PERSISTENCE_CHECK = dataclasses.replace(CHECKS, persistence=PersistenceCheck(enabled=False))
-
-
-@pytest.mark.parametrize(
-    ("expected", "checks", "mode", "severity", "action", "runbook", "reason"),
-    [
-        pytest.param("any", CHECKS, True, Severity.OK, "none", "", "enabled", id="any-on"),
-        pytest.param(
-            "any", CHECKS, False, Severity.OK, "none", "", "persistence mode disabled", id="any-off"
-        ),
-        pytest.param(
-            "enabled", CHECKS, True, Severity.OK, "none", "", "enabled, as expected", id="on-on"
-        ),
-        pytest.param(
-            "enabled",
-            CHECKS,
-            False,
-            Severity.OK,
-            "none",
-            "",
-            "reported by the persistence check",
-            id="off-left-to-the-persistence-check",
-        ),
-        pytest.param(
-            "enabled",
-            WITHOUT_PERSISTENCE_CHECK,
-            False,
-            Severity.WARN,
-            "enable_persistence",
-            "gpu-persistence-off",
-            "persistence mode is disabled, expected enabled",
-            id="off-persistence-check-disabled",
-        ),
-        pytest.param(
-            "disabled",
-            WITHOUT_PERSISTENCE_CHECK,
-            True,
-            Severity.WARN,
-            "disable_persistence",
-            "gpu-persistence-mismatch",
-            "persistence mode is enabled, expected disabled",
-            id="on-expected-off",
-        ),
-        pytest.param(
-            "disabled",
-            WITHOUT_PERSISTENCE_CHECK,
-            False,
-            Severity.OK,
-            "none",
-            "",
-            "disabled, as expected",
-            id="off-off",
-        ),
-        pytest.param(
-            "disabled",
-            WITHOUT_PERSISTENCE_CHECK,
-            None,
-            Severity.OK,
-            "none",
-            "",
-            "not reported",
-            id="not-reported",
-        ),
-    ],
-)
-def test_persistence_mode(
-    expected: str,
-    checks: ChecksSection,
-    mode: bool | None,
-    severity: Severity,
-    action: str,
-    runbook: str,
-    reason: str,
-) -> None:
-    outcome = check_persistence_mode(gpu(0, persistence=mode), expect(persistence=expected), checks)
-    finding = to_finding("persistence_mode", BUSES[0], outcome)
-    assert (finding.severity, finding.action, finding.runbook) == (severity, action, runbook)
-    assert reason in finding.reason
 
 
 # --- the engine ----------------------------------------------------------------------------

@@ -6,29 +6,62 @@ from typing import Any, Literal
 
 import pytest
 
+from gpuagent.checks.common import GpuView, to_finding
+from gpuagent.checks.memory import GpuMemory
+from gpuagent.checks.settings import check_persistence
 from gpuagent.config import MigCheck
-from gpuagent.model import Severity
-from test_checks_support import check_once, with_checks
+from gpuagent.model import GpuReadings, Severity
+from test_checks_support import BUS, DEFAULTS, check_once, identity, with_checks
 
 
 @pytest.mark.parametrize(
-    ("mode", "severity", "reason", "action"),
+    ("mode", "wanted", "severity", "reason", "action", "runbook"),
     [
-        pytest.param(True, Severity.OK, "persistence mode enabled", "none", id="on"),
+        # No expectation: the mode is a fact, whichever it is (whole fleets run it off).
+        pytest.param(True, None, Severity.OK, "persistence mode on", "none", "", id="on"),
+        pytest.param(False, None, Severity.OK, "persistence mode off", "none", "", id="off"),
+        pytest.param(None, None, Severity.OK, "persistence mode not reported", "none", "", id="na"),
         pytest.param(
-            False,
-            Severity.WARN,
-            "persistence mode is disabled",
-            "enable_persistence",
-            id="off",
+            True, (True, "expected"), Severity.OK, "persistence mode on, as expected", "none", "",
+            id="on-as-declared",
         ),
-        pytest.param(None, Severity.OK, "persistence mode not reported", "none", id="unknown"),
+        pytest.param(
+            False, (True, "expected"), Severity.WARN, "persistence mode off, expected on",
+            "enable_persistence", "gpu-persistence-off", id="off-declared-on",
+        ),
+        pytest.param(
+            False, (True, "baseline"), Severity.WARN, "persistence mode off, baseline on",
+            "enable_persistence", "gpu-persistence-off", id="off-learned-on",
+        ),
+        pytest.param(
+            True, (False, "expected"), Severity.WARN, "persistence mode on, expected off",
+            "disable_persistence", "gpu-persistence-mismatch", id="on-declared-off",
+        ),
+        pytest.param(
+            False, (False, "baseline"), Severity.OK, "persistence mode off, as baseline", "none",
+            "", id="off-as-learned",
+        ),
     ],
-)
-def test_persistence(mode: bool | None, severity: Severity, reason: str, action: str) -> None:
-    found = check_once("persistence", persistence_mode=mode)
+)  # fmt: skip
+def test_persistence_is_judged_only_against_an_expectation(
+    mode: bool | None,
+    wanted: tuple[bool, str] | None,
+    severity: Severity,
+    reason: str,
+    action: str,
+    runbook: str,
+) -> None:
+    view = GpuView(
+        identity(), GpuReadings(persistence_mode=mode), DEFAULTS, GpuMemory(), 0.0,
+        persistence_wanted=wanted,
+    )  # fmt: skip
+    found = to_finding("persistence", BUS, check_persistence(view))
     assert (found.severity, found.reason, found.action) == (severity, reason, action)
-    assert found.runbook == ("gpu-persistence-off" if mode is False else "")
+    assert found.runbook == runbook
+
+
+def test_without_an_expectation_persistence_off_is_ok_in_the_engine() -> None:
+    assert check_once("persistence", persistence_mode=False).severity is Severity.OK
 
 
 Expected = Literal["any", "enabled", "disabled"]

@@ -64,6 +64,8 @@ def _field_strategy(hint: Any) -> st.SearchStrategy[Any]:
         tuple[float | None, ...]: st.lists(st.none() | ANY_FLOAT, max_size=18).map(tuple),
         FabricState | None: st.none() | st.sampled_from(typing.get_args(FabricState)),
         tuple[str, ...] | None: st.none() | st.lists(st.text(max_size=10), max_size=8).map(tuple),
+        # The compute mode: NVML's names, and a name no check knows.
+        str | None: st.none() | st.sampled_from(["default", "exclusive_process", "odd"]),
         tuple[int, int, int, int, int] | None: st.none()
         | st.tuples(COUNTER, COUNTER, COUNTER, COUNTER, COUNTER),
         # The thermal check asks only whether any process runs (busy under MIG); the

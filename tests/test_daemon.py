@@ -178,9 +178,9 @@ def test_a_simulated_b200_gives_one_finding_per_fabric_fault(tmp_path: Path) -> 
         "[inventory]\nservices_probe_seconds = 0.2\n",
     )
     try:
-        # Healthy first: persistence mode off is the one expected warning on every GPU.
+        # Healthy first: persistence mode off on every GPU is a setting, not a fault.
         doc = daemon.wait_for(lambda d: d["node"]["inventory"] is not None)
-        assert [p for p in _problems(doc) if p[1] != "persistence"] == []
+        assert _problems(doc) == []
         steps = [
             (("fabric_health", 0, {"bits": ["route_unhealthy"]}),
              (0, "fabric_health", "CRITICAL", "gpu-fabric-route-unhealthy")),
@@ -195,14 +195,12 @@ def test_a_simulated_b200_gives_one_finding_per_fabric_fault(tmp_path: Path) -> 
         for (kind, gpu, values), finding in steps:
             daemon.inject(kind, gpu, **values)
             expected.add(finding)
-            doc = daemon.wait_for(
-                lambda d: {p for p in _problems(d) if p[1] != "persistence"} == expected
-            )
+            doc = daemon.wait_for(lambda d: set(_problems(d)) == expected)
         daemon.inject("clear", 3)
         daemon.inject("fabric_manager", 3, state="down")
         down = (None, "fabric", "CRITICAL", "node-fabric-manager")
         expected = (expected - {steps[3][1]}) | {down}
-        daemon.wait_for(lambda d: {p for p in _problems(d) if p[1] != "persistence"} == expected)
+        daemon.wait_for(lambda d: set(_problems(d)) == expected)
     finally:
         daemon.stop()
 
@@ -240,7 +238,9 @@ def faults_node(tmp_path_factory: pytest.TempPathFactory) -> Any:
         tmp_path_factory.mktemp("faults"),
         H100.format(gpus=len(FAULTS) + 2) + JOB.format(gpu=THROTTLED),
         config_extra="[checks.pcie]\ndegraded_hold_seconds = 0\n"
-        "[checks.thermal]\nthrottle_window_seconds = 2\n",
+        "[checks.thermal]\nthrottle_window_seconds = 2\n"
+        # Persistence off is a fault only where it is expected on.
+        '[inventory.expected]\npersistence = "enabled"\n',
     )
     yield daemon
     daemon.stop()
@@ -476,7 +476,7 @@ def _check(tmp_path: Path, scenario: str, *extra: str) -> tuple[int, dict[str, A
     ("fault", "code"),
     [
         ("", 0),
-        ('[[fault]]\ngpu = 1\nkind = "persistence_off"\n', 1),
+        ('[[fault]]\ngpu = 1\nkind = "row_remap_pending"\n', 1),
         ('[[fault]]\ngpu = 1\nkind = "ecc_dbe"\ncount = 1\n', 2),
         ('[[fault]]\ngpu = 1\nkind = "nvml_hang"\nseconds = 3\n', 3),
     ],

@@ -63,6 +63,8 @@ def _config(workdir: Path, mode: str) -> str:
         "[remediation.reset]\nverify_polls = 2\n"
         f'[remediation.cordon]\nbackends = ["command"]\n'
         f'command = "{sys.executable} {recorder} {workdir}"\n'
+        # The persistence rule acts where persistence is expected on.
+        '[inventory.expected]\npersistence = "enabled"\n'
     )
 
 

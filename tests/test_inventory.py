@@ -24,7 +24,13 @@ from gpuagent.inventory import (
     fingerprint,
     fingerprint_hash,
 )
-from gpuagent.inventory.baseline import Baseline, learn, load_baseline, save_baseline
+from gpuagent.inventory.baseline import (
+    Baseline,
+    LearnedSettings,
+    learn,
+    load_baseline,
+    save_baseline,
+)
 from gpuagent.inventory.build import build_inventory
 from gpuagent.inventory.collect import (
     collect_host,
@@ -406,6 +412,10 @@ def test_baseline_round_trip_and_atomic_write(tmp_path: Path) -> None:
         nvswitches=4,
         models="NVIDIA H100 80GB HBM3",
         modules=("nvidia", "nvidia_uvm"),
+        settings=(
+            LearnedSettings(0, persistence=False, power_limit_w=650.0, compute_mode="default"),
+            LearnedSettings(1, persistence=True, applications_clock_mhz=1755),
+        ),
     )
     save_baseline(path, baseline, 1000.0)
     assert load_baseline(path) == baseline
@@ -432,6 +442,19 @@ def test_baseline_node_fields_of_the_wrong_type_are_unknown(tmp_path: Path, fiel
     assert load_baseline(path) == Baseline({"driver": "550.54.15"})
 
 
+def test_learned_settings_of_the_wrong_type_are_unknown(tmp_path: Path) -> None:
+    path = tmp_path / "inventory-baseline.json"
+    entries = (
+        '{"index": 0, "persistence": 1, "power_limit_w": true, "compute_mode": 3}, '
+        '{"index": -1, "persistence": true}, "gpu 2", '
+        '{"index": 3, "power_limit_w": 700, "applications_clock_mhz": 1.5}'
+    )
+    path.write_text(f'{{"fingerprint": {{"driver": "550.54.15"}}, "settings": [{entries}]}}')
+    loaded = load_baseline(path)
+    assert loaded is not None
+    assert loaded.settings == (LearnedSettings(0), LearnedSettings(3, power_limit_w=700.0))
+
+
 @pytest.mark.parametrize("text", ["{", "[]", '{"fingerprint": {"driver": 1}}', "{}"])
 def test_damaged_baseline_is_ignored(tmp_path: Path, text: str) -> None:
     path = tmp_path / "inventory-baseline.json"
@@ -452,7 +475,15 @@ def test_learn_records_the_fingerprint_gpus_switches_models_and_modules() -> Non
         nvswitches=1,
         models="NVIDIA H100 80GB HBM3",
         modules=("nvidia", "nvidia_uvm"),
-    )
+        # What the GPU answered: its settings are expected to stay (ECC and MIG have
+        # expectations of their own).
+        settings=(
+            LearnedSettings(
+                0, persistence=True, power_limit_w=650.0, applications_clock_mhz=1980,
+                compute_mode="default",
+            ),
+        ),
+    )  # fmt: skip
     unread = dataclasses.replace(host, pci=None, modules=(("nvidia", None),))
     blind = learn(build_inventory(unread, STATUS, (_state(0, "96.00.99.00.01"),), "1.2.3"))
     assert (blind.gpus, blind.nvswitches, blind.modules) == (1, None, None)  # NVML's count
@@ -486,6 +517,11 @@ def _state(index: int, vbios: str, *, status: str = "ok", bus: str | None = None
     readings = GpuReadings(
         ecc_enabled=True,
         ecc_enabled_pending=False,
+        persistence_mode=True,
+        power_limit_w=650.0,
+        power_requested_limit_w=650.0,
+        applications_clock_mhz=1980,
+        compute_mode="default",
         clock_event_reasons=0x2,
         fabric_state="completed",
         fabric_ok=True,
@@ -651,14 +687,10 @@ def test_installed_kernels_are_exported_with_the_newest_and_running_marked() -> 
             "inventory.expected.gpu.mig_profiles",
             2,
         ),
-        # Expecting it off while the persistence check wants it on: one of them must give.
         (
-            (
-                "[checks.persistence]\nenabled = true\n"
-                "[inventory.expected]\npersistence = 'disabled'\n"
-            ),
-            "inventory.expected.persistence",
-            4,
+            "[inventory.expected]\ncompute_mode = 'exclusive'\n",
+            "inventory.expected.compute_mode",
+            2,
         ),
     ],
 )
@@ -670,11 +702,15 @@ def test_inventory_config_errors_name_key_and_line(text: str, key: str, line: in
 
 def test_inventory_expectations_are_read() -> None:
     config = parse_config(
-        "[checks.persistence]\nenabled = false\n[inventory.expected]\n"
-        "persistence = 'disabled'\nmig_profiles = ['1g.10gb', '1g.10gb+me', '3g.40gb']\n"
+        "[inventory.expected]\npersistence = 'disabled'\ncompute_mode = 'exclusive_process'\n"
+        "applications_clocks = 'default'\nmig_profiles = ['1g.10gb', '1g.10gb+me', '3g.40gb']\n"
     )
     expected = config.inventory.expected
-    assert expected.persistence == "disabled"
+    assert (expected.persistence, expected.compute_mode, expected.applications_clocks) == (
+        "disabled",
+        "exclusive_process",
+        "default",
+    )
     assert expected.mig_profiles == ["1g.10gb", "1g.10gb+me", "3g.40gb"]
 
 

@@ -49,6 +49,8 @@ NOT_IN_A_CAPTURE = {
             "SM_OCCUPANCY",
         )
     ),
+    # Untyped in the live run; counters named `..._total` since, which the text parser
+    # reads as these same family names.
     "gpuagent_gpu_hw_power_brake_slowdown_seconds",
     "gpuagent_gpu_hw_thermal_slowdown_seconds",
     "gpuagent_gpu_sw_thermal_slowdown_seconds",
@@ -64,9 +66,12 @@ NOT_IN_A_CAPTURE = {
     "gpuagent_remediation_paused",
 }
 # Added after that run, from what it showed: the instantaneous power beside the average,
-# the recovery state, the sources' availability, the agent's own process.
+# the recovery state, the requested power limit and the compute mode, the sources'
+# availability, the agent's own process.
 ADDED_SINCE = {
     "DCGM_FI_DEV_POWER_USAGE_INSTANT",
+    "gpuagent_gpu_power_limit_requested_watts",
+    "gpuagent_gpu_compute_mode",
     "gpuagent_agent_info",
     "gpuagent_gpu_recovery_action",
     "gpuagent_gpu_channel_repair_pending",

@@ -34,7 +34,10 @@ from test_metrics_support import (
     snapshot,
 )
 
-PER_GPU_VALUE_NAMES = {m.name for m in (*DCGM_GPU_METRICS, *AGENT_GPU_METRICS)} | {
+# As the text parser names the families: a counter's without its _total suffix.
+PER_GPU_VALUE_NAMES = {
+    m.name.removesuffix("_total") for m in (*DCGM_GPU_METRICS, *AGENT_GPU_METRICS)
+} | {
     "gpuagent_gpu_clock_event_reasons",
     "gpuagent_gpu_nvlink_up",
 }
@@ -98,8 +101,11 @@ def test_every_table_metric_is_exported_for_every_gpu_with_its_labels():
     found = samples(snapshot())
     for metric in (*DCGM_GPU_METRICS, *AGENT_GPU_METRICS):
         expected_labels = set(DCGM_LABELS if metric.name.startswith("DCGM_") else GPU_LABELS)
-        assert len(found[metric.name]) == 8, metric.name
-        assert all(set(s.labels) == expected_labels for s in found[metric.name]), metric.name
+        # The text parser names a counter's family without its _total suffix.
+        family = found[metric.name.removesuffix("_total")]
+        assert len(family) == 8, metric.name
+        assert all(s.name == metric.name for s in family), metric.name
+        assert all(set(s.labels) == expected_labels for s in family), metric.name
 
 
 @pytest.mark.parametrize(
@@ -137,6 +143,9 @@ def test_every_table_metric_is_exported_for_every_gpu_with_its_labels():
         ("gpuagent_gpu_pcie_link_width", 16.0),
         ("gpuagent_gpu_pcie_link_width_max", 16.0),
         ("gpuagent_gpu_power_limit_watts", 700.0),
+        ("gpuagent_gpu_power_limit_requested_watts", 700.0),
+        ("gpuagent_gpu_compute_mode", 3.0),
+        ("gpuagent_gpu_ecc_default_enabled", 1.0),
         ("gpuagent_gpu_processes", 1.0),
         # 2048 MiB in use, 1024 of them held by the GPU's one process.
         ("gpuagent_gpu_memory_unattributed_bytes", 1024.0 * 1024 * 1024),
@@ -246,6 +255,7 @@ def test_unsupported_values_are_absent_not_zero():
     # Only what does not depend on a reading: static limits, and the (empty) process list.
     served = PER_GPU_VALUE_NAMES & set(found)
     assert served == {
+        "gpuagent_gpu_ecc_default_enabled",
         "gpuagent_gpu_pcie_link_generation_max",
         "gpuagent_gpu_pcie_link_width_max",
         "gpuagent_gpu_processes",

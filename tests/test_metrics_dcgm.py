@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import csv
+import dataclasses
 import io
 import re
 import subprocess
@@ -10,14 +12,21 @@ import subprocess
 import pytest
 
 from conftest import TEST_DATA, parse_metrics, require
-from gpuagent.metrics import names
+from gpuagent.api import CONNECTION_REASON_PREFIX
+from gpuagent.config.loader import parse_config
+from gpuagent.daemon import Agent
+from gpuagent.metrics import diag, names
 from gpuagent.metrics.names import DCGM_LABELS
-from gpuagent.model import Finding, Severity
+from gpuagent.model import Finding, NodeSnapshot, Severity
+from gpuagent.sim import parse_scenario
+from promql_names import _full_snapshot
+from test_diag_metrics import LEVEL1, LEVEL3
 from test_metrics_support import (
     BUS_IDS,
     DRIVER,
     degraded_snapshot,
     exposition,
+    gpm,
     profiled_snapshot,
     samples,
     snapshot,
@@ -172,8 +181,7 @@ def test_embedded_counters_match_the_reference_data():
 _CAMEL_CASE_LABEL = "label names should be written in 'snake_case' not 'camelCase'"
 _TYPE_IN_NAME = "DCGM_FI_DEV_PCIE_REPLAY_COUNTER metric name should not include type 'counter'"
 _NO_TOTAL = re.compile(r'^(\w+) counter metrics should have "_total" suffix$')
-# The counters named without `_total`: dcgm-exporter's, and gpuagent's clock slowdown
-# times, named before they were typed counters.
+# The counters named without `_total`: dcgm-exporter's only (gpuagent's own end in it).
 _BARE_COUNTERS = {
     m.name
     for m in (*names.DCGM_GPU_METRICS, *names.AGENT_GPU_METRICS, *names.DCGM_PROFILING_METRICS)
@@ -234,3 +242,119 @@ def test_promtool_check_metrics(snap):
     expected = [_TYPE_IN_NAME] if "DCGM_FI_DEV_PCIE_REPLAY_COUNTER{" in text else []
     assert [p for p in problems if not _NO_TOTAL.match(p)] == expected
     assert code == (3 if problems else 0)
+
+
+def test_only_dcgm_exporters_counters_are_named_without_total():
+    assert _BARE_COUNTERS
+    assert all(name.startswith("DCGM_FI_") for name in _BARE_COUNTERS)
+
+
+# A busy GB200 node, simulated: every GPU in use or in trouble (a job, past its slowdown
+# temperature, the power brake, fabric health, a failed row remap, NVLink bit errors),
+# IMEX, RDMA ports. What only a running daemon holds (events, remediation, MQTT, PCIe
+# from sysfs, the Kubernetes stack, DCGM diagnostics, GPM) is added by hand.
+_BUSY_NODE = """
+[node]
+model = "gb200"
+gpus = 4
+fabric_state = "completed"
+imex = "active"
+ib_hcas = 4
+
+[[fault]]
+gpu = 0
+kind = "process"
+pid = 4242
+name = "python train.py"
+used_mib = 40960
+
+[[fault]]
+gpu = 1
+kind = "process"
+pid = 4243
+name = "python train.py"
+used_mib = 40960
+
+[[fault]]
+gpu = 1
+kind = "temperature"
+celsius = 90
+
+[[fault]]
+gpu = 2
+kind = "throttle"
+reasons = ["power_brake"]
+
+[[fault]]
+gpu = 2
+kind = "fabric_health"
+bits = ["route_recovery"]
+
+[[fault]]
+gpu = 3
+kind = "row_remap_failure"
+
+[[fault]]
+gpu = 3
+kind = "nvlink_ber"
+link = 0
+effective_ber = 0.00001
+"""
+
+
+def _busy_snapshot() -> NodeSnapshot:
+    config = parse_config("[inventory.expected]\ngpus = 4\n")
+    node = asyncio.run(Agent(config, simulate=parse_scenario(_BUSY_NODE)).collect_once())
+    daemon = _full_snapshot()
+    gpus = tuple(
+        dataclasses.replace(g, readings=dataclasses.replace(g.readings, profiling=(gpm(i),)))
+        if g.readings is not None
+        else g
+        for i, g in enumerate(node.gpus)
+    )
+    # Every port counter node_exporter names, where the simulated HCA has only some.
+    assert node.infiniband
+    first, *others = node.infiniband
+    port = dataclasses.replace(
+        first.ports[0], counters=tuple((file, 1) for file, _ in names.IB_PORT_COUNTERS)
+    )
+    infiniband = (dataclasses.replace(first, ports=(port, *first.ports[1:])), *others)
+    kubernetes = tuple(f for f in daemon.health.findings if f.check == "kubernetes")
+    assert daemon.mqtt is not None
+    return dataclasses.replace(
+        node,
+        gpus=gpus,
+        infiniband=infiniband,
+        health=dataclasses.replace(node.health, findings=(*node.health.findings, *kubernetes)),
+        pcie=daemon.pcie,
+        event_counts=daemon.event_counts,
+        kmsg=daemon.kmsg,
+        remediation=daemon.remediation,
+        mqtt=dataclasses.replace(daemon.mqtt, disconnects=(("Session taken over", 1),)),
+        rejected_api_requests=(("malformed", 1), (f"{CONNECTION_REASON_PREFIX}limit", 1)),
+        diag=(LEVEL1, LEVEL3),
+    )
+
+
+def test_promtool_finds_nothing_in_gpuagents_own_families_on_a_busy_node():
+    promtool = _promtool()
+    text = exposition(_busy_snapshot())
+    declared = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.MULTILINE))
+    # Every family of the agent's own carries samples here.
+    own = [
+        *(v.name for v in vars(names).values() if isinstance(v, names.MetricSpec)),
+        *(m.name for m in names.AGENT_GPU_METRICS),
+        *(spec.name for _, spec in names.IB_PORT_COUNTERS),
+        *(spec.name for spec in diag.SPECS),
+    ]
+    own = [name for name in own if not name.startswith("DCGM_FI_")]
+    assert [name for name in own if name not in declared] == []
+    counters = [name for name, kind in declared.items() if kind == "counter"]
+    assert [n for n in counters if not n.startswith("DCGM_FI_") and not n.endswith("_total")] == []
+    # `modelName` is dcgm-exporter's camelCase label, on our per-GPU families too so that
+    # they join with its series: renamed here, so that promtool judges the names alone.
+    code, problems = _check_metrics(promtool, text.replace("modelName=", "model_name="))
+    assert code in (0, 3), problems  # 1 would be a parse error
+    # dcgm-exporter's names keep its spelling (no `_total`, "COUNTER" in a name): those
+    # findings are compatibility's price; nothing else may be reported.
+    assert [p for p in problems if not p.startswith("DCGM_FI_")] == []

@@ -67,6 +67,7 @@ def identity(index: int) -> GpuIdentity:
         nvlink_count=18,
         sm_clock_max_mhz=1980,
         brand="NVIDIA",
+        ecc_default=True,
     )
 
 
@@ -78,6 +79,8 @@ def readings(index: int) -> GpuReadings:
         power_w=100.5 + index,
         power_instant_w=103.25 + index,
         power_limit_w=700.0,
+        power_requested_limit_w=700.0,
+        compute_mode="exclusive_process",
         module_power_w=400.0 + index,
         module_power_limit_w=2500.0,
         energy_mj=1_000_000_000 + index,

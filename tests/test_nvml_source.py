@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from conftest import FakeClock
+from conftest import TEST_DATA, FakeClock
 from gpuagent.config import NvmlSourceSection
 from gpuagent.nvml.device import mig_profile_name
-from gpuagent.sim import SimulatedNode, parse_scenario
+from gpuagent.sim import SimulatedNode, parse_scenario, replay_scenario
 from gpuagent.sim.hardware import mig_device_uuid
 from gpuagent.sim.scenario import INIT_ERRORS
+from gpuagent.smi import load_capture
 from gpuagent.sources.nvml import NvmlSource
 
 SCENARIO = '[node]\ngpus = 8\nmodel = "NVIDIA H100 80GB HBM3"\n'
@@ -306,3 +308,45 @@ async def test_fabric_info_v3_first_and_the_first_version_only_where_it_is_missi
     assert gpu.readings is not None
     assert (gpu.readings.fabric_state, gpu.readings.fabric_health_mask) == (state, mask)
     assert made == calls
+
+
+@pytest.mark.parametrize(
+    ("capture", "power_w"),
+    [
+        # No 1 s average on Turing: nvmlDeviceGetPowerUsage answers the instantaneous draw.
+        pytest.param("T4-aws.595.91.07.nvidia-smi-q.xml", 33.51, id="t4"),
+        pytest.param("RTX2080S-idle.610.57.04.nvidia-smi-q.txt", 38.89, id="r610-2080s"),
+        pytest.param("h100-x1.580.159.04.nvidia-smi-q.txt", 75.24, id="h100-average"),
+    ],
+)
+async def test_power_without_the_average_field_is_read_on_every_poll(
+    capture: str, power_w: float
+) -> None:
+    scenario = replay_scenario(load_capture(TEST_DATA / "real-hosts" / capture))
+    with SimulatedNode(scenario) as node:
+        clock = FakeClock()
+        source = _source(node, clock, interval_seconds=5, slow_interval_seconds=30)
+        seen = []
+        for _ in range(3):
+            observation = await source.poll()
+            readings = observation.gpus[0].readings
+            assert readings is not None
+            seen.append(readings.power_w)
+            clock.now += 5
+        await source.close()
+    assert seen == [pytest.approx(power_w)] * 3
+
+
+async def test_memory_is_read_through_v1_where_the_driver_has_no_v2(tmp_path: Path) -> None:
+    # Drivers before R510 print no Reserved line and have no v2 memory call.
+    text = (TEST_DATA / "real-hosts" / "a10.535.129.03.nvidia-smi-q.txt").read_text()
+    old = tmp_path / "a10-no-reserved.txt"
+    old.write_text(text.replace("        Reserved                          : 512 MiB\n", ""))
+    with SimulatedNode(replay_scenario(load_capture(old))) as node:
+        source = _source(node, FakeClock())
+        for _ in range(2):
+            readings = (await source.poll()).gpus[0].readings
+            assert readings is not None
+            assert (readings.fb_used_mib, readings.fb_free_mib) == (4, 22511)
+            assert readings.fb_reserved_mib is None  # v1 has none: absent, not 0
+        await source.close()

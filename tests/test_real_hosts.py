@@ -1,9 +1,9 @@
 """Real hosts: every `nvidia-smi -q` capture in tests/data/real-hosts replayed and judged.
 
 What a person reading each capture would conclude is what the agent must say: nothing on
-the healthy idle H100 and RTX 4090 hosts (whatever throttle bits and PCIe replay counts
-they carry), persistence mode where it is off, the A10's pending row remap; and a replayed
-host exports only the values that host supports.
+the healthy hosts (whatever throttle bits and PCIe replay counts they carry, and whatever
+their settings: persistence off, a platform's power limit), the A10's pending row remap;
+and a replayed host exports only the values that host supports.
 """
 
 from __future__ import annotations
@@ -18,7 +18,10 @@ import pytest
 from prometheus_client.samples import Sample
 
 from conftest import REPO, DaemonProcess, parse_metrics, run_cli
+from gpuagent.config import RemediationSection, parse_config
 from gpuagent.model import Finding, NodeSnapshot, Severity
+from gpuagent.remediation.planner import plan as plan_actions
+from gpuagent.remediation.types import History
 from gpuagent.sim import SimulatedNode, load_scenario
 from gpuagent.smi import load_capture
 from gpuagent.statusview import status_document
@@ -30,17 +33,18 @@ EXPECTED: dict[str, tuple[int, dict[tuple[int | None, str], str]]] = {
     "h100-sxm-x8.535.161.08.nvidia-smi-q.txt": (0, {}),
     "h100-sxm-x8.535.183.01.nvidia-smi-q.txt": (0, {}),
     "a10.535.129.03.nvidia-smi-q.txt": (1, {(0, "row_remap"): "WARN"}),
-    "a100-sxm4-x4-mig.535.54.03.nvidia-smi-q.xml": (1, {(0, "persistence"): "WARN"}),
-    "a10g.nvidia-smi-q.xml": (1, {(0, "persistence"): "WARN"}),
+    # Persistence mode off is a setting, not a fault: no expectation declares it on.
+    "a100-sxm4-x4-mig.535.54.03.nvidia-smi-q.xml": (0, {}),
+    "a10g.nvidia-smi-q.xml": (0, {}),
     "rtx4090-x8.535.154.05.nvidia-smi-q.txt": (0, {}),
     "rtx4090-x8-busy.535.154.05.nvidia-smi-q.txt": (0, {}),
-    "titan-v.560.35.03.nvidia-smi-q.txt": (1, {(0, "persistence"): "WARN"}),
+    "titan-v.560.35.03.nvidia-smi-q.txt": (0, {}),
     "h200-x1.580.159.04.nvidia-smi-q.txt": (0, {}),
     "h200-x1.580.159.04.nvidia-smi-q.xml": (0, {}),
     "h100-x1.580.159.04.nvidia-smi-q.txt": (0, {}),
     "h100-x1.580.159.04.nvidia-smi-q.xml": (0, {}),
     # Persistence mode off on every GPU, as this B200 fleet runs.
-    "b200-x8.580.105.08.nvidia-smi-q.xml": (1, {(i, "persistence"): "WARN" for i in range(8)}),
+    "b200-x8.580.105.08.nvidia-smi-q.xml": (0, {}),
     "gb200-x4-arm64.580.173.02.nvidia-smi-q.xml": (0, {}),
     # PCIe x8 of x16 is how an AWS g6e is built; an idle link is not judged.
     "l40s-aws.595.91.07.nvidia-smi-q.xml": (0, {}),
@@ -50,7 +54,14 @@ EXPECTED: dict[str, tuple[int, dict[tuple[int | None, str], str]]] = {
     "h100-x1-busy.590.48.01.nvidia-smi-q.txt": (0, {}),
     "h200-x1-idle.590.48.01.nvidia-smi-q.txt": (0, {}),
     "h200-x1-busy.590.48.01.nvidia-smi-q.txt": (0, {}),
+    # Turing has no 1 s power average: the instantaneous draw is the power.
+    "T4-aws.595.91.07.nvidia-smi-q.xml": (0, {}),
+    # R610: the limits nested under "GPU Ceiling Power Limit"; persistence off.
+    "RTX2080S-idle.610.57.04.nvidia-smi-q.txt": (0, {}),
 }
+
+
+DEFAULT_REMEDIATION = RemediationSection()
 
 
 def test_every_capture_has_an_expectation() -> None:
@@ -97,10 +108,14 @@ def test_mig_gpu_without_utilization_is_still_judged() -> None:
     assert readings.mig_mode_current is True
     assert readings.remapped_rows_correctable is None  # N/A under MIG in the capture
     assert readings.mig_instances == ("1g.20gb",) * 4
-    checks = {f.check: f.severity for f in snapshot.health.for_gpu("0000:01:00.0")}
+    checks = {f.check: f for f in snapshot.health.for_gpu("0000:01:00.0")}
     assert {"ecc", "thermal", "pcie", "mig", "persistence"} <= set(checks)
-    assert checks["mig"] is Severity.OK
-    assert checks["persistence"] is Severity.WARN
+    assert checks["mig"].severity is Severity.OK
+    # Off, and nothing expects it on: a fact in the reason.
+    assert (checks["persistence"].severity, checks["persistence"].reason) == (
+        Severity.OK,
+        "persistence mode off",
+    )
 
 
 def test_host_facts_a_capture_does_not_hold_are_unknown_not_invented() -> None:
@@ -195,18 +210,31 @@ def test_a_replayed_gb200_reads_its_fabric_health_as_healthy() -> None:
         assert fabric.reason.startswith("fabric healthy (bandwidth degraded, route recovery")
 
 
-def test_a_fleet_that_runs_persistence_off_can_say_so(tmp_path: Path) -> None:
-    # The B200 capture: persistence off on every GPU, as that fleet runs it.
+def test_a_fleet_that_expects_persistence_on_still_gets_its_warn_and_remediation(
+    tmp_path: Path,
+) -> None:
+    # The B200 capture: persistence off on every GPU. A fleet that runs it on says so.
     config = tmp_path / "b200.toml"
     config.write_text(
-        f'[agent]\nstate_dir = "{tmp_path}"\n'
-        "[checks.persistence]\nenabled = false\n"
-        '[inventory.expected]\npersistence = "disabled"\n'
+        f'[agent]\nstate_dir = "{tmp_path}"\n[inventory.expected]\npersistence = "enabled"\n'
     )
     capture = REAL_HOSTS / "b200-x8.580.105.08.nvidia-smi-q.xml"
     result = run_cli("check", "--json", "--config", str(config), "--from-nvidia-smi", str(capture))
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert json.loads(result.stdout)["node"]["health"] == "OK"
+    assert result.returncode == 1, result.stdout + result.stderr
+    doc = json.loads(result.stdout)
+    found = [[(f["check"], f["severity"], f["action"]) for f in g["findings"]] for g in doc["gpus"]]
+    assert found == [[("persistence", "WARN", "enable_persistence")]] * 8
+    # The default remediation rule plans to enable it on each GPU (observe mode shows it).
+    snapshot = collect(capture, config=parse_config(config.read_text()))
+    plan = plan_actions(snapshot, History(), 0.0, DEFAULT_REMEDIATION)
+    assert sorted(a.target for a in plan if a.kind == "enable_persistence") == sorted(
+        g.identity.pci_bus_id for g in snapshot.gpus
+    )
+
+
+def test_a_replay_without_expectations_plans_no_persistence_action() -> None:
+    snapshot = collect(REAL_HOSTS / "b200-x8.580.105.08.nvidia-smi-q.xml")
+    assert plan_actions(snapshot, History(), 0.0, DEFAULT_REMEDIATION) == ()
 
 
 def test_simulate_and_a_capture_cannot_be_combined(tmp_path: Path) -> None:
@@ -258,7 +286,7 @@ def test_daemon_on_a_replayed_h100_exports_only_what_that_host_supports(
     # Retired pages are N/A on Hopper; NVLink and the throttle-duration counters are not
     # in a capture at all: no series, never a 0.
     absent = [name for name in series if "RETIRED" in name or "NVLINK" in name]
-    absent += [name for name in series if name.endswith(("_VIOLATION", "_slowdown_seconds"))]
+    absent += [name for name in series if name.endswith(("_VIOLATION", "_slowdown_seconds_total"))]
     assert absent == []
     reasons = {
         s.labels["reason"]: s.value
@@ -274,7 +302,7 @@ def test_daemon_on_a_replayed_h100_exports_only_what_that_host_supports(
         pytest.param(
             "b200-x8.580.105.08.nvidia-smi-q.xml",
             8,
-            "WARN",  # persistence off on every GPU, as captured
+            "OK",  # persistence off on every GPU, as captured: a setting, not a fault
             {
                 "DCGM_FI_DEV_GPU_TEMP": 39,
                 "DCGM_FI_DEV_MEMORY_TEMP": 39,
@@ -331,7 +359,7 @@ def test_daemon_on_a_replayed_blackwell_host_exports_only_what_that_host_support
     # Retired pages are N/A on Blackwell; NVLink and the throttle-duration counters are not
     # in a capture at all: no series, never a 0.
     absent = [name for name in series if "RETIRED" in name or "NVLINK" in name]
-    absent += [name for name in series if name.endswith(("_VIOLATION", "_slowdown_seconds"))]
+    absent += [name for name in series if name.endswith(("_VIOLATION", "_slowdown_seconds_total"))]
     assert absent == []
 
 
@@ -421,3 +449,27 @@ def test_the_shipped_real_host_drill_starts_from_the_capture_and_fires_at_20_s()
         clock[0] = 20.0
         assert pynvml.nvmlDeviceGetFieldValues(handle, [dbe])[0].value.ullVal == 1
         pynvml.nvmlShutdown()
+
+
+def test_a_current_limit_below_the_requested_one_is_the_platforms(tmp_path: Path) -> None:
+    # As on a GH200: 900 W requested (its default) while the module enforces 700 W.
+    text = (REAL_HOSTS / "h100-x1.580.159.04.nvidia-smi-q.xml").read_text()
+    for key, watts in (("requested", 900), ("default", 900), ("max", 900)):
+        text = text.replace(
+            f"<{key}_power_limit>700.00 W</{key}_power_limit>",
+            f"<{key}_power_limit>{watts}.00 W</{key}_power_limit>",
+            1,
+        )
+    capture = tmp_path / "gh200-like.xml"
+    capture.write_text(text)
+    snapshot = collect(capture)
+    assert snapshot.health.severity is Severity.OK
+    settings = _finding(snapshot, 0, "settings")
+    assert settings.reason.startswith("power limit 700 W (the platform's; 900 W requested)")
+    gpu = status_document(snapshot)["gpus"][0]
+    assert (gpu["power_limit_w"], gpu["power_requested_limit_w"]) == (700, 900)
+    # A fleet that declares 900 W is satisfied; one that declares 700 W is not.
+    for watts, severity in ((900, Severity.OK), (700, Severity.WARN)):
+        config = parse_config(f"[inventory.expected]\npower_limit_watts = {watts}\n")
+        judged = _finding(collect(capture, config=config), 0, "settings")
+        assert judged.severity is severity

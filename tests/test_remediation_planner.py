@@ -889,9 +889,6 @@ def _xid_event(code: int) -> GpuEvent:
         pytest.param({"row_remap_failure": True}, "ok", (), [CORDON], id="row-remap-failure"),
         pytest.param({"row_remap_pending": True}, "ok", (), [CORDON, RESET0], id="remap-pending"),
         pytest.param({"retired_pages_sbe": 70}, "ok", (), [CORDON], id="retired-pages-limit"),
-        pytest.param(
-            {"persistence_mode": False}, "ok", (), [f"enable_persistence:{BUS0}"], id="pers-off"
-        ),
         pytest.param({"temperature_c": 89.0}, "ok", (), [CAP0], id="thermal-critical"),
         pytest.param({"temperature_c": 83.0}, "ok", (), [], id="thermal-warn"),
         pytest.param({"nvlink_up": (True, False)}, "ok", (), [CORDON], id="nvlink-down"),
@@ -921,6 +918,14 @@ def test_plans_for_real_findings(
     snap = dataclasses.replace(snapshot(gpus=(state,)), health=health)
     assert keys(plan(snap, History(), 0.0, config())) == expected
     assert node_is_healthy(snap) is (status == "ok" and not readings and not events)
+
+
+def test_persistence_off_without_an_expectation_is_healthy_and_left_alone() -> None:
+    state = gpu(persistence_mode=False)
+    health, _ = evaluate((state,), NVML_OK, ChecksSection(), HealthMemory(), 0.0)
+    snap = dataclasses.replace(snapshot(gpus=(state,)), health=health)
+    assert keys(plan(snap, History(), 0.0, config())) == []
+    assert node_is_healthy(snap)
 
 
 # --- the executor's helpers -----------------------------------------------------------------

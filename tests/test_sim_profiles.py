@@ -313,6 +313,41 @@ def test_each_model_answers_exactly_what_it_supports(
     )
     limits = pynvml.nvmlDeviceGetPowerManagementLimitConstraints(h)
     assert limits == [profile.power_min_limit_w * 1000, profile.power_max_limit_w * 1000]
+    default = round(profile.power_default_limit_w * 1000)
+    assert pynvml.nvmlDeviceGetPowerManagementLimit(h) == default
+    assert pynvml.nvmlDeviceGetEnforcedPowerLimit(h) == default
+    assert fields([pynvml.NVML_FI_DEV_POWER_CURRENT_LIMIT]) == [default]
+    assert pynvml.nvmlDeviceGetComputeMode(h) == pynvml.NVML_COMPUTEMODE_DEFAULT
+    # The mode the board ships with, where it has an ECC mode at all.
+    assert answers(pynvml.nvmlDeviceGetDefaultEccMode, h) is profile.ecc
+    if profile.ecc:
+        assert pynvml.nvmlDeviceGetDefaultEccMode(h) == [int(profile.ecc_default)]
+
+
+@pytest.mark.parametrize(
+    ("mode", "code"),
+    [
+        ("default", pynvml.NVML_COMPUTEMODE_DEFAULT),
+        ("exclusive_process", pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS),
+        ("prohibited", pynvml.NVML_COMPUTEMODE_PROHIBITED),
+        ("exclusive_thread", pynvml.NVML_COMPUTEMODE_EXCLUSIVE_THREAD),
+    ],
+)
+def test_the_compute_mode_is_the_nodes(make_node: MakeNode, mode: str, code: int) -> None:
+    model_node(make_node, "h100-sxm", f'compute_mode = "{mode}"\n')
+    assert [pynvml.nvmlDeviceGetComputeMode(handle(i)) for i in range(2)] == [code, code]
+
+
+def test_setting_the_power_limit_sets_the_requested_and_the_enforced_one(
+    node: SimulatedNode,
+) -> None:
+    pynvml.nvmlDeviceSetPowerManagementLimit(handle(0), 500_000)
+    node.inject("power_limit", 1, {"watts": 450})
+    for index, limit in ((0, 500_000), (1, 450_000), (2, 700_000)):
+        h = handle(index)
+        assert pynvml.nvmlDeviceGetPowerManagementLimit(h) == limit
+        assert pynvml.nvmlDeviceGetEnforcedPowerLimit(h) == limit
+        assert fields([pynvml.NVML_FI_DEV_POWER_CURRENT_LIMIT], index) == [limit]
 
 
 def test_h100_sxm_answers_as_its_captures_show(node: SimulatedNode) -> None:

@@ -373,3 +373,209 @@ def test_module_power_as_the_capture_has_it(tmp_path: Path, capture: str, model:
     modules = [g.module_power_w for g in captured if g.module_power_w is not None]
     assert min(modules) - 20 <= modelled[0] <= max(modules) + 20
     assert modelled[1] == first.module_power_limit_w
+
+
+# --- a replay answers what its capture prints, and nothing else ----------------------------
+
+
+def edited(tmp_path: Path, name: str, values: dict[int, str]) -> Path:
+    """The capture ``name`` with the values on the given lines (1-based) replaced."""
+    lines = (REAL_HOSTS / name).read_text().split("\n")
+    for number, value in values.items():
+        key, colon, _old = lines[number - 1].partition(" : ")
+        assert colon, lines[number - 1]
+        lines[number - 1] = f"{key} : {value}"
+    path = tmp_path / name
+    path.write_text("\n".join(lines))
+    return path
+
+
+def replay(make_node: MakeNode, path: Path) -> SimulatedNode:
+    return make_node(f'[node]\nnvidia_smi = "{path}"\n')
+
+
+POWER_FIELDS = (pynvml.NVML_FI_DEV_POWER_AVERAGE, pynvml.NVML_FI_DEV_POWER_INSTANT)
+
+
+@pytest.mark.parametrize(
+    ("capture", "usage", "average", "instant"),
+    [
+        # Before 550 one draw, the average; GA100 and older GPUs on 550+ print the average
+        # N/A and an instantaneous draw, which is what their power usage reports.
+        ("h100-sxm-x8.535.161.08.nvidia-smi-q.txt", 67_740, 67_740, None),
+        ("h200-x1.580.159.04.nvidia-smi-q.txt", 82_650, 82_650, 82_810),
+        ("RTX2080S-idle.610.57.04.nvidia-smi-q.txt", 38_890, None, 38_890),
+        ("T4-aws.595.91.07.nvidia-smi-q.xml", 33_510, None, 33_510),
+    ],
+)
+def test_the_power_drawn_is_answered_as_printed(
+    make_node: MakeNode, capture: str, usage: int, average: int | None, instant: int | None
+) -> None:
+    replay(make_node, REAL_HOSTS / capture)
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    assert pynvml.nvmlDeviceGetPowerUsage(h) == usage
+    assert [field(h, f) for f in POWER_FIELDS] == [average, instant]
+
+
+def limits(h: Any) -> tuple[int, int, int]:
+    """(requested, enforced, field 190) in mW."""
+    return (
+        pynvml.nvmlDeviceGetPowerManagementLimit(h),
+        pynvml.nvmlDeviceGetEnforcedPowerLimit(h),
+        field(h, pynvml.NVML_FI_DEV_POWER_CURRENT_LIMIT) or 0,
+    )
+
+
+def test_r610_nested_limits_are_answered_as_printed(make_node: MakeNode) -> None:
+    replay(make_node, REAL_HOSTS / "RTX2080S-idle.610.57.04.nvidia-smi-q.txt")
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    assert limits(h) == (250_000, 250_000, 250_000)
+    assert pynvml.nvmlDeviceGetPowerManagementDefaultLimit(h) == 250_000
+    assert pynvml.nvmlDeviceGetPowerManagementLimitConstraints(h) == [105_000, 350_000]
+
+
+def test_a_current_limit_below_the_requested_one_stays_below_it(
+    make_node: MakeNode, tmp_path: Path
+) -> None:
+    # As a GH200 prints it: the module shares its power, so 700 W of the 900 W asked for.
+    name = "h200-x1-idle.590.48.01.nvidia-smi-q.txt"
+    replay(make_node, edited(tmp_path, name, {196: "900.00 W", 197: "900.00 W", 199: "900.00 W"}))
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    assert limits(h) == (900_000, 700_000, 700_000)
+    assert pynvml.nvmlDeviceGetPowerManagementDefaultLimit(h) == 900_000
+    pynvml.nvmlDeviceSetPowerManagementLimit(h, 800_000)
+    assert limits(h) == (800_000, 700_000, 700_000)
+    pynvml.nvmlDeviceSetPowerManagementLimit(h, 600_000)
+    assert limits(h) == (600_000, 600_000, 600_000)
+
+
+def test_framebuffer_use_is_answered_as_printed_until_a_process_starts(
+    make_node: MakeNode,
+) -> None:
+    # 211 MiB used, of which its two processes hold 176 MiB.
+    node = replay(make_node, REAL_HOSTS / "RTX2080S-idle.610.57.04.nvidia-smi-q.txt")
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    mib = 1024 * 1024
+    v2 = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+    assert (v2.total, v2.reserved, v2.used, v2.free) == (
+        8192 * mib,
+        400 * mib,
+        211 * mib,
+        7582 * mib,
+    )
+    v1 = pynvml.nvmlDeviceGetMemoryInfo(h)
+    assert (v1.total, v1.used, v1.free) == (8192 * mib, 611 * mib, 7582 * mib)
+    node.inject("process", 0, {"pid": 4242, "name": "train", "used_mib": 1000})
+    v2 = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+    assert v2.used == (176 + 1000) * mib  # the live model: what the processes hold
+
+
+def test_a_driver_without_reserved_memory_has_no_v2_memory_info(
+    make_node: MakeNode, tmp_path: Path
+) -> None:
+    # Before R510 nvidia-smi prints no Reserved (and counts it in Used): NVML had no v2.
+    name = "a10.535.129.03.nvidia-smi-q.txt"
+    text = (REAL_HOSTS / name).read_text()
+    path = tmp_path / name
+    path.write_text(text.replace("        Reserved                          : 512 MiB\n", ""))
+    replay(make_node, path)
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    assert not answers(pynvml.nvmlDeviceGetMemoryInfo, h, pynvml.nvmlMemory_v2)
+    v1 = pynvml.nvmlDeviceGetMemoryInfo(h)
+    mib = 1024 * 1024
+    assert (v1.total, v1.used, v1.free) == (23028 * mib, 4 * mib, 22511 * mib)
+
+
+# A10 capture lines, and the NVML call (with its arguments after the handle) that answers each.
+NOT_PRINTED: list[tuple[int, Any, tuple[int, ...]]] = [
+    (63, pynvml.nvmlDeviceGetMaxPcieLinkGeneration, ()),
+    (69, pynvml.nvmlDeviceGetMaxPcieLinkWidth, ()),
+    (70, pynvml.nvmlDeviceGetCurrPcieLinkWidth, ()),
+    (74, pynvml.nvmlDeviceGetPcieReplayCounter, ()),
+    (80, pynvml.nvmlDeviceGetFanSpeed, ()),
+    (81, pynvml.nvmlDeviceGetPerformanceState, ()),
+    (93, pynvml.nvmlDeviceGetMemoryInfo, ()),
+    (105, pynvml.nvmlDeviceGetComputeMode, ()),
+    (151, pynvml.nvmlDeviceGetTemperature, (pynvml.NVML_TEMPERATURE_GPU,)),
+    (153, pynvml.nvmlDeviceGetTemperatureThreshold, (pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,)),
+    (154, pynvml.nvmlDeviceGetTemperatureThreshold, (pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,)),
+    (155, pynvml.nvmlDeviceGetTemperatureThreshold, (pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX,)),
+    (160, pynvml.nvmlDeviceGetPowerUsage, ()),
+    (161, pynvml.nvmlDeviceGetEnforcedPowerLimit, ()),
+    (162, pynvml.nvmlDeviceGetPowerManagementLimit, ()),
+    (163, pynvml.nvmlDeviceGetPowerManagementDefaultLimit, ()),
+    (164, pynvml.nvmlDeviceGetPowerManagementLimitConstraints, ()),
+    (174, pynvml.nvmlDeviceGetClockInfo, (pynvml.NVML_CLOCK_GRAPHICS,)),
+    (175, pynvml.nvmlDeviceGetClockInfo, (pynvml.NVML_CLOCK_SM,)),
+    (176, pynvml.nvmlDeviceGetClockInfo, (pynvml.NVML_CLOCK_MEM,)),
+    (188, pynvml.nvmlDeviceGetMaxClockInfo, (pynvml.NVML_CLOCK_SM,)),
+    (189, pynvml.nvmlDeviceGetMaxClockInfo, (pynvml.NVML_CLOCK_MEM,)),
+]
+
+
+def test_what_a_capture_shows_as_na_is_not_supported(make_node: MakeNode, tmp_path: Path) -> None:
+    name = "a10.535.129.03.nvidia-smi-q.txt"
+    node = replay(make_node, REAL_HOSTS / name)
+    printed = pynvml.nvmlDeviceGetHandleByIndex(0)
+    assert [line for line, call, args in NOT_PRINTED if not answers(call, printed, *args)] == []
+    node.uninstall()
+    replay(make_node, edited(tmp_path, name, {line: "N/A" for line, _call, _args in NOT_PRINTED}))
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    assert [line for line, call, args in NOT_PRINTED if answers(call, h, *args)] == []
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceSetPowerManagementLimit(h, 120_000)  # no limits: no power management
+
+
+@pytest.mark.parametrize(
+    ("printed", "mode"),
+    [
+        ("Default", pynvml.NVML_COMPUTEMODE_DEFAULT),
+        ("Exclusive_Process", pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS),
+        ("Prohibited", pynvml.NVML_COMPUTEMODE_PROHIBITED),
+    ],
+)
+def test_the_compute_mode_is_answered_as_printed(
+    make_node: MakeNode, tmp_path: Path, printed: str, mode: int
+) -> None:
+    replay(make_node, edited(tmp_path, "a10.535.129.03.nvidia-smi-q.txt", {105: printed}))
+    assert pynvml.nvmlDeviceGetComputeMode(pynvml.nvmlDeviceGetHandleByIndex(0)) == mode
+
+
+@pytest.mark.parametrize(
+    "capture", ["h100-sxm-x8.535.161.08.nvidia-smi-q.txt", "a10g.nvidia-smi-q.xml"]
+)
+def test_no_capture_prints_the_default_ecc_mode(make_node: MakeNode, capture: str) -> None:
+    # ECC Mode shows Current and Pending only: the default is the board's class to judge.
+    replay(make_node, REAL_HOSTS / capture)
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    assert pynvml.nvmlDeviceGetEccMode(h) == [1, 1]
+    assert not answers(pynvml.nvmlDeviceGetDefaultEccMode, h)
+
+
+ECC_COUNTS = [
+    pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL,
+    pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL,
+    pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL,
+    pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL,
+]
+
+
+def test_an_ecc_count_shown_na_with_ecc_on_is_not_supported(
+    make_node: MakeNode, tmp_path: Path
+) -> None:
+    # The A10's volatile DRAM counts N/A (as a lost GPU prints them), the aggregate ones 0.
+    name = "a10.535.129.03.nvidia-smi-q.txt"
+    replay(make_node, edited(tmp_path, name, {128: "N/A", 129: "N/A"}))
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    assert [field(h, f) for f in ECC_COUNTS] == [None, None, 0, 0]
+
+
+def test_ecc_turned_on_in_a_replay_has_counts(make_node: MakeNode) -> None:
+    # The RTX 4090 runs ECC off, so its capture shows every count N/A.
+    node = replay(make_node, REAL_HOSTS / "rtx4090-x8.535.154.05.nvidia-smi-q.txt")
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    assert [field(h, f) for f in ECC_COUNTS] == [None] * 4
+    node.inject("process_exit", 0, {"pid": 2010222})
+    node.inject("ecc_mode", 0, {"enabled": True})
+    node.reset_gpu(0)
+    assert [field(h, f) for f in ECC_COUNTS] == [0] * 4

@@ -138,12 +138,19 @@ def test_unknown_fault_kind_names_key_and_line() -> None:
     ("text", "expected"),
     [
         ("[nodes]\ngpus = 8\n", "nodes (line 1): unknown key (known here: fault, node)"),
-        ("[node]\ngpu = 8\n", "node.gpu (line 2): unknown key (known here: cuda_driver_version"),
+        (
+            "[node]\ngpu = 8\n",
+            "node.gpu (line 2): unknown key (known here: compute_mode, cuda_driver_version",
+        ),
         ('[node]\ngpus = "8"\n', "node.gpus (line 2): expected an integer, got str '8'"),
         ("[node]\ngpus = 17\n", "node.gpus (line 2): must be 1..16"),
         ("[node]\ngpus = 0\n", "node.gpus (line 2): must be 1..16"),
         ("[node]\nnvlinks = 19\n", "node.nvlinks (line 2): must be 0..18"),
         ("[node]\necc = 1\n", "node.ecc (line 2): expected true or false, got int 1"),
+        (
+            '[node]\ncompute_mode = "exclusive"\n',
+            "node.compute_mode (line 2): expected one of 'default', 'exclusive_process'",
+        ),
         ('[node]\nmodel = ""\n', "node.model (line 2): unknown GPU model '' (known: h100-sxm"),
         (
             '[node]\ndriver_version = "latest"\n',

@@ -41,6 +41,8 @@ H100_590_IDLE = "h100-x1-idle.590.48.01.nvidia-smi-q.txt"
 H100_590_BUSY = "h100-x1-busy.590.48.01.nvidia-smi-q.txt"
 H100_580_TEXT = "h100-x1.580.159.04.nvidia-smi-q.txt"
 H100_580_XML = "h100-x1.580.159.04.nvidia-smi-q.xml"
+RTX2080S_610 = "RTX2080S-idle.610.57.04.nvidia-smi-q.txt"
+T4_595 = "T4-aws.595.91.07.nvidia-smi-q.xml"
 
 
 def _load(name: str) -> Capture:
@@ -75,6 +77,9 @@ HEADERS = {
     H200_590_BUSY: ("text", "590.48.01", "13.1", "Fri Jul  3 22:11:09 2026", 1, 1),
     H100_590_IDLE: ("text", "590.48.01", "13.1", "Tue Jul 14 08:12:38 2026", 1, 1),
     H100_590_BUSY: ("text", "590.48.01", "13.1", "Tue Jul 14 08:12:53 2026", 1, 1),
+    # R610 follows "CUDA Version" with a deprecation note and adds "CUDA UMD Version".
+    RTX2080S_610: ("text", "610.57.04", "13.3", "Wed Aug 12 21:53:45 2026", 1, 1),
+    T4_595: ("xml", "595.91.07", "13.2", "Fri Aug 21 09:23:10 2026", 1, 1),
 }
 
 
@@ -173,7 +178,9 @@ H100_161_GPU0: dict[str, object] = {
         tlimit=True, shutdown=-8, slowdown=-2, gpu_max=0, memory_max=0, margin=56, target=None
     ),
     "power_draw_w": 67.74,
+    "power_instant_w": None,  # no such line before 550
     "power_limit_w": 700,
+    "power_requested_limit_w": 700,
     "power_default_limit_w": 700,
     "power_min_limit_w": 200,
     "power_max_limit_w": 700,
@@ -243,6 +250,12 @@ A10_GPU0: dict[str, object] = {
     "thresholds": TemperatureThresholds(tlimit=False, shutdown=101, slowdown=98, gpu_max=91),
     "power_draw_w": 43.89,
     "power_limit_w": 150,
+    "power_requested_limit_w": 150,
+    "compute_mode": "Default",
+    "fb_total_mib": 23028,
+    "fb_reserved_mib": 512,
+    "fb_used_mib": 4,  # the driver's own: no process runs
+    "fb_free_mib": 22511,
     "power_min_limit_w": 100,
     "max_clock_sm_mhz": 1695,
     "fabric_state": None,
@@ -333,7 +346,9 @@ TITAN_V_GPU0: dict[str, object] = {
     ),
     "power_draw_w": 29.02,
     "power_limit_w": 250,
+    "power_requested_limit_w": 250,
     "power_max_limit_w": 300,
+    "fb_used_mib": 290,  # more than its three processes' 286 MiB
     "fabric_state": None,
     "processes": (
         CapturedProcess(pid=100607, name="/usr/lib/xorg/Xorg", type="G", used_mib=142),
@@ -392,6 +407,9 @@ A100_MIG_GPU0: dict[str, object] = {
     ),
     "power_draw_w": 67.03,
     "power_limit_w": 500,
+    "power_requested_limit_w": 500,
+    "fb_used_mib": 50,  # beside its four MIG devices' 12 MiB each
+    "fb_free_mib": 80999,
     "clock_sm_mhz": 1275,
     "max_clock_sm_mhz": 1410,
     "fabric_state": None,
@@ -430,9 +448,54 @@ A10G_GPU0: dict[str, object] = {
     "thresholds": TemperatureThresholds(tlimit=False, shutdown=98, slowdown=95, gpu_max=88),
     "power_draw_w": 25.58,
     "power_limit_w": 300,  # <enforced_power_limit>
+    "power_requested_limit_w": 300,  # <power_limit> beside it
+    "compute_mode": "Default",
     "power_default_limit_w": 300,
     "fabric_state": None,
     "processes": (CapturedProcess(pid=725, name="/usr/lib/xorg/Xorg", type="G", used_mib=22),),
+}
+
+# R610 nests the current, requested and default limits in "GPU Ceiling Power Limit"; a
+# GeForce (and GA100 and older) prints its draw as instantaneous only, the average N/A.
+RTX2080S_610_GPU0: dict[str, object] = {
+    "product_name": "NVIDIA GeForce RTX 2080 SUPER",
+    "product_brand": "GeForce",
+    "power_draw_w": None,
+    "power_instant_w": 38.89,
+    "power_limit_w": 250,
+    "power_requested_limit_w": 250,
+    "power_default_limit_w": 250,
+    "power_min_limit_w": 105,
+    "power_max_limit_w": 350,
+    "module_power_w": None,
+    "module_power_limit_w": None,
+    "fb_total_mib": 8192,
+    "fb_reserved_mib": 400,
+    "fb_used_mib": 211,  # more than its two processes' 176 MiB
+    "fb_free_mib": 7582,
+    "compute_mode": "Default",
+    "ecc_current": None,
+    "remapped_rows_correctable": None,
+    "pcie_generation_current": 1,
+    "pcie_generation_max": 3,
+    "pcie_generation_host_max": 4,
+    "clock_graphics_mhz": 300,
+    "max_clock_memory_mhz": 7751,
+}
+
+T4_595_GPU0: dict[str, object] = {
+    "product_name": "Tesla T4",
+    "power_draw_w": None,  # <average_power_draw>N/A</average_power_draw>
+    "power_instant_w": 33.51,
+    "power_limit_w": 70,
+    "power_requested_limit_w": 70,
+    "power_default_limit_w": 70,
+    "power_min_limit_w": 60,
+    "fb_total_mib": 15360,
+    "fb_reserved_mib": 448,
+    "fb_used_mib": 0,
+    "fb_free_mib": 14913,
+    "compute_mode": "Default",
 }
 
 # The 550+ layout: the average and instantaneous draw, and (570+) the recovery state.
@@ -456,6 +519,8 @@ GPU_VALUES = [
     (A10G, 0, A10G_GPU0),
     (H200_TEXT, 0, H200_GPU0),
     (H200_XML, 0, {**H200_GPU0, "power_draw_w": 82.69}),
+    (RTX2080S_610, 0, RTX2080S_610_GPU0),
+    (T4_595, 0, T4_595_GPU0),
 ]
 
 
@@ -904,6 +969,7 @@ GPU 00000000:1B:00.0
         Reserved                          : 551 MiB
         Used                              : 1024 MiB
         Free                              : 79984 MiB
+    Compute Mode                          : Exclusive_Process
     Utilization
         Gpu                               : 55 %
         Memory                            : 12 %
@@ -1068,6 +1134,7 @@ XML_CAPTURE = """<?xml version="1.0" ?>
             <used>1024 MiB</used>
             <free>79984 MiB</free>
         </fb_memory_usage>
+        <compute_mode>Exclusive_Process</compute_mode>
         <utilization>
             <gpu_util>55 %</gpu_util>
             <memory_util>12 %</memory_util>
@@ -1319,8 +1386,131 @@ def test_older_layouts() -> None:
     assert gpu.thresholds == TemperatureThresholds(
         tlimit=False, shutdown=90, slowdown=87, gpu_max=83, memory_max=85
     )
-    assert (gpu.power_draw_w, gpu.power_limit_w) == (42.5, 300)
+    assert (gpu.power_draw_w, gpu.power_limit_w, gpu.power_requested_limit_w) == (42.5, 300, 250)
     assert gpu.processes == ()
+
+
+# Where each layout prints the limits: (capture, what to change, current, requested, default).
+LIMIT_LAYOUTS = [
+    pytest.param(H100_161, None, 700, 700, 700, id="535-text"),
+    pytest.param(A100_MIG, None, 500, 500, 500, id="535-xml"),
+    pytest.param(A10G, None, 300, 300, 300, id="515-xml-enforced"),
+    pytest.param(RTX2080S_610, None, 250, 250, 250, id="610-nested"),
+    # A GH200 module shares its power: the current limit sits below the requested one.
+    pytest.param(
+        H200_590_IDLE,
+        (
+            "Requested Power Limit                          : 700.00 W",
+            "Requested Power Limit : 900.00 W",
+        ),
+        700,
+        900,
+        700,
+        id="590-current-below-requested",
+    ),
+    pytest.param(
+        RTX2080S_610,
+        (
+            "Requested Power Limit                      : 250.00 W",
+            "Requested Power Limit : 280.00 W",
+        ),
+        250,
+        280,
+        250,
+        id="610-nested-requested-apart",
+    ),
+    pytest.param(
+        A10G,
+        ("<power_limit>300.00 W</power_limit>", "<power_limit>250.00 W</power_limit>"),
+        300,
+        250,
+        300,
+        id="515-xml-requested-below-enforced",
+    ),
+    pytest.param(
+        T4_595,
+        (
+            "<current_power_limit>70.00 W</current_power_limit>",
+            "<current_power_limit>N/A</current_power_limit>",
+        ),
+        None,
+        70,
+        70,
+        id="595-xml-current-na",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "change", "current", "requested", "default"), LIMIT_LAYOUTS)
+def test_power_limits_in_every_layout(
+    name: str,
+    change: tuple[str, str] | None,
+    current: float | None,
+    requested: float | None,
+    default: float | None,
+) -> None:
+    text = _read(name) if change is None else _replace(name, *change)
+    gpu = parse_capture(text).gpus[0]
+    assert (gpu.power_limit_w, gpu.power_requested_limit_w, gpu.power_default_limit_w) == (
+        current,
+        requested,
+        default,
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "printed", "draw", "instant"),
+    [
+        pytest.param(H100_161, "Power Draw", 67.74, None, id="535-average-only"),
+        pytest.param(H200_TEXT, "Average Power Draw", 82.65, 82.81, id="580-both"),
+        pytest.param(RTX2080S_610, "Instantaneous Power Draw", None, 38.89, id="610-instant-only"),
+        pytest.param(T4_595, "instant_power_draw", None, 33.51, id="595-xml-instant-only"),
+    ],
+)
+def test_the_average_draw_is_never_the_instantaneous_one(
+    name: str, printed: str, draw: float | None, instant: float | None
+) -> None:
+    assert printed in _read(name)
+    gpu = _load(name).gpus[0]
+    assert (gpu.power_draw_w, gpu.power_instant_w) == (draw, instant)
+
+
+@pytest.mark.parametrize(
+    ("name", "old", "new", "mode"),
+    [
+        pytest.param(
+            A10, "Compute Mode                          : Default", None, "Default", id="text"
+        ),
+        pytest.param(
+            H100_161,
+            "Compute Mode                          : Default",
+            "Compute Mode : Prohibited",
+            "Prohibited",
+            id="text-prohibited",
+        ),
+        pytest.param(T4_595, "<compute_mode>Default</compute_mode>", None, "Default", id="xml"),
+        pytest.param(
+            A100_MIG,
+            "<compute_mode>Default</compute_mode>",
+            "<compute_mode>Exclusive_Process</compute_mode>",
+            "Exclusive_Process",
+            id="xml-exclusive-process",
+        ),
+        pytest.param(
+            A10,
+            "Compute Mode                          : Default",
+            "Compute Mode : N/A",
+            None,
+            id="na",
+        ),
+    ],
+)
+def test_the_compute_mode_as_printed(
+    name: str, old: str, new: str | None, mode: str | None
+) -> None:
+    text = _read(name) if new is None else _replace(name, old, new)
+    assert old in _read(name)
+    assert parse_capture(text).gpus[0].compute_mode == mode
 
 
 def test_a_process_name_nvidia_smi_cannot_see_is_empty() -> None:

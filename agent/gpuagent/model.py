@@ -72,6 +72,16 @@ class Finding:
 
 
 CONSUMER_BRANDS = frozenset({"GeForce", "Titan", "GeForce RTX", "Titan RTX"})
+# Workstation boards: those with ECC ship with it off (RTX A6000, RTX 4000 SFF Ada, RTX PRO
+# 6000 Blackwell), so off is their default, as on consumer boards.
+WORKSTATION_BRANDS = frozenset({"Quadro", "Quadro RTX", "NVIDIA RTX", "NVS"})
+# NVML's compute modes (nvmlComputeMode_t), by the names `nvidia-smi` prints in lower case.
+COMPUTE_MODES: dict[str, int] = {
+    "default": 0,
+    "exclusive_thread": 1,
+    "prohibited": 2,
+    "exclusive_process": 3,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,11 +108,21 @@ class GpuIdentity:
     applications_clock_default_mhz: int | None = None  # graphics
     sm_clock_max_mhz: int | None = None  # what the SM clock reaches when nothing holds it back
     brand: str | None = None  # "Product Brand": "NVIDIA", "GeForce", "Titan", ...
+    # The ECC mode the board ships with (nvmlDeviceGetDefaultEccMode); None: not reported.
+    ecc_default: bool | None = None
 
     @property
     def consumer(self) -> bool:
         """A GeForce or Titan board: ECC, when it has it at all, ships switched off."""
         return self.brand in CONSUMER_BRANDS
+
+    @property
+    def ecc_on_by_default(self) -> bool:
+        """Whether the board ships with ECC on: its own word where NVML gives it, else its
+        class (data-center boards on; consumer and workstation boards off)."""
+        if self.ecc_default is not None:
+            return self.ecc_default
+        return not (self.consumer or self.brand in WORKSTATION_BRANDS)
 
     @property
     def device(self) -> str:
@@ -254,7 +274,10 @@ class GpuReadings:
     memory_temperature_c: float | None = None
     power_w: float | None = None  # averaged over the last second, as DCGM reports it
     power_instant_w: float | None = None
-    power_limit_w: float | None = None
+    power_limit_w: float | None = None  # the current (enforced) limit
+    # The limit asked for (nvmlDeviceGetPowerManagementLimit). The current one may sit
+    # below it where the platform limits power (a GH200 module shares its 1000 W).
+    power_requested_limit_w: float | None = None
     # Grace-Blackwell: the module's average power (the GPU with its share of the module)
     # and the module's power limit; None on other GPUs.
     module_power_w: float | None = None
@@ -305,6 +328,7 @@ class GpuReadings:
     mig_devices: tuple[MigDevice, ...] = ()
     ecc_enabled_pending: bool | None = None  # takes effect at the next reset
     applications_clock_mhz: int | None = None  # graphics; the default unless someone set it
+    compute_mode: str | None = None  # a COMPUTE_MODES name
     # NVSwitch systems: the GPU's registration with Fabric Manager. None: not supported.
     fabric_state: FabricState | None = None
     fabric_ok: bool | None = None  # the registration's result, once completed

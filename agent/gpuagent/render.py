@@ -111,6 +111,37 @@ def _gpu_row(gpu: dict[str, Any]) -> tuple[str, ...]:
     )
 
 
+def settings_text(gpu: dict[str, Any]) -> str:
+    """One GPU's settings, as facts ("persistence off, ECC on, power limit 700 W, ...")."""
+    parts = []
+    for key, name in (("persistence_mode", "persistence"), ("ecc_enabled", "ECC")):
+        if gpu.get(key) is not None:
+            parts.append(f"{name} {'on' if gpu[key] else 'off'}")
+    limit, requested = gpu.get("power_limit_w"), gpu.get("power_requested_limit_w")
+    if limit is not None:
+        below = requested is not None and limit < requested - 1
+        parts.append(f"power limit {limit:g} W" + (f" of {requested:g} W asked" if below else ""))
+    if gpu.get("applications_clock_mhz") is not None:
+        parts.append(f"applications clock {gpu['applications_clock_mhz']} MHz")
+    if gpu.get("compute_mode") is not None:
+        parts.append(f"compute mode {gpu['compute_mode']}")
+    if gpu.get("mig_mode"):
+        parts.append("MIG on")
+    return ", ".join(parts)
+
+
+def _settings_lines(gpus: list[dict[str, Any]]) -> list[str]:
+    """The GPUs' settings, one line for each group of GPUs that share them."""
+    groups: dict[str, list[str]] = {}
+    for gpu in gpus:
+        text = settings_text(gpu)
+        if text:
+            groups.setdefault(text, []).append(str(gpu["index"]))
+    if len(groups) == 1 and len(next(iter(groups.values()))) == len(gpus):
+        return [f"Settings: {next(iter(groups))}"]
+    return [f"Settings of GPU {','.join(indices)}: {text}" for text, indices in groups.items()]
+
+
 def _inventory_lines(inventory: dict[str, Any] | None) -> list[str]:
     """The node section: what the node is (see docs/inventory.md)."""
     if not inventory:
@@ -179,6 +210,7 @@ def render_status(
         ),
     ]
     lines.extend(_inventory_lines(node.get("inventory")))
+    lines.extend(_settings_lines(doc["gpus"]))
     lines.extend(_rdma_lines(node.get("infiniband")))
     lines.extend(
         f"  {_paint(f['severity'], f['severity'], color)} {f['check']}: {f['reason']}"

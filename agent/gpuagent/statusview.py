@@ -67,7 +67,15 @@ def _gpu_json(snapshot: NodeSnapshot, gpu: GpuState) -> dict[str, Any]:
             ecc_dbe_volatile=readings.ecc_dbe_volatile,
             pcie_generation=readings.pcie_generation,
             pcie_width=readings.pcie_width,
+            # Settings: facts, judged only against an expectation (the settings checks).
             persistence_mode=readings.persistence_mode,
+            ecc_enabled=readings.ecc_enabled,
+            ecc_default=ident.ecc_default,
+            power_requested_limit_w=readings.power_requested_limit_w,
+            power_default_limit_w=ident.power_default_limit_w,
+            applications_clock_mhz=readings.applications_clock_mhz,
+            compute_mode=readings.compute_mode,
+            mig_mode=readings.mig_mode_current,
             performance_state=readings.performance_state,
             # Shown whether or not they cost anything: the thermal check decides that.
             clock_event_reasons=clock_event_reason_names(readings.clock_event_reasons),

@@ -39,6 +39,9 @@ class GpuView:
     memory: GpuMemory
     now: float
     path: PciePath | None = None  # the GPU and the bridges above it, from sysfs
+    # The persistence mode expected (True: on) and who expects it ("expected": declared,
+    # "baseline": learned); None: no expectation, so the mode is a fact.
+    persistence_wanted: tuple[bool, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from gpuagent.checks.common import GpuView, Outcome, Problem, fmt, plural
 from gpuagent.checks.memory import GpuMemory, MemoryChanges, Rate
 from gpuagent.checks.vocabulary import Action, Runbook
 from gpuagent.config import EccCheck
-from gpuagent.model import GpuReadings, Severity
+from gpuagent.model import GpuIdentity, GpuReadings, Severity
 
 
 def _sbe_counter(readings: GpuReadings) -> tuple[int | None, str]:
@@ -64,12 +64,17 @@ def _sbe_rate_problem(rate: Rate | None, limit_per_hour: float) -> Problem | Non
     )
 
 
-def _disabled_problem(enabled: bool | None, consumer: bool) -> Problem | None:
-    # GeForce and Titan boards ship with ECC off (and most have none): off is their
-    # normal state, not a setting someone forgot.
-    if enabled is not False or consumer:
+def _disabled_problem(enabled: bool | None, identity: GpuIdentity) -> Problem | None:
+    # Off is a fault only on a board that ships with it on: consumer and workstation boards
+    # ship with ECC off, and off is then their normal state, not a setting someone forgot.
+    if enabled is not False or not identity.ecc_on_by_default:
         return None
-    return Problem(Severity.WARN, "ECC is disabled", Action.ENABLE_ECC, Runbook.GPU_ECC_DISABLED)
+    return Problem(
+        Severity.WARN,
+        "ECC is disabled (this board ships with it on)",
+        Action.ENABLE_ECC,
+        Runbook.GPU_ECC_DISABLED,
+    )
 
 
 def check_ecc(view: GpuView) -> Outcome:
@@ -77,6 +82,7 @@ def check_ecc(view: GpuView) -> Outcome:
     rate = view.memory.sbe.rate(view.config.ecc.rate_window_seconds)
     evidence = (
         ("ecc_enabled", readings.ecc_enabled),
+        ("ecc_default", view.identity.ecc_default),
         ("dbe_volatile", readings.ecc_dbe_volatile),
         ("sbe_volatile", readings.ecc_sbe_volatile),
         ("dbe_aggregate", readings.ecc_dbe_aggregate),
@@ -92,9 +98,9 @@ def check_ecc(view: GpuView) -> Outcome:
     found = (
         _dbe_problem(readings.ecc_dbe_volatile),
         _sbe_rate_problem(rate, config.sbe_rate_per_hour),
-        _disabled_problem(readings.ecc_enabled, view.identity.consumer),
+        _disabled_problem(readings.ecc_enabled, view.identity),
     )
     problems = tuple(p for p in found if p is not None)
     if readings.ecc_enabled is False:
-        return Outcome(f"ECC off, as {view.identity.brand} boards ship", evidence, problems)
+        return Outcome("ECC off, as this board ships", evidence, problems)
     return Outcome("no uncorrectable ECC errors; corrected error rate normal", evidence, problems)

@@ -31,13 +31,10 @@ from gpuagent.checks.inventory import (
     InventoryView,
     check_drift,
     check_driver,
-    check_ecc_mode,
     check_firmware,
     check_gpu_count,
     check_kernel_module,
     check_mig_layout,
-    check_persistence_mode,
-    check_settings,
 )
 from gpuagent.checks.kernel import check_kernel
 from gpuagent.checks.kubernetes import KubernetesView, check_kubernetes
@@ -46,16 +43,21 @@ from gpuagent.checks.mig import check_mig
 from gpuagent.checks.nvlink import check_nvlink, remember_nvlink
 from gpuagent.checks.nvml import check_nvml
 from gpuagent.checks.pcie import check_pcie, remember_bridges, remember_link
-from gpuagent.checks.persistence import check_persistence
 from gpuagent.checks.processes import check_processes, remember_processes
 from gpuagent.checks.recovery import check_recovery
 from gpuagent.checks.retired_pages import check_retired_pages
 from gpuagent.checks.row_remap import check_row_remap
+from gpuagent.checks.settings import (
+    check_ecc_mode,
+    check_persistence,
+    check_settings,
+    persistence_wanted,
+)
 from gpuagent.checks.state_dir import check_state_dir
 from gpuagent.checks.sxid import check_sxid
 from gpuagent.checks.thermal import check_thermal, remember_throttle
 from gpuagent.checks.xid import check_xid
-from gpuagent.config import ChecksSection, ExpectedGpu, InventoryExpected
+from gpuagent.config import ChecksSection, ExpectedGpu
 from gpuagent.inventory.model import GpuInventory
 from gpuagent.k8s.model import KubernetesFacts
 from gpuagent.model import (
@@ -145,7 +147,7 @@ class InventoryGpuCheck:
     """A per-GPU inventory check; like a readings check it needs the GPU to answer."""
 
     name: str
-    run: Callable[[GpuInventory, InventoryExpected, ChecksSection], Outcome]
+    run: Callable[[GpuInventory, InventoryView, ChecksSection], Outcome]
 
 
 # Run only when the daemon has an inventory (`inventory.enabled`), after the checks above.
@@ -162,7 +164,6 @@ INVENTORY_NODE_CHECKS: tuple[InventoryNodeCheck, ...] = (
 INVENTORY_GPU_CHECKS: tuple[InventoryGpuCheck, ...] = (
     InventoryGpuCheck("ecc_mode", check_ecc_mode),
     InventoryGpuCheck("mig_layout", check_mig_layout),
-    InventoryGpuCheck("persistence_mode", check_persistence_mode),
     InventoryGpuCheck("settings", check_settings),
 )
 
@@ -242,8 +243,11 @@ def _gpu_findings(
     config = context.config_for(state.identity.index)
     findings = [to_finding(AVAILABILITY, bus_id, check_availability(state))]
     events = EventView(state.identity, readings, config, memory, now, context.events, path)
+    wanted = persistence_wanted(state.identity.index, context.inventory)
     view = (
-        None if readings is None else GpuView(state.identity, readings, config, memory, now, path)
+        None
+        if readings is None
+        else GpuView(state.identity, readings, config, memory, now, path, wanted)
     )
     for check in GPU_CHECKS:
         if not check.enabled(config):
@@ -278,7 +282,7 @@ def _gpu_inventory_findings(
     return [
         _masked(check.name, bus_id, state)
         if readings is None or gpu is None
-        else to_finding(check.name, bus_id, check.run(gpu, view.expected, context.config))
+        else to_finding(check.name, bus_id, check.run(gpu, view, context.config))
         for check in INVENTORY_GPU_CHECKS
     ]
 

@@ -4,9 +4,9 @@ Node level: `gpu_count` (GPUs missing, and whether from NVML only or from the bu
 `driver` (kernel modules and their version against the NVML library), `firmware` (GSP
 firmware against the driver) and `drift` (versions against the expected ones and the
 learned baseline); `services` and `fabric` are in `gpuagent.checks.daemons`. Per GPU:
-`ecc_mode` (a change pending a reset), `mig_layout` (GPU instances against the expected
-layout), `persistence_mode` (against the expected mode) and `settings` (a power cap or
-clocks left behind). Pure functions of the inventory, the expectations and the baseline.
+`mig_layout` (GPU instances against the expected layout); the settings checks are in
+`gpuagent.checks.settings`. Pure functions of the inventory, the expectations and the
+baseline.
 """
 
 from __future__ import annotations
@@ -14,16 +14,13 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from gpuagent.checks.common import Evidence, Outcome, Problem, fmt, plural
+from gpuagent.checks.common import Evidence, Outcome, Problem, plural
 from gpuagent.checks.vocabulary import Action, Runbook
 from gpuagent.config import ChecksSection, InventoryExpected
 from gpuagent.inventory.baseline import Baseline
 from gpuagent.inventory.model import GpuInventory, NodeInventory, fingerprint, joined
 from gpuagent.model import Severity
 
-# Watts a power limit may differ from the reference before it counts as changed: NVML
-# reports milliwatts, and some boards settle a few watts off what was asked.
-POWER_TOLERANCE_W = 1.0
 # What drift compares; the agent's own version is in the fingerprint but not drift.
 DRIFT_KEYS = ("driver", "cuda", "kernel", "vbios")
 
@@ -33,6 +30,9 @@ class InventoryView:
     inventory: NodeInventory
     expected: InventoryExpected
     baseline: Baseline | None = None  # learn mode's, once learned
+    # (bus id, the limit before) of each GPU the agent's thermal remediation capped and has
+    # not restored: the one setting judged without an expectation, being ours.
+    power_capped: tuple[tuple[str, float], ...] = ()
 
 
 def version_matches(actual: str, expected: str) -> bool:
@@ -318,71 +318,6 @@ def check_drift(view: InventoryView) -> Outcome:
 # --- per GPU -----------------------------------------------------------------------------
 
 
-def _on_off(enabled: bool | None) -> str:
-    return "not supported" if enabled is None else ("enabled" if enabled else "disabled")
-
-
-def check_ecc_mode(
-    gpu: GpuInventory, _expected: InventoryExpected, _checks: ChecksSection
-) -> Outcome:
-    evidence: Evidence = (("ecc_current", gpu.ecc_current), ("ecc_pending", gpu.ecc_pending))
-    if gpu.ecc_current is None or gpu.ecc_pending is None or gpu.ecc_current == gpu.ecc_pending:
-        return Outcome(f"ECC mode {_on_off(gpu.ecc_current)}, nothing pending", evidence)
-    problem = Problem(
-        Severity.WARN,
-        f"ECC mode {_on_off(gpu.ecc_pending)} is pending; reset required to apply ECC mode",
-        Action.RESET_GPU,
-        Runbook.GPU_ECC_PENDING,
-    )
-    return Outcome("", evidence, (problem,))
-
-
-def check_settings(
-    gpu: GpuInventory, expected: InventoryExpected, _checks: ChecksSection
-) -> Outcome:
-    reference = expected.power_limit_watts or gpu.power_default_limit_w
-    evidence: Evidence = (
-        ("power_limit_w", gpu.power_limit_w),
-        ("power_reference_w", reference),
-        ("applications_clock_mhz", gpu.applications_clock_mhz),
-        ("applications_clock_default_mhz", gpu.applications_clock_default_mhz),
-        ("clocks_set_by_user", gpu.clocks_set_by_user),
-    )
-    problems: list[Problem] = []
-    limit = gpu.power_limit_w
-    if limit is not None and reference and abs(limit - reference) > POWER_TOLERANCE_W:
-        which = "expected" if expected.power_limit_watts else "default"
-        problems.append(
-            Problem(
-                Severity.WARN,
-                f"power limit {fmt(limit)} W, {which} {fmt(reference)} W",
-                Action.RESTORE_SETTINGS,
-                Runbook.GPU_POWER_LIMIT_CHANGED,
-            )
-        )
-    app, default = gpu.applications_clock_mhz, gpu.applications_clock_default_mhz
-    if app is not None and default is not None and app != default:
-        problems.append(
-            Problem(
-                Severity.WARN,
-                f"applications clock {app} MHz, default {default} MHz",
-                Action.RESTORE_SETTINGS,
-                Runbook.GPU_CLOCKS_SET,
-            )
-        )
-    elif gpu.clocks_set_by_user:
-        # Applications clocks at their default yet held by a user setting: locked clocks.
-        problems.append(
-            Problem(
-                Severity.WARN,
-                "GPU clocks locked by a user setting",
-                Action.RESTORE_SETTINGS,
-                Runbook.GPU_CLOCKS_SET,
-            )
-        )
-    return Outcome("power limit and clocks at their defaults", evidence, tuple(problems))
-
-
 def layout_text(profiles: tuple[str, ...] | list[str]) -> str:
     """A multiset of profiles, most specific first: "2x 1g.10gb, 3g.40gb"."""
     if not profiles:
@@ -391,10 +326,8 @@ def layout_text(profiles: tuple[str, ...] | list[str]) -> str:
     return ", ".join(name if n == 1 else f"{n}x {name}" for name, n in counts)
 
 
-def check_mig_layout(
-    gpu: GpuInventory, expected: InventoryExpected, _checks: ChecksSection
-) -> Outcome:
-    wanted = tuple(sorted(expected.mig_profiles_for(gpu.index)))
+def check_mig_layout(gpu: GpuInventory, view: InventoryView, _checks: ChecksSection) -> Outcome:
+    wanted = tuple(sorted(view.expected.mig_profiles_for(gpu.index)))
     evidence: Evidence = (
         ("mig_mode_current", gpu.mig_current),
         ("mig_instances", None if gpu.mig_instances is None else ",".join(gpu.mig_instances)),
@@ -422,36 +355,5 @@ def check_mig_layout(
         f"MIG layout {have}, expected {layout_text(wanted)} ({'; '.join(parts)})",
         Action.SET_MIG_LAYOUT,
         Runbook.GPU_MIG_LAYOUT,
-    )
-    return Outcome("", evidence, (problem,))
-
-
-def check_persistence_mode(
-    gpu: GpuInventory, expected: InventoryExpected, checks: ChecksSection
-) -> Outcome:
-    """Persistence mode against `inventory.expected.persistence`.
-
-    "Off when it should be on" is the persistence check's finding while that check is
-    enabled (with its remediation); this check reports it only when that one is disabled,
-    so one condition never makes two findings. "On when it should be off" is this check's
-    alone (configuration rejects "disabled" together with the persistence check).
-    """
-    mode, wanted = gpu.persistence, expected.persistence
-    evidence: Evidence = (("persistence_mode", mode), ("persistence_expected", wanted))
-    if mode is None:
-        return Outcome("persistence mode not reported", evidence)
-    word = _on_off(mode)
-    if wanted in ("any", word):
-        return Outcome(
-            f"persistence mode {word}" + (", as expected" if wanted == word else ""), evidence
-        )
-    if not mode and checks.persistence.enabled:
-        return Outcome("persistence mode disabled: reported by the persistence check", evidence)
-    if mode:
-        action, runbook = Action.DISABLE_PERSISTENCE, Runbook.GPU_PERSISTENCE_MISMATCH
-    else:
-        action, runbook = Action.ENABLE_PERSISTENCE, Runbook.GPU_PERSISTENCE_OFF
-    problem = Problem(
-        Severity.WARN, f"persistence mode is {word}, expected {wanted}", action, runbook
     )
     return Outcome("", evidence, (problem,))

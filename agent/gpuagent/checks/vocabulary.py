@@ -118,6 +118,7 @@ class Runbook(enum.StrEnum):
     GPU_ECC_PENDING = "gpu-ecc-pending"
     GPU_POWER_LIMIT_CHANGED = "gpu-power-limit-changed"
     GPU_CLOCKS_SET = "gpu-clocks-set"
+    GPU_COMPUTE_MODE = "gpu-compute-mode"
     GPU_MIG_LAYOUT = "gpu-mig-layout"
     GPU_PERSISTENCE_MISMATCH = "gpu-persistence-mismatch"
     NVML_DRIVER_NOT_LOADED = "nvml-driver-not-loaded"

@@ -144,21 +144,6 @@ def check_consistency(
         for key, message in _REPLACED.items()
         if key in invalid
     ]
-    persistence = ("inventory.expected.persistence", "checks.persistence.enabled")
-    if (
-        expected.persistence == "disabled"
-        and config.checks.persistence.enabled
-        and not any(key in invalid for key in persistence)
-    ):
-        key = "inventory.expected.persistence"
-        problems.append(
-            ConfigError(
-                '"disabled" contradicts the persistence check, which wants persistence on: '
-                "set checks.persistence.enabled = false as well",
-                key=key,
-                line=find_line(text, key),
-            )
-        )
     return problems
 
 

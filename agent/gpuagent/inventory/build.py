@@ -33,6 +33,8 @@ def _gpu(state: GpuState) -> GpuInventory:
         mig_instances=None if r is None else r.mig_instances,
         persistence=None if r is None else r.persistence_mode,
         power_limit_w=None if r is None else r.power_limit_w,
+        power_requested_limit_w=None if r is None else r.power_requested_limit_w,
+        compute_mode=None if r is None else r.compute_mode,
         applications_clock_mhz=None if r is None else r.applications_clock_mhz,
         clocks_set_by_user=None if reasons is None else bool(reasons & _USER_CLOCKS),
         fabric_state=None if r is None else r.fabric_state,

@@ -175,10 +175,12 @@ class GpuInventory:
     mig_pending: bool | None = None
     mig_instances: tuple[str, ...] | None = None  # GPU-instance profiles, sorted
     persistence: bool | None = None
-    power_limit_w: float | None = None
+    power_limit_w: float | None = None  # current (enforced)
+    power_requested_limit_w: float | None = None
     power_default_limit_w: float | None = None
     applications_clock_mhz: int | None = None
     applications_clock_default_mhz: int | None = None
+    compute_mode: str | None = None
     # nvmlClocksEventReasonApplicationsClocksSetting: clocks held by a user setting
     # (applications clocks or locked clocks).
     clocks_set_by_user: bool | None = None
@@ -289,10 +291,12 @@ def _gpu_json(gpu: GpuInventory) -> dict[str, Any]:
         },
         "persistence": gpu.persistence,
         "power_limit_w": gpu.power_limit_w,
+        "power_requested_limit_w": gpu.power_requested_limit_w,
         "power_default_limit_w": gpu.power_default_limit_w,
         "applications_clock_mhz": gpu.applications_clock_mhz,
         "applications_clock_default_mhz": gpu.applications_clock_default_mhz,
         "clocks_set_by_user": gpu.clocks_set_by_user,
+        "compute_mode": gpu.compute_mode,
         "fabric": {"state": gpu.fabric_state, "ok": gpu.fabric_ok},
     }
 

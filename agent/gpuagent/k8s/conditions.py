@@ -46,7 +46,6 @@ SUMMARY_ONLY_CHECKS = frozenset(
         "state_dir",
         "ecc_mode",
         "mig_layout",
-        "persistence_mode",
         "settings",
         "drift",
         "infiniband",

@@ -472,6 +472,10 @@ def _pcie_links(paths: Sequence[PciePath], hostname: str) -> list[tuple[PcieLink
 def _typed_family(name: str, help_text: str, kind: Kind, labels: Sequence[str]) -> Metric:
     """A gauge, or a counter under its exact name (see docs/metrics.md)."""
     if kind is Kind.COUNTER:
+        # Our own counters end in `_total`: a real counter family, whose samples carry the
+        # name given. dcgm-exporter's names (`..._TOTAL` in capitals included) stay bare.
+        if name.endswith("_total"):
+            return CounterMetricFamily(name, help_text, labels=labels)
         return BareCounterFamily(name, help_text)
     return GaugeMetricFamily(name, help_text, labels=labels)
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuagent.checks.processes import gone_pids, unattributed_mib
-from gpuagent.model import GpuIdentity, GpuReadings
+from gpuagent.model import COMPUTE_MODES, GpuIdentity, GpuReadings
 
 _MIB = 1024 * 1024
 
@@ -20,8 +20,9 @@ class Kind(enum.Enum):
     """How a value behaves: its `# TYPE` in the exposition."""
 
     GAUGE = "gauge"
-    # Monotonic: `# TYPE NAME counter`, under dcgm-exporter's exact name (no `_total`
-    # added; gpuagent.metrics.exposition.BareCounterFamily).
+    # Monotonic: `# TYPE NAME counter`, under the exact name, with no `_total` added
+    # (dcgm-exporter's names; gpuagent.metrics.exposition.BareCounterFamily). gpuagent's
+    # own counters are named with the suffix.
     COUNTER = "counter"
 
 
@@ -46,6 +47,11 @@ def _reading(field: str) -> ValueOf:
         return getattr(readings, field)
 
     return value
+
+
+def _compute_mode(_identity: GpuIdentity, readings: GpuReadings) -> object:
+    mode = readings.compute_mode
+    return None if mode is None else COMPUTE_MODES.get(mode)
 
 
 def _static(field: str) -> ValueOf:
@@ -310,6 +316,12 @@ AGENT_GPU_METRICS: tuple[GpuMetric, ...] = (
         _reading("ecc_enabled"),
     ),
     GpuMetric(
+        "gpuagent_gpu_ecc_default_enabled",
+        _G,
+        "1 if the board ships with ECC enabled (its default ECC mode).",
+        _static("ecc_default"),
+    ),
+    GpuMetric(
         "gpuagent_gpu_row_remap_pending",
         _G,
         "1 if rows are waiting to be remapped at the next GPU reset.",
@@ -368,8 +380,22 @@ AGENT_GPU_METRICS: tuple[GpuMetric, ...] = (
     GpuMetric(
         "gpuagent_gpu_power_limit_watts",
         _G,
-        "Power limit in watts.",
+        "Power limit in force (enforced), in watts.",
         _reading("power_limit_w"),
+    ),
+    GpuMetric(
+        "gpuagent_gpu_power_limit_requested_watts",
+        _G,
+        "Power limit asked for, in watts; the one in force may be lower where the platform "
+        "limits power.",
+        _reading("power_requested_limit_w"),
+    ),
+    GpuMetric(
+        "gpuagent_gpu_compute_mode",
+        _G,
+        "Compute mode as NVML numbers it: 0 default, 1 exclusive thread, 2 prohibited, "
+        "3 exclusive process.",
+        _compute_mode,
     ),
     GpuMetric(
         "gpuagent_gpu_module_power_watts",
@@ -417,7 +443,7 @@ AGENT_GPU_METRICS: tuple[GpuMetric, ...] = (
     ),
     *(
         GpuMetric(
-            f"gpuagent_gpu_{reason}_slowdown_seconds",
+            f"gpuagent_gpu_{reason}_slowdown_seconds_total",
             _C,
             f"Time the clocks were held back by {what} since the driver loaded.",
             _seconds(field),

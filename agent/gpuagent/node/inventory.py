@@ -154,11 +154,15 @@ class InventoryKeeper:
             self._config.inventory.expected.gpus,
         )
 
-    def view(self, inventory: NodeInventory | None) -> InventoryView | None:
-        """What the inventory checks judge: the inventory, what is expected, the baseline."""
+    def view(
+        self, inventory: NodeInventory | None, power_capped: tuple[tuple[str, float], ...] = ()
+    ) -> InventoryView | None:
+        """What the inventory checks judge: the inventory, what is expected, the baseline,
+        and the power caps our remediation holds."""
         if inventory is None:
             return None
-        return InventoryView(inventory, self._config.inventory.expected, self._baseline)
+        expected = self._config.inventory.expected
+        return InventoryView(inventory, expected, self._baseline, power_capped)
 
     def learn(self, inventory: NodeInventory | None, severity: Severity) -> None:
         """Learn mode: the first healthy inventory becomes the baseline drift is judged by."""

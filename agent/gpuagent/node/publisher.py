@@ -75,7 +75,9 @@ class InventorySource(Protocol):
 
     def inventory(self, observation: NvmlObservation) -> NodeInventory | None: ...
 
-    def view(self, inventory: NodeInventory | None) -> InventoryView | None: ...
+    def view(
+        self, inventory: NodeInventory | None, power_capped: tuple[tuple[str, float], ...] = ()
+    ) -> InventoryView | None: ...
 
     def learn(self, inventory: NodeInventory | None, severity: Severity) -> None: ...
 
@@ -88,6 +90,8 @@ class RemediationSink(Protocol):
     def storage_error(self) -> str | None: ...
 
     def diag_results(self) -> tuple[DiagResult, ...]: ...
+
+    def power_capped(self) -> tuple[tuple[str, float], ...]: ...
 
     def schedule(self, snapshot: NodeSnapshot) -> None: ...
 
@@ -301,7 +305,7 @@ class SnapshotPublisher:
             events=events,
             weights=self._events.weights(),
             pcie=pcie,
-            inventory=self._inventory.view(inventory),
+            inventory=self._inventory.view(inventory, self._remediation.power_capped()),
             expected_gpus=self._config.inventory.expected.gpu,
             storage_errors=self._storage_errors(),
             dcgm=dcgm,

@@ -96,6 +96,16 @@ class RemediationScheduler:
             budgets=tuple(budgets),
         )
 
+    def power_capped(self) -> tuple[tuple[str, float], ...]:
+        """(bus id, the limit before) of each GPU our thermal cap holds (the audit's word)."""
+        remediator = self.remediator
+        if remediator is None:
+            return ()
+        try:
+            return remediator.history().power_capped
+        except AuditError:  # unknown without the trail (the state_dir finding says why)
+            return ()
+
     def diag_results(self) -> tuple[DiagResult, ...]:
         """The latest DCGM diagnostic of each level (for the snapshot)."""
         remediator = self.remediator

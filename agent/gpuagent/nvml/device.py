@@ -21,7 +21,14 @@ from typing import Any
 
 import pynvml
 
-from gpuagent.model import GpuIdentity, GpuProcess, GpuProfiling, GpuReadings, MigDevice
+from gpuagent.model import (
+    COMPUTE_MODES,
+    GpuIdentity,
+    GpuProcess,
+    GpuProfiling,
+    GpuReadings,
+    MigDevice,
+)
 from gpuagent.nvml.errors import GpuLostError, optional, required, return_code, text
 from gpuagent.nvml.gpm import GpmSampler, GpuInstance
 from gpuagent.nvml.worker import CallWorker
@@ -73,6 +80,11 @@ _SLOW_COUNTER_FIELDS: dict[int, str] = {
     pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN: "throttle_hw_power_brake_ns",
     # NVML's recovery action (None / reset / reboot / drain and reset), read with them.
     pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: "recovery_action",
+    # Settings, which change only when someone changes them: asked in this batch rather
+    # than a call each (nvmlDeviceGetEccMode, nvmlDeviceGetPowerManagementLimit).
+    pynvml.NVML_FI_DEV_ECC_CURRENT: "ecc_enabled",
+    pynvml.NVML_FI_DEV_ECC_PENDING: "ecc_enabled_pending",
+    pynvml.NVML_FI_DEV_POWER_REQUESTED_LIMIT: "power_requested_limit_w",
 }
 # NVLink-C2C error counters (CRC, replay, back-to-back replay), each asked per link.
 _C2C_COUNTERS: dict[str, int] = {
@@ -107,8 +119,14 @@ _MODULE_POWER = {
 _KIB = 1024
 _MB = 1_000_000
 _CADENCE_SLACK = 0.5  # s
-_BOOL_ATTRS = {"retired_pages_pending", "row_remap_pending", "row_remap_failure"}
-_MILLIWATT_ATTRS = {"power_w", "power_instant_w", "power_limit_w"}
+_BOOL_ATTRS = {
+    "retired_pages_pending",
+    "row_remap_pending",
+    "row_remap_failure",
+    "ecc_enabled",
+    "ecc_enabled_pending",
+}
+_MILLIWATT_ATTRS = {"power_w", "power_instant_w", "power_limit_w", "power_requested_limit_w"}
 
 # Temperature thresholds, read once with the identity. (The *_TLIMIT fields are offsets on
 # NVML's T.Limit scale, not degrees, so the classic call is the one to use.)
@@ -138,6 +156,8 @@ _BRANDS: dict[int | None, str] = {
     pynvml.NVML_BRAND_GEFORCE_RTX: "GeForce RTX",
     pynvml.NVML_BRAND_TITAN_RTX: "Titan RTX",
 }
+
+_COMPUTE_MODE_NAMES: dict[int | None, str] = {code: name for name, code in COMPUTE_MODES.items()}
 
 _VALUE_MEMBER = {
     pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
@@ -230,7 +250,12 @@ class Device:
         self._nvlink_count = 0
         self._c2c_count = 0
         self._ber_fields: list[tuple[int, int]] = []
-        self._power_field_supported = True
+        # Whether the classic power calls stand in for the power fields (None: not known
+        # yet): drivers without the fields, and boards without the 1 s average (Turing,
+        # GA100), answer nvmlDeviceGetPowerUsage; decided at its first answer.
+        self._classic_power: bool | None = None
+        # Whether the GPU answers only the v1 memory call (drivers before R510 lack v2).
+        self._memory_v1: bool | None = None
         self._mig_profiles: tuple[MigProfile, ...] | None = None  # read once, when MIG is on
         self.gpm = GpmSampler(worker, handle)
         # (id, profile) of the GPU instances, for GPM: read on the slow cadence with the
@@ -302,6 +327,7 @@ class Device:
             "nvmlDeviceGetPowerManagementDefaultLimit",
             pynvml.nvmlDeviceGetPowerManagementDefaultLimit,
         )
+        ecc_default = self._get("nvmlDeviceGetDefaultEccMode", pynvml.nvmlDeviceGetDefaultEccMode)
         return GpuIdentity(
             index=self.index,
             pci_bus_id=bus_id or f"unknown-{self.index}",
@@ -334,6 +360,9 @@ class Device:
                 pynvml.NVML_CLOCK_GRAPHICS,
             ),
             brand=_BRANDS.get(self._get("nvmlDeviceGetBrand", pynvml.nvmlDeviceGetBrand)),
+            ecc_default=None
+            if ecc_default is None
+            else ecc_default[0] == pynvml.NVML_FEATURE_ENABLED,  # pynvml answers [mode]
             sm_clock_max_mhz=self._get(
                 "nvmlDeviceGetMaxClockInfo", pynvml.nvmlDeviceGetMaxClockInfo, pynvml.NVML_CLOCK_SM
             ),
@@ -370,10 +399,12 @@ class Device:
         for attr, scoped in _MODULE_POWER.items():
             milliwatts = values.get(scoped)
             readings[attr] = None if milliwatts is None else milliwatts / 1000
-        if readings["power_w"] is None and self._power_field_supported:
-            # Older drivers lack the power fields: the classic call reads the same average.
+        if readings["power_w"] is None and self._classic_power is not False:
+            # No average field: the classic call reads the power (the instantaneous draw
+            # where the board has no average), every poll once it has answered.
             power = self._get("nvmlDeviceGetPowerUsage", pynvml.nvmlDeviceGetPowerUsage)
-            self._power_field_supported = power is None
+            if self._classic_power is None:
+                self._classic_power = power is not None
             readings["power_w"] = None if power is None else power / 1000
         readings.update(self._read_fast())
         for key, value in self._slow.items():
@@ -446,9 +477,7 @@ class Device:
         util = self._get("nvmlDeviceGetUtilizationRates", pynvml.nvmlDeviceGetUtilizationRates)
         enc = self._get("nvmlDeviceGetEncoderUtilization", pynvml.nvmlDeviceGetEncoderUtilization)
         dec = self._get("nvmlDeviceGetDecoderUtilization", pynvml.nvmlDeviceGetDecoderUtilization)
-        memory = self._get(
-            "nvmlDeviceGetMemoryInfo", pynvml.nvmlDeviceGetMemoryInfo, pynvml.nvmlMemory_v2
-        )
+        memory = self._memory()
         procs = self._get(
             "nvmlDeviceGetComputeRunningProcesses", pynvml.nvmlDeviceGetComputeRunningProcesses
         )
@@ -464,7 +493,7 @@ class Device:
             "utilization_decoder_pct": None if dec is None else dec[0],
             "fb_used_mib": None if memory is None else memory.used / _MIB,
             "fb_free_mib": None if memory is None else memory.free / _MIB,
-            "fb_reserved_mib": None if memory is None else getattr(memory, "reserved", 0) / _MIB,
+            "fb_reserved_mib": _reserved_mib(memory),
             "sm_clock_mhz": self._get(
                 "nvmlDeviceGetClockInfo", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_SM
             ),
@@ -479,10 +508,23 @@ class Device:
             ),
         }
 
+    def _memory(self) -> Any:
+        """The memory info: v2 (with the reserved memory), else v1 on drivers before R510,
+        which lack v2; once v1 is what answers, only v1 is asked."""
+        if self._memory_v1 is not True:
+            memory = self._get(
+                "nvmlDeviceGetMemoryInfo", pynvml.nvmlDeviceGetMemoryInfo, pynvml.nvmlMemory_v2
+            )
+            if memory is not None or self._memory_v1 is False:
+                return memory
+        memory = self._get("nvmlDeviceGetMemoryInfo", pynvml.nvmlDeviceGetMemoryInfo)
+        self._memory_v1 = memory is not None
+        return memory
+
     def _read_slow(self) -> dict[str, Any]:
-        ecc = self._get("nvmlDeviceGetEccMode", pynvml.nvmlDeviceGetEccMode)
         mig = self._get("nvmlDeviceGetMigMode", pynvml.nvmlDeviceGetMigMode)
         persistence = self._get("nvmlDeviceGetPersistenceMode", pynvml.nvmlDeviceGetPersistenceMode)
+        compute_mode = self._get("nvmlDeviceGetComputeMode", pynvml.nvmlDeviceGetComputeMode)
         slow: dict[str, Any] = {
             "memory_clock_mhz": self._get(
                 "nvmlDeviceGetClockInfo", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_MEM
@@ -490,13 +532,12 @@ class Device:
             "persistence_mode": None
             if persistence is None
             else persistence == pynvml.NVML_FEATURE_ENABLED,
-            "ecc_enabled": None if ecc is None else ecc[0] == pynvml.NVML_FEATURE_ENABLED,
-            "ecc_enabled_pending": None if ecc is None else ecc[1] == pynvml.NVML_FEATURE_ENABLED,
             "applications_clock_mhz": self._get(
                 "nvmlDeviceGetApplicationsClock",
                 pynvml.nvmlDeviceGetApplicationsClock,
                 pynvml.NVML_CLOCK_GRAPHICS,
             ),
+            "compute_mode": _COMPUTE_MODE_NAMES.get(compute_mode),
             "mig_mode_current": None if mig is None else mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE,
             "mig_mode_pending": None if mig is None else mig[1] == pynvml.NVML_DEVICE_MIG_ENABLE,
             "pcie_generation": self._get(
@@ -517,6 +558,12 @@ class Device:
         counters: list[Any] = [*_SLOW_COUNTER_FIELDS, *self._ber_fields]
         values = dict(zip(counters, _field_values(self.worker, self.handle, counters), strict=True))
         slow.update(_named(_SLOW_COUNTER_FIELDS, values), counters_at=self._clock())
+        if slow.get("ecc_enabled") is None and slow.get("ecc_enabled_pending") is None:
+            # No ECC fields (a board without ECC answers the call the same way).
+            ecc = self._get("nvmlDeviceGetEccMode", pynvml.nvmlDeviceGetEccMode)
+            if ecc is not None:
+                slow["ecc_enabled"] = ecc[0] == pynvml.NVML_FEATURE_ENABLED
+                slow["ecc_enabled_pending"] = ecc[1] == pynvml.NVML_FEATURE_ENABLED
         for key, field in _BER_FIELDS.items():
             slow[key] = tuple(
                 decode_ber(values.get((field, link))) for link in range(self._nvlink_count)
@@ -526,11 +573,15 @@ class Device:
         slow["mig_instances"] = self._read_mig_instances() if slow["mig_mode_current"] else None
         # Only GPUs in MIG mode are asked: a whole GPU costs no call for this.
         slow["mig_devices"] = self._read_mig_devices() if slow["mig_mode_current"] else ()
-        if not self._power_field_supported:
+        if self._classic_power:
             limit = self._get(
                 "nvmlDeviceGetEnforcedPowerLimit", pynvml.nvmlDeviceGetEnforcedPowerLimit
             )
             slow["power_limit_w"] = None if limit is None else limit / 1000
+            requested = self._get(
+                "nvmlDeviceGetPowerManagementLimit", pynvml.nvmlDeviceGetPowerManagementLimit
+            )
+            slow["power_requested_limit_w"] = None if requested is None else requested / 1000
         return slow
 
     def _read_repairs(self) -> dict[str, Any]:
@@ -718,6 +769,12 @@ def _named(fields: dict[int, str], values: dict[Any, Any]) -> dict[str, Any]:
                 value = value / 1000
         named[attr] = value
     return named
+
+
+def _reserved_mib(memory: Any) -> float | None:
+    """The reserved memory: v2 reports it, v1 has no such value (absent, not 0)."""
+    reserved = getattr(memory, "reserved", None)
+    return None if reserved is None else reserved / _MIB
 
 
 def _pstate(value: int | None) -> int | None:

@@ -251,7 +251,7 @@ def _mig_instances(gpu: SimGpu, params: Params, _at: float) -> Events:
 
 
 def _power_limit(gpu: SimGpu, params: Params, _at: float) -> Events:
-    gpu.power_limit_mw = round(_number(params["watts"]) * 1000)
+    gpu.set_power_limit(round(_number(params["watts"]) * 1000))
     return ()
 
 

@@ -11,13 +11,16 @@ import ctypes
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pynvml
 
 from gpuagent.sim import codes
 from gpuagent.sim.gpm import nvlink_throughput_field
 from gpuagent.sim.gpu import SimGpu
+
+if TYPE_CHECKING:
+    from gpuagent.smi.model import CapturedGpu, TemperatureThresholds
 
 Result = tuple[int, int, int | float]
 Reader = Callable[[SimGpu, float, int], Result]
@@ -43,9 +46,15 @@ def _ecc_mode(mode: Callable[[SimGpu], bool]) -> Reader:
     return read
 
 
-def _ecc(count: Callable[[SimGpu], int]) -> Reader:
+def _ecc(count: Callable[[SimGpu], int], printed: Callable[[CapturedGpu], int | None]) -> Reader:
+    """An ECC count; in a replay not where the capture shows it N/A with ECC on (with ECC
+    off every count is N/A, which says nothing of the count once ECC is turned on)."""
+
+    def captured(capture: CapturedGpu) -> int | None:
+        return printed(capture) if capture.ecc_current else 0
+
     def read(gpu: SimGpu, _now: float, _scope: int) -> Result:
-        if not gpu.ecc_enabled:
+        if not gpu.ecc_enabled or not gpu.reports(captured):
             return NOT_SUPPORTED  # nvidia-smi shows N/A for ECC counts with ECC off
         return codes.SUCCESS, codes.VALUE_ULONGLONG, count(gpu)
 
@@ -70,17 +79,53 @@ def _remapped(value: Callable[[SimGpu], int]) -> Reader:
     return read
 
 
-def _uint_at(value: Callable[[SimGpu, float], int]) -> Reader:
-    """An unsigned-int field read at the call's time (power follows the load)."""
+def _uint_at(value: Callable[[SimGpu, float], int | None]) -> Reader:
+    """An unsigned-int field read at the call's time; NOT_SUPPORTED where None."""
 
     def read(gpu: SimGpu, now: float, _scope: int) -> Result:
-        return codes.SUCCESS, codes.VALUE_UINT, value(gpu, now)
+        answer = value(gpu, now)
+        return NOT_SUPPORTED if answer is None else (codes.SUCCESS, codes.VALUE_UINT, answer)
 
     return read
 
 
 def _uint(value: Callable[[SimGpu], int]) -> Reader:
     return _uint_at(lambda gpu, _now: value(gpu))
+
+
+def milliwatts(watts: float | None) -> int | None:
+    return None if watts is None else round(watts * 1000)
+
+
+def enforced_limit_mw(gpu: SimGpu, _now: float) -> int | None:
+    """The enforced (current) power limit, as field 190 and nvmlDeviceGetEnforcedPowerLimit
+    report it; None where a replayed capture shows it N/A."""
+    return gpu.power_limit_mw if gpu.reports(lambda c: c.power_limit_w) else None
+
+
+def requested_limit_mw(gpu: SimGpu, _now: float) -> int | None:
+    """The requested power limit (field 192, nvmlDeviceGetPowerManagementLimit)."""
+    return (
+        gpu.power_requested_limit_mw if gpu.reports(lambda c: c.power_requested_limit_w) else None
+    )
+
+
+def default_limit_mw(gpu: SimGpu, _now: float) -> int | None:
+    profile = gpu.profile
+    return milliwatts(gpu.fixed(profile.power_default_limit_w, lambda c: c.power_default_limit_w))
+
+
+def min_limit_mw(gpu: SimGpu, _now: float) -> int | None:
+    return milliwatts(gpu.fixed(gpu.profile.power_min_limit_w, lambda c: c.power_min_limit_w))
+
+
+def max_limit_mw(gpu: SimGpu, _now: float) -> int | None:
+    return milliwatts(gpu.fixed(gpu.profile.power_max_limit_w, lambda c: c.power_max_limit_w))
+
+
+def pcie_replays(gpu: SimGpu, _now: float) -> int | None:
+    """The PCIe replay count, as field 94 and nvmlDeviceGetPcieReplayCounter report it."""
+    return gpu.pcie_replays if gpu.reports(lambda c: c.pcie_replays) else None
 
 
 def _recovery_action(gpu: SimGpu, _now: float, _scope: int) -> Result:
@@ -154,8 +199,12 @@ def _per_c2c_link(value: Callable[[SimGpu, int], int]) -> Reader:
     return read
 
 
-def _tlimit(threshold: Callable[[SimGpu], int | None]) -> Reader:
-    """A threshold on NVML's T.Limit scale, not in degrees Celsius.
+def _tlimit(
+    threshold: Callable[[SimGpu], int | None],
+    printed: Callable[[TemperatureThresholds], float | None],
+) -> Reader:
+    """A threshold on NVML's T.Limit scale, not in degrees Celsius; in a replay only where
+    the capture prints it (``printed`` of its thresholds).
 
     T.Limit counts degrees below the GPU's limit point (its max operating temperature),
     so thresholds above that point are negative: slowdown -2, shutdown -8 on an H100. The
@@ -164,7 +213,11 @@ def _tlimit(threshold: Callable[[SimGpu], int | None]) -> Reader:
 
     def read(gpu: SimGpu, _now: float, _scope: int) -> Result:
         value = threshold(gpu)
-        if not gpu.tlimit_fields or value is None:
+        if (
+            not gpu.tlimit_fields
+            or value is None
+            or not gpu.reports(lambda c: printed(c.thresholds))
+        ):
             return NOT_SUPPORTED
         return codes.SUCCESS, codes.VALUE_SINT, gpu.profile.temperature_gpu_max_c - value
 
@@ -202,27 +255,32 @@ def _violation(name: str, *, per_reason: bool = False) -> Reader:
     return read
 
 
-def _power(
-    at_gpu: Callable[[SimGpu, float], int], at_module: Callable[[SimGpu, float], int | None]
-) -> Reader:
+PowerAt = Callable[[SimGpu, float], int | None]
+
+
+def _power(at_gpu: PowerAt, at_module: PowerAt) -> Reader:
     """A power field (mW) at its scope: the GPU's, or, on Grace-Blackwell models, the
-    module's (None: the model has none); any other scope is not supported."""
+    module's (None: the GPU or model has none); any other scope is not supported."""
 
     def read(gpu: SimGpu, now: float, scope: int) -> Result:
         if scope == pynvml.NVML_POWER_SCOPE_GPU:
-            return codes.SUCCESS, codes.VALUE_UINT, at_gpu(gpu, now)
-        module = at_module(gpu, now) if scope == pynvml.NVML_POWER_SCOPE_MODULE else None
-        return NOT_SUPPORTED if module is None else (codes.SUCCESS, codes.VALUE_UINT, module)
+            power = at_gpu(gpu, now)
+        elif scope == pynvml.NVML_POWER_SCOPE_MODULE:
+            power = at_module(gpu, now)
+        else:
+            power = None
+        return NOT_SUPPORTED if power is None else (codes.SUCCESS, codes.VALUE_UINT, power)
 
     return read
 
 
-def _module_draw(at_gpu: Callable[[SimGpu, float], int]) -> Callable[[SimGpu, float], int | None]:
+def _module_draw(at_gpu: PowerAt) -> PowerAt:
     """The module's draw: its GPU's plus the rest of the module."""
 
     def draw(gpu: SimGpu, now: float) -> int | None:
         extra = gpu.profile.module_power_extra_w
-        return None if extra is None else at_gpu(gpu, now) + round(extra * 1000)
+        drawn = at_gpu(gpu, now)
+        return None if extra is None or drawn is None else drawn + round(extra * 1000)
 
     return draw
 
@@ -232,21 +290,33 @@ def _module_limit(gpu: SimGpu, _now: float) -> int | None:
     return None if limit is None else round(limit * 1000)
 
 
-def _average_mw(gpu: SimGpu, now: float) -> int:
+def _no_module(_gpu: SimGpu, _now: float) -> int | None:
+    return None
+
+
+def _average_mw(gpu: SimGpu, now: float) -> int | None:
     return gpu.readings.average_power_mw(now)
 
 
-def _instant_mw(gpu: SimGpu, now: float) -> int:
+def _instant_mw(gpu: SimGpu, now: float) -> int | None:
     return gpu.readings.power_mw(now)
 
 
 READERS: dict[int, Reader] = {
     codes.FI_ECC_CURRENT: _ecc_mode(lambda g: g.ecc_enabled),
     codes.FI_ECC_PENDING: _ecc_mode(lambda g: g.ecc_pending),
-    codes.FI_ECC_SBE_VOL_TOTAL: _ecc(lambda g: g.ecc_sbe_volatile),
-    codes.FI_ECC_DBE_VOL_TOTAL: _ecc(lambda g: g.ecc_dbe_volatile),
-    codes.FI_ECC_SBE_AGG_TOTAL: _ecc(lambda g: g.ecc_sbe_aggregate),
-    codes.FI_ECC_DBE_AGG_TOTAL: _ecc(lambda g: g.ecc_dbe_aggregate),
+    codes.FI_ECC_SBE_VOL_TOTAL: _ecc(
+        lambda g: g.ecc_sbe_volatile, lambda c: c.ecc_corrected_volatile
+    ),
+    codes.FI_ECC_DBE_VOL_TOTAL: _ecc(
+        lambda g: g.ecc_dbe_volatile, lambda c: c.ecc_uncorrected_volatile
+    ),
+    codes.FI_ECC_SBE_AGG_TOTAL: _ecc(
+        lambda g: g.ecc_sbe_aggregate, lambda c: c.ecc_corrected_aggregate
+    ),
+    codes.FI_ECC_DBE_AGG_TOTAL: _ecc(
+        lambda g: g.ecc_dbe_aggregate, lambda c: c.ecc_uncorrected_aggregate
+    ),
     codes.FI_RETIRED_SBE: _retired(lambda g: g.retired_sbe),
     codes.FI_RETIRED_DBE: _retired(lambda g: g.retired_dbe),
     codes.FI_RETIRED_PENDING: _retired(lambda g: int(g.retired_pending)),
@@ -254,12 +324,17 @@ READERS: dict[int, Reader] = {
     codes.FI_REMAPPED_UNC: _remapped(lambda g: g.remapped_uncorrectable),
     codes.FI_REMAPPED_PENDING: _remapped(lambda g: int(g.remap_pending)),
     codes.FI_REMAPPED_FAILURE: _remapped(lambda g: int(g.remap_failure)),
-    codes.FI_PCIE_REPLAY_COUNTER: _uint(lambda g: g.pcie_replays),
+    codes.FI_PCIE_REPLAY_COUNTER: _uint_at(pcie_replays),
     codes.FI_TOTAL_ENERGY_CONSUMPTION: _energy,
     codes.FI_MEMORY_TEMP: _memory_temp,
     codes.FI_POWER_AVERAGE: _power(_average_mw, _module_draw(_average_mw)),
     codes.FI_POWER_INSTANT: _power(_instant_mw, _module_draw(_instant_mw)),
-    codes.FI_POWER_CURRENT_LIMIT: _power(lambda g, _now: g.power_limit_mw, _module_limit),
+    codes.FI_POWER_CURRENT_LIMIT: _power(enforced_limit_mw, _module_limit),
+    # The module's own requested, default and extreme limits are not modelled.
+    pynvml.NVML_FI_DEV_POWER_REQUESTED_LIMIT: _power(requested_limit_mw, _no_module),
+    pynvml.NVML_FI_DEV_POWER_DEFAULT_LIMIT: _power(default_limit_mw, _no_module),
+    pynvml.NVML_FI_DEV_POWER_MIN_LIMIT: _power(min_limit_mw, _no_module),
+    pynvml.NVML_FI_DEV_POWER_MAX_LIMIT: _power(max_limit_mw, _no_module),
     codes.FI_GPU_RECOVERY_ACTION: _recovery_action,
     codes.FI_NVLINK_LINK_COUNT: _uint(lambda g: g.nvlinks),
     codes.FI_NVLINK_GET_STATE: _nvlink_state,
@@ -278,9 +353,15 @@ READERS: dict[int, Reader] = {
     pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER: _per_link_ber(lambda g: g.nvlink_symbol_ber),
     pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: nvlink_throughput_field(receive=False),
     pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: nvlink_throughput_field(receive=True),
-    codes.FI_TEMPERATURE_SHUTDOWN_TLIMIT: _tlimit(lambda g: g.profile.temperature_shutdown_c),
-    codes.FI_TEMPERATURE_SLOWDOWN_TLIMIT: _tlimit(lambda g: g.profile.temperature_slowdown_c),
-    codes.FI_TEMPERATURE_GPU_MAX_TLIMIT: _tlimit(lambda g: g.profile.temperature_gpu_max_c),
+    codes.FI_TEMPERATURE_SHUTDOWN_TLIMIT: _tlimit(
+        lambda g: g.profile.temperature_shutdown_c, lambda t: t.shutdown
+    ),
+    codes.FI_TEMPERATURE_SLOWDOWN_TLIMIT: _tlimit(
+        lambda g: g.profile.temperature_slowdown_c, lambda t: t.slowdown
+    ),
+    codes.FI_TEMPERATURE_GPU_MAX_TLIMIT: _tlimit(
+        lambda g: g.profile.temperature_gpu_max_c, lambda t: t.gpu_max
+    ),
     codes.FI_TEMPERATURE_MEM_MAX_TLIMIT: _memory_tlimit,
     codes.FI_PERF_POLICY_POWER: _violation("power"),
     codes.FI_PERF_POLICY_THERMAL: _violation("thermal"),

@@ -109,7 +109,8 @@ _LEDGERS: weakref.WeakKeyDictionary[SimGpu, dict[int | None, _Counters]] = (
 
 def _rates(gpu: SimGpu, instance: SimGpuInstance | None, now: float) -> dict[int, float]:
     """Per-second activity (unit-seconds) and bytes of ``gpu`` or one of its instances."""
-    load = gpu.readings.utilization(now) / 100.0
+    # A replayed GPU without a utilization reading (MIG on) shows no activity.
+    load = (gpu.readings.utilization(now) or 0.0) / 100.0
     if gpu.mig_mode and gpu.mig_instances:
         busy = gpu.mig_instances[0]
         if instance is None:
@@ -117,7 +118,7 @@ def _rates(gpu: SimGpu, instance: SimGpuInstance | None, now: float) -> dict[int
         elif instance is not busy:
             load = 0.0
     rates = {metric: share * load for metric, share in _ACTIVITY_SHARES.items()}
-    generation = gpu.readings.pcie_generation(now)
+    generation = gpu.readings.pcie_generation(now) or 0
     link_bytes = _PCIE_LANE_BYTES.get(generation, 0.0) * gpu.pcie_width
     rates[_PCIE_RX] = _PCIE_IDLE_BYTES + _PCIE_RX_SHARE * link_bytes * load
     rates[_PCIE_TX] = _PCIE_IDLE_BYTES + _PCIE_TX_SHARE * link_bytes * load

@@ -9,7 +9,9 @@ Callers hold the node lock.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
 
 import pynvml
 
@@ -17,7 +19,12 @@ from gpuagent.sim import codes, hardware
 from gpuagent.sim.hardware import BoardIdentity
 from gpuagent.sim.infiniband import SimHca
 from gpuagent.sim.profiles import GpuProfile, MigProfile
-from gpuagent.sim.readings import LiveReadings
+from gpuagent.sim.readings import LiveReadings, Readings
+
+if TYPE_CHECKING:
+    from gpuagent.smi.model import CapturedGpu
+
+_T = TypeVar("_T")
 
 # The driver releases that brought what the simulator answers (its assumptions; see
 # docs/simulation.md): the *_TLIMIT fields and the margin temperature from R535, the
@@ -99,6 +106,7 @@ class SimGpu:
         persistence: bool,
         mig_mode: bool,
         mig_profiles: tuple[str, ...] = (),
+        compute_mode: int = codes.COMPUTE_MODES["default"],
     ) -> None:
         self.board = board
         self.profile = profile
@@ -128,8 +136,9 @@ class SimGpu:
         # The GPU instances MIG mode carries at start (and after `clear`).
         self.default_mig_profiles = mig_profiles
         self.mig_instances = make_instances(profile, mig_profiles) if mig_mode else []
-        self.power_limit_mw = round(profile.power_default_limit_w * 1000)
-        self.applications_clock_mhz = profile.applications_clock_mhz
+        self._init_settings(compute_mode)
+        # The capture this GPU replays (gpuagent.sim.replay); None in a simulation.
+        self.captured: CapturedGpu | None = None
         # nvmlGpuFabricState_t and the registration's nvmlReturn_t (NVSwitch systems).
         self.fabric_state = codes.FABRIC_STATE_NOT_SUPPORTED
         self.fabric_status = codes.SUCCESS
@@ -164,10 +173,25 @@ class SimGpu:
         # unit name → "down" | "flapping".
         self.service_faults: dict[str, str] = {}
 
-        self.readings = LiveReadings(self)
+        self.readings: Readings = LiveReadings(self)
         self.energy_mj = float(board.initial_energy_mj)
         self.violation_ns = dict.fromkeys(VIOLATION_REASONS, 0)
         self.settled_at = 0.0
+
+    def _init_settings(self, compute_mode: int) -> None:
+        """The settings of a new GPU: its model's, and the node's compute mode."""
+        profile = self.profile
+        # The limit asked for (nvmlDeviceGetPowerManagementLimit) and the one enforced: the
+        # request up to what the platform allows (``power_ceiling_mw``; None: nothing more,
+        # so the two are equal). A GH200 module sharing its power holds the enforced one
+        # below the request.
+        self.power_ceiling_mw: int | None = None
+        self.set_power_limit(round(profile.power_default_limit_w * 1000))
+        self.applications_clock_mhz = profile.applications_clock_mhz
+        # nvmlComputeMode_t; None: not reported (a capture's N/A).
+        self.compute_mode: int | None = compute_mode
+        # The ECC mode the board ships with; None where it has no ECC mode.
+        self.ecc_default: bool | None = profile.ecc_default if profile.ecc else None
 
     def _init_counters(self) -> None:
         """The error counters of a new GPU: all zero, nothing pending."""
@@ -204,6 +228,19 @@ class SimGpu:
 
     # --- what the model has -------------------------------------------------------------
 
+    def reports(self, printed: Callable[[CapturedGpu], object]) -> bool:
+        """Whether the GPU reports a value at all: always in a simulation; in a replay only
+        where its capture printed it (``printed`` of the capture is not None). What a
+        capture shows as N/A NVML answers NOT_SUPPORTED, whatever the profile holds."""
+        return self.captured is None or printed(self.captured) is not None
+
+    def fixed(self, live: _T, printed: Callable[[CapturedGpu], _T | None]) -> _T | None:
+        """A value of the board that does not move (a limit, a maximum, a version): the
+        model's ``live`` one in a simulation; in a replay the capture's, None where it
+        shows N/A (the profile's value, which fills that gap for the live model, is never
+        answered)."""
+        return live if self.captured is None else printed(self.captured)
+
     def remapped_rows_supported(self) -> bool:
         profile = self.profile
         return profile.row_remapping and (profile.row_remapping_under_mig or not self.mig_mode)
@@ -232,8 +269,11 @@ class SimGpu:
         if now <= self.settled_at:
             return
         seconds = now - self.settled_at
-        self.energy_mj += self.readings.power_mw(now) * seconds  # mW x s = mJ
-        reasons = self.readings.clock_event_reasons(now)
+        # What the GPU draws: its instantaneous power, else (a replay of an older driver's
+        # capture) the power it reports; nothing where it reports none.
+        drawn = self.readings.power_mw(now) or self.readings.power_usage_mw(now) or 0
+        self.energy_mj += drawn * seconds  # mW x s = mJ
+        reasons = self.readings.clock_event_reasons(now) or 0
         nanoseconds = round(seconds * _NS_PER_SECOND)
         for name, mask in VIOLATION_REASONS.items():
             if reasons & mask:
@@ -249,6 +289,15 @@ class SimGpu:
         """Nanoseconds the clocks were held back for ``name`` (see VIOLATION_REASONS)."""
         self.settle(now)
         return self.violation_ns[name]
+
+    # --- power --------------------------------------------------------------------------
+
+    def set_power_limit(self, milliwatts: int) -> None:
+        """What setting the power limit does: it is the request, and the enforced limit
+        follows it up to the ceiling."""
+        self.power_requested_limit_mw = milliwatts
+        ceiling = self.power_ceiling_mw
+        self.power_limit_mw = milliwatts if ceiling is None else min(milliwatts, ceiling)
 
     # --- memory -----------------------------------------------------------------------
 
@@ -293,7 +342,7 @@ class SimGpu:
         self.pcie_width = self.profile.pcie_max_width
         self.persistence = self.default_persistence
         self.applications_clock_mhz = self.profile.applications_clock_mhz
-        self.power_limit_mw = round(self.profile.power_default_limit_w * 1000)
+        self.set_power_limit(round(self.profile.power_default_limit_w * 1000))
         self.ecc_pending = self.ecc_enabled
         self.mig_pending = self.mig_mode
         self.mig_instances = (

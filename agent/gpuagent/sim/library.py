@@ -11,7 +11,7 @@ import ctypes
 import re
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pynvml
 
@@ -23,10 +23,21 @@ from gpuagent.sim.events import (
     EventSet,
     supported_event_types,
 )
-from gpuagent.sim.fields import fill_field_values
+from gpuagent.sim.fields import (
+    default_limit_mw,
+    enforced_limit_mw,
+    fill_field_values,
+    max_limit_mw,
+    min_limit_mw,
+    pcie_replays,
+    requested_limit_mw,
+)
 from gpuagent.sim.gpm import GpmDriver
 from gpuagent.sim.gpu import SimGpu, SimGpuInstance
 from gpuagent.sim.state import NodeState
+
+if TYPE_CHECKING:
+    from gpuagent.smi.model import CapturedGpu
 
 Entry = Callable[..., Any]
 # A device function's answer for a MIG device handle: (parent GPU, its instance, now, args).
@@ -402,23 +413,23 @@ class SimulatedLibrary:
     # --- devices -------------------------------------------------------------------------
 
     def _device_functions(self) -> dict[str, Entry]:
-        vbios = self._state.hardware.vbios_version.encode()
+        vbios = self._state.hardware.vbios_version
         return {
             "nvmlDeviceGetName": lambda g, _n, buf, size: _put_string(buf, size, g.name),
             "nvmlDeviceGetUUID": lambda g, _n, buf, size: _put_string(buf, size, g.uuid),
             "nvmlDeviceGetSerial": _serial,
             "nvmlDeviceGetBrand": _reply(lambda g, _n: g.profile.brand),
-            "nvmlDeviceGetVbiosVersion": lambda _g, _n, buf, size: _put_string(buf, size, vbios),
+            "nvmlDeviceGetVbiosVersion": lambda g, _n, buf, size: _put_text(
+                buf, size, g.fixed(vbios, lambda c: c.vbios_version)
+            ),
             "nvmlDeviceGetPciInfo_v3": _pci_info,
             "nvmlDeviceGetMinorNumber": _reply(lambda g, _n: g.index),
             "nvmlDeviceGetIndex": _reply(lambda g, _n: g.index),
-            "nvmlDeviceGetPowerManagementDefaultLimit": _reply(
-                lambda g, _n: round(g.profile.power_default_limit_w * 1000)
-            ),
-            "nvmlDeviceGetPowerManagementLimit": _reply(lambda g, _n: g.power_limit_mw),
-            "nvmlDeviceGetEnforcedPowerLimit": _reply(lambda g, _n: g.power_limit_mw),
+            "nvmlDeviceGetPowerManagementDefaultLimit": _reply(default_limit_mw),
+            "nvmlDeviceGetPowerManagementLimit": _reply(requested_limit_mw),
+            "nvmlDeviceGetEnforcedPowerLimit": _reply(enforced_limit_mw),
             "nvmlDeviceGetPowerManagementLimitConstraints": _power_constraints,
-            "nvmlDeviceGetPowerUsage": _reply(lambda g, now: g.readings.average_power_mw(now)),
+            "nvmlDeviceGetPowerUsage": _reply(lambda g, now: g.readings.power_usage_mw(now)),
             "nvmlDeviceGetTotalEnergyConsumption": _reply(lambda g, now: g.energy_mj_at(now)),
             "nvmlDeviceGetPerformanceState": _reply(
                 lambda g, now: g.readings.performance_state(now)
@@ -426,14 +437,20 @@ class SimulatedLibrary:
             "nvmlDeviceGetViolationStatus": _violation_status,
             "nvmlDeviceGetFanSpeed": _fan_speed,
             "nvmlDeviceGetMaxPcieLinkGeneration": _reply(
-                lambda g, _n: g.profile.pcie_max_generation
+                lambda g, _n: g.fixed(
+                    g.profile.pcie_max_generation, lambda c: c.pcie_generation_max
+                )
             ),
-            "nvmlDeviceGetMaxPcieLinkWidth": _reply(lambda g, _n: g.profile.pcie_max_width),
+            "nvmlDeviceGetMaxPcieLinkWidth": _reply(
+                lambda g, _n: g.fixed(g.profile.pcie_max_width, lambda c: c.pcie_width_max)
+            ),
             "nvmlDeviceGetCurrPcieLinkGeneration": _reply(
                 lambda g, now: g.readings.pcie_generation(now)
             ),
-            "nvmlDeviceGetCurrPcieLinkWidth": _reply(lambda g, _n: g.pcie_width),
-            "nvmlDeviceGetPcieReplayCounter": _reply(lambda g, _n: g.pcie_replays),
+            "nvmlDeviceGetCurrPcieLinkWidth": _reply(
+                lambda g, _n: g.pcie_width if g.reports(lambda c: c.pcie_width_current) else None
+            ),
+            "nvmlDeviceGetPcieReplayCounter": _reply(pcie_replays),
             "nvmlDeviceGetTemperatureThreshold": _temperature_threshold,
             "nvmlDeviceGetTemperature": _temperature,
             "nvmlDeviceGetMarginTemperature": _margin_temperature,
@@ -454,6 +471,10 @@ class SimulatedLibrary:
             "nvmlDeviceGetComputeRunningProcesses_v3": _compute_processes,
             "nvmlDeviceGetGraphicsRunningProcesses_v3": _no_processes,
             "nvmlDeviceGetPersistenceMode": _reply(lambda g, _n: int(g.persistence)),
+            "nvmlDeviceGetComputeMode": _reply(lambda g, _n: g.compute_mode),
+            "nvmlDeviceGetDefaultEccMode": _reply(
+                lambda g, _n: None if g.ecc_default is None else int(g.ecc_default)
+            ),
             "nvmlDeviceGetMigMode": _pair(
                 lambda g: g.profile.mig, lambda g: (int(g.mig_mode), int(g.mig_pending))
             ),
@@ -467,8 +488,8 @@ class SimulatedLibrary:
             # Only MIG device handles have instance ids (see _mig_device_functions).
             "nvmlDeviceGetGpuInstanceId": _not_a_mig_device,
             "nvmlDeviceGetComputeInstanceId": _not_a_mig_device,
-            "nvmlDeviceGetInforomImageVersion": lambda g, _n, buf, size: _put_string(
-                buf, size, g.profile.inforom_version.encode()
+            "nvmlDeviceGetInforomImageVersion": lambda g, _n, buf, size: _put_text(
+                buf, size, g.fixed(g.profile.inforom_version, lambda c: c.inforom_image_version)
             ),
             "nvmlDeviceGetGspFirmwareVersion": self._gsp_firmware_version,
             "nvmlDeviceGetApplicationsClock": _applications_clock,
@@ -510,14 +531,21 @@ class SimulatedLibrary:
 # --- device functions (lock held, GPU reachable) -----------------------------------------
 
 
-def _reply(value: Callable[[SimGpu, float], int]) -> Entry:
-    """A getter with a single ``byref`` output."""
+def _reply(value: Callable[[SimGpu, float], int | None]) -> Entry:
+    """A getter with a single ``byref`` output; NOT_SUPPORTED where ``value`` is None."""
 
     def impl(gpu: SimGpu, now: float, out: Any) -> int:
-        _out(out).value = value(gpu, now)
+        answer = value(gpu, now)
+        if answer is None:
+            return codes.ERROR_NOT_SUPPORTED
+        _out(out).value = answer
         return codes.SUCCESS
 
     return impl
+
+
+def _put_text(buffer: Any, length: Any, text: str | None) -> int:
+    return codes.ERROR_NOT_SUPPORTED if text is None else _put_string(buffer, length, text.encode())
 
 
 def _pair(
@@ -552,9 +580,17 @@ def _pci_info(gpu: SimGpu, _now: float, out: Any) -> int:
     return codes.SUCCESS
 
 
-def _power_constraints(gpu: SimGpu, _now: float, minimum: Any, maximum: Any) -> int:
-    _out(minimum).value = round(gpu.profile.power_min_limit_w * 1000)
-    _out(maximum).value = round(gpu.profile.power_max_limit_w * 1000)
+def _limit_range(gpu: SimGpu, now: float) -> tuple[int, int] | None:
+    """The power limit's minimum and maximum (mW); None where the GPU reports none."""
+    low, high = min_limit_mw(gpu, now), max_limit_mw(gpu, now)
+    return None if low is None or high is None else (low, high)
+
+
+def _power_constraints(gpu: SimGpu, now: float, minimum: Any, maximum: Any) -> int:
+    limits = _limit_range(gpu, now)
+    if limits is None:
+        return codes.ERROR_NOT_SUPPORTED
+    _out(minimum).value, _out(maximum).value = limits
     return codes.SUCCESS
 
 
@@ -579,6 +615,20 @@ def _fan_speed(gpu: SimGpu, now: float, out: Any) -> int:
     return codes.SUCCESS
 
 
+def _captured_threshold(captured: CapturedGpu, which: int) -> float | None:
+    """A threshold as the capture prints it (the profile holds it in degrees); None where
+    N/A, and on the T.Limit scale without the point it counts from (the margin)."""
+    limits = captured.thresholds
+    if limits.tlimit and (limits.margin is None or captured.temperature_c is None):
+        return None
+    return {
+        codes.THRESHOLD_SHUTDOWN: limits.shutdown,
+        codes.THRESHOLD_SLOWDOWN: limits.slowdown,
+        codes.THRESHOLD_MEM_MAX: limits.memory_max,
+        codes.THRESHOLD_GPU_MAX: limits.gpu_max,
+    }.get(which)
+
+
 def _temperature_threshold(gpu: SimGpu, _now: float, threshold: Any, out: Any) -> int:
     which = _int(threshold)
     if not 0 <= which < codes.THRESHOLD_COUNT:
@@ -590,8 +640,8 @@ def _temperature_threshold(gpu: SimGpu, _now: float, threshold: Any, out: Any) -
         codes.THRESHOLD_MEM_MAX: profile.temperature_memory_max_c,
         codes.THRESHOLD_GPU_MAX: profile.temperature_gpu_max_c,
     }.get(which)
-    if value is None:
-        return codes.ERROR_NOT_SUPPORTED  # acoustic limits, or no memory sensor
+    if value is None or not gpu.reports(lambda c: _captured_threshold(c, which)):
+        return codes.ERROR_NOT_SUPPORTED  # acoustic limits, no memory sensor, or N/A
     _out(out).value = value
     return codes.SUCCESS
 
@@ -599,7 +649,10 @@ def _temperature_threshold(gpu: SimGpu, _now: float, threshold: Any, out: Any) -
 def _temperature(gpu: SimGpu, now: float, sensor: Any, out: Any) -> int:
     if _int(sensor) != codes.TEMPERATURE_GPU:
         return codes.ERROR_INVALID_ARGUMENT
-    _out(out).value = round(gpu.readings.temperature(now))
+    temperature = gpu.readings.temperature(now)
+    if temperature is None:
+        return codes.ERROR_NOT_SUPPORTED
+    _out(out).value = round(temperature)
     return codes.SUCCESS
 
 
@@ -610,8 +663,10 @@ def _margin_temperature(gpu: SimGpu, now: float, out: Any) -> int:
     margin = _out(out)
     if margin.version != codes.MARGIN_TEMPERATURE_V1:
         return codes.ERROR_ARGUMENT_VERSION_MISMATCH
-    temperature = round(gpu.readings.temperature(now))
-    margin.marginTemperature = gpu.profile.temperature_gpu_max_c - temperature
+    temperature = gpu.readings.temperature(now)
+    if temperature is None:
+        return codes.ERROR_NOT_SUPPORTED
+    margin.marginTemperature = gpu.profile.temperature_gpu_max_c - round(temperature)
     return codes.SUCCESS
 
 
@@ -627,9 +682,12 @@ def _field_values(gpu: SimGpu, now: float, count: Any, values: Any) -> int:
 def _utilization(gpu: SimGpu, now: float, out: Any) -> int:
     if gpu.mig_mode:
         return codes.ERROR_NOT_SUPPORTED  # NVML has no whole-GPU utilization under MIG
+    busy = gpu.readings.utilization(now)
+    memory = gpu.readings.memory_utilization(now)
+    if busy is None or memory is None:
+        return codes.ERROR_NOT_SUPPORTED
     rates = _out(out)
-    rates.gpu = round(gpu.readings.utilization(now))
-    rates.memory = round(gpu.readings.memory_utilization(now))
+    rates.gpu, rates.memory = round(busy), round(memory)
     return codes.SUCCESS
 
 
@@ -641,51 +699,61 @@ def _codec_utilization(gpu: SimGpu, _now: float, utilization: Any, period_us: An
     return codes.SUCCESS
 
 
-def _memory_v1(gpu: SimGpu, _now: float, out: Any) -> int:
+def _memory_v1(gpu: SimGpu, now: float, out: Any) -> int:
+    fb = gpu.readings.fb_memory(now)
+    if fb is None:
+        return codes.ERROR_NOT_SUPPORTED
     # The v1 struct counts the driver's reserved memory as used.
     memory = _out(out)
-    total = gpu.profile.memory_total_mib * hardware.MIB
-    used = gpu.profile.memory_reserved_mib * hardware.MIB + gpu.memory_used_bytes()
-    memory.total, memory.used, memory.free = total, used, total - used
+    memory.total, memory.used, memory.free = fb.total, fb.used + (fb.reserved or 0), fb.free
     return codes.SUCCESS
 
 
-def _memory_v2(gpu: SimGpu, _now: float, out: Any) -> int:
+def _memory_v2(gpu: SimGpu, now: float, out: Any) -> int:
     memory = _out(out)
     if memory.version != codes.MEMORY_V2:
         return codes.ERROR_ARGUMENT_VERSION_MISMATCH
-    total = gpu.profile.memory_total_mib * hardware.MIB
-    reserved = gpu.profile.memory_reserved_mib * hardware.MIB
-    used = gpu.memory_used_bytes()
-    memory.total, memory.reserved, memory.used = total, reserved, used
-    memory.free = total - reserved - used
+    fb = gpu.readings.fb_memory(now)
+    if fb is None or fb.reserved is None:
+        return codes.ERROR_NOT_SUPPORTED  # a capture from before R510, which had no v2
+    memory.total, memory.reserved = fb.total, fb.reserved
+    memory.used, memory.free = fb.used, fb.free
     return codes.SUCCESS
 
 
 def _clock(gpu: SimGpu, now: float, clock_type: Any, out: Any) -> int:
-    which = _int(clock_type)
     readings = gpu.readings
-    if which in (codes.CLOCK_GRAPHICS, codes.CLOCK_SM):
-        _out(out).value = readings.sm_clock_mhz(now)
-    elif which == codes.CLOCK_MEM:
-        _out(out).value = readings.memory_clock_mhz(now)
-    elif which == codes.CLOCK_VIDEO:
-        _out(out).value = readings.video_clock_mhz(now)
-    else:
+    clocks = {
+        codes.CLOCK_GRAPHICS: readings.graphics_clock_mhz,
+        codes.CLOCK_SM: readings.sm_clock_mhz,
+        codes.CLOCK_MEM: readings.memory_clock_mhz,
+        codes.CLOCK_VIDEO: readings.video_clock_mhz,
+    }
+    clock = clocks.get(_int(clock_type))
+    if clock is None:
         return codes.ERROR_INVALID_ARGUMENT
+    value = clock(now)
+    if value is None:
+        return codes.ERROR_NOT_SUPPORTED
+    _out(out).value = value
     return codes.SUCCESS
 
 
 def _max_clock(gpu: SimGpu, _now: float, clock_type: Any, out: Any) -> int:
     profile = gpu.profile
-    value = {
-        codes.CLOCK_GRAPHICS: profile.sm_clock_max_mhz,
-        codes.CLOCK_SM: profile.sm_clock_max_mhz,
-        codes.CLOCK_MEM: profile.memory_clock_max_mhz,
-        codes.CLOCK_VIDEO: profile.video_clock_max_mhz,
-    }.get(_int(clock_type))
-    if value is None:
+    maxima: dict[int, tuple[int, Callable[[CapturedGpu], int | None]]] = {
+        codes.CLOCK_GRAPHICS: (profile.sm_clock_max_mhz, lambda c: c.max_clock_graphics_mhz),
+        codes.CLOCK_SM: (profile.sm_clock_max_mhz, lambda c: c.max_clock_sm_mhz),
+        codes.CLOCK_MEM: (profile.memory_clock_max_mhz, lambda c: c.max_clock_memory_mhz),
+        codes.CLOCK_VIDEO: (profile.video_clock_max_mhz, lambda c: c.max_clock_video_mhz),
+    }
+    found = maxima.get(_int(clock_type))
+    if found is None:
         return codes.ERROR_INVALID_ARGUMENT
+    live, printed = found
+    value = gpu.fixed(live, printed)
+    if value is None:
+        return codes.ERROR_NOT_SUPPORTED
     _out(out).value = value
     return codes.SUCCESS
 
@@ -912,11 +980,12 @@ def _set_persistence(gpu: SimGpu, _now: float, mode: Any) -> int:
 
 
 def _set_power_limit(gpu: SimGpu, now: float, limit: Any) -> int:
+    limits = _limit_range(gpu, now)
+    if limits is None:
+        return codes.ERROR_NOT_SUPPORTED  # no power management (a capture's N/A limits)
     wanted = _int(limit)
-    low = round(gpu.profile.power_min_limit_w * 1000)
-    high = round(gpu.profile.power_max_limit_w * 1000)
-    if not low <= wanted <= high:
+    if not limits[0] <= wanted <= limits[1]:
         return codes.ERROR_INVALID_ARGUMENT
     gpu.settle(now)
-    gpu.power_limit_mw = wanted
+    gpu.set_power_limit(wanted)
     return codes.SUCCESS

@@ -8,13 +8,16 @@ it, clocks at the applications clock (or the maximum), the busy P-state.
 
 Readings are pure functions of the GPU's state and the elapsed time (slow deterministic
 drift, one phase per GPU), so a scenario replays identically. Every such reading is a
-method here, so another reading model can stand in for this one on a GPU.
+method of `Readings`, so another reading model can stand in for this one on a GPU (a
+replayed capture's, `gpuagent.sim.replay.CapturedReadings`); a reading that model does
+not have is None, and NVML answers NOT_SUPPORTED for it.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from gpuagent.sim import codes, hardware
 
@@ -36,6 +39,49 @@ _IDLE_POWER_SWING = 0.04  # idle draw wanders by this share of itself
 # The driver's power average: over the last second, sampled here at its ends and between.
 _AVERAGE_WINDOW_SECONDS = 1.0
 _AVERAGE_SAMPLES = 5
+
+
+@dataclass(frozen=True, slots=True)
+class FbMemory:
+    """The framebuffer in bytes, as nvmlDeviceGetMemoryInfo_v2 splits it: ``used`` without
+    the driver's ``reserved`` memory (None: the driver reports none, and has no v2 call)."""
+
+    total: int
+    used: int
+    free: int
+    reserved: int | None
+
+
+class Readings(Protocol):
+    """What a GPU reports that moves. Callers hold the node lock."""
+
+    def after_fault(self, kind: str) -> Readings:
+        """The readings model once a fault of ``kind`` applied."""
+
+    def busy(self) -> bool: ...
+    def utilization(self, now: float) -> float | None: ...
+    def memory_utilization(self, now: float) -> float | None: ...
+    def power_mw(self, now: float) -> int | None:
+        """The instantaneous draw (NVML field 186)."""
+
+    def average_power_mw(self, now: float) -> int | None:
+        """The draw averaged over the last second (NVML field 185)."""
+
+    def power_usage_mw(self, now: float) -> int | None:
+        """nvmlDeviceGetPowerUsage: the 1 s average on Ampere (but GA100) and later, the
+        instantaneous draw on GA100 and older GPUs."""
+
+    def temperature(self, now: float) -> float | None: ...
+    def memory_temperature(self, now: float) -> float | None: ...
+    def fan_speed_pct(self, now: float) -> int | None: ...
+    def clock_event_reasons(self, now: float) -> int | None: ...
+    def graphics_clock_mhz(self, now: float) -> int | None: ...
+    def sm_clock_mhz(self, now: float) -> int | None: ...
+    def memory_clock_mhz(self, now: float) -> int | None: ...
+    def video_clock_mhz(self, now: float) -> int | None: ...
+    def performance_state(self, now: float) -> int | None: ...
+    def pcie_generation(self, now: float) -> int | None: ...
+    def fb_memory(self, now: float) -> FbMemory | None: ...
 
 
 class LiveReadings:
@@ -101,6 +147,9 @@ class LiveReadings:
             at = now - _AVERAGE_WINDOW_SECONDS * sample / (_AVERAGE_SAMPLES - 1)
             total += min(self._demand_mw(at, busy_before if at < changed_at else busy_now), limit)
         return int(total / _AVERAGE_SAMPLES)
+
+    def power_usage_mw(self, now: float) -> int:
+        return self.average_power_mw(now)
 
     def temperature(self, now: float) -> float:
         """Degrees Celsius: the held temperature of a `temperature` fault, else warming
@@ -170,6 +219,9 @@ class LiveReadings:
             return min(clock, profile.sm_clock_power_capped_mhz)
         return clock
 
+    def graphics_clock_mhz(self, now: float) -> int:
+        return self.sm_clock_mhz(now)  # one clock domain on every model simulated
+
     def memory_clock_mhz(self, _now: float) -> int:
         profile = self._profile
         return profile.memory_clock_idle_mhz if self.idle_clocks() else profile.memory_clock_max_mhz
@@ -196,3 +248,12 @@ class LiveReadings:
         if profile.pcie_idle_generation is not None and self.idle_clocks():
             trained = profile.pcie_idle_generation
         return min(trained, gpu.pcie_generation_limit)
+
+    # --- memory -------------------------------------------------------------------------
+
+    def fb_memory(self, _now: float) -> FbMemory:
+        profile = self._profile
+        total = profile.memory_total_mib * hardware.MIB
+        reserved = profile.memory_reserved_mib * hardware.MIB
+        used = self._gpu.memory_used_bytes()
+        return FbMemory(total=total, used=used, free=total - reserved - used, reserved=reserved)

@@ -1,15 +1,19 @@
 """A captured host, served beneath NVML: the simulated GPUs answer what `nvidia-smi -q` said.
 
-Each captured GPU becomes a simulated GPU of its own profile: the catalog's model of the
-same name (or the default one, for a model the catalog lacks) with everything the capture
-shows put in its place, and every value the capture shows as N/A marked unsupported, so
-NVML answers NOT_SUPPORTED for it, never an invented value. Counters, modes, the PCIe
-link, MIG instances, the fabric state and the processes start as captured; temperatures,
-power, utilization, clocks, P-state and clock event reasons stay exactly as captured
-(`CapturedReadings`) until a fault changes what they depend on, when the profile's live
-model takes over. What the capture cannot say is not invented either: it shows no
-NVLinks and no throttle-duration counters (`nvidia-smi -q` prints neither), and the
-host's services, PCI tree and kernel modules are unknown (`unknown_host_facts`).
+A replay shows what the capture prints and nothing else. Each captured GPU becomes a
+simulated GPU that keeps its capture (`SimGpu.captured`): the board's fixed values (power
+limits, maximum clocks, the PCIe link's maximum, VBIOS) are answered as printed, and what
+the capture shows as N/A NVML answers NOT_SUPPORTED, never a model's number. Counters,
+modes, the power limits, the PCIe link, MIG instances, the fabric state and the processes
+start as captured; temperatures, power, utilization, clocks, P-state, clock event
+reasons and framebuffer use stay exactly as captured (`CapturedReadings`) until a fault
+changes what they depend on (`LIVE_AFTER`), when the live model of the GPU's profile
+takes over. The profile is the catalog's model of the same name (or the default one, for
+a model the catalog lacks) with the captured values put in its place; where the capture
+has none it keeps the model's, for that live model only. What the capture cannot say is
+not invented either: it shows no NVLinks and no throttle-duration counters (`nvidia-smi
+-q` prints neither), no default ECC mode, and the host's services, PCI tree and kernel
+modules are unknown (`unknown_host_facts`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import pynvml
 from gpuagent.inventory.model import FABRIC_MANAGER, KNOWN_MODULES, PERSISTENCED, HostFacts, Service
 from gpuagent.sim import catalog, codes, hardware
 from gpuagent.sim.gpu import SimGpu, SimGpuInstance, SimProcess, make_instances
-from gpuagent.sim.readings import LiveReadings
+from gpuagent.sim.readings import FbMemory, LiveReadings, Readings
 
 if TYPE_CHECKING:
     from gpuagent.sim.profiles import GpuProfile
@@ -32,13 +36,14 @@ if TYPE_CHECKING:
     from gpuagent.smi import CapturedGpu, ClockEventReasons
 
 _BUS_ID_RE = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.[0-7]$")
-# Faults that change what the captured readings depend on (load, heat, clocks, limits):
-# after one, the GPU's readings follow the profile's live model.
+# Faults that change what the captured readings depend on (load, memory, heat, clocks,
+# limits): after one, the GPU's readings follow the profile's live model.
 LIVE_AFTER = frozenset(
     {
         "process",
         "process_exit",
         "hung",
+        "memory_leak",
         "throttle",
         "app_clocks",
         "power_limit",
@@ -98,7 +103,10 @@ def _module_extra(gpu: CapturedGpu) -> float | None:
 
 
 def profile_for(gpu: CapturedGpu) -> GpuProfile:
-    """The catalog's model of this GPU with what the capture shows put in its place."""
+    """The catalog's model of this GPU with what the capture shows put in its place: the
+    live model a fault hands the GPU to. Where the capture has no value the model's stays,
+    for that model to run on; NVML never answers it for the replayed GPU (`SimGpu.fixed`
+    and `SimGpu.reports` answer from the capture)."""
     found = catalog.find_profile(gpu.product_name)
     base = found[0] if found else catalog.DEFAULT
     power_limit = gpu.power_limit_w
@@ -158,71 +166,92 @@ def reason_mask(reasons: ClockEventReasons | None) -> int | None:
     return sum(bit for name, bit in _REASON_BITS if getattr(reasons, name))
 
 
-class CapturedReadings(LiveReadings):
-    """The readings as captured; the live model answers what the capture does not give."""
+def _mw(watts: float | None) -> int | None:
+    return None if watts is None else round(watts * 1000)
+
+
+def _bytes(mib: float | None) -> int | None:
+    return None if mib is None else round(mib * hardware.MIB)
+
+
+def _fb_memory(gpu: CapturedGpu) -> FbMemory | None:
+    """The "FB Memory Usage" block as printed; None unless total, used and free are.
+    Drivers before R510 print no Reserved, and count it in Used."""
+    total, used, free = _bytes(gpu.fb_total_mib), _bytes(gpu.fb_used_mib), _bytes(gpu.fb_free_mib)
+    if total is None or used is None or free is None:
+        return None
+    return FbMemory(total=total, used=used, free=free, reserved=_bytes(gpu.fb_reserved_mib))
+
+
+class CapturedReadings:
+    """The readings as captured, each None where the capture shows N/A. The live model
+    answers only whether the GPU is busy, until a fault hands the GPU to it (LIVE_AFTER)."""
 
     def __init__(self, gpu: SimGpu, captured: CapturedGpu) -> None:
-        super().__init__(gpu)
+        self._gpu = gpu
+        self._live = LiveReadings(gpu)
         self._captured = captured
         self._reasons = reason_mask(captured.clock_event_reasons)
+        self._fb = _fb_memory(captured)
 
-    def after_fault(self, kind: str) -> LiveReadings:
-        return LiveReadings(self._gpu) if kind in LIVE_AFTER else self
+    def after_fault(self, kind: str) -> Readings:
+        return self._live if kind in LIVE_AFTER else self
 
-    def utilization(self, now: float) -> float:
-        value = self._captured.utilization_gpu_pct
-        return super().utilization(now) if value is None else value
+    def busy(self) -> bool:
+        return self._live.busy()
 
-    def memory_utilization(self, now: float) -> float:
-        value = self._captured.utilization_memory_pct
-        return super().memory_utilization(now) if value is None else value
+    def utilization(self, _now: float) -> float | None:
+        return self._captured.utilization_gpu_pct
 
-    def power_demand_mw(self, now: float) -> float:
-        captured = self._captured
-        value = (
-            captured.power_draw_w if captured.power_instant_w is None else captured.power_instant_w
-        )
-        return super().power_demand_mw(now) if value is None else value * 1000.0
+    def memory_utilization(self, _now: float) -> float | None:
+        return self._captured.utilization_memory_pct
 
-    def average_power_mw(self, now: float) -> int:
-        value = self._captured.power_draw_w
-        return super().average_power_mw(now) if value is None else round(value * 1000.0)
+    def power_mw(self, _now: float) -> int | None:
+        return _mw(self._captured.power_instant_w)
 
-    def temperature(self, now: float) -> float:
-        value = self._captured.temperature_c
-        return super().temperature(now) if value is None else value
+    def average_power_mw(self, _now: float) -> int | None:
+        return _mw(self._captured.power_draw_w)
 
-    def memory_temperature(self, now: float) -> float | None:
-        value = self._captured.memory_temperature_c
-        return super().memory_temperature(now) if value is None else value
+    def power_usage_mw(self, now: float) -> int | None:
+        # GA100 and older GPUs have no average (N/A) and report their instantaneous draw.
+        average = self.average_power_mw(now)
+        return self.power_mw(now) if average is None else average
 
-    def fan_speed_pct(self, now: float) -> int | None:
+    def temperature(self, _now: float) -> float | None:
+        return self._captured.temperature_c
+
+    def memory_temperature(self, _now: float) -> float | None:
+        return self._captured.memory_temperature_c
+
+    def fan_speed_pct(self, _now: float) -> int | None:
         value = self._captured.fan_speed_pct
-        return super().fan_speed_pct(now) if value is None else round(value)
+        return None if value is None else round(value)
 
-    def clock_event_reasons(self, now: float) -> int:
-        return super().clock_event_reasons(now) if self._reasons is None else self._reasons
+    def clock_event_reasons(self, _now: float) -> int | None:
+        return self._reasons
 
-    def sm_clock_mhz(self, now: float) -> int:
-        value = self._captured.clock_sm_mhz
-        return super().sm_clock_mhz(now) if value is None else value
+    def graphics_clock_mhz(self, _now: float) -> int | None:
+        return self._captured.clock_graphics_mhz
 
-    def memory_clock_mhz(self, now: float) -> int:
-        value = self._captured.clock_memory_mhz
-        return super().memory_clock_mhz(now) if value is None else value
+    def sm_clock_mhz(self, _now: float) -> int | None:
+        return self._captured.clock_sm_mhz
 
-    def video_clock_mhz(self, now: float) -> int:
-        value = self._captured.clock_video_mhz
-        return super().video_clock_mhz(now) if value is None else value
+    def memory_clock_mhz(self, _now: float) -> int | None:
+        return self._captured.clock_memory_mhz
 
-    def performance_state(self, now: float) -> int:
-        value = self._captured.performance_state
-        return super().performance_state(now) if value is None else value
+    def video_clock_mhz(self, _now: float) -> int | None:
+        return self._captured.clock_video_mhz
 
-    def pcie_generation(self, now: float) -> int:
+    def performance_state(self, _now: float) -> int | None:
+        return self._captured.performance_state
+
+    def pcie_generation(self, _now: float) -> int | None:
         value = self._captured.pcie_generation_current
-        live = super().pcie_generation(now)
-        return live if value is None else min(value, self._gpu.pcie_generation_limit)
+        # A `pcie_degrade` fault caps the link below what was captured.
+        return None if value is None else min(value, self._gpu.pcie_generation_limit)
+
+    def fb_memory(self, _now: float) -> FbMemory | None:
+        return self._fb
 
 
 def _slot(bus_id: str, index: int) -> tuple[int, int, int]:
@@ -257,6 +286,7 @@ def replayed_gpu(
         persistence=bool(captured.persistence_mode),
         mig_mode=bool(captured.mig_current),
     )
+    gpu.captured = captured
     _start_state(gpu, captured)
     gpu.readings = CapturedReadings(gpu, captured)
     return gpu
@@ -285,8 +315,9 @@ def _start_state(gpu: SimGpu, captured: CapturedGpu) -> None:
     gpu.pcie_replays = captured.pcie_replays or 0
     if captured.pcie_width_current is not None:
         gpu.pcie_width = captured.pcie_width_current
-    if captured.power_limit_w is not None:
-        gpu.power_limit_mw = round(captured.power_limit_w * 1000)
+    _start_power_limits(gpu, captured)
+    gpu.compute_mode = _compute_mode(captured.compute_mode)
+    gpu.ecc_default = None  # no nvidia-smi layout prints it: ECC Mode is Current and Pending
     gpu.applications_clock_mhz = captured.applications_clock_graphics_mhz
     gpu.fabric_state, gpu.fabric_status = _fabric(captured)
     gpu.fabric_health = dict(captured.fabric_health)
@@ -305,6 +336,28 @@ def _start_state(gpu: SimGpu, captured: CapturedGpu) -> None:
         p.pid: SimProcess(p.pid, p.name, round((p.used_mib or 0) * hardware.MIB))
         for p in captured.processes
     }
+
+
+def _start_power_limits(gpu: SimGpu, captured: CapturedGpu) -> None:
+    """The requested and enforced limits as printed. Where the enforced one sits below the
+    request (a GH200 module sharing its power), that is the platform's ceiling: a limit
+    set later is enforced up to it."""
+    current, requested = _mw(captured.power_limit_w), _mw(captured.power_requested_limit_w)
+    if current is not None and requested is not None and current < requested:
+        gpu.power_ceiling_mw = current
+    first = requested if requested is not None else current
+    if first is not None:
+        gpu.set_power_limit(first)
+    if current is not None:
+        gpu.power_limit_mw = current
+
+
+def _compute_mode(printed: str | None) -> int | None:
+    """nvmlComputeMode_t of "Compute Mode" ("Exclusive_Process"); None where N/A, or a
+    mode this simulator does not know."""
+    if printed is None:
+        return None
+    return codes.COMPUTE_MODES.get(printed.strip().lower().replace(" ", "_"))
 
 
 # Spellings nvidia-smi may use beside the enum's own names.

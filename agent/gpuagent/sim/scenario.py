@@ -33,6 +33,8 @@ InitError = Literal[
     "other",
 ]
 INIT_ERRORS: tuple[InitError, ...] = typing.get_args(InitError)
+# nvmlComputeMode_t by name (codes.COMPUTE_MODES); "exclusive_thread" only older drivers had.
+ComputeMode = Literal["default", "exclusive_process", "prohibited", "exclusive_thread"]
 
 _VERSION_BUFFER = 80  # NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE
 _DRIVER_VERSION_RE = re.compile(r"^\d{3}\.\d{2,3}(\.\d{2,3})?$")
@@ -56,6 +58,7 @@ class NodeSpec:
     mig_profiles: list[str] = field(default_factory=list)
     ecc: bool | None = None  # None: the mode the model ships with
     persistence: bool = True
+    compute_mode: ComputeMode = "default"
     vbios_version: str = ""  # empty: the model's
     # Empty: the driver version (GSP firmware ships with the driver) on models that run
     # GSP firmware, not supported on the others; "none": not supported (GSP off).

@@ -85,6 +85,7 @@ class NodeState:
                 persistence=spec.persistence,
                 mig_mode=spec.mig_mode,
                 mig_profiles=tuple(spec.mig_profiles),
+                compute_mode=codes.COMPUTE_MODES[spec.compute_mode],
             )
             for index, (bus, device) in enumerate(resolved.profile.slots(spec.gpus))
         ]

@@ -102,6 +102,8 @@ class CapturedGpu:
     persistence_mode: bool | None = None
     # "None" (bare metal), "Pass-Through" (a VM's GPU), "VGPU", "Host VGPU": as printed.
     virtualization_mode: str | None = None
+    # "Default", "Exclusive_Process", "Prohibited" (or "Exclusive_Thread"): as printed.
+    compute_mode: str | None = None
     mig_current: bool | None = None
     mig_pending: bool | None = None
     mig_devices: tuple[CapturedMigDevice, ...] = ()
@@ -160,9 +162,14 @@ class CapturedGpu:
     temperature_c: float | None = None
     memory_temperature_c: float | None = None
     thresholds: TemperatureThresholds = field(default_factory=TemperatureThresholds)
-    power_draw_w: float | None = None  # the 1 s average
-    power_instant_w: float | None = None  # 550+ on Hopper and later
+    # The 1 s average: "Power Draw" (before 550), "Average Power Draw"; N/A on GA100 and
+    # older GPUs, which print only the instantaneous draw (550+).
+    power_draw_w: float | None = None
+    power_instant_w: float | None = None
     power_limit_w: float | None = None  # "Current Power Limit" (enforced)
+    # "Requested Power Limit" (535+); before, "Power Limit" beside "Enforced Power Limit".
+    # The current one may sit below it: a GH200 module shares its power.
+    power_requested_limit_w: float | None = None
     power_default_limit_w: float | None = None
     power_min_limit_w: float | None = None
     power_max_limit_w: float | None = None

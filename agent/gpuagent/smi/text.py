@@ -41,6 +41,7 @@ from gpuagent.smi.tree import (
     EccCounts,
     Node,
     at,
+    cuda_version,
     driver_version,
     entries,
     fabric_health,
@@ -81,7 +82,7 @@ def parse_text(text: str) -> Capture:
     return Capture(
         format="text",
         driver_version=driver,
-        cuda_version=string(root.get("CUDA Version")),
+        cuda_version=cuda_version(root, ("CUDA UMD Version", "CUDA Version")),
         timestamp=string(root.get("Timestamp")),
         attached_gpus=integer(root.get("Attached GPUs")),
         gpus=gpus,
@@ -177,6 +178,7 @@ def _gpu(block: Node) -> CapturedGpu:
         pci_subsystem_id=hexadecimal(at(pci, "Sub System Id")),
         persistence_mode=flag(block.get("Persistence Mode")),
         virtualization_mode=string(block.get("GPU Virtualization Mode", "Virtualization Mode")),
+        compute_mode=string(block.get("Compute Mode")),
         mig_current=flag(block.get("MIG Mode", "Current")),
         mig_pending=flag(block.get("MIG Mode", "Pending")),
         mig_devices=_mig_devices(block),
@@ -236,18 +238,12 @@ def _gpu(block: Node) -> CapturedGpu:
         temperature_c=number(at(temperature, "GPU Current Temp"), "C"),
         memory_temperature_c=number(at(temperature, "Memory Current Temp"), "C"),
         thresholds=_thresholds(temperature),
-        # 550+ on Hopper splits the draw into an average (what NVML's power usage answers)
-        # and an instantaneous reading.
-        power_draw_w=number(
-            pick(power, "Power Draw", "Average Power Draw", "Instantaneous Power Draw"), "W"
-        ),
+        # 550+ splits the draw into the 1 s average and an instantaneous reading.
+        power_draw_w=number(pick(power, "Power Draw", "Average Power Draw"), "W"),
         power_instant_w=number(at(power, "Instantaneous Power Draw"), "W"),
-        # "Current Power Limit" since 535; before, "Enforced Power Limit" is what applies
-        # and "Power Limit" what was requested.
-        power_limit_w=number(
-            pick(power, "Current Power Limit", "Enforced Power Limit", "Power Limit"), "W"
-        ),
-        power_default_limit_w=number(at(power, "Default Power Limit"), "W"),
+        power_limit_w=number(_current_limit(power), "W"),
+        power_requested_limit_w=number(_requested_limit(power), "W"),
+        power_default_limit_w=number(_power_limit(power, "Default Power Limit"), "W"),
         power_min_limit_w=number(at(power, "Min Power Limit"), "W"),
         power_max_limit_w=number(at(power, "Max Power Limit"), "W"),
         module_power_w=number(at(module, "Average Power Draw"), "W"),
@@ -278,6 +274,27 @@ def _gpu(block: Node) -> CapturedGpu:
         ),
         processes=_processes(processes),
     )
+
+
+def _power_limit(power: Node | None, key: str) -> Node | None:
+    """A limit of the power block: R610 moves the current, requested and default limits
+    into a "GPU Ceiling Power Limit" block beneath it."""
+    return pick(power, key) or at(power, "GPU Ceiling Power Limit", key)
+
+
+def _current_limit(power: Node | None) -> Node | None:
+    # "Current Power Limit" since 535; before, "Enforced Power Limit" is what applies and
+    # "Power Limit" what was requested (the only limit some drivers print).
+    return _power_limit(power, "Current Power Limit") or pick(
+        power, "Enforced Power Limit", "Power Limit"
+    )
+
+
+def _requested_limit(power: Node | None) -> Node | None:
+    requested = _power_limit(power, "Requested Power Limit")
+    if requested is None and pick(power, "Enforced Power Limit") is not None:
+        return pick(power, "Power Limit")
+    return requested
 
 
 def _ecc(section: Node | None) -> EccCounts:

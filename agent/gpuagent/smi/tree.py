@@ -38,6 +38,7 @@ _INTEGER = re.compile(r"([+-]?[0-9]+)\s*(.*)")
 _PSTATE = re.compile(r"P([0-9]{1,2})")
 _HEX = re.compile(r"(?:0[xX])?([0-9A-Fa-f]{1,16})")
 _DRIVER_VERSION = re.compile(r"(?<![0-9.])([0-9]{3}\.[0-9]{2,3}(?:\.[0-9]{2,3})?)(?![0-9.])")
+_CUDA_VERSION = re.compile(r"[0-9]+\.[0-9]+")
 
 
 class Node:
@@ -229,6 +230,16 @@ def driver_version(root: Node, keys: tuple[str, ...], missing: CaptureError, bad
         if found is not None:
             return found[1]
     raise CaptureError(bad, present.line)
+
+
+def cuda_version(root: Node, keys: tuple[str, ...]) -> str | None:
+    """The CUDA version ("12.2") of the first of ``keys`` that holds one: R610 prints it as
+    "CUDA UMD Version" and follows "CUDA Version"'s number with a deprecation note."""
+    for key in keys:
+        found = _CUDA_VERSION.match(string(root.get(key)) or "")
+        if found is not None:
+            return found[0]
+    return None
 
 
 def fabric_health(

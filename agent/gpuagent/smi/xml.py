@@ -43,6 +43,7 @@ from gpuagent.smi.tree import (
     EccCounts,
     Node,
     at,
+    cuda_version,
     driver_version,
     entries,
     fabric_health,
@@ -92,7 +93,7 @@ def parse_xml(text: str) -> Capture:
     return Capture(
         format="xml",
         driver_version=driver,
-        cuda_version=string(root.get("cuda_version")),
+        cuda_version=cuda_version(root, ("cuda_umd_version", "cuda_version")),
         timestamp=string(root.get("timestamp")),
         attached_gpus=integer(root.get("attached_gpus")),
         gpus=captured,
@@ -204,6 +205,7 @@ def _gpu(gpu: Node) -> CapturedGpu:
         pci_subsystem_id=hexadecimal(at(pci, "pci_sub_system_id")),
         persistence_mode=flag(gpu.get("persistence_mode")),
         virtualization_mode=string(gpu.get("gpu_virtualization_mode", "virtualization_mode")),
+        compute_mode=string(gpu.get("compute_mode")),
         mig_current=flag(gpu.get("mig_mode", "current_mig")),
         mig_pending=flag(gpu.get("mig_mode", "pending_mig")),
         mig_devices=tuple(
@@ -269,14 +271,11 @@ def _gpu(gpu: Node) -> CapturedGpu:
         temperature_c=number(at(temperature, "gpu_temp"), "C"),
         memory_temperature_c=number(at(temperature, "memory_temp"), "C"),
         thresholds=_thresholds(temperature),
-        power_draw_w=number(
-            pick(power, "power_draw", "average_power_draw", "instant_power_draw"), "W"
-        ),
+        power_draw_w=number(pick(power, "power_draw", "average_power_draw"), "W"),
         power_instant_w=number(at(power, "instant_power_draw"), "W"),
-        power_limit_w=number(
-            pick(power, "current_power_limit", "enforced_power_limit", "power_limit"), "W"
-        ),
-        power_default_limit_w=number(at(power, "default_power_limit"), "W"),
+        power_limit_w=number(_current_limit(power), "W"),
+        power_requested_limit_w=number(_requested_limit(power), "W"),
+        power_default_limit_w=number(_power_limit(power, "default_power_limit"), "W"),
         power_min_limit_w=number(at(power, "min_power_limit"), "W"),
         power_max_limit_w=number(at(power, "max_power_limit"), "W"),
         module_power_w=number(at(module, "average_power_draw"), "W"),
@@ -307,6 +306,27 @@ def _gpu(gpu: Node) -> CapturedGpu:
         ),
         processes=tuple(_process(node) for node in entries(gpu.get("processes"), "process_info")),
     )
+
+
+def _power_limit(power: Node | None, tag: str) -> Node | None:
+    """A limit of the power block: R610 moves the current, requested and default limits
+    into a <gpu_ceiling_power_limit> beneath it."""
+    return pick(power, tag) or at(power, "gpu_ceiling_power_limit", tag)
+
+
+def _current_limit(power: Node | None) -> Node | None:
+    # <current_power_limit> since DTD v12; before, <enforced_power_limit> is what applies
+    # and <power_limit> what was requested.
+    return _power_limit(power, "current_power_limit") or pick(
+        power, "enforced_power_limit", "power_limit"
+    )
+
+
+def _requested_limit(power: Node | None) -> Node | None:
+    requested = _power_limit(power, "requested_power_limit")
+    if requested is None and pick(power, "enforced_power_limit") is not None:
+        return pick(power, "power_limit")
+    return requested
 
 
 def _ecc(section: Node | None) -> EccCounts:

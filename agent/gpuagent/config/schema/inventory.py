@@ -32,7 +32,8 @@ class InventoryExpected:
     cuda_driver_version: str = ""
     vbios_version: str = ""
     kernel_release: str = ""
-    # 0: the GPU's default power limit.
+    # The power limit every GPU should have been asked for (its requested limit); 0: none
+    # declared (the learned baseline's, if any, applies).
     power_limit_watts: Annotated[float, NON_NEGATIVE] = 0.0
     # Kernel modules that must be loaded (nvidia_peermem on GPUDirect RDMA nodes).
     modules: list[str] = field(default_factory=lambda: ["nvidia"])
@@ -40,9 +41,14 @@ class InventoryExpected:
     # (["1g.10gb", "1g.10gb", "3g.40gb"]); empty: no expectation. (The MIG mode itself is
     # checks.mig.expected.)
     mig_profiles: list[str] = field(default_factory=list)
-    # Persistence mode every GPU should be in; "any": no expectation beyond the persistence
-    # check's. "disabled" needs checks.persistence.enabled = false (that check wants it on).
+    # Persistence mode every GPU should be in; "any": none declared (the learned baseline's,
+    # if any, applies). Whole fleets run it off, so off is only a fault against this.
     persistence: Literal["any", "enabled", "disabled"] = "any"
+    # Compute mode every GPU should be in; "any": none declared (the baseline's applies).
+    compute_mode: Literal["any", "default", "exclusive_process", "prohibited"] = "any"
+    # "default": applications clocks at their default and no clocks locked; "any": none
+    # declared (the baseline's applications clock applies).
+    applications_clocks: Literal["any", "default"] = "any"
     # RDMA (InfiniBand or RoCE) devices that must be present, by name ("mlx5_0"); every
     # port of these is judged even if it never came up. Empty: no expectation.
     hcas: list[str] = field(default_factory=list)
