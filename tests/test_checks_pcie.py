@@ -6,7 +6,7 @@ import pytest
 
 from gpuagent.checks import HealthMemory
 from gpuagent.config import ChecksSection, PcieCheck
-from gpuagent.model import Finding, PciePath, Severity
+from gpuagent.model import Finding, GpuReadings, PciePath, Severity
 from test_checks_support import (
     BUS,
     ROOT_PORT,
@@ -402,3 +402,11 @@ def test_a_platform_built_narrower_is_judged_against_its_own_link() -> None:
     last = check_series("pcie", narrower, config=g6e, ident=GEN5_X16)[-1]
     assert last.severity is Severity.WARN
     assert last.reason.startswith("PCIe link degraded (x4 of x8)")
+
+
+def test_a_slow_sample_time_that_is_no_number_counts_as_now() -> None:
+    # The replay series is timed by the slow counters' read; NaN would put every sample
+    # outside every window.
+    assert GpuReadings(counters_at=float("nan")).counters_sampled_at(12.0) == 12.0
+    assert GpuReadings(counters_at=10.0).counters_sampled_at(12.0) == 10.0
+    assert GpuReadings(counters_at=None).counters_sampled_at(12.0) == 12.0

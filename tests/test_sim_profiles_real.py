@@ -53,12 +53,14 @@ PAIRS = (
     Pair(
         "b200-x8.580.105.08.nvidia-smi-q.xml",
         "b200",
-        'driver_version = "580.105.08"\npersistence = false\nfabric_state = "completed"\n',
+        'driver_version = "580.105.08"\npersistence = false\nfabric_state = "completed"\n'
+        "host_id = 1\n",
     ),
     Pair(
         "gb200-x4-arm64.580.173.02.nvidia-smi-q.xml",
         "gb200",
-        'driver_version = "580.173.02"\nfabric_state = "completed"\n',
+        'driver_version = "580.173.02"\nfabric_state = "completed"\n'
+        'chassis_serial = "1820000000001"\nslot_number = 14\ntray_index = 4\nhost_id = 1\n',
     ),
 )
 
@@ -79,13 +81,24 @@ def threshold(handle: Any, which: int) -> int | None:
     return result
 
 
-def fabric_state(handle: Any) -> int | None:
+def fabric(handle: Any) -> tuple[int, str, int] | None:
+    """The fabric's state and the NVLink domain it names (cluster UUID, clique id)."""
     info = pynvml.c_nvmlGpuFabricInfo_t()
     try:
         pynvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
     except pynvml.NVMLError_NotSupported:
         return None
-    return int(info.state)
+    return int(info.state), bytes(info.clusterUuid).hex(), int(info.cliqueId)
+
+
+def platform(handle: Any) -> tuple[str, ...] | None:
+    """Where the GPU sits, but its module id (a capture's order is not the model's)."""
+    info = pynvml.c_nvmlPlatformInfo_v2_t()
+    try:
+        pynvml.nvmlDeviceGetPlatformInfo(handle, ctypes.byref(info))
+    except pynvml.NVMLError_NotSupported:
+        return None
+    return (info.chassisSerialNumber, info.slotNumber, info.trayIndex, info.hostId, info.peerType)
 
 
 def fixed(index: int) -> dict[str, object]:
@@ -128,7 +141,8 @@ def fixed(index: int) -> dict[str, object]:
         "idle reason": pynvml.nvmlDeviceGetCurrentClocksEventReasons(h),
         "ecc": pynvml.nvmlDeviceGetEccMode(h),
         "persistence": pynvml.nvmlDeviceGetPersistenceMode(h),
-        "fabric": fabric_state(h),
+        "fabric": fabric(h),
+        "platform": platform(h),
         "mig": answers(pynvml.nvmlDeviceGetMigMode, h),
         "retired pages": answers(pynvml.nvmlDeviceGetRetiredPagesPendingStatus, h),
         "remapped rows": answers(pynvml.nvmlDeviceGetRemappedRows, h),

@@ -140,7 +140,7 @@ def test_unknown_fault_kind_names_key_and_line() -> None:
         ("[nodes]\ngpus = 8\n", "nodes (line 1): unknown key (known here: fault, node)"),
         (
             "[node]\ngpu = 8\n",
-            "node.gpu (line 2): unknown key (known here: compute_mode, cuda_driver_version",
+            "node.gpu (line 2): unknown key (known here: chassis_serial, compute_mode, cuda",
         ),
         ('[node]\ngpus = "8"\n', "node.gpus (line 2): expected an integer, got str '8'"),
         ("[node]\ngpus = 17\n", "node.gpus (line 2): must be 1..16"),

@@ -481,6 +481,16 @@ RTX2080S_610_GPU0: dict[str, object] = {
     "pcie_generation_host_max": 4,
     "clock_graphics_mhz": 300,
     "max_clock_memory_mhz": 7751,
+    # Platform Info all N/A but the module id (nvidia-smi reads that through another call);
+    # no fabric.
+    "chassis_serial": None,
+    "slot_number": None,
+    "tray_index": None,
+    "host_id": None,
+    "peer_type": None,
+    "platform_module_id": 1,
+    "fabric_clique_id": None,
+    "fabric_cluster_uuid": None,
 }
 
 T4_595_GPU0: dict[str, object] = {
@@ -508,6 +518,45 @@ H200_GPU0 = {
     "unrepairable_memory": False,
 }
 
+ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+# A pass-through H100: a fabric that has placed the GPU in no cluster (clique 0, zero UUID)
+# and a platform block N/A but for the module id.
+H100_590_IDLE_GPU0: dict[str, object] = {
+    "fabric_state": "Completed",
+    "fabric_clique_id": 0,
+    "fabric_cluster_uuid": ZERO_UUID,
+    "chassis_serial": None,
+    "slot_number": None,
+    "tray_index": None,
+    "host_id": None,
+    "peer_type": None,
+    "platform_module_id": 7,
+}
+
+# A GB200 compute tray: NVLink domain (cluster UUID, clique 2) and where the GPU sits.
+GB200_GPU0: dict[str, object] = {
+    "fabric_clique_id": 2,
+    "fabric_cluster_uuid": "00000001-0000-0000-0000-000000000001",
+    "chassis_serial": "1820000000001",
+    "slot_number": 14,
+    "tray_index": 4,
+    "host_id": 1,
+    "peer_type": "Switch Connected",
+    "platform_module_id": 2,
+}
+
+# An HGX B200: the serial printed empty (the driver answered; not N/A), no slot or tray.
+B200_GPU0: dict[str, object] = {
+    "fabric_clique_id": 0,
+    "fabric_cluster_uuid": ZERO_UUID,
+    "chassis_serial": "",
+    "slot_number": None,
+    "tray_index": None,
+    "host_id": 1,
+    "peer_type": "Switch Connected",
+    "platform_module_id": 6,
+}
+
 GPU_VALUES = [
     (H100_161, 0, H100_161_GPU0),
     (H100_183, 2, H100_183_GPU2),
@@ -520,7 +569,11 @@ GPU_VALUES = [
     (H200_TEXT, 0, H200_GPU0),
     (H200_XML, 0, {**H200_GPU0, "power_draw_w": 82.69}),
     (RTX2080S_610, 0, RTX2080S_610_GPU0),
-    (T4_595, 0, T4_595_GPU0),
+    (T4_595, 0, {**T4_595_GPU0, "fabric_clique_id": None, "chassis_serial": None}),
+    (H100_590_IDLE, 0, H100_590_IDLE_GPU0),
+    (GB200, 0, GB200_GPU0),
+    (GB200, 1, {**GB200_GPU0, "platform_module_id": 1}),
+    (B200, 0, B200_GPU0),
 ]
 
 
@@ -748,6 +801,17 @@ UNREADABLE_VALUES = [
         "power_draw_w",
         id="xml-power-banana",
     ),
+    pytest.param(
+        _replace(
+            GB200,
+            "<clusterUuid>00000001-0000-0000-0000-000000000001</clusterUuid>",
+            "<clusterUuid>cluster-one</clusterUuid>",
+        ),
+        302,
+        'fabric / clusterUuid: expected a UUID, got "cluster-one"',
+        "fabric_cluster_uuid",
+        id="xml-cluster-uuid",
+    ),
     # Drivers 570 and later print this where applications clocks were.
     pytest.param(
         _read(H200_590_IDLE),
@@ -926,6 +990,14 @@ GPU 00000000:1B:00.0
     Minor Number                          : 3
     VBIOS Version                         : 96.00.74.00.0D
     Module ID                             : 4
+    Platform Info
+        Chassis Serial Number             : 1820000000007
+        Slot Number                       : 9
+        Tray Index                        : 3
+        Host ID                           : 1
+        Peer Type                         : Direct Connected
+        Module Id                         : 4
+        GPU Fabric GUID                   : 0x0000000000000004
     Inforom Version
         Image Version                     : G520.0200.00.05
     GSP Firmware Version                  : 535.183.01
@@ -1042,6 +1114,8 @@ GPU 00000000:1B:00.0
     Fabric
         State                             : In Progress
         Status                            : N/A
+        CliqueId                          : 7
+        ClusterUUID                       : A1B2C3D4-0000-4000-8000-00000000ABCD
     Processes
         GPU instance ID                   : N/A
         Compute instance ID               : N/A
@@ -1077,6 +1151,15 @@ XML_CAPTURE = """<?xml version="1.0" ?>
         <minor_number>3</minor_number>
         <vbios_version>96.00.74.00.0D</vbios_version>
         <gpu_module_id>4</gpu_module_id>
+        <platformInfo>
+            <chassis_serial_number>1820000000007</chassis_serial_number>
+            <slot_number>9</slot_number>
+            <tray_index>3</tray_index>
+            <host_id>1</host_id>
+            <peer_type>Direct Connected</peer_type>
+            <module_id>4</module_id>
+            <gpu_fabric_guid>0x0000000000000004</gpu_fabric_guid>
+        </platformInfo>
         <inforom_version>
             <img_version>G520.0200.00.05</img_version>
         </inforom_version>
@@ -1226,6 +1309,8 @@ XML_CAPTURE = """<?xml version="1.0" ?>
         <fabric>
             <state>In Progress</state>
             <status>N/A</status>
+            <cliqueId>7</cliqueId>
+            <clusterUuid>a1b2c3d4-0000-4000-8000-00000000abcd</clusterUuid>
         </fabric>
         <processes>
             <process_info>
@@ -1285,6 +1370,14 @@ def test_the_hand_written_gpu_reads_as_written() -> None:
     assert gpu.processes == (CapturedProcess(pid=4242, name="/usr/bin/python3", used_mib=1000),)
     assert gpu.clock_event_reasons is not None
     assert gpu.clock_event_reasons.hw_thermal_slowdown is True
+    # The text's upper-case UUID in its canonical form, as the XML has it.
+    assert (gpu.fabric_clique_id, gpu.fabric_cluster_uuid) == (
+        7,
+        "a1b2c3d4-0000-4000-8000-00000000abcd",
+    )
+    placement = (gpu.chassis_serial, gpu.slot_number, gpu.tray_index, gpu.host_id)
+    assert placement == ("1820000000007", 9, 3, 1)
+    assert (gpu.peer_type, gpu.platform_module_id) == ("Direct Connected", 4)
 
 
 # The A100's four MIG devices as the text format lists them: each "MIG Device" block in

@@ -7,6 +7,7 @@ snapshots, and outputs read them without locks.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
@@ -84,6 +85,33 @@ COMPUTE_MODES: dict[str, int] = {
 }
 
 
+_ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+def nvlink_domain(readings: GpuReadings | None) -> str | None:
+    """The GPU's NVLink domain, "<cluster UUID>/<clique id>"; None while it is unassigned
+    (no fabric, registration not completed, a zero cluster UUID or clique 0)."""
+    if readings is None or readings.fabric_state != "completed":
+        return None
+    uuid, clique = readings.fabric_cluster_uuid, readings.fabric_clique_id
+    if not uuid or uuid == _ZERO_UUID or not clique:
+        return None
+    return f"{uuid}/{clique}"
+
+
+@dataclass(frozen=True, slots=True)
+class PlatformInfo:
+    """Where the GPU sits (nvmlDeviceGetPlatformInfo; GB200/GB300 NVL racks): the rack's
+    chassis serial, the compute tray's slot and index, the host in the tray, the GPU's
+    module."""
+
+    chassis_serial: str
+    slot_number: int
+    tray_index: int
+    host_id: int
+    module_id: int
+
+
 @dataclass(frozen=True, slots=True)
 class GpuIdentity:
     """What does not change while the driver is loaded: read once per NVML session."""
@@ -110,6 +138,7 @@ class GpuIdentity:
     brand: str | None = None  # "Product Brand": "NVIDIA", "GeForce", "Titan", ...
     # The ECC mode the board ships with (nvmlDeviceGetDefaultEccMode); None: not reported.
     ecc_default: bool | None = None
+    platform: PlatformInfo | None = None  # None: not reported (not an NVL rack's GPU)
 
     @property
     def consumer(self) -> bool:
@@ -335,6 +364,10 @@ class GpuReadings:
     # The fabric's health mask (nvmlGpuFabricInfo_v3 healthMask, decoded by
     # gpuagent.checks.fabric_health); None where the driver has no v3 fabric info.
     fabric_health_mask: int | None = None
+    # The NVLink domain the fabric put the GPU in: its cluster UUID and clique id. Unrelated
+    # racks report the same clique (32766), so only the pair names a domain (nvlink_domain).
+    fabric_cluster_uuid: str | None = None
+    fabric_clique_id: int | None = None
     # One entry per NVLink: True up, False down, None unknown/unsupported.
     nvlink_up: tuple[bool | None, ...] = ()
     nvlink_crc_flit_errors: int | None = None
@@ -378,8 +411,10 @@ class GpuReadings:
     profiling: tuple[GpuProfiling, ...] = ()
 
     def counters_sampled_at(self, now: float) -> float:
-        """The time a slow counter's sample belongs to, for a poll judged at ``now``."""
-        return now if self.counters_at is None else min(self.counters_at, now)
+        """The time a slow counter's sample belongs to, for a poll judged at ``now`` (a
+        time that is no number would put the sample outside every window)."""
+        at = self.counters_at
+        return now if at is None or not math.isfinite(at) else min(at, now)
 
     @property
     def c2c_errors(self) -> tuple[tuple[str, int | None], ...]:
@@ -747,6 +782,8 @@ class NodeSnapshot:
     # Workload attribution's labels on the DCGM_FI_DEV_* series (pod, namespace, container,
     # hpc_job: the Workload fields of that name); empty when attribution is off.
     attribution_labels: tuple[str, ...] = ()
+    # [agent] labels: where the node sits (rack, leaf switch, power feed), sorted by name.
+    location_labels: tuple[tuple[str, str], ...] = ()
 
     def gpu(self, pci_bus_id: str) -> GpuState | None:
         return next((g for g in self.gpus if g.identity.pci_bus_id == pci_bus_id), None)

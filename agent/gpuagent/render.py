@@ -142,6 +142,29 @@ def _settings_lines(gpus: list[dict[str, Any]]) -> list[str]:
     return [f"Settings of GPU {','.join(indices)}: {text}" for text, indices in groups.items()]
 
 
+def _place_lines(doc: dict[str, Any]) -> list[str]:
+    """Where the node sits: its location labels, the GPUs' NVLink domains and racks."""
+    lines = []
+    labels = doc["node"].get("labels") or {}
+    if labels:
+        lines.append("Labels: " + ", ".join(f"{k}={v}" for k, v in sorted(labels.items())))
+    domains: dict[str, list[str]] = {}
+    for gpu in doc["gpus"]:
+        fabric, place = gpu.get("fabric"), gpu.get("platform")
+        where = [] if fabric is None else [fabric.get("nvlink_domain") or "unassigned"]
+        if place:
+            where.append(
+                f"chassis {place['chassis_serial'] or '-'} slot {place['slot_number']} "
+                f"tray {place['tray_index']} host {place['host_id']}"
+            )
+        if where:
+            domains.setdefault(", ".join(where), []).append(str(gpu["index"]))
+    lines.extend(
+        f"NVLink domain of GPU {','.join(gpus)}: {where}" for where, gpus in domains.items()
+    )
+    return lines
+
+
 def _inventory_lines(inventory: dict[str, Any] | None) -> list[str]:
     """The node section: what the node is (see docs/inventory.md)."""
     if not inventory:
@@ -211,6 +234,7 @@ def render_status(
     ]
     lines.extend(_inventory_lines(node.get("inventory")))
     lines.extend(_settings_lines(doc["gpus"]))
+    lines.extend(_place_lines(doc))
     lines.extend(_rdma_lines(node.get("infiniband")))
     lines.extend(
         f"  {_paint(f['severity'], f['severity'], color)} {f['check']}: {f['reason']}"

@@ -6,6 +6,7 @@ Built from a snapshot; its schema is documented in docs/api.md and versioned by
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from gpuagent.metrics.names import clock_event_reason_names
@@ -14,11 +15,13 @@ from gpuagent.model import (
     Finding,
     GpuEvent,
     GpuProcess,
+    GpuReadings,
     GpuState,
     MigDevice,
     NodeSnapshot,
     SourceStatus,
     Workload,
+    nvlink_domain,
 )
 
 SCHEMA_VERSION = 1
@@ -56,6 +59,7 @@ def _gpu_json(snapshot: NodeSnapshot, gpu: GpuState) -> dict[str, Any]:
         # Who the GPU belongs to (workload attribution; empty when off or nobody is known).
         "workloads": [workload_json(w) for w in gpu.workloads],
     }
+    doc["platform"] = None if ident.platform is None else dataclasses.asdict(ident.platform)
     if readings is not None:
         doc.update(
             temperature_c=readings.temperature_c,
@@ -81,9 +85,24 @@ def _gpu_json(snapshot: NodeSnapshot, gpu: GpuState) -> dict[str, Any]:
             clock_event_reasons=clock_event_reason_names(readings.clock_event_reasons),
             processes=[_process_json(p) for p in readings.processes],
         )
+        doc["fabric"] = _fabric_json(readings)
         if readings.mig_devices:  # MIG mode only: the IDs Kubernetes owners are matched by
             doc["mig_devices"] = [_mig_device_json(m) for m in readings.mig_devices]
     return doc
+
+
+def _fabric_json(readings: GpuReadings) -> dict[str, Any] | None:
+    """The GPU's NVLink fabric registration and the domain it puts the GPU in (None
+    while unassigned); None without a fabric."""
+    if readings.fabric_state is None:
+        return None
+    return {
+        "state": readings.fabric_state,
+        "ok": readings.fabric_ok,
+        "cluster_uuid": readings.fabric_cluster_uuid,
+        "clique_id": readings.fabric_clique_id,
+        "nvlink_domain": nvlink_domain(readings),
+    }
 
 
 def _mig_device_json(device: MigDevice) -> dict[str, Any]:
@@ -168,6 +187,8 @@ def status_document(snapshot: NodeSnapshot) -> dict[str, Any]:
             "findings": [finding_json(f) for f in snapshot.health.problems() if f.gpu is None],
             "inventory": None if snapshot.inventory is None else snapshot.inventory.to_json(),
             "infiniband": _infiniband_json(snapshot),
+            # Where the node sits ([agent] labels): the fleet joins nodes by these too.
+            "labels": dict(snapshot.location_labels),
         },
         "gpus": [_gpu_json(snapshot, gpu) for gpu in snapshot.gpus],
         "sources": [_source_json(s) for s in snapshot.sources],

@@ -161,6 +161,10 @@ def _convert(  # noqa: PLR0911, PLR0912, C901
     if origin in (types.UnionType, typing.Union):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         return _convert(args[0], value, key, text, problems)
+    if origin is dict:  # dict[str, str]: a table of strings (e.g. agent.labels)
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            raise fail("a table of strings")
+        return dict(value)
     if origin is list:
         if not isinstance(value, list):
             raise fail("a list")

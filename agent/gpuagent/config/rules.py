@@ -106,8 +106,23 @@ def _check_database(given: object) -> str | None:
     return None
 
 
+# A location label becomes a Prometheus label and an aggregator domain key.
+_LABEL_NAME_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+def _check_location_labels(value: object) -> str | None:
+    labels = value if isinstance(value, dict) else {}
+    for name, text in labels.items():
+        if not _LABEL_NAME_RE.match(name):
+            return f"{name!r}: a label is 1-63 lower-case letters, digits or '_' (e.g. rack)"
+        if not 0 < len(text) <= 128:
+            return f"{name!r}: a value is 1-128 characters"
+    return None
+
+
 # Rules of one key each: the key's value to its problem, or None.
 _ONE_KEY_RULES: dict[str, Callable[[object], str | None]] = {
+    "agent.labels": _check_location_labels,
     "aggregator.http_hosts": _check_http_hosts,
     "aggregator.alertmanager.node_labels": _check_node_labels,
     "aggregator.database": _check_database,

@@ -41,6 +41,7 @@ from gpuagent.model import (
     SourceStatus,
     Workload,
     fabric_conditions,
+    nvlink_domain,
 )
 
 SnapshotGetter = Callable[[], NodeSnapshot | None]
@@ -186,6 +187,7 @@ class _Builder:
             self._nvlink_ber(names.GPU_NVLINK_SYMBOL_BER, "nvlink_symbol_ber"),
             self._row_remap_banks(),
             self._fabric_health(),
+            self._fabric_info(),
             *self._pcie(),
             *infiniband_families(self.snapshot.infiniband),
             *kubernetes_families(self.snapshot),
@@ -405,6 +407,32 @@ class _Builder:
                 conditions = fabric_conditions(readings.fabric_health_mask)
                 for condition, present in conditions.items():
                     family.add_metric([*gpu.labels, condition], float(present))
+        return family
+
+    def _fabric_info(self) -> Metric:
+        """Where each GPU of a fabric (or an NVL rack) sits: one info series per GPU."""
+        family = _gauge(names.GPU_FABRIC_INFO)
+        for gpu, identity, readings in self.answering:
+            place = identity.platform
+            if readings.fabric_state is None and place is None:
+                continue
+            clique = readings.fabric_clique_id
+            located = () if place is None else (
+                place.chassis_serial, place.slot_number, place.tray_index, place.host_id,
+                place.module_id,
+            )  # fmt: skip
+            family.add_metric(
+                [
+                    *gpu.labels,
+                    nvlink_domain(readings) or "",
+                    readings.fabric_cluster_uuid or "",
+                    "" if clique is None else str(clique),
+                    readings.fabric_state or "",
+                    *(str(value) for value in located),
+                    *("",) * (5 - len(located)),
+                ],
+                1.0,
+            )
         return family
 
     def _nvlink_up(self) -> Metric:

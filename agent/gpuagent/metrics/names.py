@@ -511,6 +511,24 @@ GPU_FABRIC_HEALTH = MetricSpec(
     "(fabric info v3 health mask; conditions the driver does not support are left out).",
     (*GPU_LABELS, "condition"),
 )
+GPU_FABRIC_INFO = MetricSpec(
+    "gpuagent_gpu_fabric_info",
+    "Always 1; labels carry the GPU's NVLink domain (the fabric's cluster UUID and clique "
+    "id, empty while unassigned), its registration state, and where the GPU sits (chassis "
+    "serial, slot, tray, host, module; empty where not reported).",
+    (
+        *GPU_LABELS,
+        "nvlink_domain",
+        "cluster_uuid",
+        "clique_id",
+        "state",
+        "chassis_serial",
+        "slot",
+        "tray",
+        "host_id",
+        "module_id",
+    ),
+)
 GPU_ROW_REMAP_BANKS = MetricSpec(
     "gpuagent_gpu_row_remap_banks",
     "Memory banks by the row remapping resources they have left (the bank remap "

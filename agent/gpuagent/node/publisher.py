@@ -194,6 +194,7 @@ class SnapshotPublisher:
             *(("pod", "namespace", "container") if attribution.kubernetes else ()),
             *(("hpc_job",) if attribution.slurm else ()),
         )
+        self._location_labels = tuple(sorted(config.agent.labels.items()))
         textfile = config.outputs.textfile
         self._textfile = (
             TextfileWriter(Path(textfile.dir), textfile.min_interval_seconds)
@@ -341,6 +342,7 @@ class SnapshotPublisher:
             inventory=inventory,
             dcgm=dcgm,
             attribution_labels=self._attribution_labels,
+            location_labels=self._location_labels,
         )
         _log_transitions(previous, snapshot)
         self._store.publish(snapshot)

@@ -15,6 +15,7 @@ import ctypes
 import dataclasses
 import math
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ from gpuagent.model import (
     GpuProfiling,
     GpuReadings,
     MigDevice,
+    PlatformInfo,
 )
 from gpuagent.nvml.errors import GpuLostError, optional, required, return_code, text
 from gpuagent.nvml.gpm import GpmSampler, GpuInstance
@@ -137,6 +139,13 @@ _THRESHOLDS = {
     "temperature_memory_max_c": pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX,
 }
 
+_FABRIC_KEYS = (
+    "fabric_state",
+    "fabric_ok",
+    "fabric_health_mask",
+    "fabric_cluster_uuid",
+    "fabric_clique_id",
+)
 _FABRIC_STATES = {
     pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED: "not_started",
     pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS: "in_progress",
@@ -196,6 +205,22 @@ def canonical_bus_id(nvml_bus_id: str) -> str:
     """NVML's "00000000:18:00.0" → sysfs's "0000:18:00.0" (lower case)."""
     domain, _, rest = nvml_bus_id.strip().lower().partition(":")
     return f"{int(domain, 16):04x}:{rest}" if rest else nvml_bus_id.lower()
+
+
+class _PlainPlatformInfo(ctypes.Structure):
+    """nvmlPlatformInfo_v2_t with its one-byte fields as numbers (pynvml types them as
+    characters)."""
+
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("ibGuid", ctypes.c_uint8 * 16),
+        ("chassisSerialNumber", ctypes.c_char * 16),
+        ("slotNumber", ctypes.c_uint8),
+        ("trayIndex", ctypes.c_uint8),
+        ("hostId", ctypes.c_uint8),
+        ("peerType", ctypes.c_uint8),
+        ("moduleId", ctypes.c_uint8),
+    ]
 
 
 class _PlainFieldValue(ctypes.Structure):
@@ -360,6 +385,7 @@ class Device:
                 pynvml.NVML_CLOCK_GRAPHICS,
             ),
             brand=_BRANDS.get(self._get("nvmlDeviceGetBrand", pynvml.nvmlDeviceGetBrand)),
+            platform=self._read_platform(),
             ecc_default=None
             if ecc_default is None
             else ecc_default[0] == pynvml.NVML_FEATURE_ENABLED,  # pynvml answers [mode]
@@ -629,10 +655,39 @@ class Device:
             )
         state = _FABRIC_STATES.get(int(info.state)) if answered else None
         if state is None:
-            return {"fabric_state": None, "fabric_ok": None, "fabric_health_mask": None}
+            return dict.fromkeys(_FABRIC_KEYS)
         # The status only means something once registration has completed.
         ok = int(info.status) == pynvml.NVML_SUCCESS if state == "completed" else None
-        return {"fabric_state": state, "fabric_ok": ok, "fabric_health_mask": health}
+        return {
+            "fabric_state": state,
+            "fabric_ok": ok,
+            "fabric_health_mask": health,
+            "fabric_cluster_uuid": str(uuid.UUID(bytes=bytes(info.clusterUuid))),
+            "fabric_clique_id": int(info.cliqueId),
+        }
+
+    def _read_platform(self) -> PlatformInfo | None:
+        """Where the GPU sits in an NVL rack (read once: it does not move while the driver
+        is loaded); None where the GPU does not report it (NOT_SUPPORTED off such racks)."""
+        info: Any = pynvml.c_nvmlPlatformInfo_v2_t()
+        code = self.worker.call(
+            "nvmlDeviceGetPlatformInfo",
+            return_code,
+            "nvmlDeviceGetPlatformInfo",
+            pynvml.nvmlDeviceGetPlatformInfo,
+            self.handle,
+            ctypes.byref(info),
+        )
+        if code != pynvml.NVML_SUCCESS:
+            return None
+        raw = _PlainPlatformInfo.from_buffer(info)  # the bytes as they are, not decoded
+        return PlatformInfo(
+            chassis_serial=raw.chassisSerialNumber.decode(errors="replace").strip(),
+            slot_number=raw.slotNumber,
+            tray_index=raw.trayIndex,
+            host_id=raw.hostId,
+            module_id=raw.moduleId,
+        )
 
     def _read_mig_profiles(self) -> tuple[MigProfile, ...]:
         """The GPU-instance profiles this GPU offers; NotSupported ones are left out."""

@@ -366,7 +366,10 @@ B200 = GpuProfile(
     row_remapping=True,
     remap_banks=3840,
     gsp_firmware=True,
-    fabric=True,  # fabric Completed / Success, clique 0
+    fabric=True,  # fabric Completed / Success, clique 0, zero cluster UUID
+    # The capture prints a platform block (host 1, switch connected, an empty chassis
+    # serial): the driver answers nvmlDeviceGetPlatformInfo on the HGX B200 too.
+    platform_info=True,
     violation_counters=True,
 )
 
@@ -428,6 +431,9 @@ GB200 = GpuProfile(
     remap_banks=3968,
     gsp_firmware=True,
     fabric=True,
+    fabric_cluster_uuid="00000001-0000-0000-0000-000000000001",
+    fabric_clique_id=2,
+    platform_info=True,
     c2c_links=1,
     # Module minus GPU average power in the capture: 301.2, 291.6, 303.3 and 280.4 W (a
     # module 452-467 W), under a 2500 W module limit (500-2500 W).
@@ -496,6 +502,10 @@ GB300 = GpuProfile(
     remap_banks=5952,
     gsp_firmware=True,
     fabric=True,
+    # The capture's clique is 32766, a sentinel other racks report as well.
+    fabric_cluster_uuid="00000001-0000-0000-0000-000000000001",
+    fabric_clique_id=32766,
+    platform_info=True,
     c2c_links=1,
     # The capture's module lines (above) less its GPUs' 175.9-180.4 W.
     module_power_extra_w=313.0,

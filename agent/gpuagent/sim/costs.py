@@ -50,6 +50,8 @@ CALL_MS: dict[str, float] = {
     "nvmlDeviceGetDefaultEccMode": 0.155,  # the ECC state, as nvmlDeviceGetEccMode
     "nvmlDeviceGetComputeMode": 0.007,  # a mode the driver keeps, as persistence mode
     "nvmlDeviceGetPowerManagementLimit": 0.002,  # a power value, as nvmlDeviceGetPowerUsage
+    # Where the board sits, fixed at boot: what the driver keeps, as persistence mode.
+    "nvmlDeviceGetPlatformInfo": 0.007,
 }
 DEFAULT_CALL_MS = 0.003
 FIELD_VALUES_CALL = "nvmlDeviceGetFieldValues"

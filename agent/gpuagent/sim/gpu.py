@@ -72,6 +72,18 @@ class SimProcess:
     hung: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a GPU physically sits, as nvmlDeviceGetPlatformInfo (v2) reports it."""
+
+    chassis_serial: bytes = b""
+    slot_number: int = 0
+    tray_index: int = 0
+    host_id: int = 0
+    peer_type: int = hardware.PEER_TYPE_SWITCH_CONNECTED
+    module_id: int = 0
+
+
 # The C2C error counters, as the fault and the field readers name them.
 C2C_COUNTERS = ("crc", "replay", "replay_b2b")
 
@@ -145,6 +157,12 @@ class SimGpu:
         # What the fabric's health mask reports, by condition (model.FABRIC_CONDITIONS);
         # empty: nothing supported, as an R580 H200 answers fabric info v3.
         self.fabric_health: dict[str, bool] = {}
+        # The NVLink domain the fabric info names: cluster UUID (16 bytes) and clique id.
+        # No fault changes them, so `clear` has nothing to put back.
+        self.fabric_cluster_uuid = bytes(hardware.FABRIC_UUID_LEN)
+        self.fabric_clique_id = 0
+        # nvmlDeviceGetPlatformInfo's answer; None: NOT_SUPPORTED.
+        self.platform: Placement | None = None
 
         self._init_counters()
         # The highest generation the link can train to (a `pcie_degrade` lowers it).

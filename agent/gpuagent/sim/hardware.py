@@ -26,6 +26,21 @@ COMPUTE_INSTANCE_ID = 0
 # Namespace of the MIG device UUIDs (uuid5 of the GPU's UUID and the instance ids).
 _MIG_UUID_NAMESPACE = uuid.UUID("6f1c3e2a-8d4b-5a7e-9c0f-1b2d3e4f5a6b")
 
+# nvmlPlatformInfo_v2_t: the chassis serial's buffer, and the peer types nvidia-smi prints
+# as "Direct Connected" and "Switch Connected" (nvml.h does not publish the encoding; this
+# is the one NVIDIA's own NVML mock pins to that rendering).
+CHASSIS_SERIAL_LEN = 16
+IB_GUID_LEN = 16
+PEER_TYPE_DIRECT_CONNECTED = 0
+PEER_TYPE_SWITCH_CONNECTED = 1
+FABRIC_UUID_LEN = 16  # NVML_GPU_FABRIC_UUID_LEN
+
+
+def fabric_uuid_bytes(text: str) -> bytes:
+    """A cluster UUID as printed ("00000001-0000-...") as NVML's 16 bytes, in that order."""
+    return uuid.UUID(text).bytes
+
+
 # How the simulated readings drift: slow sine waves, one phase per GPU.
 LOAD_PERIOD_SECONDS = 600.0
 

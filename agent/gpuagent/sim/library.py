@@ -496,6 +496,7 @@ class SimulatedLibrary:
             "nvmlDeviceGetDefaultApplicationsClock": _default_applications_clock,
             "nvmlDeviceGetGpuFabricInfo": _fabric_info,
             "nvmlDeviceGetGpuFabricInfoV": _fabric_info_v,
+            "nvmlDeviceGetPlatformInfo": _platform_info,
             "nvmlDeviceGetRemappedRows": _remapped_rows,
             "nvmlDeviceGetRowRemapperHistogram": _remap_histogram,
             "nvmlDeviceGetRepairStatus": _repair_status,
@@ -786,6 +787,8 @@ def _fabric_info(gpu: SimGpu, _now: float, out: Any) -> int:
     info = _out(out)
     info.state = gpu.fabric_state
     info.status = gpu.fabric_status
+    info.clusterUuid[:] = gpu.fabric_cluster_uuid
+    info.cliqueId = gpu.fabric_clique_id
     return codes.SUCCESS
 
 
@@ -815,6 +818,26 @@ def _fabric_health_summary(conditions: dict[str, bool]) -> int:
     if any(conditions.values()):
         return int(pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY)
     return int(pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY)
+
+
+def _platform_info(gpu: SimGpu, _now: float, out: Any) -> int:
+    """Platform info v2 only: v1 has a rack GUID where v2 has the chassis serial."""
+    info = _out(out)
+    if info.version != pynvml.nvmlPlatformInfo_v2:
+        return codes.ERROR_ARGUMENT_VERSION_MISMATCH
+    placement = gpu.platform
+    if placement is None:
+        return codes.ERROR_NOT_SUPPORTED  # not a rack-scale platform (nvidia-smi: all N/A)
+    # Every byte written (the caller's struct may hold anything). nvidia-smi's "GPU Fabric
+    # GUID" comes from another call: the IB GUID is left zero.
+    info.ibGuid = bytes(hardware.IB_GUID_LEN)
+    info.chassisSerialNumber = placement.chassis_serial.ljust(hardware.CHASSIS_SERIAL_LEN, b"\0")
+    info.slotNumber = placement.slot_number
+    info.trayIndex = placement.tray_index
+    info.hostId = placement.host_id
+    info.peerType = placement.peer_type
+    info.moduleId = placement.module_id
+    return codes.SUCCESS
 
 
 def _gpu_instance_profile_info(gpu: SimGpu, _now: float, profile: Any, out: Any) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+ZERO_UUID = "00000000-0000-0000-0000-000000000000"
 # (bus, device) of a GPU's PCI function 0 in domain 0, as NVML's "00000000:BB:DD.0".
 PciSlot = tuple[int, int]
 
@@ -117,6 +118,14 @@ class GpuProfile:
     remap_banks: int = 2560
     gsp_firmware: bool  # GSP firmware runs by default on this model with its drivers
     fabric: bool  # nvmlDeviceGetGpuFabricInfo (NVSwitch fabric, Hopper and later)
+    # The NVLink domain the fabric info names when the scenario does not (the model's
+    # capture's): its cluster UUID ("8-4-4-4-12" hex) and clique id. All zeros is what NVML
+    # answers for a GPU no fabric manager has placed in a cluster.
+    fabric_cluster_uuid: str = ZERO_UUID
+    fabric_clique_id: int = 0
+    # nvmlDeviceGetPlatformInfo (the chassis, slot, tray and host a GPU sits in): answered
+    # on the rack-scale Blackwell systems only; NOT_SUPPORTED elsewhere.
+    platform_info: bool = False
     # NVLink-C2C links to the Grace CPU (Grace-Blackwell superchips; NVML fields 170-171,
     # 231-233). The captures show "C2C Mode: Enabled" but no count: one link is assumed.
     c2c_links: int = 0

@@ -4,8 +4,9 @@ A replay shows what the capture prints and nothing else. Each captured GPU becom
 simulated GPU that keeps its capture (`SimGpu.captured`): the board's fixed values (power
 limits, maximum clocks, the PCIe link's maximum, VBIOS) are answered as printed, and what
 the capture shows as N/A NVML answers NOT_SUPPORTED, never a model's number. Counters,
-modes, the power limits, the PCIe link, MIG instances, the fabric state and the processes
-start as captured; temperatures, power, utilization, clocks, P-state, clock event
+modes, the power limits, the PCIe link, MIG instances, the fabric state and NVLink domain
+(clique and cluster UUID), the platform block (chassis, slot, tray, host) and the
+processes start as captured; temperatures, power, utilization, clocks, P-state, clock event
 reasons and framebuffer use stay exactly as captured (`CapturedReadings`) until a fault
 changes what they depend on (`LIVE_AFTER`), when the live model of the GPU's profile
 takes over. The profile is the catalog's model of the same name (or the default one, for
@@ -27,7 +28,8 @@ import pynvml
 
 from gpuagent.inventory.model import FABRIC_MANAGER, KNOWN_MODULES, PERSISTENCED, HostFacts, Service
 from gpuagent.sim import catalog, codes, hardware
-from gpuagent.sim.gpu import SimGpu, SimGpuInstance, SimProcess, make_instances
+from gpuagent.sim.gpu import Placement, SimGpu, SimGpuInstance, SimProcess, make_instances
+from gpuagent.sim.profiles import ZERO_UUID
 from gpuagent.sim.readings import FbMemory, LiveReadings, Readings
 
 if TYPE_CHECKING:
@@ -150,6 +152,9 @@ def profile_for(gpu: CapturedGpu) -> GpuProfile:
         row_remapping_under_mig=True,
         gsp_firmware=gpu.gsp_firmware_version is not None,
         fabric=gpu.fabric_state is not None,
+        fabric_cluster_uuid=gpu.fabric_cluster_uuid or ZERO_UUID,
+        fabric_clique_id=gpu.fabric_clique_id or 0,
+        platform_info=gpu.chassis_serial is not None,
         violation_counters=False,
         codec_utilization=gpu.utilization_encoder_pct is not None,
         serial_number=gpu.serial is not None,
@@ -321,6 +326,11 @@ def _start_state(gpu: SimGpu, captured: CapturedGpu) -> None:
     gpu.applications_clock_mhz = captured.applications_clock_graphics_mhz
     gpu.fabric_state, gpu.fabric_status = _fabric(captured)
     gpu.fabric_health = dict(captured.fabric_health)
+    # A fabric whose clique or cluster is N/A answers zeros: NVML's "not assigned" (a fabric
+    # that is N/A as a whole answers NOT_SUPPORTED before these are read).
+    gpu.fabric_clique_id = captured.fabric_clique_id or 0
+    gpu.fabric_cluster_uuid = hardware.fabric_uuid_bytes(captured.fabric_cluster_uuid or ZERO_UUID)
+    gpu.platform = _placement(captured, gpu.index)
     gpu.recovery_action = _recovery_action(captured.recovery_action)
     if captured.channel_repair_pending is None and captured.tpc_repair_pending is None:
         gpu.repair_pending = None
@@ -385,6 +395,34 @@ def _fabric(captured: CapturedGpu) -> tuple[int, int]:
         return codes.FABRIC_STATE_NOT_SUPPORTED, codes.SUCCESS
     ok = (captured.fabric_status or "success").strip().lower() == "success"
     return state, codes.SUCCESS if ok else codes.ERROR_UNKNOWN
+
+
+_PEER_TYPES = {
+    "direct connected": hardware.PEER_TYPE_DIRECT_CONNECTED,
+    "switch connected": hardware.PEER_TYPE_SWITCH_CONNECTED,
+}
+
+
+def _placement(captured: CapturedGpu, index: int) -> Placement | None:
+    """The "Platform Info" block as nvmlDeviceGetPlatformInfo answers it; None (NOT_SUPPORTED)
+    where the chassis serial is N/A: nvidia-smi then prints every field N/A but the
+    module id, which it reads through another call. A number N/A beside a printed serial
+    is 0, what nvidia-smi prints as N/A (an HGX B200 has no slot or tray)."""
+    if captured.chassis_serial is None:
+        return None
+    module_id = captured.platform_module_id
+    if module_id is None:
+        module_id = captured.module_id
+    return Placement(
+        chassis_serial=captured.chassis_serial.encode(errors="replace"),
+        slot_number=captured.slot_number or 0,
+        tray_index=captured.tray_index or 0,
+        host_id=captured.host_id or 0,
+        peer_type=_PEER_TYPES.get(
+            (captured.peer_type or "").strip().lower(), hardware.PEER_TYPE_DIRECT_CONNECTED
+        ),
+        module_id=index + 1 if module_id is None else module_id,
+    )
 
 
 def _mig_instances(gpu: SimGpu, captured: CapturedGpu) -> list[SimGpuInstance]:

@@ -39,6 +39,10 @@ ComputeMode = Literal["default", "exclusive_process", "prohibited", "exclusive_t
 _VERSION_BUFFER = 80  # NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE
 _DRIVER_VERSION_RE = re.compile(r"^\d{3}\.\d{2,3}(\.\d{2,3})?$")
 _CUDA_RE = re.compile(r"^(\d+)\.(\d+)")
+_UUID_RE = re.compile(r"^[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}$", re.IGNORECASE)
+_CHASSIS_SERIAL_RE = re.compile(r"^[\x21-\x7e]*$")  # printable ASCII, no spaces
+_CLIQUE_MAX = 2**32 - 1  # cliqueId is a c_uint32
+_PLATFORM_INDEX_MAX = 255  # slotNumber, trayIndex, hostId are single bytes
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,17 @@ class NodeSpec:
     fabric_state: Literal["not_supported", "not_started", "in_progress", "completed"] = (
         "not_supported"
     )
+    # The NVLink domain the fabric info names (models with a fabric): empty / None: the
+    # model's (its capture's).
+    fabric_cluster_uuid: str = ""
+    fabric_clique_id: int | None = None
+    # Where the GPUs sit, as nvmlDeviceGetPlatformInfo reports it (models that answer it):
+    # the chassis serial and the slot, tray and host indices; each GPU's module id is its
+    # index + 1. Left out: empty and 0, what a platform that does not say reports.
+    chassis_serial: str = ""
+    slot_number: int = 0
+    tray_index: int = 0
+    host_id: int = 0
     persistenced: ServiceState = "active"
     fabricmanager: ServiceState = "not_installed"
     imex: ServiceState = "not_installed"
@@ -122,6 +137,8 @@ class NodeHardware:
     ecc: bool
     vbios_version: str
     gsp_firmware_version: str | None  # None: not supported
+    fabric_cluster_uuid: str  # canonical lower-case "8-4-4-4-12"
+    fabric_clique_id: int
 
 
 @dataclass(frozen=True)
@@ -208,6 +225,10 @@ def _hardware(node: NodeSpec, profile: GpuProfile | None, text: str) -> NodeHard
         ecc=profile.ecc_default if node.ecc is None else node.ecc,
         vbios_version=node.vbios_version or profile.vbios_version,
         gsp_firmware_version=gsp,
+        fabric_cluster_uuid=(node.fabric_cluster_uuid or profile.fabric_cluster_uuid).lower(),
+        fabric_clique_id=(
+            profile.fabric_clique_id if node.fabric_clique_id is None else node.fabric_clique_id
+        ),
     )
 
 
@@ -315,6 +336,8 @@ def _check_node(node: NodeSpec, resolved: NodeHardware, text: str) -> None:
          problem or ""),
         ("fabric_state", node.fabric_state != "not_supported" and not profile.fabric,
          f"the {profile.name} is not in an NVSwitch fabric"),
+        *_domain_problems(node, profile),
+        *_platform_problems(node, profile),
         ("ib_hcas", not 0 <= node.ib_hcas <= node.gpus, "must be 0..node.gpus (one per GPU)"),
         ("ib_rate_gbps", not 0 < node.ib_rate_gbps <= 3200, "must be above 0, at most 3200"),
         ("kernels_without_module", not set(node.kernels_without_module)
@@ -325,6 +348,38 @@ def _check_node(node: NodeSpec, resolved: NodeHardware, text: str) -> None:
         if bad:
             dotted = f"node.{key}"
             raise ConfigError(message, key=dotted, line=find_line(text, dotted) if text else None)
+
+
+def _domain_problems(node: NodeSpec, profile: GpuProfile) -> tuple[tuple[str, bool, str], ...]:
+    no_fabric = f"the {profile.name} is not in an NVSwitch fabric"
+    return (
+        ("fabric_cluster_uuid", bool(node.fabric_cluster_uuid)
+         and not _UUID_RE.match(node.fabric_cluster_uuid),
+         'must be a UUID like "a1b2c3d4-0000-4000-8000-00000000abcd"'),
+        ("fabric_cluster_uuid", bool(node.fabric_cluster_uuid) and not profile.fabric, no_fabric),
+        ("fabric_clique_id", node.fabric_clique_id is not None
+         and not 0 <= node.fabric_clique_id <= _CLIQUE_MAX, f"must be 0..{_CLIQUE_MAX}"),
+        ("fabric_clique_id", node.fabric_clique_id is not None and not profile.fabric,
+         no_fabric),
+    )  # fmt: skip
+
+
+def _platform_problems(node: NodeSpec, profile: GpuProfile) -> tuple[tuple[str, bool, str], ...]:
+    no_platform = f"the {profile.name} reports no platform info (chassis, slot, tray, host)"
+    limit = hardware.CHASSIS_SERIAL_LEN
+    indices = (("slot_number", node.slot_number), ("tray_index", node.tray_index),
+               ("host_id", node.host_id))  # fmt: skip
+    return (
+        ("chassis_serial", len(node.chassis_serial) > limit
+         or not _CHASSIS_SERIAL_RE.match(node.chassis_serial),
+         f"must be at most {limit} printable ASCII characters, no spaces"),
+        ("chassis_serial", bool(node.chassis_serial) and not profile.platform_info,
+         no_platform),
+        *((key, not 0 <= value <= _PLATFORM_INDEX_MAX, f"must be 0..{_PLATFORM_INDEX_MAX}")
+          for key, value in indices),
+        *((key, value != 0 and not profile.platform_info, no_platform)
+          for key, value in indices),
+    )  # fmt: skip
 
 
 def hca_problem(kind: str, gpu: int, hcas: int) -> str | None:

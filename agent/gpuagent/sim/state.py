@@ -19,7 +19,7 @@ from gpuagent.model import IbDevice
 from gpuagent.sim import codes, hardware
 from gpuagent.sim.events import EventSet
 from gpuagent.sim.faults import KINDS, ParamValue
-from gpuagent.sim.gpu import SimGpu, SimGpuInstance
+from gpuagent.sim.gpu import Placement, SimGpu, SimGpuInstance
 from gpuagent.sim.infiniband import device as hca_device
 from gpuagent.sim.infiniband import write_sysfs
 from gpuagent.sim.proctable import write_process_table
@@ -41,6 +41,19 @@ INIT_ERROR_CODES: dict[str, int] = {
 INIT_HANG_SECONDS = 60.0
 # Longest single wait, so waiters notice a test clock moving and faults coming due.
 _WAIT_SLICE_SECONDS = 0.1
+
+
+def _placement(spec: NodeSpec, index: int) -> Placement:
+    """Where GPU ``index`` of the node sits: the node's chassis, slot, tray and host; its
+    module id counts from 1, as nvidia-smi's "Module Id" on a tray. Its peers are behind
+    NVSwitches: every model that answers platform info is switch connected."""
+    return Placement(
+        chassis_serial=spec.chassis_serial.encode(),
+        slot_number=spec.slot_number,
+        tray_index=spec.tray_index,
+        host_id=spec.host_id,
+        module_id=index + 1,
+    )
 
 
 class NodeState:
@@ -89,8 +102,12 @@ class NodeState:
             )
             for index, (bus, device) in enumerate(resolved.profile.slots(spec.gpus))
         ]
+        uuid = hardware.fabric_uuid_bytes(resolved.fabric_cluster_uuid)
         for gpu in gpus:
             gpu.fabric_state = codes.FABRIC_STATES[spec.fabric_state]
+            gpu.fabric_cluster_uuid, gpu.fabric_clique_id = uuid, resolved.fabric_clique_id
+            if resolved.profile.platform_info:
+                gpu.platform = _placement(spec, gpu.index)
         return gpus
 
     @staticmethod

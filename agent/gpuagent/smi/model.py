@@ -195,6 +195,19 @@ class CapturedGpu:
     # The fabric's health, by condition (model.FABRIC_CONDITIONS), as far as the capture
     # reports it (drivers 550+ on fabric systems; N/A entries left out).
     fabric_health: tuple[tuple[str, bool], ...] = ()
+    # The NVLink domain: "CliqueId" and "ClusterUUID" (canonical lower-case 8-4-4-4-12);
+    # all zeros where no fabric manager has placed the GPU in a cluster.
+    fabric_clique_id: int | None = None
+    fabric_cluster_uuid: str | None = None
+    # "Platform Info" (where the GPU sits; rack-scale Blackwell systems). None where N/A:
+    # everything but the module id on other GPUs. The chassis serial may be printed empty
+    # (""), which is not N/A: the driver answered, with no serial (HGX B200).
+    chassis_serial: str | None = None
+    slot_number: int | None = None
+    tray_index: int | None = None
+    host_id: int | None = None
+    peer_type: str | None = None  # "Switch Connected", "Direct Connected"
+    platform_module_id: int | None = None  # "Module Id" of the block
     processes: tuple[CapturedProcess, ...] = ()
 
 

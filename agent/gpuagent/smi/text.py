@@ -51,10 +51,12 @@ from gpuagent.smi.tree import (
     integer,
     number,
     pick,
+    printed,
     pstate,
     required,
     string,
     summed,
+    uuid_text,
 )
 
 NOT_A_CAPTURE = (
@@ -158,6 +160,7 @@ def _gpu(block: Node) -> CapturedGpu:
     defaults = block.get("Default Applications Clocks")
     maxima = block.get("Max Clocks")
     retired = block.get("Retired Pages")
+    platform = block.get("Platform Info")
     remapped = block.get("Remapped Rows")
     volatile = _ecc(block.get("ECC Errors", "Volatile"))
     aggregate = _ecc(block.get("ECC Errors", "Aggregate"))
@@ -272,6 +275,14 @@ def _gpu(block: Node) -> CapturedGpu:
                 "Incorrect Configuration",
             ),
         ),
+        fabric_clique_id=integer(block.get("Fabric", "CliqueId")),
+        fabric_cluster_uuid=uuid_text(block.get("Fabric", "ClusterUUID")),
+        chassis_serial=printed(at(platform, "Chassis Serial Number")),
+        slot_number=integer(at(platform, "Slot Number")),
+        tray_index=integer(at(platform, "Tray Index")),
+        host_id=integer(at(platform, "Host ID")),
+        peer_type=string(at(platform, "Peer Type")),
+        platform_module_id=integer(at(platform, "Module Id")),
         processes=_processes(processes),
     )
 

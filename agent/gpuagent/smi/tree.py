@@ -13,6 +13,7 @@ the tree's ``notes``: one field the parser does not know never costs the whole c
 from __future__ import annotations
 
 import re
+import uuid
 from dataclasses import dataclass
 
 from gpuagent.smi.model import CaptureError
@@ -144,6 +145,26 @@ def string(node: Node | None) -> str | None:
     if folded.startswith("[") and folded.endswith("]"):
         folded = folded[1:-1].strip()
     return None if folded in _UNAVAILABLE else value
+
+
+def printed(node: Node | None) -> str | None:
+    """The value as printed, keeping an empty one ("") apart from N/A (None): where the
+    driver answered with an empty string."""
+    if node is not None and node.value == "":
+        return ""
+    return string(node)
+
+
+def uuid_text(node: Node | None) -> str | None:
+    """A UUID in its canonical lower-case form ("00000001-0000-0000-0000-000000000001")."""
+    value = string(node)
+    if node is None or value is None:
+        return None
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        _unreadable(node, value, "a UUID")
+        return None
 
 
 def number(node: Node | None, unit: str = "") -> float | None:

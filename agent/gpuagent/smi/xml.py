@@ -53,10 +53,12 @@ from gpuagent.smi.tree import (
     integer,
     number,
     pick,
+    printed,
     pstate,
     required,
     string,
     summed,
+    uuid_text,
 )
 
 _ENTITY = re.compile(r"<!ENTITY", re.IGNORECASE)
@@ -185,6 +187,7 @@ def _gpu(gpu: Node) -> CapturedGpu:
     defaults = gpu.get("default_applications_clocks")
     maxima = gpu.get("max_clocks")
     retired = gpu.get("retired_pages")
+    platform = gpu.get("platformInfo")
     remapped = gpu.get("remapped_rows")
     volatile = _ecc(gpu.get("ecc_errors", "volatile"))
     aggregate = _ecc(gpu.get("ecc_errors", "aggregate"))
@@ -304,6 +307,14 @@ def _gpu(gpu: Node) -> CapturedGpu:
                 "incorrect_configuration",
             ),
         ),
+        fabric_clique_id=integer(gpu.get("fabric", "cliqueId")),
+        fabric_cluster_uuid=uuid_text(gpu.get("fabric", "clusterUuid")),
+        chassis_serial=printed(at(platform, "chassis_serial_number")),
+        slot_number=integer(at(platform, "slot_number")),
+        tray_index=integer(at(platform, "tray_index")),
+        host_id=integer(at(platform, "host_id")),
+        peer_type=string(at(platform, "peer_type")),
+        platform_module_id=integer(at(platform, "module_id")),
         processes=tuple(_process(node) for node in entries(gpu.get("processes"), "process_info")),
     )
 

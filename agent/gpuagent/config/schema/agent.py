@@ -16,6 +16,10 @@ class AgentSection:
     node_name: str = ""  # empty: the host name
     cluster: str = "default"
     state_dir: Path = Path("/var/lib/gpuagent")
+    # Where the node sits, beyond what NVML knows: free-form location labels such as
+    # {rack = "r129", leaf = "leaf-07", power_feed = "b"}, reported with the node's state
+    # so the fleet can join what nodes of one rack, switch or feed see.
+    labels: dict[str, str] = field(default_factory=dict)
 
     @property
     def resolved_node_name(self) -> str:
