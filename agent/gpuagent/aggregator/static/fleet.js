@@ -1,0 +1,641 @@
+"use strict";
+const CONFIG = /*CONFIG*/{};
+
+function el(tag, text, cls) {
+  const e = document.createElement(tag);
+  if (text !== undefined && text !== null) e.textContent = String(text);
+  if (cls) e.className = cls;
+  return e;
+}
+
+// Only http(s) URLs become links: a javascript: URL from anywhere would run here.
+function link(url, text) {
+  if (!/^https?:\/\//.test(url)) return el("span", text);
+  const a = el("a", text);
+  a.href = url;
+  a.rel = "noopener noreferrer";
+  a.target = "_blank";
+  return a;
+}
+
+function inner(href, text) {
+  const a = el("a", text);
+  a.href = href;
+  return a;
+}
+
+function grafana(node, gpu) {
+  if (!CONFIG.grafana) return null;
+  const values = {node: node.name, cluster: node.cluster, gpu: gpu === undefined ? "All" : gpu};
+  const url = CONFIG.grafana.replace(/\{(node|cluster|gpu)\}/g,
+    (_, k) => encodeURIComponent(String(values[k])));
+  return link(url, "Grafana");
+}
+
+function runbook(id) {
+  if (!id) return el("span", "");
+  if (!CONFIG.runbookBase) return el("span", id);
+  return link(CONFIG.runbookBase + "checks.md#" + encodeURIComponent(id), id);
+}
+
+function duration(s) {
+  s = Math.max(0, Math.round(s));
+  if (s < 120) return s + " s";
+  if (s < 7200) return Math.round(s / 60) + " min";
+  if (s < 172800) return Math.round(s / 3600) + " h";
+  return Math.round(s / 86400) + " d";
+}
+
+function ago(t) {
+  if (t === null || t === undefined) return "";
+  return duration(Date.now() / 1000 - t) + " ago";
+}
+
+function utc(t) {
+  return new Date(t * 1000).toISOString().replace("T", " ").slice(0, 19) + " UTC";
+}
+
+function live(n) { return n.online && !n.stale; }
+
+function stateOf(n) {
+  if (!n.online) return "offline" + (n.reason ? " (" + n.reason + ")" : "");
+  return n.stale ? "stale" : "online";
+}
+
+function allFindings(n) {
+  const out = n.findings.map(f => ({where: "node", f: f}));
+  for (const g of n.gpus)
+    for (const f of g.findings) out.push({where: "GPU " + g.index + " " + g.pci_bus_id, f: f});
+  return out;
+}
+
+// How an alert is coloured: firing ones by severity, silenced ones as old news.
+function alertClass(a) {
+  if (a.state !== "firing") return "old";
+  return a.severity === "critical" ? "CRITICAL" : "WARN";
+}
+
+// A node's alerts in Alertmanager, in a few words: "2 firing, 1 silenced".
+function alertsCell(alerts) {
+  const firing = alerts.filter(a => a.state === "firing");
+  const td = el("td");
+  const parts = [];
+  if (firing.length) parts.push(el("span", firing.length + " firing",
+    firing.some(a => alertClass(a) === "CRITICAL") ? "CRITICAL" : "WARN"));
+  if (alerts.length > firing.length)
+    parts.push(el("span", alerts.length - firing.length + " silenced", "old"));
+  parts.forEach((p, i) => td.append(...(i ? [", ", p] : [p])));
+  td.title = alerts.map(a => a.name + (a.gpu ? " (GPU " + a.gpu + ")" : "") +
+    (a.state === "firing" ? "" : ": silenced")).join("; ");
+  return td;
+}
+
+// Where the alerts come from and how old they are; empty while they are current.
+function alertsNote(am) {
+  if (!am || !am.configured || !am.error) return "";
+  return "Alerts " + (am.checked_at ? "as of " + ago(am.checked_at) : "unknown") +
+    ": Alertmanager cannot be read (" + am.error + ").";
+}
+
+function withAlertmanager(doc) {
+  return !!(doc.alertmanager && doc.alertmanager.configured);
+}
+
+function alertsTable(alerts) {
+  return alerts.length ? table(["alert", "severity", "state", "GPU", "since", "summary"],
+    alerts.map(a => [a.name, a.severity, el("span", a.state, alertClass(a)), a.gpu,
+      typeof a.since === "number" ? ago(a.since) : "", a.summary]), "alerts")
+    : el("p", "None firing or silenced.", "OK");
+}
+
+function nodeHref(n) {
+  return "#node/" + encodeURIComponent(n.cluster) + "/" + encodeURIComponent(n.name);
+}
+
+// --- the fleet table -------------------------------------------------------------------
+
+function fleetParams() {
+  const hash = location.hash.startsWith("#fleet?") ? location.hash.slice(7) : "";
+  return new URLSearchParams(hash);
+}
+
+function setFleetParams(params) {
+  for (const [k, v] of [...params]) if (!v) params.delete(k);
+  const text = params.toString();
+  history.replaceState(null, "", text ? "#fleet?" + text : "#fleet");
+  refresh();
+}
+
+function syncFilters(params, choices) {
+  const form = document.getElementById("filters");
+  for (const [name, values] of [["cluster", choices.clusters], ["model", choices.models],
+                                 ["driver", choices.drivers]]) {
+    const select = form.elements[name];
+    const wanted = ["", ...values];
+    const have = [...select.options].map(o => o.value);
+    if (wanted.join("\n") !== have.join("\n")) {
+      select.replaceChildren(...wanted.map(v => {
+        const o = el("option", v || "all");
+        o.value = v;
+        return o;
+      }));
+    }
+  }
+  for (const name of ["cluster", "health", "model", "driver", "q"]) {
+    const field = form.elements[name];
+    if (document.activeElement !== field) field.value = params.get(name) || "";
+  }
+}
+
+function renderFleet(doc, params) {
+  syncFilters(params, doc.choices);
+  const sort = params.get("sort") || "health";
+  for (const b of document.querySelectorAll("#nodes th button")) {
+    const mark = b.dataset.sort === sort ? (params.get("order") === "desc" ? " ▼" : " ▲") : "";
+    b.textContent = b.dataset.label + mark;
+  }
+  const now = Date.now() / 1000;
+  const withAlerts = withAlertmanager(doc);
+  document.getElementById("alerts-head").hidden = !withAlerts;
+  document.getElementById("alerts-note").textContent = alertsNote(doc.alertmanager);
+  const rows = [];
+  for (const n of doc.nodes) {
+    const tr = el("tr");
+    tr.className = "node";
+    tr.dataset.node = n.name;
+    const state = stateOf(n);
+    const name = el("td");
+    name.append(inner(nodeHref(n), n.name));
+    const found = allFindings(n);
+    let reasons, age;
+    if (live(n)) {
+      reasons = el("td", found.map(x => (x.where === "node" ? "" : x.where + ": ") +
+        x.f.reason).join("; "));
+      const since = found.map(x => x.f.since).filter(t => typeof t === "number");
+      age = el("td", since.length ? duration(now - Math.min(...since)) : "");
+    } else {
+      // What an offline or stale node last said may be over: it is on its own page.
+      reasons = el("td", "no current report", "old");
+      age = el("td", "");
+    }
+    const gpus = el("td", n.gpus.length);
+    gpus.className = "wide";
+    const driver = el("td", n.driver);
+    driver.className = "wide";
+    const agent = el("td", n.agent_version);
+    agent.className = "wide";
+    // Cordoned by its agent: out of scheduling, whatever its health says now.
+    const stateCell = el("td", state, state.split(" ")[0]);
+    if (n.cordoned) stateCell.append(" ", el("span", "cordoned", "cordoned"));
+    tr.append(name, el("td", n.cluster), el("td", n.shown_health, n.shown_health), stateCell,
+      ...(withAlerts ? [alertsCell(n.alerts)] : []), reasons, age, gpus,
+      el("td", ago(n.last_seen), live(n) ? "" : "stale"), driver, agent);
+    rows.push(tr);
+  }
+  document.querySelector("#nodes tbody").replaceChildren(...rows);
+  const filtered = [...params.keys()].some(k => k !== "sort" && k !== "order");
+  document.getElementById("matched").textContent = filtered ?
+    doc.matched + " of " + doc.counts.nodes + " nodes match" : "";
+  const more = doc.matched - doc.nodes.length;
+  document.getElementById("more").textContent = more > 0 ?
+    more + " more nodes: narrow the filters, or see /api/v1/fleet" : "";
+  const kinds = doc.kinds.map(k => {
+    const li = el("li");
+    const only = new URLSearchParams({kind: k.kind});
+    li.append(inner("#fleet?" + only, k.nodes + (k.nodes === 1 ? " node" : " nodes")),
+      el("span", " with " + k.kind + " (" + k.today + " started today)"));
+    return li;
+  });
+  const kind = params.get("kind");
+  document.getElementById("kind").replaceChildren(...(kind ? [el("span",
+    "Only nodes with " + kind + " "), inner("#fleet", "(show all)")] : []));
+  if (!kinds.length) kinds.push(el("li", "No findings on online nodes.", "OK"));
+  document.getElementById("kinds").replaceChildren(...kinds);
+}
+
+function renderSummary(counts) {
+  document.getElementById("summary").replaceChildren(
+    el("span", counts.nodes + " nodes"),
+    el("span", counts.critical + " critical", "CRITICAL"),
+    el("span", counts.warning + " warning", "WARN"),
+    el("span", counts.offline + " offline", "offline"),
+    el("span", counts.stale + " stale", "stale"));
+}
+
+function renderDrift(clusters) {
+  const parts = [];
+  for (const c of clusters) {
+    const section = el("div");
+    section.className = "cluster";
+    section.append(el("h3", "cluster " + c.cluster));
+    const rows = c.fingerprints.map(f => [f.fingerprint_id + (f.majority ? " (majority)" : ""),
+      f.nodes, Object.entries(f.fields).map(([k, v]) => k + "=" + v).join(", ")]);
+    section.append(table(["fingerprint", "nodes", "fields"], rows));
+    const drifted = c.drifted_nodes.map(d => d.node + " (" + d.fingerprint_id + ": " +
+      Object.keys(d.differs).join(", ") + ")");
+    section.append(el("p", drifted.length ? "Drifted: " + drifted.join("; ") :
+      "No drift.", drifted.length ? "WARN drifted" : "OK"));
+    if (c.unknown_nodes.length)
+      section.append(el("p", "No fingerprint: " + c.unknown_nodes.join(", "), "UNKNOWN"));
+    parts.push(section);
+  }
+  if (!parts.length) parts.push(el("p", "No nodes yet."));
+  document.getElementById("drift").replaceChildren(...parts);
+}
+
+// A table from rows of cells: a cell is text, or a node to insert as it is.
+function table(head, rows, id) {
+  const t = el("table");
+  if (id) t.id = id;
+  const tr = el("tr");
+  tr.append(...head.map(h => el("th", h)));
+  t.append(tr);
+  for (const row of rows) {
+    const r = el("tr");
+    for (const [i, cell] of row.entries()) {
+      const td = el("td");
+      td.dataset.label = head[i];
+      if (cell instanceof Node) td.append(cell); else td.textContent = cell ?? "";
+      r.append(td);
+    }
+    t.append(r);
+  }
+  const wrap = el("div", undefined, id ? "scroll stack" : "scroll");
+  wrap.append(t);
+  return wrap;
+}
+
+// --- a node's page ---------------------------------------------------------------------
+
+function fields(obj, skip) {
+  return Object.entries(obj || {}).filter(([k]) => !skip.includes(k))
+    .map(([k, v]) => k + "=" + (typeof v === "object" ? JSON.stringify(v) : v)).join(", ");
+}
+
+// Pods, containers or HPC jobs on a GPU where the node reports them, else its processes.
+function workload(g) {
+  const items = Array.isArray(g.workloads) ? g.workloads : (g.workload ? [g.workload] : []);
+  const out = items.filter(w => w && typeof w === "object").map(w => {
+    const parts = [];
+    if (w.pod) parts.push("pod " + (w.namespace ? w.namespace + "/" : "") + w.pod);
+    if (w.container) parts.push("container " + w.container);
+    if (w.hpc_job) parts.push("job " + w.hpc_job);
+    if (w.device) parts.push("on " + w.device);
+    return parts.join(" ") || fields(w, []);
+  });
+  if (!out.length && Array.isArray(g.processes))
+    for (const p of g.processes) out.push(p.name + " (pid " + p.pid + ")");
+  return out.join("; ");
+}
+
+const ENVELOPE = ["schema", "type", "id", "node", "cluster", "time"];
+
+// An event in words: a kernel-log record (and a storm's count), a finding's change.
+function describeEvent(e) {
+  const d = e.data || {};
+  if (e.category === "finding")
+    return (d.gpu || "node") + " " + d.check + ": " + d.from + " → " + d.to +
+      (d.reason ? ": " + d.reason : "");
+  if (e.category === "kernel") {
+    const what = d.kind + (d.code !== null && d.code !== undefined ? " " + d.code : "");
+    const who = d.process ? " (" + d.process + (d.pid ? ", pid " + d.pid : "") + ")" : "";
+    const storm = d.incident && d.incident.count > 1 ? " [" + d.incident.count +
+      " records since " + utc(d.incident.first_time) + "]" : "";
+    return what + " on " + (d.gpu || d.pci || "node") + who + storm + ": " + (d.line || "");
+  }
+  return fields(e.data || e, ENVELOPE);
+}
+
+// --- the last day, as inline SVG: a health strip and trend lines per GPU ---------------
+
+const SVGNS = "http://www.w3.org/2000/svg";
+const HEALTH_FILL = {OK: "#2e7d32", WARN: "#f9a825", CRITICAL: "#c62828", UNKNOWN: "#7b1fa2",
+  OFFLINE: "#9e9e9e"};
+const STRIP_W = 240, STRIP_H = 14, NOW_W = 3;
+
+function svgEl(tag, attrs, text) {
+  const e = document.createElementNS(SVGNS, tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+
+function chart(from, to, title) {
+  const s = svgEl("svg", {width: STRIP_W, height: STRIP_H, viewBox: "0 0 " + STRIP_W + " " +
+    STRIP_H, role: "img"});
+  s.append(svgEl("title", {}, title));
+  return [s, t => Math.max(0, Math.min(STRIP_W, (t - from) / (to - from) * STRIP_W))];
+}
+
+// Health over [from, to]: ``changes`` are {time, health}, oldest first; before the first,
+// ``initial`` from ``since`` on (null: not known, left blank). The health now is at least
+// a few pixels wide, however recent its change: a minute is invisible in a day's strip.
+function healthStrip(changes, initial, since, from, to) {
+  const title = changes.map(c => utc(c.time) + " " + c.health).join("; ") || "no change";
+  const [s, x] = chart(from, to, title);
+  let state = initial, start = Math.max(from, since);
+  for (const c of [...changes, {time: to, health: null}]) {
+    const now = c.health === null ? NOW_W : 0;
+    const left = Math.min(x(start), STRIP_W - now);
+    if (state) s.append(svgEl("rect", {x: left, y: 0, height: STRIP_H,
+      width: Math.max(now, x(c.time) - left), fill: HEALTH_FILL[state] || "#9e9e9e"}));
+    state = c.health; start = Math.max(from, c.time);
+  }
+  return s;
+}
+
+// A trend line of {time, value} points, scaled to its own range (named in the title).
+function trendLine(points, from, to, unit) {
+  if (!points.length) return "";
+  const values = points.map(p => p.value);
+  const low = Math.min(...values), high = Math.max(...values);
+  const span = high - low;
+  const y = v => span ? STRIP_H - 1 - (v - low) / span * (STRIP_H - 2) : STRIP_H / 2;
+  const [s, x] = chart(from, to, low + " to " + high + " " + unit + " over the last day");
+  s.append(svgEl("polyline", {fill: "none", stroke: "#1565c0", "stroke-width": 1.5,
+    points: points.map(p => x(p.time).toFixed(1) + "," + y(p.value).toFixed(1)).join(" ")}));
+  // One sample is no line: a dot, so a node's first minutes show something.
+  if (points.length === 1)
+    s.append(svgEl("circle", {cx: Math.min(x(points[0].time), STRIP_W - 2), cy: y(values[0]),
+      r: 2, fill: "#1565c0"}));
+  return s;
+}
+
+function renderHistory(history, gpus) {
+  const to = Date.now() / 1000, from = to - 86400;
+  const transitions = history.transitions || [], samples = history.samples || [];
+  const own = index => transitions.filter(t => t.gpu === index);
+  // A sample's GPUs are columns: gpus.index[i] is the GPU of gpus.health[i], ...
+  const value = (s, index, name) => {
+    const i = ((s.gpus || {}).index || []).indexOf(index);
+    return i < 0 ? undefined : ((s.gpus[name] || [])[i]);
+  };
+  // Nothing is known before the node's first row of the day: its first report, or about
+  // the day's start for a node that reported before.
+  const known = Math.min(to, ...transitions.map(t => t.time), ...samples.map(s => s.time));
+  // The health before the first change (held since the first row), or, without a change,
+  // from the first sample on: [health, since].
+  const first = (changes, index) => {
+    if (changes.length) return [changes[0].previous, known];
+    const sample = samples.find(s => value(s, index, "health") !== undefined);
+    return sample ? [value(sample, index, "health"), sample.time] : [null, from];
+  };
+  const series = (index, name) => samples
+    .filter(s => typeof value(s, index, name) === "number")
+    .map(s => ({time: s.time, value: value(s, index, name)}));
+  const nodeChanges = own(null);
+  const [nodeInitial, nodeSince] = nodeChanges.length ? [nodeChanges[0].previous, known] :
+    samples.length ? [samples[0].health, samples[0].time] : [null, from];
+  const rows = [["node", healthStrip(nodeChanges, nodeInitial, nodeSince, from, to), "", "",
+    "", "", ""]];
+  for (const gpu of gpus) {
+    const changes = own(gpu.index);
+    rows.push(["GPU " + gpu.index, healthStrip(changes, ...first(changes, gpu.index), from, to),
+      trendLine(series(gpu.index, "temperature_c"), from, to, "°C"),
+      trendLine(series(gpu.index, "power_w"), from, to, "W"),
+      trendLine(series(gpu.index, "utilization_gpu_pct"), from, to, "%"),
+      trendLine(series(gpu.index, "ecc_dbe_volatile"), from, to, "DBEs"),
+      trendLine(series(gpu.index, "xid_events"), from, to, "XID events")]);
+  }
+  return table(["", "health", "temperature", "power", "utilisation", "DBEs", "XIDs"], rows,
+    "history");
+}
+
+// A <dl> of [term, value] pairs, the empty values left out; a value may be an element.
+function definitions(pairs) {
+  const list = el("dl", undefined, "ident");
+  for (const [k, v] of pairs) {
+    if (v === undefined || v === null || v === "") continue;
+    const dd = el("dd");
+    if (v instanceof Node) dd.append(v); else dd.textContent = v;
+    list.append(el("dt", k), dd);
+  }
+  return list;
+}
+
+function gpuHash(doc, index) {
+  return "#gpu/" + encodeURIComponent(doc.cluster) + "/" + encodeURIComponent(doc.name) + "/" +
+    index;
+}
+
+// One GPU: what it is, its findings since when, its last day, its events, and the actions
+// on it or for it: a cordon's record names the GPUs that asked for it (evidence "gpus")
+// and says what the fleet's cordon budget decided (its detail).
+function renderGpu(doc, index, events, actions, history) {
+  const root = document.getElementById("node-view");
+  const status = doc.status || {};
+  const gpu = (status.gpus || doc.gpus).find(g => g.index === index);
+  const back = "#node/" + encodeURIComponent(doc.cluster) + "/" + encodeURIComponent(doc.name);
+  if (!gpu) {
+    root.replaceChildren(inner(back, "← " + doc.name), el("p", "No GPU " + index + " here."));
+    return;
+  }
+  const current = live(doc);
+  const parts = [inner(back, "← " + doc.name),
+    el("h2", "GPU " + index + " of " + doc.name + " (" + doc.cluster + ")")];
+  parts.push(definitions([["health", el("span", gpu.health, current ? gpu.health : "old")],
+    ["model", gpu.model], ["UUID", gpu.uuid], ["serial", gpu.serial],
+    ["bus id", gpu.pci_bus_id], ["workload", workload(gpu)],
+    ["temperature", typeof gpu.temperature_c === "number" ? gpu.temperature_c + " °C" : ""],
+    ["power", typeof gpu.power_w === "number" ? gpu.power_w + " W" : ""],
+    ["Grafana", grafana(doc, index)]]));
+  parts.push(el("h2", "Findings"));
+  const findings = gpu.findings || [];
+  parts.push(findings.length ? table(["severity", "reason", "action", "runbook", "started"],
+    findings.map(f => [el("span", f.severity, current ? f.severity : "old"), f.reason,
+      f.action, runbook(f.runbook), typeof f.since === "number" ? ago(f.since) + " (" +
+      utc(f.since) + ")" : ""]), "findings") : el("p", "None.", "OK"));
+  if (withAlertmanager(doc)) {
+    parts.push(el("h2", "Alerts"));
+    parts.push(alertsTable(doc.alerts.filter(a => a.gpu === String(index))));
+  }
+  parts.push(el("h2", "The last day"));
+  parts.push(renderHistory(history, [gpu]));
+  const mine = (events || []).filter(e => {
+    const d = e.data || {};
+    return d.gpu === gpu.pci_bus_id || d.pci === gpu.pci_bus_id;
+  });
+  parts.push(el("h2", "Events"));
+  parts.push(mine.length ? table(["time", "category", "what"], mine.map(e =>
+    [utc(e.time), e.category || e.type, describeEvent(e)]), "events") : el("p", "None stored."));
+  const forGpu = r => r.target === gpu.pci_bus_id || (r.action === "cordon" &&
+    String((r.evidence || {}).gpus || "").split(", ").includes(gpu.pci_bus_id));
+  const acts = actions.filter(a => a.record && forGpu(a.record));
+  parts.push(el("h2", "Actions and cordon decisions"));
+  parts.push(acts.length ? table(["time", "action", "result", "detail"], acts.map(a =>
+    [utc(a.time), a.record.action, a.record.result, a.record.reason + (a.record.detail ?
+      " (" + a.record.detail + ")" : "")]), "actions") : el("p", "None stored."));
+  root.replaceChildren(...parts);
+}
+
+function renderNode(doc, events, actions, cordons, history) {
+  const root = document.getElementById("node-view");
+  const now = Date.now() / 1000;
+  const parts = [inner("#fleet", "← fleet"), el("h2", doc.name + " (" + doc.cluster + ")")];
+  const status = doc.status || {};
+  const nodeDoc = status.node || {};
+  parts.push(definitions([["health", el("span", doc.shown_health, doc.shown_health)],
+    ["state", stateOf(doc)], ["last seen", ago(doc.last_seen) + " (" + utc(doc.last_seen) + ")"],
+    ["agent", doc.agent_version], ["driver", nodeDoc.driver_version || doc.driver],
+    ["CUDA", nodeDoc.cuda_driver_version], ["hostname", nodeDoc.hostname],
+    ["fingerprint", doc.fingerprint_id], ["Grafana", grafana(doc)]]));
+  const current = live(doc);
+  if (!current)
+    parts.push(el("p", "Health unknown: the node is " + stateOf(doc) + ", last report " +
+      ago(doc.last_seen) + ". The GPUs and findings below are from that report and may " +
+      "no longer hold.", "banner"));
+  const findings = [...(doc.findings || []).map(f => ["node", f])];
+  for (const gpu of status.gpus || doc.gpus)
+    for (const f of gpu.findings || []) findings.push(["GPU " + gpu.index + " " + gpu.pci_bus_id,
+      f]);
+  parts.push(el("h2", "Findings"));
+  parts.push(findings.length ? table(["where", "severity", "reason", "action", "runbook",
+    "started"], findings.map(([where, f]) => [where, el("span", f.severity, current ?
+      f.severity : "old"), f.reason, f.action, runbook(f.runbook),
+      typeof f.since === "number" ? ago(f.since) + " (" + utc(f.since) + ")" : ""]), "findings")
+    : el("p", "None.", "OK"));
+  if (withAlertmanager(doc)) {
+    parts.push(el("h2", "Alerts"));
+    const note = alertsNote(doc.alertmanager);
+    if (note) parts.push(el("p", note, "banner"));
+    parts.push(alertsTable(doc.alerts));
+  }
+  parts.push(el("h2", "GPUs"));
+  const gpus = status.gpus || doc.gpus;
+  parts.push(table(["GPU", "health", "model", "UUID", "serial", "bus id", "workload", ""],
+    gpus.map(x => [inner(gpuHash(doc, x.index), "GPU " + x.index),
+      el("span", x.health, current ? x.health : "old"), x.model,
+      x.uuid, x.serial, x.pci_bus_id, workload(x), grafana(doc, x.index) || ""]), "gpus"));
+  parts.push(el("h2", "The last day"));
+  parts.push(renderHistory(history, gpus));
+  parts.push(el("h2", "Events"));
+  parts.push(events.length ? table(["time", "category", "what"], events.map(e =>
+    [utc(e.time), e.category || e.type, describeEvent(e)]), "events")
+    : el("p", "None stored."));
+  parts.push(el("h2", "Actions and cordon decisions"));
+  // An audit record ("action") carries what the agent did in "record"; a cordon request
+  // carries its fields at the top.
+  const acts = actions.map(a => [a.time, utc(a.time), a.record ? "action " +
+    (a.record.action || "") : a.type.replace("_", " "), fields(a.record || a, ENVELOPE)]);
+  for (const c of cordons) acts.push([c.time, utc(c.time), "cordon decision",
+    c.action + ": " + c.decision + (c.reason ? " (" + c.reason + ")" : "")]);
+  acts.sort((a, b) => b[0] - a[0]);
+  parts.push(acts.length ? table(["time", "what", "detail"], acts.map(a => a.slice(1)),
+    "actions") : el("p", "None stored."));
+  parts.push(el("h2", "Command replies"));
+  const replies = doc.replies || [];
+  parts.push(replies.length ? table(["time", "command", "ok", "detail"], replies.map(r =>
+    [utc(r.time), r.command_id, r.ok ? "ok" : "failed", r.detail]), "replies")
+    : el("p", "None."));
+  root.replaceChildren(...parts);
+}
+
+// --- refresh -------------------------------------------------------------------------
+
+// The last answer per URL with its ETag: a refresh that finds nothing changed gets 304
+// and no body, and the page is drawn again only for its ages ("5 s ago"), every 5 s.
+const answers = new Map();
+let changed = false;
+let drawnAt = 0;
+
+async function get(url) {
+  const known = answers.get(url);
+  const r = await fetch(url, known ? {headers: {"If-None-Match": known.etag}} : {});
+  if (r.status === 304 && known) return known.doc;
+  if (!r.ok) throw new Error(url + ": HTTP " + r.status);
+  const doc = await r.json();
+  const etag = r.headers.get("ETag");
+  if (etag) {
+    answers.delete(url);
+    answers.set(url, {etag, doc});
+    if (answers.size > 64) answers.delete(answers.keys().next().value);
+  }
+  changed = true;
+  return doc;
+}
+
+function route() {
+  const m = /^#(node|gpu)\/([^/]*)\/([^/]*)(?:\/(\d+))?$/.exec(location.hash);
+  try {
+    return m && (m[1] === "gpu") === (m[4] !== undefined) ? {cluster: decodeURIComponent(m[2]),
+      node: decodeURIComponent(m[3]), gpu: m[4] === undefined ? null : Number(m[4])} : null;
+  } catch (e) {
+    return null;  // a mangled link shows the fleet
+  }
+}
+
+let generation = 0;
+
+async function refresh(forced = true) {
+  const mine = ++generation;
+  const target = route();
+  changed = forced || Date.now() - drawnAt > 5000;
+  document.getElementById("fleet-view").hidden = !!target;
+  document.getElementById("node-view").hidden = !target;
+  try {
+    if (target) {
+      const q = "?node=" + encodeURIComponent(target.node) + "&limit=" + CONFIG.history;
+      const where = encodeURIComponent(target.node) + "?cluster=" +
+        encodeURIComponent(target.cluster);
+      const [doc, events, actions, cordons, summary, history] = await Promise.all([
+        get("api/v1/fleet/" + where),
+        get("api/v1/events" + q), get("api/v1/actions" + q), get("api/v1/cordons?limit=1000"),
+        get("api/v1/fleet?limit=1"), get("api/v1/history/" + where)]);
+      if (mine !== generation) return;
+      const own = x => x.node === target.node && x.cluster === target.cluster;
+      if (changed) {
+        renderSummary(summary.counts);
+        if (target.gpu === null)
+          renderNode(doc, events.events.filter(own), actions.actions.filter(own),
+            cordons.cordons.filter(own), history);
+        else
+          renderGpu(doc, target.gpu, events.events.filter(own), actions.actions.filter(own),
+            history);
+      }
+      document.title = (target.gpu === null ? "" : "GPU " + target.gpu + " · ") + target.node +
+        " · gpuagent";
+    } else {
+      const params = fleetParams();
+      const query = new URLSearchParams(params);
+      query.set("limit", CONFIG.maxRows);
+      const [fleet, drift] = await Promise.all([get("api/v1/fleet?" + query),
+        get("api/v1/drift")]);
+      if (mine !== generation) return;
+      if (changed) {
+        renderSummary(fleet.counts);
+        renderFleet(fleet, params);
+        renderDrift(drift.clusters);
+      }
+      document.title = "gpuagent fleet";
+    }
+    document.getElementById("error").textContent = "";
+    if (changed) drawnAt = Date.now();
+    if (!document.body.dataset.loaded) window.firstRenderMs = performance.now();
+    document.body.dataset.loaded = "1";
+    document.body.dataset.view = target ? (target.gpu === null ? "node" : "gpu") : "fleet";
+  } catch (e) {
+    if (mine === generation)
+      document.getElementById("error").textContent = "Refresh failed: " + e.message;
+  }
+}
+
+document.getElementById("filters").addEventListener("input", ev => {
+  const params = fleetParams();
+  params.set(ev.target.name, ev.target.value);
+  setFleetParams(params);
+});
+for (const b of document.querySelectorAll("#nodes th button")) {
+  b.dataset.label = b.textContent;
+  b.addEventListener("click", () => {
+    const params = fleetParams();
+    const same = (params.get("sort") || "health") === b.dataset.sort;
+    params.set("order", same && params.get("order") !== "desc" ? "desc" : "");
+    params.set("sort", b.dataset.sort);
+    setFleetParams(params);
+  });
+}
+window.addEventListener("hashchange", () => { window.scrollTo(0, 0); refresh(); });
+refresh();
+// A page in a background tab costs the aggregator nothing; it catches up when shown.
+setInterval(() => { if (!document.hidden) refresh(false); }, CONFIG.refreshMs);
+document.addEventListener("visibilitychange", () => { if (!document.hidden) refresh(); });
