@@ -85,7 +85,8 @@ COMPUTE_MODES: dict[str, int] = {
 }
 
 
-_ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+# What NVML reports for a GPU no fabric manager has placed in a cluster.
+ZERO_UUID = "00000000-0000-0000-0000-000000000000"
 
 
 def nvlink_domain(readings: GpuReadings | None) -> str | None:
@@ -94,7 +95,7 @@ def nvlink_domain(readings: GpuReadings | None) -> str | None:
     if readings is None or readings.fabric_state != "completed":
         return None
     uuid, clique = readings.fabric_cluster_uuid, readings.fabric_clique_id
-    if not uuid or uuid == _ZERO_UUID or not clique:
+    if not uuid or uuid == ZERO_UUID or not clique:
         return None
     return f"{uuid}/{clique}"
 
@@ -703,6 +704,8 @@ class RemediationStatus:
     counts: tuple[tuple[str, str, int], ...] = ()
     # (action, scope, attempts left) of the node-wide budgets
     budgets: tuple[tuple[str, str, int], ...] = ()
+    # (bus id, the limit before) of each GPU our thermal cap holds: the settings check's
+    power_capped: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,8 @@ not restored.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from gpuagent.checks.common import Evidence, GpuView, Outcome, Problem, fmt
 from gpuagent.checks.inventory import InventoryView
 from gpuagent.checks.vocabulary import Action, Runbook
@@ -20,6 +22,7 @@ from gpuagent.inventory.baseline import LearnedSettings
 from gpuagent.inventory.model import GpuInventory
 from gpuagent.model import Severity
 
+_T = TypeVar("_T")
 # Watts a power limit may differ from the reference before it counts as changed: NVML
 # reports milliwatts, and some boards settle a few watts off what was asked.
 POWER_TOLERANCE_W = 1.0
@@ -28,6 +31,14 @@ DECLARED, LEARNED = "expected", "baseline"
 
 def _learned(view: InventoryView, index: int) -> LearnedSettings | None:
     return None if view.baseline is None else view.baseline.settings_of(index)
+
+
+def _expectation(declared: _T | None, learned: _T | None) -> tuple[_T, str] | None:
+    """What a setting should be, and who says so: the declared value, else the learned
+    baseline's; None where neither says (the setting is then a fact)."""
+    if declared is not None:
+        return declared, DECLARED
+    return None if learned is None else (learned, LEARNED)
 
 
 def _on_off(enabled: bool | None) -> str:
@@ -42,13 +53,11 @@ def persistence_wanted(index: int, view: InventoryView | None) -> tuple[bool, st
     without an inventory, or where nothing is declared or learned."""
     if view is None:
         return None
-    declared = view.expected.persistence
-    if declared != "any":
-        return declared == "enabled", DECLARED
-    learned = _learned(view, index)
-    if learned is None or learned.persistence is None:
-        return None
-    return learned.persistence, LEARNED
+    declared, learned = view.expected.persistence, _learned(view, index)
+    return _expectation(
+        None if declared == "any" else declared == "enabled",
+        None if learned is None else learned.persistence,
+    )
 
 
 def check_persistence(view: GpuView) -> Outcome:
@@ -103,11 +112,9 @@ def _power(gpu: GpuInventory, view: InventoryView) -> tuple[str, Evidence, list[
     current, requested = gpu.power_limit_w, gpu.power_requested_limit_w
     asked = requested if requested is not None else current
     learned = _learned(view, gpu.index)
-    wanted: tuple[float, str] | None = None
-    if view.expected.power_limit_watts:
-        wanted = view.expected.power_limit_watts, DECLARED
-    elif learned is not None and learned.power_limit_w is not None:
-        wanted = learned.power_limit_w, LEARNED
+    wanted = _expectation(
+        view.expected.power_limit_watts or None, None if learned is None else learned.power_limit_w
+    )
     capped_from = dict(view.power_capped).get(gpu.pci_bus_id)
     evidence: Evidence = (
         ("power_limit_w", current),
@@ -184,12 +191,14 @@ def _clock_problem(reason: str) -> Problem:
 
 
 def _compute_mode(gpu: GpuInventory, view: InventoryView) -> tuple[str, Evidence, list[Problem]]:
-    mode, learned = gpu.compute_mode, _learned(view, gpu.index)
-    wanted: tuple[str, str] | None = None
-    if view.expected.compute_mode != "any":
-        wanted = view.expected.compute_mode, DECLARED
-    elif learned is not None and learned.compute_mode is not None:
-        wanted = learned.compute_mode, LEARNED
+    mode, learned, declared = (
+        gpu.compute_mode,
+        _learned(view, gpu.index),
+        view.expected.compute_mode,
+    )
+    wanted = _expectation(
+        None if declared == "any" else declared, None if learned is None else learned.compute_mode
+    )
     evidence: Evidence = (
         ("compute_mode", mode),
         ("compute_mode_expected", None if wanted is None else wanted[0]),

@@ -417,9 +417,9 @@ class _Builder:
             if readings.fabric_state is None and place is None:
                 continue
             clique = readings.fabric_clique_id
-            located = () if place is None else (
-                place.chassis_serial, place.slot_number, place.tray_index, place.host_id,
-                place.module_id,
+            located = ("",) * 5 if place is None else (
+                place.chassis_serial, str(place.slot_number), str(place.tray_index),
+                str(place.host_id), str(place.module_id),
             )  # fmt: skip
             family.add_metric(
                 [
@@ -428,8 +428,7 @@ class _Builder:
                     readings.fabric_cluster_uuid or "",
                     "" if clique is None else str(clique),
                     readings.fabric_state or "",
-                    *(str(value) for value in located),
-                    *("",) * (5 - len(located)),
+                    *located,
                 ],
                 1.0,
             )

@@ -91,8 +91,6 @@ class RemediationSink(Protocol):
 
     def diag_results(self) -> tuple[DiagResult, ...]: ...
 
-    def power_capped(self) -> tuple[tuple[str, float], ...]: ...
-
     def schedule(self, snapshot: NodeSnapshot) -> None: ...
 
 
@@ -297,6 +295,7 @@ class SnapshotPublisher:
         gpus = observation.gpus
         if self.attribution is not None:
             gpus = self.attribution.attach(gpus)
+        remediation = self._remediation.status()
         health, self._memory = evaluate(
             gpus,
             observation.status,
@@ -306,7 +305,9 @@ class SnapshotPublisher:
             events=events,
             weights=self._events.weights(),
             pcie=pcie,
-            inventory=self._inventory.view(inventory, self._remediation.power_capped()),
+            inventory=self._inventory.view(
+                inventory, () if remediation is None else remediation.power_capped
+            ),
             expected_gpus=self._config.inventory.expected.gpu,
             storage_errors=self._storage_errors(),
             dcgm=dcgm,
@@ -336,7 +337,7 @@ class SnapshotPublisher:
             infiniband=infiniband,
             kmsg=self._kernel.kmsg_counters(),
             event_counts=self._events.counts(),
-            remediation=self._remediation.status(),
+            remediation=remediation,
             diag=self._remediation.diag_results(),
             mqtt=self.reporter.status() if self.reporter is not None else None,
             inventory=inventory,

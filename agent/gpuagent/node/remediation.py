@@ -85,26 +85,18 @@ class RemediationScheduler:
         if remediator is None:
             return None
         try:
-            cordoned, budgets = remediator.history().cordoned_by_us, remediator.budget_remaining()
+            history, budgets = remediator.history(), remediator.budget_remaining()
+            cordoned, capped = history.cordoned_by_us, history.power_capped
         except AuditError:  # unknown without the trail (the state_dir finding says why)
-            cordoned, budgets = False, []
+            cordoned, capped, budgets = False, (), []
         return RemediationStatus(
             mode=remediator.mode,
             paused=remediator.paused,
             cordoned_by_us=cordoned,
             counts=tuple((a, r, n) for (a, r), n in sorted(remediator.counts.items())),
             budgets=tuple(budgets),
+            power_capped=capped,
         )
-
-    def power_capped(self) -> tuple[tuple[str, float], ...]:
-        """(bus id, the limit before) of each GPU our thermal cap holds (the audit's word)."""
-        remediator = self.remediator
-        if remediator is None:
-            return ()
-        try:
-            return remediator.history().power_capped
-        except AuditError:  # unknown without the trail (the state_dir finding says why)
-            return ()
 
     def diag_results(self) -> tuple[DiagResult, ...]:
         """The latest DCGM diagnostic of each level (for the snapshot)."""

@@ -294,6 +294,11 @@ class Device:
     def _get(self, call: str, fn: Callable[..., Any], *args: object) -> Any:
         return self.worker.call(call, optional, call, fn, self.handle, *args)
 
+    def _code(self, call: str, fn: Callable[..., Any], *args: object) -> int:
+        """NVML's return code of a call that fills a structure in place (``args``), for a
+        caller that acts on which error it was."""
+        return int(self.worker.call(call, return_code, call, fn, self.handle, *args))
+
     def _set(self, call: str, fn: Callable[..., Any], *args: object) -> None:
         self.worker.call(call, required, call, fn, self.handle, *args)
 
@@ -604,6 +609,8 @@ class Device:
                 "nvmlDeviceGetEnforcedPowerLimit", pynvml.nvmlDeviceGetEnforcedPowerLimit
             )
             slow["power_limit_w"] = None if limit is None else limit / 1000
+        if self._classic_power and slow.get("power_requested_limit_w") is None:
+            # A driver without the power fields: the classic call has the requested limit.
             requested = self._get(
                 "nvmlDeviceGetPowerManagementLimit", pynvml.nvmlDeviceGetPowerManagementLimit
             )
@@ -630,13 +637,8 @@ class Device:
         without a fabric: v3 answering NOT_SUPPORTED means no fabric, and only a driver
         without v3 (no such function, an older struct version) is asked the first one."""
         info: Any = pynvml.c_nvmlGpuFabricInfo_v3_t()
-        code = self.worker.call(
-            "nvmlDeviceGetGpuFabricInfoV",
-            return_code,
-            "nvmlDeviceGetGpuFabricInfoV",
-            pynvml.nvmlDeviceGetGpuFabricInfoV,
-            self.handle,
-            ctypes.byref(info),
+        code = self._code(
+            "nvmlDeviceGetGpuFabricInfoV", pynvml.nvmlDeviceGetGpuFabricInfoV, ctypes.byref(info)
         )
         health: int | None = None
         if code == pynvml.NVML_SUCCESS:
@@ -670,13 +672,8 @@ class Device:
         """Where the GPU sits in an NVL rack (read once: it does not move while the driver
         is loaded); None where the GPU does not report it (NOT_SUPPORTED off such racks)."""
         info: Any = pynvml.c_nvmlPlatformInfo_v2_t()
-        code = self.worker.call(
-            "nvmlDeviceGetPlatformInfo",
-            return_code,
-            "nvmlDeviceGetPlatformInfo",
-            pynvml.nvmlDeviceGetPlatformInfo,
-            self.handle,
-            ctypes.byref(info),
+        code = self._code(
+            "nvmlDeviceGetPlatformInfo", pynvml.nvmlDeviceGetPlatformInfo, ctypes.byref(info)
         )
         if code != pynvml.NVML_SUCCESS:
             return None

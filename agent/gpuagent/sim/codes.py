@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pynvml
 
+from gpuagent.model import COMPUTE_MODES as COMPUTE_MODES  # noqa: PLC0414 - re-export
 from gpuagent.model import RECOVERY_ACTIONS
 
 # Return codes.
@@ -25,14 +26,6 @@ ERROR_GPU_IS_LOST: int = pynvml.NVML_ERROR_GPU_IS_LOST
 ERROR_LIB_RM_VERSION_MISMATCH: int = pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH
 ERROR_ARGUMENT_VERSION_MISMATCH: int = pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
 ERROR_FUNCTION_NOT_FOUND: int = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
-
-# nvmlComputeMode_t, by the name `nvidia-smi` prints in lower case ("Exclusive_Process").
-COMPUTE_MODES: dict[str, int] = {
-    "default": pynvml.NVML_COMPUTEMODE_DEFAULT,
-    "exclusive_thread": pynvml.NVML_COMPUTEMODE_EXCLUSIVE_THREAD,
-    "prohibited": pynvml.NVML_COMPUTEMODE_PROHIBITED,
-    "exclusive_process": pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
-}
 
 # Field value types (which member of the value union is filled).
 VALUE_DOUBLE: int = pynvml.NVML_VALUE_TYPE_DOUBLE

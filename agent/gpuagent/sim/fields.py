@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pynvml
 
-from gpuagent.sim import codes
+from gpuagent.sim import codes, hardware
 from gpuagent.sim.gpm import nvlink_throughput_field
 from gpuagent.sim.gpu import SimGpu
 
@@ -93,10 +93,6 @@ def _uint(value: Callable[[SimGpu], int]) -> Reader:
     return _uint_at(lambda gpu, _now: value(gpu))
 
 
-def milliwatts(watts: float | None) -> int | None:
-    return None if watts is None else round(watts * 1000)
-
-
 def enforced_limit_mw(gpu: SimGpu, _now: float) -> int | None:
     """The enforced (current) power limit, as field 190 and nvmlDeviceGetEnforcedPowerLimit
     report it; None where a replayed capture shows it N/A."""
@@ -112,15 +108,21 @@ def requested_limit_mw(gpu: SimGpu, _now: float) -> int | None:
 
 def default_limit_mw(gpu: SimGpu, _now: float) -> int | None:
     profile = gpu.profile
-    return milliwatts(gpu.fixed(profile.power_default_limit_w, lambda c: c.power_default_limit_w))
+    return hardware.milliwatts(
+        gpu.fixed(profile.power_default_limit_w, lambda c: c.power_default_limit_w)
+    )
 
 
 def min_limit_mw(gpu: SimGpu, _now: float) -> int | None:
-    return milliwatts(gpu.fixed(gpu.profile.power_min_limit_w, lambda c: c.power_min_limit_w))
+    return hardware.milliwatts(
+        gpu.fixed(gpu.profile.power_min_limit_w, lambda c: c.power_min_limit_w)
+    )
 
 
 def max_limit_mw(gpu: SimGpu, _now: float) -> int | None:
-    return milliwatts(gpu.fixed(gpu.profile.power_max_limit_w, lambda c: c.power_max_limit_w))
+    return hardware.milliwatts(
+        gpu.fixed(gpu.profile.power_max_limit_w, lambda c: c.power_max_limit_w)
+    )
 
 
 def pcie_replays(gpu: SimGpu, _now: float) -> int | None:
@@ -286,8 +288,7 @@ def _module_draw(at_gpu: PowerAt) -> PowerAt:
 
 
 def _module_limit(gpu: SimGpu, _now: float) -> int | None:
-    limit = gpu.profile.module_power_limit_w
-    return None if limit is None else round(limit * 1000)
+    return hardware.milliwatts(gpu.profile.module_power_limit_w)
 
 
 def _no_module(_gpu: SimGpu, _now: float) -> int | None:

@@ -36,6 +36,11 @@ PEER_TYPE_SWITCH_CONNECTED = 1
 FABRIC_UUID_LEN = 16  # NVML_GPU_FABRIC_UUID_LEN
 
 
+def milliwatts(watts: float | None) -> int | None:
+    """Watts as NVML reports power: whole milliwatts (None stays None)."""
+    return None if watts is None else round(watts * 1000)
+
+
 def fabric_uuid_bytes(text: str) -> bytes:
     """A cluster UUID as printed ("00000001-0000-...") as NVML's 16 bytes, in that order."""
     return uuid.UUID(text).bytes

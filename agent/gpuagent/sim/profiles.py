@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+from gpuagent.model import ZERO_UUID
+
 # (bus, device) of a GPU's PCI function 0 in domain 0, as NVML's "00000000:BB:DD.0".
 PciSlot = tuple[int, int]
 

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING
 import pynvml
 
 from gpuagent.inventory.model import FABRIC_MANAGER, KNOWN_MODULES, PERSISTENCED, HostFacts, Service
+from gpuagent.model import ZERO_UUID
 from gpuagent.sim import catalog, codes, hardware
 from gpuagent.sim.gpu import Placement, SimGpu, SimGpuInstance, SimProcess, make_instances
-from gpuagent.sim.profiles import ZERO_UUID
 from gpuagent.sim.readings import FbMemory, LiveReadings, Readings
 
 if TYPE_CHECKING:
@@ -171,10 +171,6 @@ def reason_mask(reasons: ClockEventReasons | None) -> int | None:
     return sum(bit for name, bit in _REASON_BITS if getattr(reasons, name))
 
 
-def _mw(watts: float | None) -> int | None:
-    return None if watts is None else round(watts * 1000)
-
-
 def _bytes(mib: float | None) -> int | None:
     return None if mib is None else round(mib * hardware.MIB)
 
@@ -212,10 +208,10 @@ class CapturedReadings:
         return self._captured.utilization_memory_pct
 
     def power_mw(self, _now: float) -> int | None:
-        return _mw(self._captured.power_instant_w)
+        return hardware.milliwatts(self._captured.power_instant_w)
 
     def average_power_mw(self, _now: float) -> int | None:
-        return _mw(self._captured.power_draw_w)
+        return hardware.milliwatts(self._captured.power_draw_w)
 
     def power_usage_mw(self, now: float) -> int | None:
         # GA100 and older GPUs have no average (N/A) and report their instantaneous draw.
@@ -352,7 +348,10 @@ def _start_power_limits(gpu: SimGpu, captured: CapturedGpu) -> None:
     """The requested and enforced limits as printed. Where the enforced one sits below the
     request (a GH200 module sharing its power), that is the platform's ceiling: a limit
     set later is enforced up to it."""
-    current, requested = _mw(captured.power_limit_w), _mw(captured.power_requested_limit_w)
+    current, requested = (
+        hardware.milliwatts(captured.power_limit_w),
+        hardware.milliwatts(captured.power_requested_limit_w),
+    )
     if current is not None and requested is not None and current < requested:
         gpu.power_ceiling_mw = current
     first = requested if requested is not None else current

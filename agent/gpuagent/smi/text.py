@@ -51,6 +51,7 @@ from gpuagent.smi.tree import (
     integer,
     number,
     pick,
+    power_limits,
     printed,
     pstate,
     required,
@@ -154,6 +155,18 @@ def _gpu(block: Node) -> CapturedGpu:
     utilization = block.get("Utilization")
     temperature = block.get("Temperature")
     power = block.first("GPU Power Readings", "Power Readings")
+    # "Current Power Limit" since 535, nested under "GPU Ceiling Power Limit" by R610.
+    limits = power_limits(
+        power,
+        (
+            "GPU Ceiling Power Limit",
+            "Current Power Limit",
+            "Requested Power Limit",
+            "Default Power Limit",
+            "Enforced Power Limit",
+            "Power Limit",
+        ),
+    )
     module = block.first("Module Power Readings")
     clocks = block.get("Clocks")
     applications = block.get("Applications Clocks")
@@ -244,9 +257,9 @@ def _gpu(block: Node) -> CapturedGpu:
         # 550+ splits the draw into the 1 s average and an instantaneous reading.
         power_draw_w=number(pick(power, "Power Draw", "Average Power Draw"), "W"),
         power_instant_w=number(at(power, "Instantaneous Power Draw"), "W"),
-        power_limit_w=number(_current_limit(power), "W"),
-        power_requested_limit_w=number(_requested_limit(power), "W"),
-        power_default_limit_w=number(_power_limit(power, "Default Power Limit"), "W"),
+        power_limit_w=number(limits.current, "W"),
+        power_requested_limit_w=number(limits.requested, "W"),
+        power_default_limit_w=number(limits.default, "W"),
         power_min_limit_w=number(at(power, "Min Power Limit"), "W"),
         power_max_limit_w=number(at(power, "Max Power Limit"), "W"),
         module_power_w=number(at(module, "Average Power Draw"), "W"),
@@ -285,27 +298,6 @@ def _gpu(block: Node) -> CapturedGpu:
         platform_module_id=integer(at(platform, "Module Id")),
         processes=_processes(processes),
     )
-
-
-def _power_limit(power: Node | None, key: str) -> Node | None:
-    """A limit of the power block: R610 moves the current, requested and default limits
-    into a "GPU Ceiling Power Limit" block beneath it."""
-    return pick(power, key) or at(power, "GPU Ceiling Power Limit", key)
-
-
-def _current_limit(power: Node | None) -> Node | None:
-    # "Current Power Limit" since 535; before, "Enforced Power Limit" is what applies and
-    # "Power Limit" what was requested (the only limit some drivers print).
-    return _power_limit(power, "Current Power Limit") or pick(
-        power, "Enforced Power Limit", "Power Limit"
-    )
-
-
-def _requested_limit(power: Node | None) -> Node | None:
-    requested = _power_limit(power, "Requested Power Limit")
-    if requested is None and pick(power, "Enforced Power Limit") is not None:
-        return pick(power, "Power Limit")
-    return requested
 
 
 def _ecc(section: Node | None) -> EccCounts:

@@ -263,6 +263,33 @@ def cuda_version(root: Node, keys: tuple[str, ...]) -> str | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class PowerLimits:
+    """The power block's current (enforced), requested and default limits."""
+
+    current: Node | None
+    requested: Node | None
+    default: Node | None
+
+
+def power_limits(power: Node | None, keys: tuple[str, str, str, str, str, str]) -> PowerLimits:
+    """The limits of a power block. ``keys`` name, in the capture's format: the block R610
+    nests the current, requested and default limits in ("GPU Ceiling Power Limit"), those
+    three, then the older layout's "Enforced Power Limit" (what applies) and "Power Limit"
+    (what was requested, and the only limit some drivers print)."""
+    ceiling, current, requested, default, enforced, legacy = keys
+
+    def limit(key: str) -> Node | None:
+        return pick(power, key) or at(power, ceiling, key)
+
+    older = pick(power, legacy) if pick(power, enforced) is not None else None
+    return PowerLimits(
+        current=limit(current) or pick(power, enforced, legacy),
+        requested=limit(requested) or older,
+        default=limit(default),
+    )
+
+
 def fabric_health(
     section: Node | None, keys: tuple[str, str, str, str, str]
 ) -> tuple[tuple[str, bool], ...]:

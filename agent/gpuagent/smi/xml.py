@@ -53,6 +53,7 @@ from gpuagent.smi.tree import (
     integer,
     number,
     pick,
+    power_limits,
     printed,
     pstate,
     required,
@@ -181,6 +182,18 @@ def _gpu(gpu: Node) -> CapturedGpu:
     utilization = gpu.get("utilization")
     temperature = gpu.get("temperature")
     power = gpu.first("gpu_power_readings", "power_readings")
+    # <current_power_limit> since DTD v12, nested in <gpu_ceiling_power_limit> by R610.
+    limits = power_limits(
+        power,
+        (
+            "gpu_ceiling_power_limit",
+            "current_power_limit",
+            "requested_power_limit",
+            "default_power_limit",
+            "enforced_power_limit",
+            "power_limit",
+        ),
+    )
     module = gpu.first("module_power_readings")
     clocks = gpu.get("clocks")
     applications = gpu.get("applications_clocks")
@@ -276,9 +289,9 @@ def _gpu(gpu: Node) -> CapturedGpu:
         thresholds=_thresholds(temperature),
         power_draw_w=number(pick(power, "power_draw", "average_power_draw"), "W"),
         power_instant_w=number(at(power, "instant_power_draw"), "W"),
-        power_limit_w=number(_current_limit(power), "W"),
-        power_requested_limit_w=number(_requested_limit(power), "W"),
-        power_default_limit_w=number(_power_limit(power, "default_power_limit"), "W"),
+        power_limit_w=number(limits.current, "W"),
+        power_requested_limit_w=number(limits.requested, "W"),
+        power_default_limit_w=number(limits.default, "W"),
         power_min_limit_w=number(at(power, "min_power_limit"), "W"),
         power_max_limit_w=number(at(power, "max_power_limit"), "W"),
         module_power_w=number(at(module, "average_power_draw"), "W"),
@@ -317,27 +330,6 @@ def _gpu(gpu: Node) -> CapturedGpu:
         platform_module_id=integer(at(platform, "module_id")),
         processes=tuple(_process(node) for node in entries(gpu.get("processes"), "process_info")),
     )
-
-
-def _power_limit(power: Node | None, tag: str) -> Node | None:
-    """A limit of the power block: R610 moves the current, requested and default limits
-    into a <gpu_ceiling_power_limit> beneath it."""
-    return pick(power, tag) or at(power, "gpu_ceiling_power_limit", tag)
-
-
-def _current_limit(power: Node | None) -> Node | None:
-    # <current_power_limit> since DTD v12; before, <enforced_power_limit> is what applies
-    # and <power_limit> what was requested.
-    return _power_limit(power, "current_power_limit") or pick(
-        power, "enforced_power_limit", "power_limit"
-    )
-
-
-def _requested_limit(power: Node | None) -> Node | None:
-    requested = _power_limit(power, "requested_power_limit")
-    if requested is None and pick(power, "enforced_power_limit") is not None:
-        return pick(power, "power_limit")
-    return requested
 
 
 def _ecc(section: Node | None) -> EccCounts:
