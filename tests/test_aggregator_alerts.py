@@ -6,6 +6,7 @@ and what the page and metrics say once Alertmanager is gone."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -20,11 +21,19 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 import aggregator_support as msg
 from conftest import deadline_in, free_port, parse_metrics, require
 from fleet_support import chromium, until
-from gpuagent.aggregator.alerts import BadAnswerError, index_alerts, node_of
+from gpuagent.aggregator import alerts as alerts_module
+from gpuagent.aggregator.alerts import (
+    AlertmanagerReader,
+    BadAnswerError,
+    FleetAlerts,
+    index_alerts,
+    node_of,
+)
 from gpuagent.aggregator.service import Aggregator
 from gpuagent.config import AlertmanagerSection
 from gpuagent.fleet import schema
@@ -114,6 +123,79 @@ def test_an_answer_that_is_no_list_of_alerts_is_refused(body: bytes) -> None:
         index_alerts(body, LABELS)
 
 
+# --- an answer in many pieces -----------------------------------------------------------
+
+
+@asynccontextmanager
+async def chunked_alertmanager(answer: list[bytes]) -> AsyncIterator[str]:
+    """A stand-in for Alertmanager that serves ``answer[0]`` as a chunked answer, written in
+    20 small pieces a little apart, the way a proxy or a busy Alertmanager streams a large
+    one: the client's first read sees only the first piece."""
+
+    async def alerts(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        body = answer[0]
+        step = max(1, -(-len(body) // 20))
+        with contextlib.suppress(ConnectionError):  # a client that stops reading
+            for start in range(0, len(body), step):
+                await response.write(body[start : start + step])
+                await asyncio.sleep(0.01)
+            await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/api/v2/alerts", alerts)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    host, port = runner.addresses[0][:2]
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def _many_alerts(count: int) -> bytes:
+    return json.dumps(
+        [alert({"Hostname": f"gpu-{i // 8:03}", "gpu": str(i % 8)}) for i in range(count)]
+    ).encode()
+
+
+async def test_a_chunked_answer_is_read_whole() -> None:
+    body = _many_alerts(1000)
+    fleet = FleetAlerts(configured=True)
+    async with chunked_alertmanager([body]) as url, aiohttp.ClientSession() as session:
+        reader = AlertmanagerReader(AlertmanagerSection(url=url), fleet, time.time)
+        await reader.read_once(session)
+    assert fleet.error == ""
+    assert fleet.failures == {}
+    assert sum(len(alerts) for alerts in fleet.by_node.values()) == 1000
+    assert len(fleet.by_node) == 125
+    assert [a.gpu for a in fleet.by_node["gpu-124"]] == [str(g) for g in range(8)]
+
+
+async def test_a_chunked_answer_over_the_limit_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(alerts_module, "MAX_ANSWER_BYTES", 64_000)
+    answer = [_many_alerts(16)]
+    async with chunked_alertmanager(answer) as url:
+        fleet = FleetAlerts(configured=True)
+        reader = AlertmanagerReader(AlertmanagerSection(url=url), fleet, time.time)
+        async with aiohttp.ClientSession() as session:
+            await reader.read_once(session)
+            assert sum(len(a) for a in fleet.by_node.values()) == 16
+            answer[0] = _many_alerts(1000)  # about 370 kB, in pieces of 19 kB
+            assert len(answer[0]) > 5 * alerts_module.MAX_ANSWER_BYTES
+            await reader.read_once(session)
+    assert fleet.error == "answer larger than 64000 bytes"
+    assert fleet.failures == {"bad_answer": 1}
+    # The last answer's alerts are kept.
+    assert sum(len(a) for a in fleet.by_node.values()) == 16
+
+
 # --- a real Alertmanager ----------------------------------------------------------------
 
 
@@ -127,16 +209,29 @@ class Alertmanager:
             assert r.status == 200, await r.text()
             return await r.json(content_type=None)
 
+    async def get(self, path: str) -> Any:
+        async with aiohttp.ClientSession() as session, session.get(self.url + path) as r:
+            assert r.status == 200, await r.text()
+            return await r.json(content_type=None)
+
 
 @pytest.fixture
 def alertmanager(tmp_path: Path) -> Iterator[Alertmanager]:
+    config = "route:\n  receiver: none\nreceivers:\n  - name: none\n"
+    with started_alertmanager(tmp_path, config) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def started_alertmanager(tmp_path: Path, config: str) -> Iterator[Alertmanager]:
+    """A real Alertmanager with ``config`` (its YAML), stopped on leaving."""
     binary = require(
         "prometheus-alertmanager",
-        "the console's alert column (Debian package prometheus-alertmanager)",
+        "the console's alert column and fleet incidents (Debian package prometheus-alertmanager)",
         alternatives=("alertmanager",),
     )
     conf = tmp_path / "alertmanager.yml"
-    conf.write_text("route:\n  receiver: none\nreceivers:\n  - name: none\n")
+    conf.write_text(config)
     log = (tmp_path / "alertmanager.log").open("wb")
     # A free port can be taken by a parallel test before Alertmanager binds it: it then
     # exits at once, and another port is tried.

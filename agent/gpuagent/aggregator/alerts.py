@@ -106,7 +106,7 @@ def _alert(item: object) -> Alert | None:
 
 
 def index_alerts(
-    body: bytes, node_labels: tuple[str, ...]
+    body: bytes | bytearray, node_labels: tuple[str, ...]
 ) -> tuple[dict[str, list[Alert]], int, int]:
     """Alertmanager's answer by node name, firing first then by name; with the number of
     alerts that name no node and of entries that are not alerts. Raises BadAnswerError if
@@ -132,6 +132,20 @@ def index_alerts(
     for alerts in by_node.values():
         alerts.sort(key=lambda a: (a.state != "firing", a.name, a.gpu))
     return by_node, nameless, malformed
+
+
+async def read_body(answer: aiohttp.ClientResponse, limit: int) -> bytearray:
+    """The whole body of ``answer``, however it arrives (chunked, slowly, in many small
+    reads); BadAnswerError once it is larger than ``limit`` bytes, without reading on."""
+    size = answer.content_length
+    if size is not None and size > limit:
+        raise BadAnswerError(f"answer larger than {limit} bytes")
+    body = bytearray()
+    async for chunk in answer.content.iter_any():
+        body += chunk
+        if len(body) > limit:
+            raise BadAnswerError(f"answer larger than {limit} bytes")
+    return body
 
 
 @dataclass
@@ -198,9 +212,7 @@ class AlertmanagerReader:
             async with session.get(self._url, params=self._params) as answer:
                 if answer.status != 200:
                     raise BadAnswerError(f"HTTP {answer.status}")  # noqa: TRY301
-                body = await answer.content.read(MAX_ANSWER_BYTES + 1)
-            if len(body) > MAX_ANSWER_BYTES:
-                raise BadAnswerError(f"answer larger than {MAX_ANSWER_BYTES} bytes")  # noqa: TRY301
+                body = await read_body(answer, MAX_ANSWER_BYTES)
             labels = tuple(self.config.node_labels)
             by_node, nameless, malformed = await asyncio.to_thread(index_alerts, body, labels)
         except BadAnswerError as exc:

@@ -168,6 +168,12 @@ class Consumer:
             functools.partial(self._written, self._paho, message.mid, message.qos, outgoing)
         )
 
+    def send_when_written(self, outgoing: list[Outgoing]) -> None:
+        """Send answers made outside a message's handling (a held cordon request decided),
+        once the rows queued with them are committed."""
+        if outgoing:
+            self.store.after_write(functools.partial(self._written, None, 0, 0, outgoing))
+
     def _written(
         self, session: paho.Client | None, mid: int, qos: int, outgoing: list[Outgoing]
     ) -> None:

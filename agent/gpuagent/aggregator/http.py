@@ -212,6 +212,36 @@ class Api:
         events = await self.store.events(node=node, since=since, limit=limit)
         return _json_unless_seen(request, {"events": events})
 
+    async def incidents(self, request: web.Request) -> web.Response:
+        """Fleet incidents changed since ?since= (the last day by default), the latest
+        first; ?state=open|closed and ?node= narrow the list."""
+        try:
+            node, since, limit = (
+                self._name(request, "node"),
+                self._since(request),
+                self._limit(request),
+            )
+            state = request.query.get("state")
+            if state not in {None, "open", "closed"}:
+                raise BadRequestError("state must be open or closed")  # noqa: TRY301
+        except BadRequestError as exc:
+            return self._bad("incidents", str(exc))
+        since = self.clock() - 86400.0 if since is None else since
+        found = await self.store.incidents(since=since, limit=limit)
+        listed = [
+            i
+            for i in found
+            if (state is None or i.get("state") == state)
+            and (node is None or node in i.get("nodes", {}))
+        ]
+        return _json_unless_seen(request, {"incidents": listed})
+
+    async def incident(self, request: web.Request) -> web.Response:
+        found = await self.store.incident(request.match_info["incident"])
+        if found is None:
+            return _error(404, f"no fleet incident {request.match_info['incident']!r}")
+        return _json_unless_seen(request, found)
+
     async def history(self, request: web.Request) -> web.Response:
         """A node's health transitions and trend samples (the console's timelines), the
         last day by default (?since=UNIX time)."""
@@ -474,6 +504,8 @@ def application(api: Api, middlewares: tuple[Any, ...] = ()) -> web.Application:
     app.router.add_get("/api/v1/events", api.events)
     app.router.add_get("/api/v1/actions", api.actions)
     app.router.add_get("/api/v1/cordons", api.cordons)
+    app.router.add_get("/api/v1/incidents", api.incidents)
+    app.router.add_get("/api/v1/incidents/{incident}", api.incident)
     app.router.add_get("/api/v1/drift", api.drift)
     app.router.add_get("/api/v1/fleet", api.fleet)
     app.router.add_get("/api/v1/fleet/{node}", api.fleet_node)

@@ -20,6 +20,7 @@ from typing import Any, Final
 
 from gpuagent.aggregator import decisions
 from gpuagent.aggregator.budget import BudgetDecision, CordonBudget
+from gpuagent.aggregator.correlate import Correlator, Verdict, places_of
 from gpuagent.aggregator.history import HistoryRecorder
 from gpuagent.aggregator.records import from_online_state, with_offline
 from gpuagent.aggregator.state import FleetState
@@ -69,6 +70,15 @@ class Deferred:
     payload: bytes | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class HeldRequest:
+    """A cordon request waiting for its NVLink domain's records to settle."""
+
+    until: float
+    message: dict[str, Any]
+    key: str
+
+
 class Ingest:
     def __init__(
         self,
@@ -80,6 +90,7 @@ class Ingest:
         stale_after: float,
         clock: Callable[[], float] = time.time,
         history_interval: float = 300.0,
+        correlator: Correlator | None = None,
     ) -> None:
         self.state = state
         self.store = store
@@ -90,6 +101,9 @@ class Ingest:
         self.clock = clock
         self._logged_reasons: set[str] = set()
         self._decisions: OrderedDict[str, bytes] = OrderedDict()
+        # Fleet incidents (None: correlation off), and the cordon requests waiting on them.
+        self.correlator = correlator
+        self.held: list[HeldRequest] = []
 
     def reject(self, reason: schema.RejectReason, topic: str, detail: str) -> None:
         self.state.counters.rejected[reason] += 1
@@ -154,6 +168,9 @@ class Ingest:
         elif kind == "event":
             counters.events[message["category"]] += 1
             self.store.queue_event(message, raw)
+            if self.correlator is not None and message["category"] == "kernel":
+                cluster, node = message["cluster"], message["node"]
+                self.correlator.observe_record(cluster, node, message["data"], self.clock())
         elif kind == "action":
             self.store.queue_action(message, raw)
         elif kind == "reply":
@@ -164,12 +181,43 @@ class Ingest:
         return self._ack(message)
 
     def _cordon_request(self, topic: str, message: dict[str, Any], key: str) -> list[Outgoing]:
+        if not self.store.shared and not self.budget.config.arbiter:
+            self._not_arbiter(topic)
+            return []
+        correlator = self.correlator
+        if correlator is not None and message["action"] == "cordon":
+            until = correlator.hold_until(message["cluster"], message["node"], self.clock())
+            if until is not None:
+                self.held.append(HeldRequest(until, message, key))
+                self.state.counters.cordons_held += 1
+                audit.info(
+                    "cordon request held: cluster=%s node=%s request=%s until=%.1f "
+                    "(its NVLink domain's records settle first)",
+                    message["cluster"],
+                    message["node"],
+                    message["id"],
+                    until,
+                )
+                return []
+        return [self._decide_request(message, key)]
+
+    def release_held(self, now: float) -> list[Outgoing]:
+        """Decide the held cordon requests whose settle time has come."""
+        due = [h for h in self.held if h.until <= now]
+        if not due:
+            return []
+        self.held = [h for h in self.held if h.until > now]
+        return [self._decide_request(h.message, h.key) for h in due]
+
+    def _decide_request(self, message: dict[str, Any], key: str) -> Outgoing:
+        verdict = Verdict(deny=False, reason="")
+        if self.correlator is not None and message["action"] == "cordon":
+            verdict = self.correlator.verdict(message["cluster"], message["node"])
+        if verdict.deny:
+            return self._cordon(message, key, verdict)
         if self.store.shared:
-            return [self._cordon_in_database(message, key)]
-        if self.budget.config.arbiter:
-            return [self._cordon(message, key)]
-        self._not_arbiter(topic)
-        return []
+            return self._cordon_in_database(message, key, verdict)
+        return self._cordon(message, key, verdict)
 
     def _ack(self, message: dict[str, Any]) -> list[Outgoing]:
         """The node keeps a spooled message (an event, action record or reply) until we say
@@ -195,6 +243,9 @@ class Ingest:
         previous = self.state.nodes.get(key)
         if message["online"]:
             record = from_online_state(message, raw, now)
+            status = message.get("status")
+            if self.correlator is not None and isinstance(status, dict):
+                self.correlator.observe_state(key[0], key[1], places_of(status))
             # A late copy of an older report (a retained message re-read, a redelivery)
             # must not roll the node back, nor bring an offline node back online.
             if previous is not None and (
@@ -214,12 +265,18 @@ class Ingest:
     def _cmd_topic(self, message: dict[str, Any]) -> str:
         return NodeTopics(self.prefix, message["cluster"], message["node"]).topic("cmd")
 
-    def _cordon(self, message: dict[str, Any], key: str) -> Outgoing:
-        """Decided here, from the budget in memory (SQLite: one aggregator decides)."""
+    def _cordon(self, message: dict[str, Any], key: str, verdict: Verdict) -> Outgoing:
+        """Decided here: denied by the fleet incident, or by the budget in memory (SQLite:
+        one aggregator decides)."""
         now = self.clock()
         cluster, node, action = message["cluster"], message["node"], message["action"]
-        known = self.state.cluster_size(cluster) + (0 if (cluster, node) in self.state.nodes else 1)
-        result = self.budget.decide(cluster, node, action, known, now)
+        if verdict.deny:
+            result = BudgetDecision("denied", verdict.reason)
+        else:
+            known = self.state.cluster_size(cluster)
+            known += 0 if (cluster, node) in self.state.nodes else 1
+            result = _with_verdict(self.budget.decide(cluster, node, action, known, now), verdict)
+        self._note_decision(message, verdict, result)
         row = CordonRow(
             request_id=message["id"],
             cluster=cluster,
@@ -234,7 +291,18 @@ class Ingest:
         payload = self._decided(message, key, result)
         return Outgoing(self._cmd_topic(message), payload, record=key)
 
-    def _cordon_in_database(self, message: dict[str, Any], key: str) -> Outgoing:
+    def _note_decision(
+        self, message: dict[str, Any], verdict: Verdict, result: BudgetDecision
+    ) -> None:
+        if self.correlator is not None and verdict.incidents:
+            self.correlator.decided(
+                message["cluster"],
+                message["node"],
+                verdict.incidents,
+                approved=result.decision == "approved",
+            )
+
+    def _cordon_in_database(self, message: dict[str, Any], key: str, verdict: Verdict) -> Outgoing:
         """Decided in the shared database with the next batch (`decisions`): any
         aggregator may take the request, and all of them share one budget."""
         request = decisions.CordonRequest(
@@ -252,6 +320,8 @@ class Ingest:
                     self.budget, [(request.cluster, request.node, done.action, done.time)]
                 )
             result = BudgetDecision(done.decision, done.reason, done.retry_after_seconds)
+            result = _with_verdict(result, verdict)
+            self._note_decision(message, verdict, result)
             deferred.payload = self._decided(message, key, result)
 
         self.store.queue_request(request)
@@ -288,6 +358,13 @@ class Ingest:
         if len(self._decisions) > _DECISIONS_KEPT:
             self._decisions.popitem(last=False)
         return payload
+
+
+def _with_verdict(result: BudgetDecision, verdict: Verdict) -> BudgetDecision:
+    """The budget's decision, saying which fleet incident it was made for."""
+    if not verdict.reason:
+        return result
+    return dataclasses.replace(result, reason=f"{result.reason}; {verdict.reason}")
 
 
 def _text(payload: bytes, message: dict[str, Any]) -> str:

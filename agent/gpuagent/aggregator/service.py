@@ -18,6 +18,7 @@ from aiohttp import web
 from gpuagent.aggregator.alerts import AlertmanagerReader
 from gpuagent.aggregator.budget import CordonBudget
 from gpuagent.aggregator.consumer import Consumer
+from gpuagent.aggregator.correlate import Correlator
 from gpuagent.aggregator.database import describe
 from gpuagent.aggregator.decisions import replay
 from gpuagent.aggregator.http import Api, allowed_hosts, application
@@ -36,6 +37,9 @@ log = logging.getLogger(__name__)
 # Shutdown: each part gets this long, so SIGTERM ends the process well within systemd's
 # TimeoutStopSec (10 s).
 STOP_STEP_SECONDS = 3.0
+# How often held cordon requests are looked at and changed fleet incidents written: the
+# bound on how late a decision or an incident's publication comes.
+CORRELATION_TICK_SECONDS = 0.5
 
 
 class Aggregator:
@@ -52,6 +56,7 @@ class Aggregator:
             budget=config.cordon_budget,
             postgres=config.postgres,
             history_retention_seconds=config.history_retention_seconds,
+            incidents_retention_seconds=config.correlation.retention_seconds,
         )
         self.budget = CordonBudget(config.cordon_budget)
         # A shared database: the others' writes, read into this one's view.
@@ -65,6 +70,14 @@ class Aggregator:
                 clock=clock,
             )
         prefix = config.broker.topic_prefix
+        correlation = config.correlation
+        self.correlator: Correlator | None = None
+        if correlation.enabled:
+            self.correlator = Correlator(
+                join_window_seconds=correlation.join_window_seconds,
+                settle_seconds=correlation.settle_seconds,
+                join_labels=correlation.join_labels,
+            )
         self.ingest = Ingest(
             self.state,
             self.store,
@@ -73,6 +86,7 @@ class Aggregator:
             stale_after=config.stale_after_seconds,
             clock=clock,
             history_interval=config.history_interval_seconds,
+            correlator=self.correlator,
         )
         self.consumer = Consumer(config, self.ingest.handle, self.state, self.store)
         token, self._no_token_reason = _command_token(config.command_token_file)
@@ -148,6 +162,8 @@ class Aggregator:
         self.supervisor.start("mqtt-consumer", self.consumer.run)
         self.supervisor.start("store-writer", lambda: self.store.run_writer(self._stop))
         self.supervisor.start("stale-sweep", self._sweep_stale)
+        if self.correlator is not None:
+            self.supervisor.start("correlation", self._correlate)
         if self.view is not None:
             self.supervisor.start("shared-view", self.view.run)
         if self.alertmanager is not None:
@@ -175,6 +191,17 @@ class Aggregator:
                 if is_stale != (key in stale):
                     (stale.add if is_stale else stale.discard)(key)
                     self.store.queue_stale(record, stale=is_stale)
+
+    async def _correlate(self) -> None:
+        """Decide held cordon requests when their time comes; write the fleet incidents
+        that changed (the API and console read them from the store)."""
+        assert self.correlator is not None
+        while True:
+            await asyncio.sleep(CORRELATION_TICK_SECONDS)
+            now = self.clock()
+            self.consumer.send_when_written(self.ingest.release_held(now))
+            for incident in self.correlator.tick(now):
+                self.store.queue_incident(incident.json())
 
     def stop(self) -> None:
         self._stop.set()

@@ -54,6 +54,7 @@ class Counters:
     acknowledged: int = 0  # node messages acknowledged to their nodes (end to end)
     connections_rejected: Counter[str] = field(default_factory=Counter)  # HTTP, by reason
     task_failures: Counter[str] = field(default_factory=Counter)  # by background task
+    cordons_held: int = 0  # cordon requests held for their NVLink domain to settle
 
 
 @dataclass

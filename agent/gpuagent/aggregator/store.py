@@ -76,6 +76,10 @@ _INSERT = {
     "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
     "history": "INSERT INTO history (id, cluster, node, time, kind, body) "
     "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+    # A fleet incident's row is rewritten as it grows.
+    "incidents": "INSERT INTO incidents (id, cluster, domain, state, first_time, time, body) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET state = excluded.state, "
+    "time = excluded.time, body = excluded.body",
 }
 
 # Reads and prunes. Like the schema, every statement here is one SQLite and PostgreSQL
@@ -95,6 +99,8 @@ _SELECT_BODIES = "SELECT body FROM {table}{where} ORDER BY time DESC LIMIT ?"
 _SELECT_HISTORY = (
     "SELECT body FROM history WHERE cluster = ? AND node = ? AND time >= ? ORDER BY time LIMIT ?"
 )
+_SELECT_INCIDENTS = "SELECT body FROM incidents WHERE time >= ? ORDER BY time DESC LIMIT ?"
+_SELECT_INCIDENT = "SELECT body FROM incidents WHERE id = ?"
 _SELECT_APPROVALS = (
     "SELECT cluster, node, action, time FROM cordons "
     "WHERE time > ? AND decision = 'approved' ORDER BY time"
@@ -256,6 +262,7 @@ class FleetStore:
         budget: CordonBudgetSection | None = None,
         postgres: PostgresSection | None = None,
         history_retention_seconds: float = 7 * 86400.0,
+        incidents_retention_seconds: float = 7 * 86400.0,
     ) -> None:
         self.location = location
         self.database = database(location, postgres)
@@ -265,6 +272,8 @@ class FleetStore:
         self.max_events = max_events
         # Each node's history (health transitions, trend samples) keeps this long.
         self.history_retention_seconds = history_retention_seconds
+        # Fleet incidents are listed this long after their last change.
+        self.incidents_retention_seconds = incidents_retention_seconds
         # Decisions made in the database (a shared one) follow this budget.
         self.budget = budget or CordonBudgetSection()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleet-store")
@@ -386,6 +395,20 @@ class FleetStore:
             json.dumps(message),
         )
         self._pending.rows["commands"].append(row)
+
+    def queue_incident(self, incident: dict[str, Any]) -> None:
+        """A fleet incident's document (`FleetIncident.json`), new or grown."""
+        self._pending.rows["incidents"].append(
+            (
+                incident["id"],
+                incident["cluster"],
+                incident["domain"],
+                incident["state"],
+                incident["first_time"],
+                incident["closed_at"] or incident["last_time"],
+                json.dumps(incident, separators=(",", ":")),
+            )
+        )
 
     def queue_cordon(self, row: CordonRow) -> None:
         self._pending.rows["cordons"].append(
@@ -584,6 +607,8 @@ class FleetStore:
                 keep = self.retention_seconds
                 if table == "history":
                     keep = self.history_retention_seconds
+                elif table == "incidents":
+                    keep = self.incidents_retention_seconds
                 elif table == "cordons":
                     # The budget is decided from the approvals within its window.
                     keep = max(keep, self.budget.window_seconds)
@@ -611,6 +636,14 @@ class FleetStore:
         where, args = _filters(node=node, since=None)
         sql = _SELECT_BODIES.format(table="actions", where=where)
         return await self._read(self._bodies, sql, (*args, limit))
+
+    async def incidents(self, *, since: float, limit: int) -> list[dict[str, Any]]:
+        """Fleet incidents changed since ``since``, the latest first."""
+        return await self._read(self._bodies, _SELECT_INCIDENTS, (since, limit))
+
+    async def incident(self, incident_id: str) -> dict[str, Any] | None:
+        found = await self._read(self._bodies, _SELECT_INCIDENT, (incident_id,))
+        return found[0] if found else None
 
     def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         with self._session() as session:

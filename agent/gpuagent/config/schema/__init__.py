@@ -27,6 +27,7 @@ from gpuagent.config.schema.aggregator import (
     AggregatorSection,
     AlertmanagerSection,
     CordonBudgetSection,
+    CorrelationSection,
     PostgresSection,
 )
 from gpuagent.config.schema.attribution import AttributionSection
@@ -109,6 +110,7 @@ __all__ = [
     "ChecksSection",
     "Config",
     "CordonBudgetSection",
+    "CorrelationSection",
     "DcgmSourceSection",
     "EccCheck",
     "EventsSection",

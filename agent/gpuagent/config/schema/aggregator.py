@@ -25,6 +25,23 @@ class CordonBudgetSection:
 
 
 @dataclass(frozen=True)
+class CorrelationSection:
+    # Fleet incidents (docs/fleet.md#fleet-incidents): kernel records of GPUs that share an
+    # NVLink domain, a job or a join label, within join_window_seconds of each other, are
+    # one incident, and the cordon arbiter decides by its root.
+    enabled: bool = True
+    join_window_seconds: Annotated[float, POSITIVE] = 30.0
+    # How long a cordon request of a node in a shared NVLink domain (or in an incident that
+    # spans nodes) waits for the domain's records to arrive before it is decided.
+    settle_seconds: Annotated[float, NON_NEGATIVE] = 10.0
+    # Node labels ([agent] labels) that join a node's consequence records when its GPUs
+    # have neither an NVLink domain nor a job, e.g. ["rack"]; empty: none.
+    join_labels: list[str] = field(default_factory=list)
+    # Fleet incidents are listed (API, console) this long after their last record.
+    retention_seconds: Annotated[float, POSITIVE] = 7 * 86400.0
+
+
+@dataclass(frozen=True)
 class PostgresSection:
     # The database password: the first line of this file (a systemd credential, e.g.
     # /run/credentials/gpuagent-aggregator.service/db-password). Empty: none, or libpq's
@@ -115,6 +132,7 @@ class AggregatorSection:
     runbook_base_url: str = ""
     broker: MqttConnection = field(default_factory=MqttConnection)
     cordon_budget: CordonBudgetSection = field(default_factory=CordonBudgetSection)
+    correlation: CorrelationSection = field(default_factory=CorrelationSection)
     postgres: PostgresSection = field(default_factory=PostgresSection)
     http: AggregatorHttpSection = field(default_factory=AggregatorHttpSection)
     alertmanager: AlertmanagerSection = field(default_factory=AlertmanagerSection)

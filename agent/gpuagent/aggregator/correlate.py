@@ -1,0 +1,545 @@
+"""Fleet incidents: what many nodes see of one fault, joined into one, with its root named.
+
+When one GPU of an NVLink domain loses a link, every GPU of the job on every tray logs the
+consequences (Xid 145 downstream, Xid 45 "caused by previous Xid 149", Xid 154 recovery
+changes). Each node reports its own kernel records; here the records of GPUs that share
+something join one fleet incident, within ``join_window_seconds`` of each other:
+
+- by NVLink domain first (the pair cluster UUID / clique id the GPU's fabric reports: a
+  clique id alone is shared by unrelated racks, and an unassigned GPU joins nothing);
+- then, for a GPU without one, by the job it serves (Slurm job, Kubernetes pod);
+- then, for a consequence on a GPU with neither, by a declared label of its node
+  (``[aggregator.correlation] join_labels``, e.g. rack);
+- else the record is its node's own incident.
+
+The root follows NVIDIA's catalog: a fatal NVLink5 link error (Xid 144-150 but 145, the
+line saying Fatal or link down) on exactly one GPU is the root; on several at once no GPU
+is ("root unknown (domain-level)": a switch tray, a rack's power); without one, the
+earliest other fatal XID is. Xid 145, 45, 154 and any "caused by previous Xid N" are
+consequences. A fatal XID of another GPU, once a root is known, is a fault of its own:
+its own incident.
+
+Cost: each record touches one incident through dictionaries keyed by its domain, job or
+label; incidents close ``join_window_seconds`` after their last record and leave memory.
+Nothing here reads history, so the cost per record does not depend on how much is kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from gpuagent.kernel.xid import caused_by, lookup
+
+Role = Literal["root", "consequence", "unrelated"]
+
+# How a record weighs in choosing a root (higher wins).
+OTHER: Final = 0
+CONSEQUENCE: Final = 1
+FATAL: Final = 2
+LINK_FATAL: Final = 3
+
+# Downstream of a link failure elsewhere in the domain (NVIDIA's catalog).
+DOWNSTREAM_XIDS: Final = frozenset({45, 145, 154})
+NVLINK5_XIDS: Final = frozenset(range(144, 151))
+# The immediate actions that mean the GPU itself is at fault.
+_FATAL_ACTIONS: Final = frozenset(
+    {"RESET_GPU", "RESTART_BM", "RESTART_VM", "CONTACT_SUPPORT", "CHECK_MECHANICALS"}
+)
+# Fatal by the catalog's decode workflow: a DBE, an NVLink error.
+_FATAL_WORKFLOW_XIDS: Final = frozenset({48, 74})
+_LINK = re.compile(r"\bLink (\d+)")  # "Link -1": the unit, no one link
+_FATAL_WORD = re.compile(r"\bFatal\b")  # not "Nonfatal"
+# Node incidents remembered per GPU to turn their growing counts into record counts.
+_NODE_INCIDENTS_KEPT = 64
+
+
+def classify(xid: int, line: str) -> int:
+    """OTHER, CONSEQUENCE, FATAL or LINK_FATAL for an XID record's code and text."""
+    if caused_by(line) is not None or xid in DOWNSTREAM_XIDS:
+        return CONSEQUENCE
+    if xid in NVLINK5_XIDS:
+        return LINK_FATAL if _FATAL_WORD.search(line) or "LINK_DOWN" in line else OTHER
+    if xid in _FATAL_WORKFLOW_XIDS:
+        return FATAL
+    info = lookup(xid)
+    return FATAL if info is not None and info.action in _FATAL_ACTIONS else OTHER
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPlace:
+    """What a node's state report says a GPU shares with others."""
+
+    index: int | None
+    uuid: str
+    nvlink_domain: str | None  # "<cluster UUID>/<clique id>"
+    job: str | None  # "slurm:<id>" or "pod:<namespace>/<name>"
+
+
+@dataclass(slots=True)
+class NodePlaces:
+    gpus: dict[str, GpuPlace] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def places_of(status: dict[str, Any]) -> NodePlaces:
+    """The GPUs' places and the node's labels from a state report's status document; a
+    document of the wrong shape gives what it can (nothing, at worst)."""
+    places = NodePlaces()
+    node = status.get("node")
+    labels = node.get("labels") if isinstance(node, dict) else None
+    if isinstance(labels, dict):
+        places.labels = {str(k): str(v) for k, v in labels.items()}
+    gpus = status.get("gpus")
+    for gpu in gpus if isinstance(gpus, list) else ():
+        if not isinstance(gpu, dict) or not isinstance(gpu.get("pci_bus_id"), str):
+            continue
+        fabric = gpu.get("fabric")
+        domain = fabric.get("nvlink_domain") if isinstance(fabric, dict) else None
+        index = gpu.get("index")
+        uuid = gpu.get("uuid")
+        places.gpus[gpu["pci_bus_id"]] = GpuPlace(
+            index=index if isinstance(index, int) and not isinstance(index, bool) else None,
+            uuid=uuid if isinstance(uuid, str) else "",
+            nvlink_domain=domain if isinstance(domain, str) and domain else None,
+            job=_job(gpu.get("workloads")),
+        )
+    return places
+
+
+def _job(workloads: object) -> str | None:
+    for workload in workloads if isinstance(workloads, list) else ():
+        if not isinstance(workload, dict):
+            continue
+        if workload.get("hpc_job"):
+            return f"slurm:{workload['hpc_job']}"
+        if workload.get("pod"):
+            return f"pod:{workload.get('namespace', '')}/{workload['pod']}"
+    return None
+
+
+@dataclass(slots=True)
+class Member:
+    """One GPU's part in an incident."""
+
+    node: str
+    gpu: str
+    index: int | None
+    uuid: str
+    first_time: float
+    last_time: float
+    weight: int  # the strongest class of record seen (OTHER ... LINK_FATAL)
+    xid: int  # the XID of that record
+    onset: float  # when that record came
+    link: int | None = None
+    count: int = 0
+    # node incident id -> the count it was last reported with
+    node_incidents: dict[str, int] = field(default_factory=dict)
+
+    def json(self, role: Role) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "gpu": self.gpu,
+            "index": self.index,
+            "uuid": self.uuid,
+            "role": role,
+            "xid": self.xid,
+            "link": self.link,
+            "count": self.count,
+            "first_time": self.first_time,
+            "last_time": self.last_time,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What the arbiter makes of a node's cordon request, from its incidents."""
+
+    deny: bool
+    reason: str
+    incidents: tuple[str, ...] = ()
+
+
+@dataclass(slots=True, eq=False)
+class FleetIncident:
+    id: str
+    cluster: str
+    key: str  # "nvlink:<uuid>/<clique>", "job:<id>", "label:<name>=<value>", "node:<node>"
+    first_time: float
+    last_time: float
+    members: dict[tuple[str, str], Member] = field(default_factory=dict)
+    closed_at: float | None = None
+    approved: list[str] = field(default_factory=list)
+    denied: list[str] = field(default_factory=list)
+    # Kept as records come, so choosing the root never walks the members.
+    _link_fatal: set[tuple[str, str]] = field(default_factory=set)
+    _earliest_fatal: tuple[str, str] | None = None
+
+    @property
+    def root(self) -> Member | None:
+        if self._link_fatal:
+            if len(self._link_fatal) == 1:
+                return self.members[next(iter(self._link_fatal))]
+            return None  # several GPUs' links at once: the domain, not a GPU
+        return None if self._earliest_fatal is None else self.members[self._earliest_fatal]
+
+    @property
+    def domain_level(self) -> bool:
+        """No GPU is the root: several links failed at once, or only consequences came."""
+        return self.root is None
+
+    @property
+    def nvlink_domain(self) -> str:
+        return self.key.removeprefix("nvlink:") if self.key.startswith("nvlink:") else ""
+
+    def nodes(self) -> set[str]:
+        return {node for node, _ in self.members}
+
+    def role(self, member: Member, root: Member | None) -> Role:
+        if root is not None and member is root:
+            return "root"
+        if root is not None and member.weight >= FATAL:
+            return "unrelated"  # a fault of its own that joined before the root was known
+        return "consequence"
+
+    def node_role(self, node: str) -> Role:
+        root = self.root
+        roles = {self.role(m, root) for (n, _), m in self.members.items() if n == node}
+        role: Role
+        for role in ("root", "unrelated"):
+            if role in roles:
+                return role
+        return "consequence"
+
+    def take(self, member_key: tuple[str, str], weight: int) -> None:
+        """Account for a member whose strongest record is now of ``weight``."""
+        if weight == LINK_FATAL:
+            self._link_fatal.add(member_key)
+        elif weight == FATAL:
+            earliest = self._earliest_fatal
+            if earliest is None or self.members[member_key].onset < self.members[earliest].onset:
+                self._earliest_fatal = member_key
+
+    def summary(self) -> str:
+        root = self.root
+        others = [m for m in self.members.values() if m is not root]
+        nodes = {m.node for m in others}
+        seen = f"{len(others)} GPU(s) on {len(nodes)} node(s) saw consequences" if others else ""
+        if root is None:
+            where = f"NVLink domain {self.nvlink_domain}" if self.nvlink_domain else self.key
+            head = f"root unknown (domain-level) in {where}"
+            return f"{head}: {len(self.members)} GPU(s) on {len(self.nodes())} node(s)"
+        head = f"{describe_root(root)} on {root.node} GPU {_index(root)}"
+        return f"{head}; {seen}" if seen else head
+
+    def json(self) -> dict[str, Any]:
+        root = self.root
+        members = [m.json(self.role(m, root)) for m in self.members.values()]
+        nodes: dict[str, Role] = {}
+        for member in members:
+            previous = nodes.get(member["node"])
+            if previous is None or _ROLE_RANK[member["role"]] > _ROLE_RANK[previous]:
+                nodes[member["node"]] = member["role"]
+        return {
+            "id": self.id,
+            "cluster": self.cluster,
+            "domain": self.key,
+            "nvlink_domain": self.nvlink_domain,
+            "state": "open" if self.closed_at is None else "closed",
+            "first_time": self.first_time,
+            "last_time": self.last_time,
+            "closed_at": self.closed_at,
+            "root": None if root is None else root.json("root"),
+            "root_unknown": root is None,
+            "summary": self.summary(),
+            "counts": {
+                "gpus": len(self.members),
+                "nodes": len(nodes),
+                "records": sum(m.count for m in self.members.values()),
+            },
+            "members": members,
+            "nodes": nodes,
+            "approved": list(self.approved),
+            "denied": list(self.denied),
+        }
+
+
+_ROLE_RANK: Final = {"consequence": 0, "unrelated": 1, "root": 2}
+
+
+def describe_root(root: Member) -> str:
+    link = f", link {root.link}" if root.link is not None else ""
+    return f"Xid {root.xid}{link}"
+
+
+def _index(member: Member) -> str:
+    return str(member.index) if member.index is not None else member.gpu
+
+
+def incident_id(cluster: str, key: str, first_time: float, first_record: str) -> str:
+    digest = hashlib.sha256(f"{cluster}\0{key}\0{first_time!r}\0{first_record}".encode())
+    return "fi-" + digest.hexdigest()[:12]
+
+
+class Correlator:
+    """The open fleet incidents, fed with state reports and kernel records."""
+
+    def __init__(
+        self,
+        *,
+        join_window_seconds: float,
+        settle_seconds: float,
+        join_labels: Iterable[str] = (),
+    ) -> None:
+        self.window = join_window_seconds
+        self.settle = settle_seconds
+        self.join_labels = tuple(join_labels)
+        self._places: dict[tuple[str, str], NodePlaces] = {}
+        # (cluster, NVLink domain) -> the nodes with a GPU in it
+        self._domain_nodes: dict[tuple[str, str], set[str]] = {}
+        # (cluster, key) -> the open incident joining records under that key
+        self._open: dict[tuple[str, str], FleetIncident] = {}
+        # (cluster, node) -> the open incidents it is a member of
+        self._of_node: dict[tuple[str, str], set[FleetIncident]] = {}
+        self._changed: dict[str, FleetIncident] = {}
+        self.opened = 0  # incidents opened since start (a counter for the metrics)
+
+    # --- what nodes share ------------------------------------------------------------------
+
+    def observe_state(self, cluster: str, node: str, places: NodePlaces) -> None:
+        key = (cluster, node)
+        previous = self._places.get(key)
+        if previous == places:
+            return
+        old = _domains(previous)
+        new = _domains(places)
+        for domain in old - new:
+            nodes = self._domain_nodes.get((cluster, domain))
+            if nodes is not None:
+                nodes.discard(node)
+                if not nodes:
+                    del self._domain_nodes[(cluster, domain)]
+        for domain in new - old:
+            self._domain_nodes.setdefault((cluster, domain), set()).add(node)
+        self._places[key] = places
+
+    def forget_node(self, cluster: str, node: str) -> None:
+        self.observe_state(cluster, node, NodePlaces())
+        self._places.pop((cluster, node), None)
+
+    # --- records ---------------------------------------------------------------------------
+
+    def observe_record(self, cluster: str, node: str, data: dict[str, Any], now: float) -> None:
+        """One kernel record (an event message's data) of ``node``; XIDs only: SXids, AER
+        and the rest stay the node's."""
+        code, gpu = data.get("code"), data.get("gpu")
+        if data.get("kind") != "xid" or not isinstance(code, int) or not isinstance(gpu, str):
+            return
+        line = data.get("line")
+        weight = classify(code, line if isinstance(line, str) else "")
+        place = self._places.get((cluster, node), NodePlaces()).gpus.get(gpu)
+        key = self._join_key(cluster, node, place, weight)
+        incident = self._open.get((cluster, key))
+        if incident is not None and now - incident.last_time > self.window:
+            self._close(incident, incident.last_time + self.window)
+            incident = None
+        member_key = (node, gpu)
+        if (
+            incident is not None
+            and weight == FATAL
+            and incident.root is not None
+            and incident.root is not incident.members.get(member_key)
+        ):
+            # Another GPU's own fault in the same window: an incident of its own.
+            key = f"gpu:{node}/{gpu}"
+            incident = self._open.get((cluster, key))
+        if incident is None:
+            record_id = data.get("id")
+            first = str(record_id) if record_id is not None else f"{node}/{gpu}/{code}"
+            incident = FleetIncident(incident_id(cluster, key, now, first), cluster, key, now, now)
+            self._open[(cluster, key)] = incident
+            self.opened += 1
+        self._add(
+            incident,
+            cluster=cluster,
+            node=node,
+            gpu=gpu,
+            place=place,
+            code=code,
+            weight=weight,
+            data=data,
+            now=now,
+        )
+
+    def _join_key(self, cluster: str, node: str, place: GpuPlace | None, weight: int) -> str:
+        if place is not None and place.nvlink_domain:
+            return f"nvlink:{place.nvlink_domain}"
+        if place is not None and place.job:
+            return f"job:{place.job}"
+        if weight <= CONSEQUENCE:
+            labels = self._places.get((cluster, node), NodePlaces()).labels
+            for name in self.join_labels:
+                if labels.get(name):
+                    return f"label:{name}={labels[name]}"
+        return f"node:{node}"
+
+    def _add(
+        self,
+        incident: FleetIncident,
+        *,
+        cluster: str,
+        node: str,
+        gpu: str,
+        place: GpuPlace | None,
+        code: int,
+        weight: int,
+        data: dict[str, Any],
+        now: float,
+    ) -> None:
+        member_key = (node, gpu)
+        member = incident.members.get(member_key)
+        # The record's own time orders onsets (reports of several nodes arrive in any
+        # order); the window runs on arrival times.
+        sent = data.get("time")
+        onset = float(sent) if isinstance(sent, int | float) and math.isfinite(sent) else now
+        if member is None:
+            member = Member(
+                node=node,
+                gpu=gpu,
+                index=None if place is None else place.index,
+                uuid="" if place is None else place.uuid,
+                first_time=now,
+                last_time=now,
+                weight=weight,
+                xid=code,
+                onset=onset,
+            )
+            incident.members[member_key] = member
+            self._of_node.setdefault((cluster, node), set()).add(incident)
+            incident.take(member_key, weight)
+        elif weight > member.weight:
+            member.weight, member.xid, member.onset = weight, code, onset
+            incident.take(member_key, weight)
+        if weight == member.weight and member.link is None and weight >= FATAL:
+            line = data.get("line")
+            found = _LINK.search(line) if isinstance(line, str) else None
+            member.link = int(found[1]) if found else None
+        member.count += _new_records(member, data)
+        member.last_time = max(member.last_time, now)
+        incident.last_time = max(incident.last_time, now)
+        self._changed[incident.id] = incident
+
+    # --- the arbiter's questions -----------------------------------------------------------
+
+    def hold_until(self, cluster: str, node: str, now: float) -> float | None:
+        """Until when a cordon request of ``node`` waits for its domain's records to
+        settle; None: decide now. A node in an NVLink domain with other nodes waits
+        ``settle_seconds`` from the domain's incident's first record (or from now, when
+        none has come yet: the node's own records may still be on their way); so does a
+        member of any incident that spans nodes."""
+        starts = [
+            incident.first_time
+            for incident in self._of_node.get((cluster, node), ())
+            if len(incident.nodes()) > 1
+        ]
+        for domain in _domains(self._places.get((cluster, node))):
+            if len(self._domain_nodes.get((cluster, domain), ())) > 1:
+                incident = self._open.get((cluster, f"nvlink:{domain}"))
+                starts.append(now if incident is None else incident.first_time)
+        if not starts:
+            return None
+        until = min(starts) + self.settle
+        return until if until > now else None
+
+    def verdict(self, cluster: str, node: str) -> Verdict:
+        """Deny a node whose every open incident has its root on another node; anything
+        else (a root, a fault of its own, no GPU root) is for the budget to decide."""
+        incidents = sorted(self._of_node.get((cluster, node), ()), key=lambda i: i.first_time)
+        if not incidents:
+            return Verdict(deny=False, reason="")
+        ids = tuple(i.id for i in incidents)
+        roles = [(i, i.node_role(node)) for i in incidents]
+        for incident, role in roles:
+            if role == "root":
+                return Verdict(
+                    deny=False, reason=f"root of fleet incident {incident.id}", incidents=ids
+                )
+            if role == "unrelated":
+                return Verdict(
+                    deny=False, reason=f"own fault in fleet incident {incident.id}", incidents=ids
+                )
+        for incident, _ in roles:
+            if incident.domain_level:
+                return Verdict(
+                    deny=False,
+                    reason=f"fleet incident {incident.id}: root unknown (domain-level); "
+                    "see the rack and NVSwitch runbook",
+                    incidents=ids,
+                )
+        incident = roles[0][0]
+        root = incident.root
+        assert root is not None  # not domain-level
+        return Verdict(
+            deny=True,
+            reason=f"consequence of {describe_root(root)} on {root.node} GPU {_index(root)} "
+            f"(fleet incident {incident.id})",
+            incidents=ids,
+        )
+
+    def decided(self, cluster: str, node: str, incidents: Iterable[str], approved: bool) -> None:
+        """Note a cordon decision in the incidents it was made for."""
+        wanted = set(incidents)
+        for incident in self._of_node.get((cluster, node), ()):
+            if incident.id in wanted:
+                (incident.approved if approved else incident.denied).append(node)
+                self._changed[incident.id] = incident
+
+    # --- time ------------------------------------------------------------------------------
+
+    def tick(self, now: float) -> list[FleetIncident]:
+        """Close incidents quiet for the join window; what changed since the last tick."""
+        for incident in [i for i in self._open.values() if now - i.last_time > self.window]:
+            self._close(incident, now)
+        changed, self._changed = list(self._changed.values()), {}
+        return changed
+
+    def _close(self, incident: FleetIncident, when: float) -> None:
+        incident.closed_at = when
+        self._open.pop((incident.cluster, incident.key), None)
+        for node in incident.nodes():
+            of_node = self._of_node.get((incident.cluster, node))
+            if of_node is not None:
+                of_node.discard(incident)
+                if not of_node:
+                    del self._of_node[(incident.cluster, node)]
+        self._changed[incident.id] = incident
+
+    def open_incidents(self) -> Iterator[FleetIncident]:
+        return iter(list(self._open.values()))
+
+
+def _domains(places: NodePlaces | None) -> set[str]:
+    if places is None:
+        return set()
+    return {p.nvlink_domain for p in places.gpus.values() if p.nvlink_domain}
+
+
+def _new_records(member: Member, data: dict[str, Any]) -> int:
+    """How many kernel records this message adds: 1, or for a node incident that grew
+    (a storm folded on the node) the growth of its count."""
+    incident = data.get("incident")
+    if isinstance(incident, dict):
+        node_id, count = incident.get("id"), incident.get("count")
+    else:  # a record on its own, maybe the first of a node incident (its id is the record's)
+        node_id, count = data.get("id"), 1
+    if not isinstance(node_id, str) or not isinstance(count, int):
+        return 1
+    before = member.node_incidents.get(node_id, 0)
+    if node_id not in member.node_incidents and len(member.node_incidents) >= _NODE_INCIDENTS_KEPT:
+        member.node_incidents.pop(next(iter(member.node_incidents)))
+    member.node_incidents[node_id] = max(before, count)
+    return max(0, count - before)
