@@ -1,0 +1,193 @@
+"""The cordon arbiter follows causality: requests of a shared NVLink domain wait for its
+records to settle, then the root's node is approved and consequence-only nodes denied,
+both audited; nodes outside any shared domain are decided at once, as ever."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import aggregator_support as msg
+from gpuagent.aggregator.budget import CordonBudget
+from gpuagent.aggregator.correlate import Correlator
+from gpuagent.aggregator.ingest import Ingest
+from gpuagent.aggregator.state import FleetState
+from gpuagent.aggregator.store import FleetStore
+from gpuagent.config import CordonBudgetSection
+from gpuagent.fleet import schema
+
+DOMAIN_UUID = "9f3c1a52-1111-4222-8333-444455556666"
+LINK_DOWN = (
+    "NVRM: Xid (PCI:{pci}): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 14 "
+    "(0x004505c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)"
+)
+DOWNSTREAM = (
+    "NVRM: Xid (PCI:{pci}): 145, pid=8123, name=python3, RLW_TAGSTATE Fatal XC0 i0 Link 03 "
+    "(0x00000004 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)"
+)
+
+
+class Rig:
+    def __init__(self, tmp_path: Path, *, max_nodes: int = 4) -> None:
+        self.clock = msg.FakeClock(1_000_000.0)
+        self.state = FleetState()
+        self.store = FleetStore(tmp_path / "fleet.sqlite", retention_seconds=3600, max_events=1000)
+        self.budget = CordonBudget(CordonBudgetSection(max_nodes, 100.0, 600.0))
+        self.correlator = Correlator(join_window_seconds=30.0, settle_seconds=10.0)
+        self.ingest = Ingest(
+            self.state,
+            self.store,
+            self.budget,
+            msg.PREFIX,
+            stale_after=120,
+            clock=self.clock,
+            correlator=self.correlator,
+        )
+
+    def send(self, channel: str, message: dict[str, Any]) -> list[Any]:
+        return self.ingest.handle(msg.topic(message["node"], channel), schema.encode(message))
+
+    def report(self, node: str, *, domain: str | None) -> None:
+        gpus = []
+        for index in range(4):
+            gpu = msg.gpu_doc(index)
+            if domain is not None:
+                uuid, clique = domain.split("/")
+                gpu["fabric"] = {
+                    "state": "completed",
+                    "cluster_uuid": uuid,
+                    "clique_id": int(clique),
+                    "nvlink_domain": domain,
+                }
+            gpus.append(gpu)
+        self.send("state", msg.state(node, gpus=gpus, when=self.clock.now))
+
+    def xid(self, node: str, index: int, code: int, line: str) -> None:
+        bus = msg.gpu_doc(index)["pci_bus_id"]
+        message = msg.event(node, when=self.clock.now)
+        message["data"] = {
+            "id": f"{node}:{bus}:{code}",
+            "kind": "xid",
+            "code": code,
+            "gpu": bus,
+            "time": self.clock.now,
+            "line": line.format(pci=bus[:-2]),
+        }
+        self.send("events", message)
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    r = Rig(tmp_path)
+    await r.store.open()
+    yield r
+    await r.store.close()
+
+
+def decision(outgoing: list[Any]) -> dict[str, Any]:
+    (out,) = outgoing
+    return dict(json.loads(out.payload))
+
+
+async def test_the_root_node_is_approved_and_consequence_nodes_denied_after_the_settle(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    domain = f"{DOMAIN_UUID}/32766"
+    nodes = [f"gb-{n:02d}" for n in range(4)]
+    for node in nodes:
+        rig.report(node, domain=domain)
+    # The root's node asks first, before any record has arrived: it waits all the same.
+    assert rig.send("actions", msg.cordon_request(nodes[0])) == []
+    rig.xid(nodes[0], 2, 149, LINK_DOWN)
+    for node in nodes[1:]:
+        rig.clock.now += 0.5
+        for index in range(4):
+            rig.xid(node, index, 145, DOWNSTREAM)
+        assert rig.send("actions", msg.cordon_request(node)) == []
+    assert rig.state.counters.cordons_held == 4
+    assert rig.ingest.release_held(rig.clock.now) == []  # not settled yet
+    rig.clock.now += 10.0
+    with caplog.at_level(logging.INFO, logger="gpuagent.aggregator.audit"):
+        answers = rig.ingest.release_held(rig.clock.now)
+    by_node = {schema.decode(a.payload)["node"]: json.loads(a.payload) for a in answers}
+    assert by_node[nodes[0]]["decision"] == "approved"
+    assert "root of fleet incident fi-" in by_node[nodes[0]]["reason"]
+    for node in nodes[1:]:
+        assert by_node[node]["decision"] == "denied"
+        assert by_node[node]["reason"].startswith("consequence of Xid 149, link 14 on gb-00 GPU 2")
+    audited = [r.getMessage() for r in caplog.records if "cordon decision" in r.getMessage()]
+    assert len(audited) == 4
+    assert rig.ingest.held == []
+    # The incident records both decisions, and is stored for the API.
+    for incident in rig.correlator.tick(rig.clock.now):
+        rig.store.queue_incident(incident.json())
+    await rig.store.flush()
+    (stored,) = await rig.store.incidents(since=0.0, limit=10)
+    assert stored["root"]["node"] == nodes[0]
+    assert stored["approved"] == [nodes[0]]
+    assert sorted(stored["denied"]) == nodes[1:]
+    assert await rig.store.incident(stored["id"]) == stored
+    rows = await rig.store.cordons()
+    assert sorted(r.decision for r in rows) == ["approved"] + ["denied"] * 3
+
+
+async def test_a_node_outside_any_shared_domain_is_decided_at_once(rig: Rig) -> None:
+    rig.report("h1", domain=None)
+    rig.xid("h1", 0, 79, "NVRM: Xid (PCI:{pci}): 79, GPU has fallen off the bus.")
+    assert decision(rig.send("actions", msg.cordon_request("h1")))["decision"] == "approved"
+    assert rig.state.counters.cordons_held == 0
+
+
+async def test_a_node_alone_in_its_domain_is_decided_at_once(rig: Rig) -> None:
+    rig.report("gb-00", domain=f"{DOMAIN_UUID}/7")
+    rig.report("gb-01", domain=f"{DOMAIN_UUID}/8")
+    assert decision(rig.send("actions", msg.cordon_request("gb-00")))["decision"] == "approved"
+
+
+async def test_an_uncordon_is_never_held(rig: Rig) -> None:
+    for node in ("gb-00", "gb-01"):
+        rig.report(node, domain=f"{DOMAIN_UUID}/1")
+    assert decision(rig.send("actions", msg.cordon_request("gb-00", "uncordon")))["decision"] == (
+        "approved"
+    )
+
+
+async def test_with_correlation_off_requests_are_decided_by_the_budget_alone(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path)
+    rig.ingest.correlator = None
+    await rig.store.open()
+    try:
+        for node in ("gb-00", "gb-01"):
+            rig.report(node, domain=f"{DOMAIN_UUID}/1")
+        rig.xid("gb-00", 0, 149, LINK_DOWN)
+        rig.xid("gb-01", 0, 145, DOWNSTREAM)
+        for node in ("gb-00", "gb-01"):
+            assert decision(rig.send("actions", msg.cordon_request(node)))["decision"] == "approved"
+    finally:
+        await rig.store.close()
+
+
+async def test_a_domain_level_incident_is_capped_by_the_budget(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, max_nodes=2)
+    await rig.store.open()
+    try:
+        nodes = [f"gb-{n:02d}" for n in range(6)]
+        for node in nodes:
+            rig.report(node, domain=f"{DOMAIN_UUID}/3")
+        for node in nodes:
+            for index in range(4):
+                rig.xid(node, index, 149, LINK_DOWN)
+            rig.send("actions", msg.cordon_request(node))
+        rig.clock.now += 11.0
+        answers = [json.loads(a.payload) for a in rig.ingest.release_held(rig.clock.now)]
+        assert sorted(a["decision"] for a in answers) == ["approved"] * 2 + ["denied"] * 4
+        assert all("root unknown (domain-level)" in a["reason"] for a in answers)
+    finally:
+        await rig.store.close()
