@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -22,6 +22,7 @@ from aiohttp import web
 
 from conftest import free_port
 from fleet_support import until
+from gpuagent.aggregator import alertpush
 from gpuagent.aggregator.alertpush import DOMAIN_RUNBOOK_TEXT, IncidentPusher
 from test_aggregator_alerts import Alertmanager, started_alertmanager
 
@@ -271,7 +272,7 @@ async def test_what_is_sent_when() -> None:
     first = incident(nodes=3, first_time=clock.now - 60)
     async with recorder() as am, aiohttp.ClientSession() as session:
         pusher = IncidentPusher(am.url, timeout=5.0, clock=clock, resend_seconds=60.0)
-        push: Callable[..., Any] = pusher.push
+        push = pusher.push
 
         await push(session, [first])
         (posted,) = am.take()
@@ -394,24 +395,60 @@ async def test_an_outage_is_counted_logged_once_and_caught_up(
         await pusher.push(session, [one, two])
         assert pusher.failures == {"bad_answer": 2, "unreachable": 1}
         assert "Connect" in pusher.error or "connect" in pusher.error
+        # fi-1 closes meanwhile, and is given this once (the correlator reports a change
+        # once): it is held.
+        closed_at = clock.now
+        clock.now += 1
+        await pusher.push(session, [{**one, "state": "closed", "closed_at": closed_at}, two])
+        assert pusher.failures == {"bad_answer": 2, "unreachable": 2}
+        assert pusher.pending == 2
         warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
         assert len(warnings) == 1
         assert "cannot push fleet incidents" in warnings[0].getMessage()
 
-        # Back: everything pending goes with the next push, both incidents in one request.
+        # Back: everything pending goes with the next push in one request, the closed
+        # incident too, ending when it closed.
         am.status = 200
         pusher.url = am.url + "/api/v2/alerts"
         clock.now += 1
-        await pusher.push(session, [one, two])
-        assert _nodes(am.take()) == [
-            [("fi-1", "n03"), ("fi-1", "n04"), ("fi-2", "n03"), ("fi-2", "n04")]
+        await pusher.push(session, [two])
+        (posted,) = am.take()
+        assert _nodes([posted]) == [
+            [("fi-2", "n03"), ("fi-2", "n04"), ("fi-1", "n03"), ("fi-1", "n04")]
         ]
+        assert [_time(a["endsAt"]) for a in posted[2:]] == [closed_at] * 2
+        assert _time(posted[0]["endsAt"]) == clock.now + 180
         assert pusher.error == ""
         assert pusher.pushed_at == clock.now
+        assert pusher.pending == 1
         assert any("again" in r.getMessage() for r in caplog.records)
         clock.now += 1
-        await pusher.push(session, [one, two])
+        await pusher.push(session, [two])
         assert am.take() == []
+
+
+async def test_closed_incidents_held_through_an_outage_are_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(alertpush, "MAX_CLOSING", 2)
+    clock = Clock(1_795_862_700.0)
+    incidents = [incident(f"fi-{i}", nodes=1) for i in range(3)]
+    async with recorder() as am, aiohttp.ClientSession() as session:
+        pusher = IncidentPusher(am.url, timeout=5.0, clock=clock)
+        await pusher.push(session, incidents)
+        am.take()
+        am.status = 503
+        clock.now += 1
+        await pusher.push(
+            session, [{**i, "state": "closed", "closed_at": clock.now} for i in incidents]
+        )
+        assert pusher.pending == 2
+        am.status = 200
+        am.take()
+        await pusher.push(session, [])
+        # The oldest was dropped: Alertmanager ends it at its endsAt.
+        assert _nodes(am.take()) == [[("fi-1", "n03"), ("fi-2", "n03")]]
+        assert pusher.pending == 0
 
 
 async def test_a_large_push_is_one_request() -> None:

@@ -30,6 +30,7 @@ ROWS: dict[str, list[tuple[Value, ...]]] = {
     "replies": [("p1", "c", "n1", 1.0, "{}")],
     "commands": [("k1", "c", "n1", 1.0, "refresh", "{}")],
     "history": [("h1", "c", "n1", 1.0, "sample", '{"kind": "sample"}')],
+    "incidents": [("fi-1", "c", "nvlink:u/1", "open", 1.0, 1.0, '{"id": "fi-1"}')],
 }
 
 
@@ -103,10 +104,16 @@ def test_reads_and_prunes_run(postgres: PostgresServer) -> None:
     cordons = postgres.run(_prepared(store._SELECT_CORDONS, (float("-inf"), 10)))
     history = postgres.run(_prepared(store._SELECT_HISTORY, ("c", "n1", 0.5, 10)))
     assert history == ['{"kind": "sample"}']
+    assert postgres.run(_prepared(store._SELECT_INCIDENTS, (0.5, 10))) == ['{"id": "fi-1"}']
+    assert postgres.run(_prepared(store._SELECT_INCIDENT, ("fi-1",))) == ['{"id": "fi-1"}']
+    # A grown incident rewrites its row.
+    grown = ("fi-1", "c", "nvlink:u/1", "closed", 1.0, 1.2, '{"id": "fi-1", "n": 2}')
+    postgres.run(_prepared(store._INSERT["incidents"], grown))
+    assert postgres.run("SELECT state, time FROM incidents;") == ["closed|1.2"]
     assert [line.split("|")[0] for line in cordons] == ["r1"] * len(cordons)
     for table in store._INSERT:
         postgres.run(_prepared(store._PRUNE_BY_AGE.format(table=table), (1.5,)))
     assert postgres.count("events") == 4
-    assert [postgres.count(t) for t in store._INSERT if t != "events"] == [0, 0, 0, 0, 0]
+    assert [postgres.count(t) for t in store._INSERT if t != "events"] == [0, 0, 0, 0, 0, 0]
     postgres.run(_prepared(store._PRUNE_BY_COUNT, (1,)))  # keep the newest 2
     assert postgres.run("SELECT id FROM events ORDER BY time;") == ["p4", "p5"]

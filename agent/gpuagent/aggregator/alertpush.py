@@ -13,8 +13,9 @@ already resolved, and one pushed open by an earlier process resolves at its ``en
 
 A failed push (Alertmanager unreachable, an answer other than 2xx) is counted in
 ``failures`` by reason and logged once per outage, never raised; what it carried stays
-due and goes with the next push. Memory holds one key per incident that is open, or
-closed and not yet pushed closed, among those the last push was given.
+due and goes with the next push, a closed incident too though it is not given again.
+Memory holds one key per open incident among those the last push was given, and each
+closed incident until it is pushed closed.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ DOMAIN_RUNBOOK_TEXT = "rack or NVSwitch tray: see docs/fleet.md#fleet-incidents"
 # An open incident's alert ends this many resend intervals after it was sent.
 ENDS_AFTER_RESENDS = 3
 JSON = {"Content-Type": "application/json"}
+# Closed incidents held while Alertmanager cannot be reached, at most (beyond that the
+# oldest are dropped: their alerts end on their own, at most three resends later).
+MAX_CLOSING = 10_000
 # A node's own GPUs named in its alert's description, at most.
 GPUS_DESCRIBED = 8
 
@@ -85,9 +89,15 @@ def root_text(root: Mapping[str, Any]) -> str:
     return f"{event} on {root.get('node', '?')} {_gpu(root)}"
 
 
-def _here(incident: Incident, node: str) -> str:
-    """The node's own GPUs in the incident: " Here: GPU 0 Xid 74 (3 times), GPU 1 Xid 74."."""
-    mine = [m for m in incident.get("members") or () if m.get("node") == node]
+def members_by_node(incident: Incident) -> dict[str, list[Mapping[str, Any]]]:
+    by_node: dict[str, list[Mapping[str, Any]]] = {}
+    for member in incident.get("members") or ():
+        by_node.setdefault(str(member.get("node", "")), []).append(member)
+    return by_node
+
+
+def _here(mine: list[Mapping[str, Any]]) -> str:
+    """A node's own GPUs in the incident: " Here: GPU 0 Xid 74 (3 times), GPU 1 Xid 74."."""
     if not mine:
         return ""
     parts = []
@@ -104,7 +114,8 @@ def _here(incident: Incident, node: str) -> str:
     return " Here: " + ", ".join(parts) + "."
 
 
-def description(incident: Incident, node: str, role: str) -> str:
+def description(incident: Incident, role: str, mine: list[Mapping[str, Any]] | None = None) -> str:
+    """The alert's description for a node of ``role`` whose GPUs in it are ``mine``."""
     members, nodes = len(incident.get("members") or ()), len(incident.get("nodes") or {})
     ident = incident.get("id", "")
     size = f"incident {ident}: {members} GPUs on {nodes} nodes"
@@ -119,7 +130,7 @@ def description(incident: Incident, node: str, role: str) -> str:
         text = f"consequence of {root_text(root)} ({size})"
     else:
         text = f"its own events, not a consequence of {root_text(root)} ({size})"
-    return text + "." + _here(incident, node)
+    return text + "." + _here(mine or [])
 
 
 def runbook(incident: Incident) -> tuple[str, str]:
@@ -157,8 +168,10 @@ class IncidentPusher:
         self.failures: Counter[str] = Counter()
         self.error = ""
         self.pushed_at: float | None = None
-        # Incident id -> its key when last accepted, and when (-inf: not yet).
+        # Open incidents: id -> its key when last accepted, and when (-inf: not yet).
         self._sent: dict[str, tuple[Key, float]] = {}
+        # Closed incidents pushed open and not yet pushed closed, oldest first.
+        self._closing: dict[str, Incident] = {}
 
     def alerts(self, incident: Incident, now: float) -> list[dict[str, Any]]:
         """The incident's postable alerts, one per node."""
@@ -170,11 +183,13 @@ class IncidentPusher:
             ends = max(float(incident.get("closed_at") or incident.get("last_time") or now), starts)
         else:
             ends = now + self.resend_seconds * ENDS_AFTER_RESENDS
+        starts_at, ends_at = rfc3339(starts), rfc3339(ends)
         notes = {"summary": str(incident.get("summary", ""))}
         notes["runbook"], page = runbook(incident)
         if self.runbook_base_url:
             notes["runbook_url"] = self.runbook_base_url + page
         cluster = str(incident.get("cluster", ""))
+        mine = members_by_node(incident)
         out = []
         for node, role in (incident.get("nodes") or {}).items():
             critical = role == "root" or not known_root
@@ -191,9 +206,12 @@ class IncidentPusher:
             alert: dict[str, Any] = {
                 # An empty label is no label to Alertmanager (nvlink_domain outside NVLink).
                 "labels": {name: value for name, value in labels.items() if value},
-                "annotations": {**notes, "description": description(incident, node, role)},
-                "startsAt": rfc3339(starts),
-                "endsAt": rfc3339(ends),
+                "annotations": {
+                    **notes,
+                    "description": description(incident, role, mine.get(node)),
+                },
+                "startsAt": starts_at,
+                "endsAt": ends_at,
             }
             if self.generator_url:
                 alert["generatorURL"] = (
@@ -203,28 +221,45 @@ class IncidentPusher:
         return out
 
     async def push(self, session: aiohttp.ClientSession, incidents: Iterable[Incident]) -> None:
-        """Posts what is due of ``incidents`` (all of them the aggregator holds) in one
-        request; an incident not among them is forgotten. Never raises for Alertmanager."""
+        """Posts what is due of ``incidents`` in one request, never raising for
+        Alertmanager. ``incidents``: every open incident, and each closed one at least once
+        (it is held until pushed closed); an open incident not among them is forgotten."""
         now = self.clock()
-        due: list[tuple[str, Key, bool]] = []
-        alerts: list[dict[str, Any]] = []
+        due = self._select(incidents, now)
+        closing = list(self._closing.items())
+        if not due and not closing:
+            return
+        sending = [incident for _, incident in due] + [incident for _, incident in closing]
+        # Thousands of alerts are megabytes of JSON: built and written in a worker thread
+        # (the incidents are the caller's snapshots, not changed while it runs).
+        alerts, body = await asyncio.to_thread(self._encode, sending, now)
+        if alerts and not await self._post(session, body):
+            return
+        for ident, incident in due:
+            if ident in self._sent:
+                self._sent[ident] = (incident_key(incident), now)
+        for ident, incident in closing:
+            if self._closing.get(ident) is incident:
+                del self._closing[ident]
+
+    def _select(self, incidents: Iterable[Incident], now: float) -> list[tuple[str, Incident]]:
+        """The open incidents due now; closed ones to push are put in ``_closing``."""
         given: set[str] = set()
+        due: list[tuple[str, Incident]] = []
         for incident in incidents:
             ident = str(incident["id"])
             given.add(ident)
-            if self._due(ident, incident, now):
-                due.append((ident, incident_key(incident), incident.get("state") == "closed"))
-                alerts.extend(self.alerts(incident, now))
+            if incident.get("state") == "closed":
+                # Pushed open (or closed and not yet through): it is resolved once more.
+                if self._sent.pop(ident, None) is not None or ident in self._closing:
+                    self._closing[ident] = incident
+            elif self._due(ident, incident, now):
+                due.append((ident, incident))
         for gone in self._sent.keys() - given:
             del self._sent[gone]
-        if not due:
-            return
-        if not alerts or await self._post(session, alerts):
-            for ident, key, closed in due:
-                if closed:
-                    self._sent.pop(ident, None)
-                else:
-                    self._sent[ident] = (key, now)
+        while len(self._closing) > MAX_CLOSING:  # a long outage: they end on their own
+            del self._closing[next(iter(self._closing))]
+        return due
 
     async def run(self, incidents: Callable[[], Iterable[Incident]], *, interval: float) -> None:
         """Pushes ``incidents()`` every ``interval`` seconds; runs until cancelled."""
@@ -234,12 +269,10 @@ class IncidentPusher:
                 await asyncio.sleep(interval)
 
     def _due(self, ident: str, incident: Incident, now: float) -> bool:
-        """Whether the incident is to be pushed now (held from now on if so)."""
+        """Whether the open incident is to be pushed now (held from now on if so)."""
         sent = self._sent.get(ident)
-        if incident.get("state") == "closed":
-            # Pushed closed already, or never pushed open: nothing to resolve.
-            return sent is not None
         if sent is None:
+            self._closing.pop(ident, None)  # closed, and open again
             self._sent[ident] = (incident_key(incident), -math.inf)
             return True
         return sent[0] != incident_key(incident) or now - sent[1] >= self.resend_seconds
@@ -247,11 +280,16 @@ class IncidentPusher:
     @property
     def pending(self) -> int:
         """Incidents held: open, or closed and not yet pushed closed."""
-        return len(self._sent)
+        return len(self._sent) + len(self._closing)
 
-    async def _post(self, session: aiohttp.ClientSession, alerts: list[dict[str, Any]]) -> bool:
-        # Thousands of alerts are megabytes of JSON: written in a worker thread.
-        body = await asyncio.to_thread(lambda: json.dumps(alerts).encode())
+    def _encode(self, incidents: list[Incident], now: float) -> tuple[int, bytes]:
+        """The number of alerts of ``incidents``, and the request's body."""
+        alerts = [alert for incident in incidents for alert in self.alerts(incident, now)]
+        # One alert at a time: a single dumps of megabytes would hold the GIL, and the
+        # event loop, for all of it.
+        return len(alerts), b"[" + b",".join(json.dumps(a).encode() for a in alerts) + b"]"
+
+    async def _post(self, session: aiohttp.ClientSession, body: bytes) -> bool:
         try:
             async with session.post(
                 self.url, data=io.BytesIO(body), headers=JSON, timeout=self.timeout

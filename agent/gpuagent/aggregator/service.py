@@ -12,9 +12,11 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
+from gpuagent.aggregator.alertpush import IncidentPusher
 from gpuagent.aggregator.alerts import AlertmanagerReader
 from gpuagent.aggregator.budget import CordonBudget
 from gpuagent.aggregator.consumer import Consumer
@@ -40,6 +42,9 @@ STOP_STEP_SECONDS = 3.0
 # How often held cordon requests are looked at and changed fleet incidents written: the
 # bound on how late a decision or an incident's publication comes.
 CORRELATION_TICK_SECONDS = 0.5
+# How often fleet incidents are pushed to Alertmanager: a new or changed one reaches it
+# within this (plus the tick).
+INCIDENT_PUSH_SECONDS = 2.0
 
 
 class Aggregator:
@@ -78,6 +83,16 @@ class Aggregator:
                 settle_seconds=correlation.settle_seconds,
                 join_labels=correlation.join_labels,
             )
+        self.incident_pusher: IncidentPusher | None = None
+        # Incidents closed since the last push: each is sent once more, resolved.
+        self._closed_incidents: list[dict[str, Any]] = []
+        if config.alertmanager.url and self.correlator is not None:
+            self.incident_pusher = IncidentPusher(
+                config.alertmanager.url,
+                timeout=config.alertmanager.timeout_seconds,
+                clock=clock,
+                runbook_base_url=config.runbook_base_url,
+            )
         self.ingest = Ingest(
             self.state,
             self.store,
@@ -97,6 +112,7 @@ class Aggregator:
             stale_after=config.stale_after_seconds,
             clock=clock,
             view=self.view,
+            correlator=self.correlator,
         )
         self.api = Api(
             state=self.state,
@@ -164,6 +180,12 @@ class Aggregator:
         self.supervisor.start("stale-sweep", self._sweep_stale)
         if self.correlator is not None:
             self.supervisor.start("correlation", self._correlate)
+        pusher = self.incident_pusher
+        if pusher is not None:
+            self.supervisor.start(
+                "incident-push",
+                lambda: pusher.run(self._incidents_to_push, interval=INCIDENT_PUSH_SECONDS),
+            )
         if self.view is not None:
             self.supervisor.start("shared-view", self.view.run)
         if self.alertmanager is not None:
@@ -201,7 +223,15 @@ class Aggregator:
             now = self.clock()
             self.consumer.send_when_written(self.ingest.release_held(now))
             for incident in self.correlator.tick(now):
-                self.store.queue_incident(incident.json())
+                doc = incident.json()
+                self.store.queue_incident(doc)
+                if self.incident_pusher is not None and doc["state"] == "closed":
+                    self._closed_incidents.append(doc)
+
+    def _incidents_to_push(self) -> list[dict[str, Any]]:
+        assert self.correlator is not None
+        closed, self._closed_incidents = self._closed_incidents, []
+        return [*(i.json() for i in self.correlator.open_incidents()), *closed]
 
     def stop(self) -> None:
         self._stop.set()
