@@ -1,7 +1,7 @@
 """The fleet page as a console, in headless Chromium: the fleet table's filters, sorting
-and per-kind counts, offline nodes shown as unknown, a node's page, a phone-sized screen,
-and the time to serve and render a 10,000-node fleet. Screenshots go to
-page_support.SCREENSHOTS."""
+and per-kind counts, offline nodes shown as unknown, a node's page, the fleet incidents, a
+phone-sized screen, and the time to serve and render a 10,000-node fleet. Screenshots go
+to page_support.SCREENSHOTS."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ import aiohttp
 
 import aggregator_support as msg
 from conftest import free_port
-from fleet_support import chromium
+from fleet_support import chromium, until
 from gpuagent.aggregator.records import from_online_state
 from gpuagent.aggregator.service import Aggregator
+from gpuagent.config import CorrelationSection
 from gpuagent.fleet import schema
 from page_support import Browser, browser, elapsed_ms
 
@@ -348,6 +349,211 @@ async def phone(tab: Browser, base: str) -> None:
     assert card["labelled"]["UUID"] == "GPU-2", card
     assert card["labelled"]["workload"] == "pod ml/trainer-0 container main", card
     await tab.screenshot("node-phone")
+
+
+# One NVL72-style domain of three trays (cluster UUID / clique id), and a second domain.
+DOMAIN = "1b6a4c1e-0000-4000-8000-00000000000a/7"
+OTHER_DOMAIN = "1b6a4c1e-0000-4000-8000-00000000000b/7"
+# Real GB200 lines: the link that went down, and what the other GPUs of the job log.
+LINK_DOWN = (
+    "NVRM: Xid (PCI:{pci}): 149, pid=8123, name=python3, NETIR_LINK_EVT Fatal XC0 i0 Link 14 "
+    "(0x00000001 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)"
+)
+DOWNSTREAM = (
+    "NVRM: Xid (PCI:{pci}): 145, pid=8123, name=python3, RLW_TAGSTATE Fatal XC0 i0 Link 03 "
+    "(0x00000004 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)"
+)
+
+
+def tray(node: str, domain: str, when: float) -> dict[str, Any]:
+    """A node's state report: two GPUs in the NVLink domain ``domain``."""
+    gpus = [msg.gpu_doc(i) for i in range(2)]
+    uuid, clique = domain.split("/")
+    for gpu in gpus:
+        gpu["fabric"] = {
+            "state": "completed",
+            "cluster_uuid": uuid,
+            "clique_id": int(clique),
+            "nvlink_domain": domain,
+        }
+    return msg.state(node, gpus=gpus, when=when)
+
+
+def kernel(node: str, index: int, code: int, line: str, when: float) -> dict[str, Any]:
+    """A kernel record of GPU ``index`` as the agent sends it."""
+    bus = msg.gpu_doc(index)["pci_bus_id"]
+    message = msg.event(node, when=when)
+    message["data"] = {
+        "id": f"boot-1:{node}:{index}:{code}",
+        "source": "kmsg",
+        "kind": "xid",
+        "code": code,
+        "gpu": bus,
+        "pci": bus,
+        "time": when,
+        "line": line.format(pci=bus.rsplit(".", 1)[0]),
+    }
+    return message
+
+
+def rack_incidents(start: float) -> list[tuple[str, dict[str, Any]]]:
+    """GPU 0 of tray-a loses NVLink 14 and every GPU of tray-b and tray-c logs Xid 145;
+    tray-a asks to be cordoned (the root: approved) and so does tray-b (a consequence:
+    denied). Then two links of tray-x, in another domain, go down at once: no GPU is the
+    root."""
+    messages = [("state", tray(node, DOMAIN, start)) for node in ("tray-a", "tray-b", "tray-c")]
+    messages.append(("state", tray("tray-x", OTHER_DOMAIN, start)))
+    messages.append(("events", kernel("tray-a", 0, 149, LINK_DOWN, start + 0.1)))
+    messages += [
+        ("events", kernel(node, index, 145, DOWNSTREAM, start + 0.5 + n))
+        for n, node in enumerate(("tray-b", "tray-c"))
+        for index in range(2)
+    ]
+    messages.append(("actions", msg.cordon_request("tray-a")))
+    messages.append(("actions", msg.cordon_request("tray-b")))
+    messages += [("events", kernel("tray-x", i, 149, LINK_DOWN, start + 10)) for i in range(2)]
+    return messages
+
+
+INCIDENT_ROWS = "[...document.querySelectorAll('#incidents tbody tr')]"
+
+
+async def test_fleet_incidents_in_the_console(tmp_path: Path) -> None:
+    """The Incidents view names each incident's root (or says there is none), its members,
+    age and cordon decisions; a row shows its members; a node's page links to the
+    incidents it is in."""
+    port = free_port()
+    # Cordon requests decided at once (no settling), so the test need not wait for it.
+    config = msg.config(
+        tmp_path,
+        port=port,
+        max_nodes=3,
+        correlation=CorrelationSection(settle_seconds=0.0),
+    )
+    # The aggregator's clock runs 10 min behind: the incidents started 10 min ago, and
+    # putting it forward 5 min closes them (5 min ago).
+    offset = [-600.0]
+    agg = Aggregator(config, clock=lambda: time.time() + offset[0])
+    await agg.start()
+    base = f"http://127.0.0.1:{port}/"
+
+    async def written(state: str) -> list[dict[str, Any]]:
+        found = await agg.store.incidents(since=0.0, limit=10)
+        done = len(found) == 2 and all(i["state"] == state for i in found)
+        return found if done and any(i["denied"] for i in found) else []
+
+    try:
+        for channel, message in rack_incidents(agg.clock()):
+            agg.ingest.handle(
+                msg.topic(message["node"], channel, message["cluster"]), schema.encode(message)
+            )
+        # Written by the correlation task (every 0.5 s), then by the store's writer.
+        await until(lambda: _truthy(written("open")), 10)
+        incidents = {i["domain"]: i for i in await written("open")}
+        rack, other = incidents[f"nvlink:{DOMAIN}"], incidents[f"nvlink:{OTHER_DOMAIN}"]
+        assert (rack["root"]["node"], rack["approved"], rack["denied"]) == (
+            "tray-a",
+            ["tray-a"],
+            ["tray-b"],
+        )
+        async with browser(chromium(), tmp_path) as tab:
+            await tab.open(base + "#incidents")
+            await tab.wait_for(f"{INCIDENT_ROWS}.length === 2")
+            assert await tab.evaluate("document.body.dataset.view") == "incidents"
+            # The latest first; open ones marked.
+            order = await tab.evaluate(f"{INCIDENT_ROWS}.map(r => r.dataset.incident)")
+            assert order == [other["id"], rack["id"]]
+            classes = await tab.evaluate(f"{INCIDENT_ROWS}.map(r => r.className)")
+            assert all("open" in c.split() for c in classes), classes
+            cells = await tab.evaluate(
+                f"{INCIDENT_ROWS}.map(r => Object.fromEntries([...r.cells].map((c, i) =>"
+                " [document.querySelectorAll('#incidents th')[i].innerText, c.innerText])))"
+            )
+            assert cells[1] == {
+                "state": "open",
+                "root": "tray-a GPU 0: Xid 149, link 14",
+                "domain": f"nvlink:{DOMAIN}",
+                "cluster": "c1",
+                "members": "5 GPUs on 3 nodes",
+                "age": "10 min",
+                "cordons approved": "tray-a",
+                "cordons denied": "tray-b",
+            }, cells[1]
+            assert cells[0]["root"] == "root unknown (domain-level)", cells[0]
+            assert cells[0]["members"] == "2 GPUs on 1 node", cells[0]
+            root_link = await tab.evaluate(
+                f"{INCIDENT_ROWS}[1].querySelector('td:nth-child(2) a').getAttribute('href')"
+            )
+            assert root_link == "#node/c1/tray-a"
+            await tab.screenshot("incidents-desktop")
+
+            # A row shows its members, each with its role.
+            await tab.evaluate(f"{INCIDENT_ROWS}[1].cells[4].click()")
+            await tab.wait_for("!!document.getElementById('incident-members')")
+            assert await tab.evaluate("location.hash") == f"#incidents/{rack['id']}"
+            members = await tab.evaluate(
+                "[...document.querySelectorAll('#incident-members tr')].slice(1)"
+                ".map(r => [r.cells[0].innerText, r.cells[1].innerText, r.cells[4].innerText,"
+                " r.cells[5].innerText])"
+            )
+            assert members == [
+                ["tray-a", "GPU 0", "root", "149"],
+                ["tray-b", "GPU 0", "consequence", "145"],
+                ["tray-b", "GPU 1", "consequence", "145"],
+                ["tray-c", "GPU 0", "consequence", "145"],
+                ["tray-c", "GPU 1", "consequence", "145"],
+            ], members
+            detail = await text(tab, "#incident-detail")
+            assert "Xid 149, link 14 on tray-a GPU 0" in detail, detail  # its summary
+            assert "selected" in await tab.evaluate(f"{INCIDENT_ROWS}[1].className")
+            await tab.screenshot("incident-members")
+
+            # A consequence's node page links to its incident.
+            await tab.evaluate("location.hash = '#node/c1/tray-b'")
+            await tab.wait_for(
+                "document.title.startsWith('tray-b') && !!document.getElementById('node-incidents')"
+            )
+            links = await tab.evaluate(
+                "[...document.querySelectorAll('#node-incidents a[href^=\"#incidents/\"]')]"
+                ".map(a => [a.getAttribute('href'), a.closest('tr').cells[1].innerText])"
+            )
+            assert links == [[f"#incidents/{rack['id']}", "consequence"]], links
+            assert "tray-a GPU 0: Xid 149, link 14" in await text(tab, "#node-incidents")
+            await tab.evaluate("document.querySelector('#node-incidents a').click()")
+            await tab.wait_for(f"document.title.startsWith('{rack['id']} · incidents')")
+            assert "tray-b" in await text(tab, "#incident-members")
+            # A GPU's page: the incidents that GPU is in.
+            await tab.evaluate("location.hash = '#gpu/c1/tray-a/0'")
+            await tab.wait_for("document.title.startsWith('GPU 0 · tray-a')")
+            assert "root" in await text(tab, "#node-incidents")
+            await tab.evaluate("location.hash = '#gpu/c1/tray-x/1'")
+            await tab.wait_for("document.title.startsWith('GPU 1 · tray-x')")
+            assert other["id"] in await text(tab, "#node-incidents")
+
+            # Quiet for the join window: closed, and shown so.
+            offset[0] = -300.0
+            await until(lambda: _truthy(written("closed")), 10)
+            await tab.evaluate("location.hash = '#incidents'")
+            await tab.wait_for(
+                f"{INCIDENT_ROWS}.length === 2 && {INCIDENT_ROWS}.every(r =>"
+                " r.className.split(' ').includes('closed'))"
+            )
+            ages = await tab.evaluate(f"{INCIDENT_ROWS}.map(r => r.cells[5].innerText)")
+            assert ages == ["closed 5 min ago", "closed 5 min ago"], ages
+            assert "0 open, 2 closed" in await text(tab, "#incidents-count")
+            await tab.screenshot("incidents-closed")
+            await tab.viewport(390, 844, mobile=True)
+            await tab.evaluate(f"location.hash = '#incidents/{rack['id']}'")
+            await tab.wait_for(f"document.title.startsWith('{rack['id']} · incidents')")
+            overflow = "document.documentElement.scrollWidth - window.innerWidth"
+            assert await tab.evaluate(overflow) <= 0
+            await tab.screenshot("incidents-phone")
+    finally:
+        await agg.close()
+
+
+async def _truthy(found: Any) -> bool:
+    return bool(await found)
 
 
 FLEET = 10_000

@@ -18,6 +18,7 @@ from conftest import REPO, free_port
 from gpuagent.aggregator.ingest import Outgoing
 from gpuagent.aggregator.records import from_online_state
 from gpuagent.aggregator.service import Aggregator
+from gpuagent.config import CorrelationSection
 from gpuagent.fleet import schema
 
 
@@ -281,6 +282,100 @@ async def test_metrics(rig: Rig) -> None:
     assert {
         f for f in families if f"`{f}`" not in documented and f"`{f}_total`" not in documented
     } == set()
+
+
+def in_domain(node: str, domain: str) -> dict[str, Any]:
+    """A state report of ``node``: GPUs 0 and 1 in the NVLink domain ``domain``."""
+    gpus = [msg.gpu_doc(i) for i in range(2)]
+    for gpu in gpus:
+        gpu["fabric"] = {"state": "completed", "nvlink_domain": domain}
+    return msg.state(node, gpus=gpus)
+
+
+def xid_event(node: str, index: int, code: int, text: str) -> dict[str, Any]:
+    message = msg.event(node)
+    bus = msg.gpu_doc(index)["pci_bus_id"]
+    line = f"NVRM: Xid (PCI:{bus[:-2]}): {code}, pid=8123, name=python3, {text}"
+    message["data"] = {"kind": "xid", "code": code, "gpu": bus, "line": line}
+    return message
+
+
+LINK_DOWN = "NETIR_LINK_EVT Fatal XC0 i0 Link 14"
+
+
+async def test_fleet_incident_metrics(rig: Rig) -> None:
+    """Open incidents by cluster and root, each node's GPUs in each by role, incidents
+    opened and cordon requests held."""
+    domain, other = "uuid-a/7", "uuid-b/7"
+    for node in ("n0", "n1", "n2"):
+        rig.send("state", in_domain(node, domain))
+    rig.send("state", in_domain("x0", other))
+    rig.send("state", msg.state("y0", cluster="c2"))
+    # n2's GPU 1 reports a DBE before the link fails on n0: a fault of its own.
+    rig.send("events", xid_event("n2", 1, 48, "An uncorrectable double bit error (DBE)"))
+    rig.send("events", xid_event("n0", 0, 149, LINK_DOWN))
+    for node, index in (("n1", 0), ("n1", 1), ("n2", 0)):
+        rig.send("events", xid_event(node, index, 145, "RLW_TAGSTATE Fatal XC0 i0 Link 03"))
+    # Two links of another domain at once: no GPU is the root.
+    for index in (0, 1):
+        rig.send("events", xid_event("x0", index, 149, LINK_DOWN))
+    rig.send("actions", msg.cordon_request("n1"))  # held for the domain to settle
+    assert rig.agg.correlator is not None
+    (incident,) = [i for i in rig.agg.correlator.open_incidents() if i.key.endswith(domain)]
+    _, text = await rig.get("/metrics")
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in families.values()
+        for s in family.samples
+    }
+
+    def value(name: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    assert value("gpuagent_fleet_incidents", cluster="c1", state="open", root_unknown="false") == 1
+    assert value("gpuagent_fleet_incidents", cluster="c1", state="open", root_unknown="true") == 1
+    # A cluster without one reads 0.
+    assert value("gpuagent_fleet_incidents", cluster="c2", state="open", root_unknown="true") == 0
+    members = {
+        (s.labels["node"], s.labels["role"]): s.value
+        for s in families["gpuagent_fleet_incident_members"].samples
+        if s.labels["incident"] == incident.id
+    }
+    assert members == {
+        ("n0", "root"): 1,
+        ("n1", "consequence"): 2,
+        ("n2", "consequence"): 1,
+        ("n2", "unrelated"): 1,
+    }
+    labels = {
+        s.labels["nvlink_domain"]
+        for s in families["gpuagent_fleet_incident_members"].samples
+        if s.labels["incident"] == incident.id
+    }
+    assert labels == {domain}
+    assert value("gpuagent_fleet_incidents_opened_total") == 2
+    assert value("gpuagent_fleet_cordons_held_total") == 1
+    # Each help text is in docs/metrics.md as it is.
+    documented = (REPO / "docs" / "metrics.md").read_text()
+    for name in (
+        "gpuagent_fleet_incidents",
+        "gpuagent_fleet_incident_members",
+        "gpuagent_fleet_incidents_opened",
+        "gpuagent_fleet_cordons_held",
+    ):
+        assert families[name].documentation in documented, name
+
+
+async def test_without_correlation_there_are_no_incident_metrics(tmp_path: Path) -> None:
+    async with running(tmp_path, correlation=CorrelationSection(enabled=False)) as rig:
+        rig.send("state", msg.state("n1"))
+        _, text = await rig.get("/metrics")
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert "gpuagent_fleet_incidents" not in families
+    assert "gpuagent_fleet_incident_members" not in families
+    assert "gpuagent_fleet_incidents_opened" not in families
+    assert families["gpuagent_fleet_cordons_held"].samples[0].value == 0
 
 
 async def test_the_page_is_self_contained(rig: Rig) -> None:

@@ -227,14 +227,16 @@ class Api:
         except BadRequestError as exc:
             return self._bad("incidents", str(exc))
         since = self.clock() - 86400.0 if since is None else since
-        found = await self.store.incidents(since=since, limit=limit)
+        # Filtered here, so read as many as may be listed before cutting to the limit.
+        filtered = state is not None or node is not None
+        found = await self.store.incidents(since=since, limit=MAX_LIMIT if filtered else limit)
         listed = [
             i
             for i in found
             if (state is None or i.get("state") == state)
             and (node is None or node in i.get("nodes", {}))
         ]
-        return _json_unless_seen(request, {"incidents": listed})
+        return _json_unless_seen(request, {"incidents": listed[:limit]})
 
     async def incident(self, request: web.Request) -> web.Response:
         found = await self.store.incident(request.match_info["incident"])

@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gpuagent.aggregator.budget import CordonBudget
+from gpuagent.aggregator.correlate import Correlator
 from gpuagent.aggregator.sharedview import SharedView
 from gpuagent.aggregator.state import FleetState
 from gpuagent.aggregator.store import FleetStore
@@ -30,8 +31,10 @@ class FleetCollector(Collector):
         stale_after: float,
         clock: Callable[[], float] = time.time,
         view: SharedView | None = None,
+        correlator: Correlator | None = None,
     ) -> None:
         self.view = view
+        self.correlator = correlator
         self.state = state
         self.budget = budget
         self.store = store
@@ -43,6 +46,8 @@ class FleetCollector(Collector):
         yield from self._nodes(now)
         yield from self._messages()
         yield from self._cordons(now)
+        if self.correlator is not None:
+            yield from self._incidents(self.correlator)
         store, counters = self.store, self.state.counters
         # (family, name, help, value) of every family without labels.
         single: list[tuple[type[GaugeMetricFamily | CounterMetricFamily], str, str, float]] = [
@@ -60,6 +65,15 @@ class FleetCollector(Collector):
                     "once stored, so that its spool drops them."
                 ),
                 counters.acknowledged,
+            ),
+            (
+                CounterMetricFamily,
+                "gpuagent_fleet_cordons_held",
+                (
+                    "Cordon requests held for their NVLink domain (or the fleet incident they "
+                    "are in) to settle before they were decided."
+                ),
+                counters.cordons_held,
             ),
             (
                 GaugeMetricFamily,
@@ -314,6 +328,48 @@ class FleetCollector(Collector):
             left = self.budget.remaining(cluster, self.state.cluster_size(cluster), now)
             remaining.add_metric([cluster], float(left))
         yield remaining
+
+    def _incidents(self, correlator: Correlator) -> Iterable[Metric]:
+        # Open incidents leave memory once quiet for the join window, so these stay small:
+        # the series of an incident go when it closes.
+        incidents: Counter[tuple[str, str]] = Counter()
+        members: Counter[tuple[str, str, str, str, str]] = Counter()
+        for incident in correlator.open_incidents():
+            root = incident.root
+            incidents[(incident.cluster, "true" if root is None else "false")] += 1
+            for member in incident.members.values():
+                role = incident.role(member, root)
+                key = (incident.cluster, incident.id, incident.nvlink_domain, member.node, role)
+                members[key] += 1
+        # Every known cluster has a sample: none open reads 0, not absent.
+        for cluster in self.state.clusters():
+            for unknown in ("false", "true"):
+                incidents[(cluster, unknown)] += 0
+        open_incidents = GaugeMetricFamily(
+            "gpuagent_fleet_incidents",
+            "Open fleet incidents (the kernel records of GPUs that share an NVLink domain, "
+            "job or label, joined into one), by cluster and whether no GPU is the root "
+            "(root_unknown: domain-level).",
+            labels=["cluster", "state", "root_unknown"],
+        )
+        for (cluster, unknown), count in sorted(incidents.items()):
+            open_incidents.add_metric([cluster, "open", unknown], float(count))
+        yield open_incidents
+        by_member = GaugeMetricFamily(
+            "gpuagent_fleet_incident_members",
+            "GPUs each node has in each open fleet incident, by its role (root, consequence, "
+            "unrelated: a fault of its own).",
+            labels=["cluster", "incident", "nvlink_domain", "node", "role"],
+        )
+        for labels, count in sorted(members.items()):
+            by_member.add_metric(list(labels), float(count))
+        yield by_member
+        opened = CounterMetricFamily(
+            "gpuagent_fleet_incidents_opened",
+            "Fleet incidents opened since the aggregator started.",
+        )
+        opened.add_metric([], float(correlator.opened))
+        yield opened
 
 
 def fleet_registry(collector: FleetCollector) -> CollectorRegistry:

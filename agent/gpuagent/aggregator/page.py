@@ -3,11 +3,13 @@ an isolated management network) that fetches the API every second and redraws, s
 shows within two seconds of its report. Its HTML, CSS and script are package data in
 ``static/`` (fleet.html, fleet.css, fleet.js), joined here with the page's settings.
 
-Two views, switched by the URL fragment so either can be bookmarked or pasted into a
-ticket: the fleet table (``#fleet?cluster=...&sort=...``), filtered and sorted by the
-aggregator (`/api/v1/fleet`) so a refresh carries only the rows shown, and a node's page
-(``#node/<cluster>/<name>``). Node-supplied text is only ever set with textContent, and
-links only ever get http(s) URLs, so a node name or finding reason cannot inject markup.
+Views switched by the URL fragment so any can be bookmarked or pasted into a ticket: the
+fleet table (``#fleet?cluster=...&sort=...``), filtered and sorted by the aggregator
+(`/api/v1/fleet`) so a refresh carries only the rows shown; a node's page
+(``#node/<cluster>/<name>``, with the fleet incidents it is a member of); and the fleet
+incidents (``#incidents``, one's members at ``#incidents/<id>``, `/api/v1/incidents`).
+Node-supplied text is only ever set with textContent, and links only ever get http(s)
+URLs, so a node name or finding reason cannot inject markup.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ MAX_ROWS: Final = 500
 REFRESH_MS: Final = 1000
 # History rows fetched for a node's page.
 NODE_HISTORY: Final = 50
+# Fleet incidents listed (the latest of the last day; the API has them all).
+INCIDENT_ROWS: Final = 100
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,7 @@ def render(links: Links = Links()) -> str:
         "maxRows": MAX_ROWS,
         "refreshMs": REFRESH_MS,
         "history": NODE_HISTORY,
+        "incidents": INCIDENT_ROWS,
         "grafana": links.grafana_url_template,
         "runbookBase": links.runbook_base_url,
     }

@@ -421,7 +421,7 @@ function gpuHash(doc, index) {
 // One GPU: what it is, its findings since when, its last day, its events, and the actions
 // on it or for it: a cordon's record names the GPUs that asked for it (evidence "gpus")
 // and says what the fleet's cordon budget decided (its detail).
-function renderGpu(doc, index, events, actions, history) {
+function renderGpu(doc, index, events, actions, history, incidents) {
   const root = document.getElementById("node-view");
   const status = doc.status || {};
   const gpu = (status.gpus || doc.gpus).find(g => g.index === index);
@@ -449,6 +449,11 @@ function renderGpu(doc, index, events, actions, history) {
     parts.push(el("h2", "Alerts"));
     parts.push(alertsTable(doc.alerts.filter(a => a.gpu === String(index))));
   }
+  parts.push(el("h2", "Fleet incidents"));
+  parts.push(memberIncidents(incidents, inc => {
+    const m = inc.members.find(x => x.node === doc.name && x.gpu === gpu.pci_bus_id);
+    return m && m.role;
+  }));
   parts.push(el("h2", "The last day"));
   parts.push(renderHistory(history, [gpu]));
   const mine = (events || []).filter(e => {
@@ -468,7 +473,7 @@ function renderGpu(doc, index, events, actions, history) {
   root.replaceChildren(...parts);
 }
 
-function renderNode(doc, events, actions, cordons, history) {
+function renderNode(doc, events, actions, cordons, history, incidents) {
   const root = document.getElementById("node-view");
   const now = Date.now() / 1000;
   const parts = [inner("#fleet", "← fleet"), el("h2", doc.name + " (" + doc.cluster + ")")];
@@ -500,6 +505,8 @@ function renderNode(doc, events, actions, cordons, history) {
     if (note) parts.push(el("p", note, "banner"));
     parts.push(alertsTable(doc.alerts));
   }
+  parts.push(el("h2", "Fleet incidents"));
+  parts.push(memberIncidents(incidents, inc => (inc.nodes || {})[doc.name]));
   parts.push(el("h2", "GPUs"));
   const gpus = status.gpus || doc.gpus;
   parts.push(table(["GPU", "health", "model", "UUID", "serial", "bus id", "workload", ""],
@@ -530,6 +537,124 @@ function renderNode(doc, events, actions, cordons, history) {
   root.replaceChildren(...parts);
 }
 
+// --- fleet incidents ---------------------------------------------------------------------
+
+// What many nodes saw of one fault, joined by the aggregator (/api/v1/incidents): its root
+// (the GPU whose link or fault started it), the members that saw its consequences, and
+// what the cordon arbiter decided for them.
+const ROLE_RANK = {root: 0, unrelated: 1, consequence: 2};
+
+function incidentHref(id) {
+  return "#incidents/" + encodeURIComponent(id);
+}
+
+function plural(n, one) {
+  return n + " " + one + (n === 1 ? "" : "s");
+}
+
+function gpuName(m) {
+  return "GPU " + (m.index === null || m.index === undefined ? m.gpu : m.index);
+}
+
+// "node-a GPU 0: Xid 149, link 14", the node a link to its page.
+function rootCell(inc) {
+  const root = inc.root;
+  if (!root) return el("span", "root unknown (domain-level)", "WARN");
+  const span = el("span");
+  span.append(inner(nodeHref({cluster: inc.cluster, name: root.node}), root.node),
+    " " + gpuName(root) + ": Xid " + root.xid +
+    (root.link === null || root.link === undefined ? "" : ", link " + root.link));
+  return span;
+}
+
+// Nodes as links to their pages, each once (a node that asked again is decided again).
+function nodeList(cluster, nodes) {
+  const span = el("span");
+  [...new Set(nodes || [])].forEach((n, i) => span.append(...(i ? [", "] : []),
+    inner(nodeHref({cluster: cluster, name: n}), n)));
+  return span;
+}
+
+function incidentAge(inc, now) {
+  return inc.state === "open" ? duration(now - inc.first_time) : "closed " + ago(inc.closed_at);
+}
+
+function incidentRow(inc, selected, now) {
+  const tr = el("tr");
+  tr.className = "incident " + inc.state + (inc.id === selected ? " selected" : "");
+  tr.dataset.incident = inc.id;
+  tr.title = inc.summary || "";
+  const cells = [el("span", inc.state, inc.state === "open" ? "open-state" : "old"),
+    rootCell(inc), el("span", inc.domain), inc.cluster,
+    plural(inc.counts.gpus, "GPU") + " on " + plural(inc.counts.nodes, "node"),
+    incidentAge(inc, now), nodeList(inc.cluster, inc.approved),
+    nodeList(inc.cluster, inc.denied)];
+  for (const [i, cell] of cells.entries()) {
+    const td = el("td");
+    if (cell instanceof Node) td.append(cell); else td.textContent = cell;
+    if (i === 3) td.className = "wide";
+    tr.append(td);
+  }
+  // The row shows its members (again: hides them); links in it go where they point.
+  tr.addEventListener("click", ev => {
+    if (ev.target.closest("a")) return;
+    location.hash = inc.id === selected ? "#incidents" : incidentHref(inc.id);
+  });
+  return tr;
+}
+
+function incidentDetail(inc, id) {
+  if (!inc) return [el("p", "No fleet incident " + id + ".", "banner")];
+  const parts = [el("h3", "Incident " + inc.id + " (" + inc.state + ")"),
+    el("p", inc.summary, inc.root_unknown ? "WARN" : "")];
+  parts.push(definitions([["root", rootCell(inc)], ["domain", inc.domain],
+    ["NVLink domain", inc.nvlink_domain], ["cluster", inc.cluster],
+    ["first record", ago(inc.first_time) + " (" + utc(inc.first_time) + ")"],
+    ["last record", ago(inc.last_time) + " (" + utc(inc.last_time) + ")"],
+    ["closed", inc.closed_at ? ago(inc.closed_at) + " (" + utc(inc.closed_at) + ")" : ""],
+    ["records", inc.counts.records],
+    ["cordons approved", (inc.approved || []).length ? nodeList(inc.cluster, inc.approved) : ""],
+    ["cordons denied", (inc.denied || []).length ? nodeList(inc.cluster, inc.denied) : ""]]));
+  const members = [...inc.members].sort((a, b) => ROLE_RANK[a.role] - ROLE_RANK[b.role] ||
+    a.node.localeCompare(b.node) || (a.index ?? 0) - (b.index ?? 0));
+  parts.push(table(["node", "GPU", "bus id", "UUID", "role", "Xid", "link", "records",
+    "first", "last"], members.map(m => [inner(nodeHref({cluster: inc.cluster, name: m.node}),
+    m.node), gpuName(m), m.gpu, m.uuid, el("span", m.role, "role-" + m.role), m.xid,
+    m.link, m.count, ago(m.first_time), ago(m.last_time)]), "incident-members"));
+  parts.push(inner("#incidents", "← all incidents"));
+  return parts;
+}
+
+function renderIncidents(incidents, id, selected) {
+  const now = Date.now() / 1000;
+  // The latest first: the last started on top.
+  const sorted = [...incidents].sort((a, b) => b.first_time - a.first_time ||
+    (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+  const open = sorted.filter(i => i.state === "open").length;
+  document.getElementById("incidents-count").textContent = sorted.length ?
+    open + " open, " + (sorted.length - open) + " closed in the last day" +
+    (sorted.length >= CONFIG.incidents ? " (the latest " + CONFIG.incidents + " shown)" : "") :
+    "No fleet incidents in the last day.";
+  document.querySelector("#incidents tbody").replaceChildren(
+    ...sorted.map(i => incidentRow(i, id, now)));
+  document.getElementById("incident-detail").replaceChildren(
+    ...(id === null ? [] : incidentDetail(selected, id)));
+}
+
+// The incidents a node (or one of its GPUs) is a member of, with its part in each.
+function memberIncidents(incidents, roleOf) {
+  const rows = [];
+  for (const inc of incidents) {
+    const role = roleOf(inc);
+    if (!role) continue;
+    rows.push([inner(incidentHref(inc.id), inc.id), el("span", role, "role-" + role),
+      el("span", inc.state, inc.state === "open" ? "open-state" : "old"), rootCell(inc),
+      incidentAge(inc, Date.now() / 1000), inc.summary]);
+  }
+  return rows.length ? table(["incident", "role here", "state", "root", "age", "summary"],
+    rows, "node-incidents") : el("p", "None in the last day.");
+}
+
 // --- refresh -------------------------------------------------------------------------
 
 // The last answer per URL with its ETag: a refresh that finds nothing changed gets 304
@@ -554,13 +679,31 @@ async function get(url) {
   return doc;
 }
 
+// Where the fragment points: {view: "fleet"}, {view: "incidents", incident: id or null},
+// or {view: "node" or "gpu", cluster, node, gpu: index or null}.
 function route() {
-  const m = /^#(node|gpu)\/([^/]*)\/([^/]*)(?:\/(\d+))?$/.exec(location.hash);
   try {
-    return m && (m[1] === "gpu") === (m[4] !== undefined) ? {cluster: decodeURIComponent(m[2]),
-      node: decodeURIComponent(m[3]), gpu: m[4] === undefined ? null : Number(m[4])} : null;
+    const i = /^#incidents(?:\/([^/?]+))?$/.exec(location.hash);
+    if (i) return {view: "incidents", incident: i[1] === undefined ? null :
+      decodeURIComponent(i[1])};
+    const m = /^#(node|gpu)\/([^/]*)\/([^/]*)(?:\/(\d+))?$/.exec(location.hash);
+    if (m && (m[1] === "gpu") === (m[4] !== undefined)) return {view: m[1],
+      cluster: decodeURIComponent(m[2]), node: decodeURIComponent(m[3]),
+      gpu: m[4] === undefined ? null : Number(m[4])};
   } catch (e) {
-    return null;  // a mangled link shows the fleet
+    // a mangled link shows the fleet
+  }
+  return {view: "fleet"};
+}
+
+// One incident's document: from the list when it is there, else its own (an older one).
+async function incidentOf(list, id) {
+  const found = list.find(i => i.id === id);
+  if (found) return found;
+  try {
+    return await get("api/v1/incidents/" + encodeURIComponent(id));
+  } catch (e) {
+    return null;
   }
 }
 
@@ -569,31 +712,50 @@ let generation = 0;
 async function refresh(forced = true) {
   const mine = ++generation;
   const target = route();
+  const view = target.view;
   changed = forced || Date.now() - drawnAt > 5000;
-  document.getElementById("fleet-view").hidden = !!target;
-  document.getElementById("node-view").hidden = !target;
+  document.getElementById("fleet-view").hidden = view !== "fleet";
+  document.getElementById("node-view").hidden = view !== "node" && view !== "gpu";
+  document.getElementById("incidents-view").hidden = view !== "incidents";
+  for (const a of document.querySelectorAll("#views a"))
+    a.className = a.dataset.view === (view === "incidents" ? "incidents" : "fleet") ?
+      "current" : "";
   try {
-    if (target) {
+    if (view === "node" || view === "gpu") {
       const q = "?node=" + encodeURIComponent(target.node) + "&limit=" + CONFIG.history;
       const where = encodeURIComponent(target.node) + "?cluster=" +
         encodeURIComponent(target.cluster);
-      const [doc, events, actions, cordons, summary, history] = await Promise.all([
+      const [doc, events, actions, cordons, summary, history, incidents] = await Promise.all([
         get("api/v1/fleet/" + where),
         get("api/v1/events" + q), get("api/v1/actions" + q), get("api/v1/cordons?limit=1000"),
-        get("api/v1/fleet?limit=1"), get("api/v1/history/" + where)]);
+        get("api/v1/fleet?limit=1"), get("api/v1/history/" + where),
+        get("api/v1/incidents?node=" + encodeURIComponent(target.node))]);
       if (mine !== generation) return;
       const own = x => x.node === target.node && x.cluster === target.cluster;
+      const member = incidents.incidents.filter(i => i.cluster === target.cluster);
       if (changed) {
         renderSummary(summary.counts);
         if (target.gpu === null)
           renderNode(doc, events.events.filter(own), actions.actions.filter(own),
-            cordons.cordons.filter(own), history);
+            cordons.cordons.filter(own), history, member);
         else
           renderGpu(doc, target.gpu, events.events.filter(own), actions.actions.filter(own),
-            history);
+            history, member);
       }
       document.title = (target.gpu === null ? "" : "GPU " + target.gpu + " · ") + target.node +
         " · gpuagent";
+    } else if (view === "incidents") {
+      const [list, summary] = await Promise.all([
+        get("api/v1/incidents?limit=" + CONFIG.incidents), get("api/v1/fleet?limit=1")]);
+      const selected = target.incident === null ? null :
+        await incidentOf(list.incidents, target.incident);
+      if (mine !== generation) return;
+      if (changed) {
+        renderSummary(summary.counts);
+        renderIncidents(list.incidents, target.incident, selected);
+      }
+      document.title = (target.incident === null ? "" : target.incident + " · ") +
+        "incidents · gpuagent";
     } else {
       const params = fleetParams();
       const query = new URLSearchParams(params);
@@ -612,7 +774,7 @@ async function refresh(forced = true) {
     if (changed) drawnAt = Date.now();
     if (!document.body.dataset.loaded) window.firstRenderMs = performance.now();
     document.body.dataset.loaded = "1";
-    document.body.dataset.view = target ? (target.gpu === null ? "node" : "gpu") : "fleet";
+    document.body.dataset.view = view;
   } catch (e) {
     if (mine === generation)
       document.getElementById("error").textContent = "Refresh failed: " + e.message;
