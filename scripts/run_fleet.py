@@ -6,25 +6,53 @@ a Prometheus scraping the agents with the shipped alert rules and an Alertmanage
 the console shows each node's alerts from. Prints the addresses; Ctrl-C stops it all.
 
     scripts/run-fleet [N] [--dir DIR] [--postgres URL] [--port PORT] [--no-alerts]
+    scripts/run-fleet --rack gb200 [--drill cascade|links-down|none] [...]
 
 Everything lives in DIR (default .run/fleet, made anew each run): certificates, the
 broker's and aggregator's configuration and data, each agent's configuration, state and
 log. See docs/fleet.md ("Trying it on one machine").
+
+--rack gb200 runs a GB200 NVL72 rack instead: 18 compute trays of 4 GPUs in one NVLink
+domain, 16 of them running one Slurm job (the last two are spares), every agent asking
+the aggregator before it cordons (remediation enforced, cordon backend "aggregator"),
+and a fleet cordon budget of 2 nodes. Once every tray has reported its domain and job,
+the drill (--drill, default cascade) writes NVIDIA's kernel-log lines into the trays'
+kernel logs, the same each run:
+
+    cascade     Xid 149 (link 14 down, Fatal) on gb200-tray-07 GPU 2; within 6 s Xid 145
+                on the job's 63 other GPUs (16 trays), each with 300 lines of Xid 45
+                "caused by previous Xid 145" and an Xid 154 (GPU Reset Required). One
+                fleet incident with its root on tray 7; the arbiter approves tray 7's
+                cordon and denies the 15 others as consequences.
+    links-down  Xid 149 (Fatal, link down) on all 72 GPUs within a second, and Xid 154:
+                one incident with no GPU root (the rack, not a GPU); the budget decides.
+    none        no drill: a quiet rack, for faults of your own (gpuagent inject).
+
+It prints when the drill starts and ends, then the fleet incident and the cordon
+decisions as the aggregator serves them (/api/v1/incidents, /api/v1/cordons), and writes
+DIR/drill.json (the drill's nodes, root and times).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import random
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpuagent.fleet.pki import Pki
+from gpuagent.sim.catalog import find_profile
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED_CONF = REPO / "deploy" / "mosquitto" / "gpuagent.conf"
@@ -73,7 +101,14 @@ def broker_config(root: Path, pki: Pki, port: int) -> Path:
 
 
 def aggregator_config(
-    root: Path, pki: Pki, broker_port: int, http: int, database: str, *, alertmanager: str = ""
+    root: Path,
+    pki: Pki,
+    broker_port: int,
+    http: int,
+    database: str,
+    *,
+    alertmanager: str = "",
+    extra: str = "",
 ) -> Path:
     crt, key = pki.client_files("aggregator")
     token = root / "command-token"
@@ -84,7 +119,7 @@ def aggregator_config(
         f'[aggregator]\nlisten = "127.0.0.1:{http}"\ndatabase = "{database}"\n'
         f'command_token_file = "{token}"\n'
         f'[aggregator.broker]\nhost = "127.0.0.1"\nport = {broker_port}\n'
-        f'ca_file = "{pki.ca_file}"\ncert_file = "{crt}"\nkey_file = "{key}"\n'
+        f'ca_file = "{pki.ca_file}"\ncert_file = "{crt}"\nkey_file = "{key}"\n{extra}'
     )
     if alertmanager:
         with conf.open("a") as out:
@@ -111,12 +146,17 @@ def prometheus_config(root: Path, metrics_ports: dict[str, int], alertmanager_po
     return conf
 
 
-def agent_files(
-    root: Path, pki: Pki, node: str, index: int, broker_port: int, *, metrics_port: int
-) -> tuple[Path, Path]:
-    """The node's configuration and scenario."""
-    home = root / node
-    home.mkdir()
+def agent_config(
+    home: Path,
+    pki: Pki,
+    node: str,
+    broker_port: int,
+    *,
+    metrics_port: int,
+    state_interval: float = 10,
+    extra: str = "",
+) -> Path:
+    """The node's configuration: reporting to this fleet's broker as ``node``."""
     (home / "kernel.log").touch()
     crt, key = pki.issue(node)
     config = home / "config.toml"
@@ -124,10 +164,27 @@ def agent_files(
         f'[agent]\nnode_name = "{node}"\ncluster = "dev"\nstate_dir = "{home / "state"}"\n'
         f'[api]\nsocket = "{home / "gpuagent.sock"}"\n'
         f'[metrics]\nlisten = "127.0.0.1:{metrics_port}"\n'
-        f'[sources.nvml]\ninterval_seconds = 1\n[sources.kmsg]\npath = "{home / "kernel.log"}"\n'
-        f"[outputs.mqtt]\nenabled = true\nstate_interval_seconds = 10\n"
+        f'[sources.kmsg]\npath = "{home / "kernel.log"}"\n'
+        f"[outputs.mqtt]\nenabled = true\nstate_interval_seconds = {state_interval:g}\n"
         f'[outputs.mqtt.broker]\nhost = "127.0.0.1"\nport = {broker_port}\n'
-        f'ca_file = "{pki.ca_file}"\ncert_file = "{crt}"\nkey_file = "{key}"\n'
+        f'ca_file = "{pki.ca_file}"\ncert_file = "{crt}"\nkey_file = "{key}"\n{extra}'
+    )
+    return config
+
+
+def agent_files(
+    root: Path, pki: Pki, node: str, index: int, broker_port: int, *, metrics_port: int
+) -> tuple[Path, Path]:
+    """The node's configuration and scenario."""
+    home = root / node
+    home.mkdir()
+    config = agent_config(
+        home,
+        pki,
+        node,
+        broker_port,
+        metrics_port=metrics_port,
+        extra="[sources.nvml]\ninterval_seconds = 1\n",
     )
     timeline = TIMELINES.get(index, "")
     if timeline == "demo":
@@ -136,6 +193,348 @@ def agent_files(
         scenario = home / "scenario.toml"
         scenario.write_text(f"[node]\n{MODEL}seed = {index}\n{timeline}")
     return config, scenario
+
+
+# --- a GB200 NVL72 rack and its drills ------------------------------------------------------
+
+RACK_TRAYS = 18
+TRAY_GPUS = 4
+JOB_TRAYS = 16  # the job's; the last two trays are spares, idle
+RACK_JOB = 73101  # the Slurm job across the job's trays
+# The rack's NVLink domain: its cluster UUID and clique id, as the fabric reports them.
+RACK_CLUSTER_UUID = "5c1e7a2b-9d3f-4e61-8a70-2b4c6d8e0f12"
+RACK_CLIQUE = 32766
+RACK_SERIAL = "1821225000042"
+# The rack's fleet cordon budget: the root's node fits, a rack's worth does not.
+RACK_BUDGET = "[aggregator.cordon_budget]\nmax_nodes = 2\nmax_percent = 20.0\n"
+
+
+def rack_agent(home: Path) -> str:
+    """A tray's agent: it asks the aggregator before it cordons (remediation enforced, the
+    "aggregator" cordon backend), reads each GPU process's Slurm job, and polls lightly."""
+    return (
+        "[sources.nvml]\ninterval_seconds = 5\nprofiling = false\n"
+        "[sources.sysfs]\ninterval_seconds = 60\n"
+        "[attribution]\nslurm = true\n"
+        f'[remediation]\nmode = "enforce"\nkill_switch = "{home / "remediation.paused"}"\n'
+        '[remediation.cordon]\nbackends = ["aggregator"]\n'
+    )
+
+
+DRILLS = ("cascade", "links-down", "none")
+CASCADE_ROOT = (7, 2)  # (tray, GPU index): the GPU whose link goes down
+CASCADE_LINK = 14
+STORM_LINES = 300  # Xid 45 lines per GPU, in three bursts
+_REGS = "(0x004505c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)"
+_RLW_REGS = "(0x040868e2 0x00000008 0x00000000 0x00000000 0x00000000 0x00000000)"
+
+
+@dataclass(frozen=True)
+class Tray:
+    """One compute tray of the rack: a node of four GB200."""
+
+    number: int  # 1..18
+    buses: tuple[str, ...]  # each GPU's PCI bus id, by index
+
+    @property
+    def name(self) -> str:
+        return f"gb200-tray-{self.number:02d}"
+
+    @property
+    def in_job(self) -> bool:
+        return self.number <= JOB_TRAYS
+
+    @property
+    def slot(self) -> int:
+        # Ten trays above the nine NVSwitch trays (slots 11-19), eight below.
+        return self.number if self.number <= 10 else self.number + 9
+
+    def pid(self, gpu: int) -> int:
+        return 30000 + 100 * self.number + gpu
+
+    def scenario(self) -> str:
+        text = (
+            f'[node]\nmodel = "gb200"\ngpus = {TRAY_GPUS}\nseed = {self.number}\n'
+            f'fabric_state = "completed"\nfabric_cluster_uuid = "{RACK_CLUSTER_UUID}"\n'
+            f'fabric_clique_id = {RACK_CLIQUE}\nchassis_serial = "{RACK_SERIAL}"\n'
+            f"slot_number = {self.slot}\ntray_index = {self.number}\nhost_id = 1\n"
+            'imex = "active"\n'
+        )
+        if self.in_job:  # a rank of the job on every GPU, from the start
+            for gpu in range(TRAY_GPUS):
+                text += (
+                    f'[[fault]]\nkind = "process"\ngpu = {gpu}\npid = {self.pid(gpu)}\n'
+                    f'name = "python3"\nused_mib = 160000\njob = {RACK_JOB}\n'
+                )
+        return text
+
+
+def rack_trays() -> list[Tray]:
+    found = find_profile("gb200")
+    assert found is not None
+    slots = found[0].slots(TRAY_GPUS)
+    buses = tuple(f"0000:{bus:02x}:{device:02x}.0" for bus, device in slots)
+    return [Tray(number, buses) for number in range(1, RACK_TRAYS + 1)]
+
+
+def _pci(bus_id: str) -> str:
+    """ "0000:9c:00.0" -> "0000:9c:00", as Xid lines print it."""
+    return bus_id.rsplit(".", 1)[0]
+
+
+def xid149(bus_id: str, link: int) -> str:
+    return (
+        f"NVRM: Xid (PCI:{_pci(bus_id)}): 149, NETIR_LINK_EVT Fatal XC0 i0 Link {link:02d} {_REGS}"
+    )
+
+
+def xid145(bus_id: str, pid: int, link: int) -> str:
+    return (
+        f"NVRM: Xid (PCI:{_pci(bus_id)}): 145, pid={pid}, name=python3, "
+        f"RLW_TAGSTATE Fatal XC0 i0 Link {link:02d} {_RLW_REGS}"
+    )
+
+
+def xid45(bus_id: str, pid: int, channel: int, root_xid: int) -> str:
+    return (
+        f"NVRM: Xid (PCI:{_pci(bus_id)}): 45, pid={pid}, name=python3, "
+        f"Ch {channel:08x} caused by previous Xid {root_xid}"
+    )
+
+
+def xid154(bus_id: str) -> str:
+    return (
+        f"NVRM: Xid (PCI:{_pci(bus_id)}): 154, GPU recovery action changed from 0x0 (None) "
+        "to 0x1 (GPU Reset Required)"
+    )
+
+
+@dataclass
+class Drill:
+    """Kernel-log lines to write into the trays' logs: (seconds after the start, node,
+    lines), and what the fleet should make of them."""
+
+    name: str
+    steps: list[tuple[float, str, list[str]]] = field(default_factory=list)
+    root: tuple[Tray, int] | None = None
+    gpus: int = 0  # the GPUs that log anything
+    requesting: list[str] = field(default_factory=list)  # the nodes that will ask to cordon
+    # The step with the first line of the GPU that logs last of all (the incident's last
+    # member): (seconds after the start, node).
+    last_member: tuple[float, str] = (0.0, "")
+
+    def add(self, at: float, tray: Tray, *lines: str) -> None:
+        self.steps.append((round(at, 3), tray.name, list(lines)))
+
+    def member(self, at: float, tray: Tray, line: str) -> None:
+        """A GPU's first line."""
+        self.add(at, tray, line)
+        self.last_member = max(self.last_member, (round(at, 3), tray.name))
+
+    def storm(self, at: float, tray: Tray, gpu: int, root_xid: int) -> None:
+        """Xid 45 teardowns of the job's channels on ``gpu``, in three bursts."""
+        burst = STORM_LINES // 3
+        for part in range(3):
+            lines = [
+                xid45(tray.buses[gpu], tray.pid(gpu), 1 + (part * burst + n) % 64, root_xid)
+                for n in range(burst)
+            ]
+            self.add(at + 0.5 * part, tray, *lines)
+
+
+def cascade(trays: list[Tray]) -> Drill:
+    """One GPU's link down (Xid 149), and what the job's other 63 GPUs log after it."""
+    number, index = CASCADE_ROOT
+    root = trays[number - 1]
+    drill = Drill("cascade", root=(root, index))
+    drill.member(0.0, root, xid149(root.buses[index], CASCADE_LINK))
+    drill.storm(0.3, root, index, 149)
+    drill.add(1.0, root, xid154(root.buses[index]))
+    downstream = [
+        (tray, gpu)
+        for tray in trays
+        if tray.in_job
+        for gpu in range(TRAY_GPUS)
+        if (tray, gpu) != (root, index)
+    ]
+    random.Random(145).shuffle(downstream)  # noqa: S311 - around the rack, the same every run
+    for k, (tray, gpu) in enumerate(downstream):
+        at = 0.5 + 5.5 * k / (len(downstream) - 1)  # all within 6 s of the root
+        bus = tray.buses[gpu]
+        drill.member(at, tray, xid145(bus, tray.pid(gpu), (3 + 5 * k) % 18))
+        drill.storm(at + 0.2, tray, gpu, 145)
+        drill.add(at + 1.0, tray, xid154(bus))
+    drill.gpus = 1 + len(downstream)
+    drill.requesting = [tray.name for tray in trays if tray.in_job]
+    return drill
+
+
+def links_down(trays: list[Tray]) -> Drill:
+    """Every GPU of the rack loses a link at once: the rack's fault, no GPU's."""
+    drill = Drill("links-down")
+    gpus = [(tray, gpu) for tray in trays for gpu in range(TRAY_GPUS)]
+    for k, (tray, gpu) in enumerate(gpus):
+        at = k / (len(gpus) - 1)  # within a second
+        drill.member(at, tray, xid149(tray.buses[gpu], k % 18))
+        drill.add(at + 1.0, tray, xid154(tray.buses[gpu]))
+    drill.gpus = len(gpus)
+    drill.requesting = [tray.name for tray in trays]
+    return drill
+
+
+def make_drill(name: str) -> Drill:
+    if name == "cascade":
+        return cascade(rack_trays())
+    if name == "links-down":
+        return links_down(rack_trays())
+    return Drill(name)
+
+
+def say(text: str) -> None:
+    sys.stdout.write(f"run-fleet: {text}\n")
+    sys.stdout.flush()
+
+
+class DrillRunner:
+    """Waits until the aggregator knows every tray's domain and job, writes the drill's
+    lines on time, then reports what the aggregator made of them."""
+
+    def __init__(self, root: Path, api: str, trays: list[Tray], drill: Drill) -> None:
+        self.root = root
+        self.api = api
+        self.trays = trays
+        self.drill = drill
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="drill", daemon=True)
+
+    def _get(self, path: str) -> Any:
+        with urllib.request.urlopen(self.api + path, timeout=5) as answer:  # noqa: S310
+            return json.loads(answer.read())
+
+    def _placed(self, tray: Tray) -> bool:
+        """Whether the aggregator has the tray's report with every GPU's domain (and job)."""
+        try:
+            status = self._get(f"api/v1/fleet/{tray.name}?cluster=dev").get("status") or {}
+        except OSError:
+            return False
+        gpus = status.get("gpus") or []
+        domain = f"{RACK_CLUSTER_UUID}/{RACK_CLIQUE}"
+        job = [{"hpc_job": str(RACK_JOB)}] if tray.in_job else []
+        return len(gpus) == TRAY_GPUS and all(
+            (g.get("fabric") or {}).get("nvlink_domain") == domain
+            and (g.get("workloads") or []) == job
+            for g in gpus
+        )
+
+    def _wait_placed(self, seconds: float) -> bool:
+        """Whether every tray is placed within ``seconds``."""
+        deadline = time.monotonic() + seconds
+        waiting = list(self.trays)
+        while waiting:
+            waiting = [tray for tray in waiting if not self._placed(tray)]
+            if not waiting:
+                return True
+            if time.monotonic() > deadline or self.stopping.wait(1.0):
+                return False
+        return True
+
+    def _run(self) -> None:
+        try:
+            self._drill()
+        except Exception as exc:  # noqa: BLE001 - the fleet goes on without its drill
+            say(f"drill {self.drill.name} failed: {exc!r}")
+
+    def _drill(self) -> None:
+        drill = self.drill
+        waited = time.monotonic()
+        if not self._wait_placed(180):
+            if not self.stopping.is_set():
+                say(f"drill {drill.name} not run: not every tray reported its domain and job")
+            return
+        waited = time.monotonic() - waited
+        if drill.root is not None:
+            tray, index = drill.root
+            what = f"Xid 149 on {tray.name} GPU {index} ({tray.buses[index]})"
+        else:
+            what = f"Xid 149 on all {drill.gpus} GPUs"
+        say(f"every tray reported its domain and job in {waited:.0f} s; drill {drill.name}: {what}")
+        started = time.time()
+        logs = {tray.name: self.root / tray.name / "kernel.log" for tray in self.trays}
+        last = last_member = started
+        for at, node, lines in sorted(drill.steps, key=lambda step: step[0]):
+            if self.stopping.wait(max(0.0, started + at - time.time())):
+                return
+            with logs[node].open("a") as log:
+                log.write("".join(f"{line}\n" for line in lines))
+            last = time.time()
+            if (at, node) == drill.last_member:
+                last_member = last
+        written = sum(len(step[2]) for step in drill.steps)
+        say(f"drill {drill.name}: {written} lines written, the last {last - started:.1f} s in")
+        self._record(started, last_member, last)
+        self._outcome(last_member)
+
+    def _record(self, started: float, last_member: float, last: float) -> None:
+        root = None
+        if self.drill.root is not None:
+            tray, index = self.drill.root
+            root = {"node": tray.name, "index": index, "pci_bus_id": tray.buses[index]}
+        doc = {
+            "drill": self.drill.name,
+            "nvlink_domain": f"{RACK_CLUSTER_UUID}/{RACK_CLIQUE}",
+            "root": root,
+            "gpus": self.drill.gpus,
+            "nodes": sorted({node for _, node, _ in self.drill.steps}),
+            "requesting": self.drill.requesting,
+            "started": started,
+            "last_member": last_member,
+            "last_line": last,
+        }
+        written = self.root / "drill.json.new"
+        written.write_text(json.dumps(doc, indent=2) + "\n")
+        written.replace(self.root / "drill.json")  # whole, for whoever waits for it
+
+    def _outcome(self, last: float) -> None:
+        """The incident once it holds every GPU of the drill (``last``: when the last of them
+        logged its first line), and the decisions once every requesting node has one (or
+        after two minutes: what there is)."""
+        deadline = time.monotonic() + 120
+        complete: float | None = None
+        incident: dict[str, Any] = {}
+        decisions: dict[str, dict[str, Any]] = {}
+        while not self.stopping.wait(0.5):
+            try:
+                found = self._get(f"api/v1/incidents?since={last - 600:.0f}")["incidents"]
+                rows = self._get(f"api/v1/cordons?since={last - 600:.0f}")["cordons"]
+            except OSError:
+                continue
+            if found:
+                incident = found[0]
+                if complete is None and incident["counts"]["gpus"] >= self.drill.gpus:
+                    complete = time.time()
+            decisions = {r["node"]: r for r in rows if r.get("action") == "cordon"}
+            done = complete is not None and set(self.drill.requesting) <= set(decisions)
+            if done or time.monotonic() > deadline:
+                break
+        else:
+            return
+        if incident:
+            counts = incident["counts"]
+            when = ""
+            if complete is not None:
+                when = f"; complete {complete - last:.1f} s after its last GPU's first line"
+            say(
+                f"fleet incident {incident['id']}: {incident['summary']} "
+                f"({counts['gpus']} GPUs on {counts['nodes']} nodes{when})"
+            )
+        else:
+            say("no fleet incident")
+        approved = sorted(n for n, r in decisions.items() if r["decision"] == "approved")
+        denied = sorted(n for n, r in decisions.items() if r["decision"] != "approved")
+        say(f"cordons approved: {', '.join(approved) or 'none'}")
+        reasons = sorted({decisions[n]["reason"] for n in denied})
+        say(f"cordons denied: {len(denied)} ({'; '.join(reasons) or '-'})")
+        say(f"see {self.api}api/v1/incidents and {self.api}api/v1/cordons")
 
 
 def start(command: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -158,7 +557,14 @@ def wait_for_port(port: int, what: str, process: subprocess.Popen[bytes], log: P
 
 class Fleet:
     def __init__(
-        self, root: Path, nodes: int, port: int, database: str, alerting: tuple[str, str] | None
+        self,
+        root: Path,
+        nodes: int,
+        port: int,
+        database: str,
+        alerting: tuple[str, str] | None,
+        *,
+        drill: Drill | None = None,
     ) -> None:
         self.root = root
         self.nodes = nodes
@@ -166,6 +572,10 @@ class Fleet:
         self.database = database
         # (prometheus, alertmanager) executables; None: no alerting.
         self.alerting = alerting
+        # A rack (its trays, and the drill, None for a quiet rack); else N plain nodes.
+        self.trays = rack_trays() if drill is not None else []
+        self.drill = None if drill is None or drill.name == "none" else drill
+        self.runner: DrillRunner | None = None
         self.pki = Pki(root / "pki")
         self.children: list[subprocess.Popen[bytes]] = []
         self.addresses: dict[str, str] = {}
@@ -205,11 +615,20 @@ class Fleet:
         broker = start([mosquitto, "-c", str(broker_config(self.root, self.pki, broker_port))], log)
         self.children.append(broker)
         wait_for_port(broker_port, "the broker", broker, log)
-        names = [f"sim-node-{index:02d}" for index in range(1, self.nodes + 1)]
+        if self.trays:
+            names = [tray.name for tray in self.trays]
+        else:
+            names = [f"sim-node-{index:02d}" for index in range(1, self.nodes + 1)]
         metrics_ports = {node: free_port() for node in names}
         alertmanager = self._start_alerting(metrics_ports) if self.alerting else ""
         conf = aggregator_config(
-            self.root, self.pki, broker_port, self.port, self.database, alertmanager=alertmanager
+            self.root,
+            self.pki,
+            broker_port,
+            self.port,
+            self.database,
+            alertmanager=alertmanager,
+            extra=RACK_BUDGET if self.trays else "",
         )
         log = self.root / "aggregator.log"
         python = sys.executable
@@ -217,12 +636,40 @@ class Fleet:
         self.children.append(aggregator)
         wait_for_port(self.port, "the aggregator", aggregator, log)
         for index, node in enumerate(names, start=1):
-            config, scenario = agent_files(
-                self.root, self.pki, node, index, broker_port, metrics_port=metrics_ports[node]
-            )
+            if self.trays:
+                config, scenario = self._tray_files(
+                    self.trays[index - 1], broker_port, metrics_ports
+                )
+            else:
+                config, scenario = agent_files(
+                    self.root, self.pki, node, index, broker_port, metrics_port=metrics_ports[node]
+                )
             command = [python, "-m", "gpuagent", "run", "--config", str(config)]
             log = self.root / node / "log"
             self.children.append(start([*command, "--simulate", str(scenario)], log))
+
+    def _tray_files(
+        self, tray: Tray, broker_port: int, metrics_ports: dict[str, int]
+    ) -> tuple[Path, Path]:
+        home = self.root / tray.name
+        home.mkdir()
+        config = agent_config(
+            home,
+            self.pki,
+            tray.name,
+            broker_port,
+            metrics_port=metrics_ports[tray.name],
+            extra=rack_agent(home),
+        )
+        scenario = home / "scenario.toml"
+        scenario.write_text(tray.scenario())
+        return config, scenario
+
+    def start_drill(self) -> None:
+        if self.drill is not None:
+            api = f"http://127.0.0.1:{self.port}/"
+            self.runner = DrillRunner(self.root, api, self.trays, self.drill)
+            self.runner.thread.start()
 
     def watch(self) -> int:
         """Until a child exits (1) or Ctrl-C (0)."""
@@ -232,10 +679,18 @@ class Fleet:
         except KeyboardInterrupt:
             return 0
         failed = next(child for child in self.children if child.poll() is not None)
-        sys.stderr.write(f"run-fleet: {' '.join(map(str, failed.args[:4]))} exited\n")
+        command = failed.args if isinstance(failed.args, list) else [failed.args]
+        sys.stderr.write(f"run-fleet: {' '.join(map(str, command[:4]))} exited\n")
         return 1
 
     def stop(self) -> None:
+        # A second signal (a second Ctrl-C, `timeout` signalling the process group after
+        # the script) must not cut the stopping short and leave children behind.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if self.runner is not None:
+            self.runner.stopping.set()
+            self.runner.thread.join(timeout=5)
         for child in reversed(self.children):
             if child.poll() is None:
                 child.terminate()
@@ -255,15 +710,26 @@ def _alerting() -> tuple[str, str] | None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="run-fleet", description=__doc__.split("\n\n")[0])
-    parser.add_argument("nodes", nargs="?", type=int, default=4, help="agents (default 4)")
+    parser.add_argument("nodes", nargs="?", type=int, help="agents (default 4)")
     parser.add_argument("--dir", type=Path, default=REPO / ".run" / "fleet")
     parser.add_argument("--postgres", metavar="URL", help="a PostgreSQL database, not SQLite")
     parser.add_argument("--port", type=int, default=19500, help="the console's (default 19500)")
     parser.add_argument(
         "--no-alerts", action="store_true", help="no Prometheus and Alertmanager, even if installed"
     )
+    parser.add_argument(
+        "--rack", choices=["gb200"], help="a GB200 NVL72 rack: 18 trays in one NVLink domain"
+    )
+    parser.add_argument(
+        "--drill", choices=DRILLS, help="with --rack: the drill to run (default cascade)"
+    )
     args = parser.parse_args()
-    if not 1 <= args.nodes <= 64:
+    if args.rack and args.nodes is not None:
+        parser.error(f"--rack runs its {RACK_TRAYS} trays: leave N out")
+    if args.drill and not args.rack:
+        parser.error("--drill needs --rack")
+    nodes = RACK_TRAYS if args.rack else 4 if args.nodes is None else args.nodes
+    if not 1 <= nodes <= 64:
         parser.error("between 1 and 64 nodes")
     mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     if not Path(mosquitto).exists():
@@ -273,26 +739,30 @@ def main() -> int:
     root.mkdir(parents=True)
     alerting = None if args.no_alerts else _alerting()
     database = args.postgres or str(root / "fleet.sqlite")
-    fleet = Fleet(root, args.nodes, args.port, database, alerting)
+    drill = make_drill(args.drill or "cascade") if args.rack else None
+    fleet = Fleet(root, nodes, args.port, database, alerting, drill=drill)
     # SIGTERM stops it as Ctrl-C does.
     signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
     try:
         fleet.start(mosquitto)
+        what = f" (a GB200 NVL72 rack, drill {drill.name})" if drill is not None else ""
+        first = fleet.trays[0].name if fleet.trays else "sim-node-01"
         lines = [
-            f"run-fleet: {args.nodes} simulated nodes report to the aggregator",
+            f"run-fleet: {nodes} simulated nodes{what} report to the aggregator",
             f"  {'console':<12} http://127.0.0.1:{args.port}/",
             f"  {'API':<12} http://127.0.0.1:{args.port}/api/v1/fleet",
             *(f"  {name:<12} {url}" for name, url in fleet.addresses.items()),
             f"  {'files':<12} {root} (certificates in pki/, a log per node)",
             (
                 f"  {'a fault':<12} {REPO / '.venv/bin/gpuagent'} inject --config "
-                f"{root / 'sim-node-01' / 'config.toml'} ecc_dbe --gpu 3 count=1"
+                f"{root / first / 'config.toml'} ecc_dbe --gpu 3 count=1"
             ),
         ]
         if not alerting and not args.no_alerts:
             lines.append("  (no alerts: install prometheus and prometheus-alertmanager)")
         sys.stdout.write("\n".join([*lines, "Ctrl-C stops everything.", ""]))
         sys.stdout.flush()
+        fleet.start_drill()
         return fleet.watch()
     except KeyboardInterrupt:
         return 0

@@ -56,9 +56,10 @@ class RunningFleet:
 
 
 @contextmanager
-def run_fleet(tmp_path: Path, *args: str) -> Iterator[RunningFleet]:
+def run_fleet(tmp_path: Path, *args: str, nodes: int | None = None) -> Iterator[RunningFleet]:
     """run-fleet with ``args``, its first lines read; stopped with Ctrl-C at the end, which
-    must leave none of its processes."""
+    must leave none of its processes. ``nodes``: how many it runs (default: ``args[0]``)."""
+    count = int(args[0]) if nodes is None else nodes
     mosquitto_path()
     port = free_port()
     root = tmp_path / "fleet"
@@ -70,14 +71,14 @@ def run_fleet(tmp_path: Path, *args: str) -> Iterator[RunningFleet]:
     try:
         assert process.stdout is not None
         first = process.stdout.readline()
-        assert first.startswith(f"run-fleet: {args[0]} simulated nodes"), first
+        assert first.startswith(f"run-fleet: {count} simulated nodes"), first
         assert f"http://127.0.0.1:{port}/" in process.stdout.readline()
         fleet = RunningFleet(process, port, root)
         yield fleet
         children = psutil.Process(process.pid).children(recursive=True)
         # The broker, the aggregator, the agents, and Prometheus and Alertmanager.
         alerting = 0 if "--no-alerts" in args else 2
-        assert len(children) == int(args[0]) + 2 + alerting
+        assert len(children) == count + 2 + alerting
         process.send_signal(signal.SIGINT)
         _out, errors = process.communicate(timeout=30)
         assert process.returncode == 0, errors

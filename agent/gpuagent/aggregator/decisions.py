@@ -56,6 +56,8 @@ class CordonRequest:
     node: str
     action: str
     time: float
+    # What the decision's reason adds after the budget's (the fleet incident it is for).
+    note: str = ""
     decided: Decided | None = field(default=None)
 
 
@@ -93,7 +95,7 @@ def decide(session: Session, request: CordonRequest, config: CordonBudgetSection
             request.action,
             result.decision,
             request.time,
-            result.reason,
+            f"{result.reason}; {request.note}" if request.note else result.reason,
             result.retry_after_seconds,
         )
         session.execute(

@@ -306,7 +306,12 @@ class Ingest:
         """Decided in the shared database with the next batch (`decisions`): any
         aggregator may take the request, and all of them share one budget."""
         request = decisions.CordonRequest(
-            key, message["cluster"], message["node"], message["action"], self.clock()
+            key,
+            message["cluster"],
+            message["node"],
+            message["action"],
+            self.clock(),
+            note=verdict.reason,
         )
         deferred = Deferred()
 
@@ -320,7 +325,6 @@ class Ingest:
                     self.budget, [(request.cluster, request.node, done.action, done.time)]
                 )
             result = BudgetDecision(done.decision, done.reason, done.retry_after_seconds)
-            result = _with_verdict(result, verdict)
             self._note_decision(message, verdict, result)
             deferred.payload = self._decided(message, key, result)
 
