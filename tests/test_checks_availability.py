@@ -91,7 +91,21 @@ def test_gpu_without_readings_makes_every_readings_check_unknown(
 
 
 def test_event_checks_still_judge_a_gpu_without_readings() -> None:
-    # A lost GPU is exactly when its kernel-log lines matter: they say why.
+    # A GPU that stopped answering is exactly when its kernel-log lines matter: they say why.
+    timeout = event(
+        "xid",
+        "NVRM: Xid (PCI:0000:18:00): 119, pid=2024380, name=nvidia-smi, Timeout after 6s of "
+        "waiting for RPC response from GPU0 GSP!",
+        code=119,
+    )
+    health, _ = run(gpu("timeout", error="slow"), events=(timeout,))
+    assert finding(health, "xid").severity is Severity.CRITICAL
+    assert finding(health, "bus").severity is Severity.OK  # no "fallen off the bus" line
+    assert finding(health, "aer").severity is Severity.OK
+
+
+def test_a_lost_gpus_xid_79_is_evidence_of_its_availability_finding() -> None:
+    # Xid 79 and GPU_IS_LOST are one fault: one finding, with both evidences.
     fallen = event(
         "xid",
         "NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, "
@@ -99,9 +113,10 @@ def test_event_checks_still_judge_a_gpu_without_readings() -> None:
         code=79,
     )
     health, _ = run(gpu("lost"), events=(fallen,))
-    assert finding(health, "xid").severity is Severity.CRITICAL
-    assert finding(health, "bus").severity is Severity.OK  # no "fallen off the bus" line
-    assert finding(health, "aer").severity is Severity.OK
+    lost = finding(health, "availability")
+    assert (lost.severity, lost.cause) == (Severity.CRITICAL, "gpu-lost")
+    assert (lost.evidence_dict()["status"], lost.evidence_dict()["xid"]) == ("lost", 79)
+    assert finding(health, "xid").severity is Severity.OK
 
 
 def test_no_data_does_not_mask_a_lost_gpu() -> None:

@@ -7,7 +7,8 @@ one Finding per check is done here, once, so every check combines problems the s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from gpuagent.checks.eventindex import EventIndex
 from gpuagent.checks.memory import GpuMemory
@@ -59,6 +60,9 @@ class EventView:
     now: float
     events: EventIndex
     path: PciePath | None
+    # XIDs whose fault another check's finding reports (XID → that check): the ``xid``
+    # check leaves them out of its problems (see checks/same_fault.py).
+    owned_xids: Mapping[int, str] = field(default_factory=dict)
 
     @property
     def bus_id(self) -> str:

@@ -47,6 +47,7 @@ from gpuagent.checks.processes import check_processes, remember_processes
 from gpuagent.checks.recovery import check_recovery
 from gpuagent.checks.retired_pages import check_retired_pages
 from gpuagent.checks.row_remap import check_row_remap
+from gpuagent.checks.same_fault import absorb, owned_xids
 from gpuagent.checks.settings import (
     check_ecc_mode,
     check_persistence,
@@ -73,6 +74,7 @@ from gpuagent.model import (
 )
 
 AVAILABILITY = "availability"
+XID = "xid"
 NVML = "nvml"
 STATE_DIR = "state_dir"
 # Only when the DCGM source is present (configured, bindings loaded), after a GPU's other
@@ -114,7 +116,7 @@ class NodeCheck:
 GPU_CHECKS: tuple[ReadingsCheck | EventCheck, ...] = (
     # Is the GPU there at all, then the faults the driver reported, then the hardware.
     EventCheck("bus", lambda c: c.bus.enabled, check_bus),
-    EventCheck("xid", lambda c: c.xid.enabled, check_xid),
+    EventCheck(XID, lambda c: c.xid.enabled, check_xid),
     # Retired pages and row remapping are ECC's bookkeeping, so the ECC switch covers them.
     ReadingsCheck("ecc", lambda c: c.ecc.enabled, check_ecc),
     ReadingsCheck("retired_pages", lambda c: c.ecc.enabled, check_retired_pages),
@@ -241,7 +243,6 @@ def _gpu_findings(
 ) -> list[Finding]:
     bus_id, now = state.identity.pci_bus_id, context.now
     config = context.config_for(state.identity.index)
-    findings = [to_finding(AVAILABILITY, bus_id, check_availability(state))]
     events = EventView(state.identity, readings, config, memory, now, context.events, path)
     wanted = persistence_wanted(state.identity.index, context.inventory)
     view = (
@@ -249,17 +250,31 @@ def _gpu_findings(
         if readings is None
         else GpuView(state.identity, readings, config, memory, now, path, wanted)
     )
-    for check in GPU_CHECKS:
-        if not check.enabled(config):
-            continue
+    enabled = [check for check in GPU_CHECKS if check.enabled(config)]
+    # None: the check needs readings the GPU did not serve (its finding is masked).
+    outcomes: dict[str, Outcome | None] = {AVAILABILITY: check_availability(state)}
+    xids = context.events.for_device(bus_id, "xid")
+    owned: dict[int, str] = {}
+    # xid runs after the checks that may own a fault it sees too (checks/same_fault.py);
+    # the findings keep the table's order.
+    for check in sorted(enabled, key=lambda c: c.name == XID):
         if isinstance(check, EventCheck):
-            outcome = check.run(events)
-        elif view is None:
-            findings.append(_masked(check.name, bus_id, state))
-            continue
+            if check.name == XID:
+                owned = owned_xids(outcomes, xids)
+                events = replace(events, owned_xids=owned) if owned else events
+            outcomes[check.name] = check.run(events)
         else:
-            outcome = check.run(view)
-        findings.append(to_finding(check.name, bus_id, outcome))
+            outcomes[check.name] = None if view is None else check.run(view)
+    for owner in sorted(set(owned.values())):
+        outcome = outcomes[owner]
+        assert outcome is not None  # it owns an XID because its outcome reports the fault
+        outcomes[owner] = absorb(outcome, owner, owned, xids, context.events.weight)
+    findings = [
+        to_finding(name, bus_id, outcome)
+        if (outcome := outcomes[name]) is not None
+        else _masked(name, bus_id, state)
+        for name in (AVAILABILITY, *(check.name for check in enabled))
+    ]
     if context.dcgm_present:
         assert context.dcgm is not None
         mine = [i for i in context.dcgm.incidents if i.gpu == bus_id]

@@ -4,7 +4,9 @@ Each XID is judged by the catalog's immediate-action bucket. Application errors 
 they are the workload's fault, so they only WARN for ``app_error_hold_seconds`` and turn
 CRITICAL when they come faster than ``app_error_rate_per_hour``. Every other verdict holds
 for as long as its event is in the event log: the fault stays until the GPU is reset or
-the node rebooted. GSP error messages that no XID explains are judged here too.
+the node rebooted. GSP error messages that no XID explains are judged here too. An XID
+whose fault another check's finding reports (Xid 48 with the DBE counter, say) is left to
+that finding: see checks/same_fault.py.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from gpuagent.checks.common import EventView, Evidence, Outcome, Problem, fmt, plural
@@ -386,11 +388,14 @@ def _repeat_items(view: EventView, tally: _Tally, weight: Weight) -> list[_Item]
     return items
 
 
-def _fault_items(tally: _Tally, weight: Weight) -> list[_Item]:
-    """One problem per XID number and verdict, for every verdict that is not an app error."""
+def _fault_items(tally: _Tally, weight: Weight, owned: Mapping[int, str]) -> list[_Item]:
+    """One problem per XID number and verdict, for every verdict that is not an app error,
+    but those of ``owned`` XIDs (another check's finding reports their fault)."""
     items = []
     for key, members in tally.faults.items():
         code, verdict, _ = key
+        if code in owned:
+            continue  # its teardowns, attached to it, go with it
         event, judgement = members[-1]
         count = sum(weight(e) for e, _ in members)
         consequences = tally.consequences.get(key, 0)
@@ -494,7 +499,7 @@ def check_xid(view: EventView) -> Outcome:
     gsp = _untied_gsp(view, xids)
     gsp_records = view.events.records(gsp)
     items = [
-        *_fault_items(tally, weight),
+        *_fault_items(tally, weight, view.owned_xids),
         *_repeat_items(view, tally, weight),
         *_app_items(view, tally.apps, incidents),
         *_gsp_item(gsp, gsp_records),
@@ -512,7 +517,16 @@ def check_xid(view: EventView) -> Outcome:
         ("gsp_messages_last_hour", gsp_records),
     )
     ok = f"{plural(len(xids), 'XID')} seen, none needing action" if xids else "no XIDs"
+    if view.owned_xids:
+        ok = f"{plural(len(xids), 'XID')} seen, none needing action here; {_elsewhere(view)}"
     return Outcome(ok, evidence, tuple(item.problem for item in items))
+
+
+def _elsewhere(view: EventView) -> str:
+    """Where the owned XIDs are reported: "Xid 48 in the ecc finding"."""
+    return ", ".join(
+        f"Xid {code} in the {owner} finding" for code, owner in sorted(view.owned_xids.items())
+    )
 
 
 def _latest_subject(xids: Sequence[GpuEvent]) -> _Subject | None:
