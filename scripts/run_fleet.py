@@ -58,6 +58,7 @@ REPO = Path(__file__).resolve().parent.parent
 SHIPPED_CONF = REPO / "deploy" / "mosquitto" / "gpuagent.conf"
 SHIPPED_ACL = REPO / "deploy" / "mosquitto" / "gpuagent.acl"
 SHIPPED_RULES = REPO / "deploy" / "prometheus" / "gpuagent-rules.yml"
+SHIPPED_ROUTES = REPO / "deploy" / "alertmanager" / "gpuagent.yml"
 MODEL = 'gpus = 8\nmodel = "NVIDIA H100 80GB HBM3"\ndriver_version = "550.54.15"\n'
 # What goes wrong on which node, and when (seconds after it starts); the rest stay healthy.
 TIMELINES = {
@@ -593,7 +594,7 @@ class Fleet:
         prometheus, alertmanager = self.alerting
         am_port, prom_port = free_port(), free_port()
         am_conf = self.root / "alertmanager.yml"
-        am_conf.write_text("route:\n  receiver: none\nreceivers:\n  - name: none\n")
+        am_conf.write_text(SHIPPED_ROUTES.read_text())  # its routes and inhibitions
         self._service(
             [alertmanager, f"--config.file={am_conf}", f"--web.listen-address=127.0.0.1:{am_port}",
              f"--storage.path={self.root / 'alertmanager-data'}", "--cluster.listen-address="],
@@ -760,6 +761,7 @@ def main() -> int:
         ]
         if not alerting and not args.no_alerts:
             lines.append("  (no alerts: install prometheus and prometheus-alertmanager)")
+        (root / "addresses.json").write_text(json.dumps(fleet.addresses))
         sys.stdout.write("\n".join([*lines, "Ctrl-C stops everything.", ""]))
         sys.stdout.flush()
         fleet.start_drill()
