@@ -321,7 +321,7 @@ async def test_shutdown_awaits_the_cancelled_remediation_task(tmp_path: Path) ->
             await asyncio.sleep(0.05)  # writing down what was cut short
             finished.append("cleaned up")
 
-    agent._remediation_task = task = asyncio.create_task(cycle(), name="remediation")
+    agent.remediation.task = task = asyncio.create_task(cycle(), name="remediation")
     await asyncio.sleep(0)
     await agent.shutdown()
     assert task.cancelled()

@@ -80,10 +80,6 @@ class ExhaustionLog:
         self._episode = 0
         self._log = logger
 
-    @property
-    def exhausted(self) -> bool:
-        return self._episode > 0
-
     def failed(self, exc: OSError) -> None:
         self.failures += 1
         self._episode += 1

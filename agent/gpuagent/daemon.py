@@ -37,7 +37,6 @@ from gpuagent.node.sources import EventSources
 from gpuagent.remediation.audit import AuditRecord, AuditStore
 from gpuagent.remediation.executor import Remediator
 from gpuagent.sdnotify import Notifier
-from gpuagent.sources.nvml import NvmlSource
 from gpuagent.sources.udev import PciChange
 from gpuagent.store import SnapshotStore
 from gpuagent.supervisor import SourceTracker
@@ -186,24 +185,8 @@ class Agent:
         return self.remediation.remediator
 
     @property
-    def _remediation_task(self) -> asyncio.Task[None] | None:
-        return self.remediation.task
-
-    @_remediation_task.setter
-    def _remediation_task(self, task: asyncio.Task[None] | None) -> None:
-        self.remediation.task = task
-
-    @property
-    def nvml(self) -> NvmlSource | None:
-        return self.poller.nvml
-
-    @property
     def polls(self) -> int:
         return self.poller.polls
-
-    @property
-    def refresh_requested(self) -> asyncio.Event:
-        return self.poller.refresh_requested
 
     @property
     def kmsg_path(self) -> Path:
@@ -327,7 +310,7 @@ class Agent:
     def _on_gpu_reset(self, bus_id: str, when: float) -> None:
         # A reset clears what the XIDs before it asked for; poll at once to see the GPU.
         self.events.forget(bus_id, when, frozenset({"xid", "gsp"}))
-        self.refresh_requested.set()
+        self.poller.refresh_requested.set()
 
     async def startup(self) -> None:
         audit = AuditStore(self.config.agent.state_dir / "remediation.sqlite", disk=self._disk)
@@ -449,8 +432,8 @@ class Agent:
         deadline = self._stop_deadline()
         self.notifier.stopping()
         await self._until(deadline, self._api.stop(), "the local API")
-        if self._remediation_task is not None:
-            await self._cancel_and_wait([self._remediation_task], deadline)
+        if self.remediation.task is not None:
+            await self._cancel_and_wait([self.remediation.task], deadline)
         if self.remediator is not None:
             await self._until(deadline, self.remediator.close(), "evidence bundles")
         await self._until(deadline, self._close_sources(), "closing NVML")
@@ -517,7 +500,7 @@ class Agent:
     # --- remote commands (the MQTT reporter's CommandTarget) ----------------------------------
 
     def refresh(self) -> None:
-        self.refresh_requested.set()
+        self.poller.refresh_requested.set()
 
     async def run_checks(self) -> str:
         """Poll and evaluate now; the summary of the snapshot that follows."""

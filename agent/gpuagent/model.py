@@ -443,7 +443,6 @@ class GpuState:
     readings: GpuReadings | None = None
     error: str | None = None
     sampled_at: float | None = None  # wall clock of the last successful sample
-    sampled_monotonic: float | None = None
     # Its owners (workload attribution); empty when attribution is off or none is known.
     # Several on a time-sliced or MIG GPU.
     workloads: tuple[Workload, ...] = ()

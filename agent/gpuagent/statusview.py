@@ -17,9 +17,7 @@ from gpuagent.model import (
     GpuProcess,
     GpuReadings,
     GpuState,
-    MigDevice,
     NodeSnapshot,
-    SourceStatus,
     Workload,
     nvlink_domain,
 )
@@ -87,7 +85,7 @@ def _gpu_json(snapshot: NodeSnapshot, gpu: GpuState) -> dict[str, Any]:
         )
         doc["fabric"] = _fabric_json(readings)
         if readings.mig_devices:  # MIG mode only: the IDs Kubernetes owners are matched by
-            doc["mig_devices"] = [_mig_device_json(m) for m in readings.mig_devices]
+            doc["mig_devices"] = [dataclasses.asdict(m) for m in readings.mig_devices]
     return doc
 
 
@@ -102,14 +100,6 @@ def _fabric_json(readings: GpuReadings) -> dict[str, Any] | None:
         "cluster_uuid": readings.fabric_cluster_uuid,
         "clique_id": readings.fabric_clique_id,
         "nvlink_domain": nvlink_domain(readings),
-    }
-
-
-def _mig_device_json(device: MigDevice) -> dict[str, Any]:
-    return {
-        "uuid": device.uuid,
-        "gpu_instance_id": device.gpu_instance_id,
-        "compute_instance_id": device.compute_instance_id,
     }
 
 
@@ -156,18 +146,6 @@ def event_json(event: GpuEvent) -> dict[str, Any]:
     }
 
 
-def _source_json(source: SourceStatus) -> dict[str, Any]:
-    return {
-        "name": source.name,
-        "up": source.up,
-        "available": source.available,
-        "last_success": source.last_success,
-        "last_error": source.last_error,
-        "last_duration_seconds": source.last_duration_seconds,
-        "consecutive_failures": source.consecutive_failures,
-    }
-
-
 def status_document(snapshot: NodeSnapshot) -> dict[str, Any]:
     nvml = snapshot.nvml
     return {
@@ -191,12 +169,8 @@ def status_document(snapshot: NodeSnapshot) -> dict[str, Any]:
             "labels": dict(snapshot.location_labels),
         },
         "gpus": [_gpu_json(snapshot, gpu) for gpu in snapshot.gpus],
-        "sources": [_source_json(s) for s in snapshot.sources],
-        "kmsg": {
-            "records_read": snapshot.kmsg.records_read,
-            "records_lost": snapshot.kmsg.records_lost,
-            "lines_unparsed": snapshot.kmsg.lines_unparsed,
-        },
+        "sources": [dataclasses.asdict(s) for s in snapshot.sources],
+        "kmsg": dataclasses.asdict(snapshot.kmsg),
         "recent_events": len(snapshot.events),
         "remediation": _remediation_json(snapshot),
         "dcgm": _dcgm_json(snapshot),

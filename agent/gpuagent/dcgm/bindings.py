@@ -12,6 +12,7 @@ stand-in module is given to that one import and removed from sys.modules afterwa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import importlib.util
 import logging
@@ -185,12 +186,4 @@ def load_from(path: Path) -> DcgmBindings:
     with contextlib.suppress(Exception):
         info = bindings.agent.dcgmVersionInfo().rawBuildInfoString
         version = parse_version(info.decode() if isinstance(info, bytes) else str(info))
-    return DcgmBindings(
-        path=bindings.path,
-        structs=structs,
-        agent=bindings.agent,
-        fields=bindings.fields,
-        value=bindings.value,
-        errors=bindings.errors,
-        version=version,
-    )
+    return dataclasses.replace(bindings, version=version)

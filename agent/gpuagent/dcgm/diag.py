@@ -57,15 +57,7 @@ def validate(  # noqa: PLR0911 - one return per way a diagnostic can end
     started = time.time()
 
     def result(tests: tuple[DiagTest, ...] = (), error: str = "") -> DiagResult:
-        return DiagResult(
-            level=level,
-            gpus=gpus,
-            started=started,
-            finished=time.time(),
-            via="bindings",
-            tests=tests,
-            error=error,
-        )
+        return DiagResult(level, gpus, started, time.time(), "bindings", tests, error)
 
     if not 1 <= level <= 4:
         return result(error=f"no diagnostic level {level} (1-4)")
@@ -122,13 +114,11 @@ def read_response(dcgm_structs: Any, response: Any) -> tuple[DiagTest, ...]:
         if hasattr(dcgm_structs, name)
     }
     system_test = getattr(dcgm_structs, "DCGM_DIAG_RESPONSE_SYSTEM_ERROR", 255)
-    errors = list(response.errors[: min(int(response.numErrors), len(response.errors))])
-    infos = list(response.info[: min(int(response.numInfo), len(response.info))])
-    results = list(response.results[: min(int(response.numResults), len(response.results))])
+    errors = _filled(response.errors, response.numErrors)
+    infos = _filled(response.info, response.numInfo)
+    results = _filled(response.results, response.numResults)
     tests: list[DiagTest] = []
-    for test_id, test in enumerate(
-        response.tests[: min(int(response.numTests), len(response.tests))]
-    ):
+    for test_id, test in enumerate(_filled(response.tests, response.numTests)):
         name = _text(test.name) or _text(test.pluginName) or f"test {test_id}"
         indices = list(test.resultIndices[: int(test.numResults)])
         per_entity = [results[i] for i in indices if i < len(results)]
@@ -152,6 +142,12 @@ def read_response(dcgm_structs: Any, response: Any) -> tuple[DiagTest, ...]:
         detail = "; ".join(_text(e.msg) for e in system)
         tests.append(DiagTest(_SYSTEM, "fail", None, detail))
     return tuple(tests)
+
+
+def _filled(array: Any, count: Any) -> list[Any]:
+    """The entries of a fixed-size response array that DCGM filled (its count, at most
+    the array's length)."""
+    return list(array[: min(int(count), len(array))])
 
 
 def _gpu(entity: Any) -> int | None:

@@ -86,7 +86,6 @@ class PolicyWatch:
         )
         # Referenced here for as long as the source lives: DCGM keeps only its address.
         self.callback = callback_type(self._on_dcgm_thread)
-        self.delivered = 0
 
     def register(self, handle: Any, group: Any) -> None:
         """Set the policy on ``group`` and register the callback (blocking)."""
@@ -117,7 +116,6 @@ class PolicyWatch:
         return 0
 
     def _deliver(self, violation: Violation) -> None:
-        self.delivered += 1
         self._on_event(to_event(violation, self.bus_ids))
 
 

@@ -22,22 +22,7 @@ from gpuagent.inventory.model import (
     PciFunction,
     Service,
 )
-from gpuagent.sources.pcie import canonical_bus_id, role_of
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
-        return None
-
-
-def _hex(path: Path) -> int | None:
-    text = _read(path)
-    try:
-        return None if text is None else int(text, 16)
-    except ValueError:
-        return None
+from gpuagent.sources.pcie import canonical_bus_id, read_hex, read_stripped, role_of
 
 
 def _entries(directory: Path) -> Iterator[Path]:
@@ -78,10 +63,10 @@ def read_pci_functions(sys_root: Path) -> tuple[PciFunction, ...] | None:
     functions = []
     for entry in _entries(devices):
         address = canonical_bus_id(entry.name)
-        role = role_of(_hex(entry / "vendor"), _hex(entry / "class"))
+        role = role_of(read_hex(entry / "vendor"), read_hex(entry / "class"))
         if address is None or role is None or role == "bridge" or _is_virtual_function(entry):
             continue
-        functions.append(PciFunction(address, role, _hex(entry / "device"), _driver(entry)))
+        functions.append(PciFunction(address, role, read_hex(entry / "device"), _driver(entry)))
     return tuple(sorted(functions, key=lambda f: f.address))
 
 
@@ -125,7 +110,7 @@ def read_library_version(library_dirs: tuple[Path, ...]) -> str | None:
 
 def read_os_release(path: Path) -> str | None:
     """PRETTY_NAME (or NAME and VERSION) from an os-release file."""
-    text = _read(path)
+    text = read_stripped(path)
     if text is None:
         return None
     values: dict[str, str] = {}
@@ -158,11 +143,11 @@ def collect_host(
 ) -> HostFacts:
     """``modules_root``: where installed kernels keep their modules (/lib/modules); None:
     installed kernels are not looked at."""
-    kernel_release = _read(proc_root / "sys" / "kernel" / "osrelease") or None
+    kernel_release = read_stripped(proc_root / "sys" / "kernel" / "osrelease") or None
     return HostFacts(
         pci=read_pci_functions(sys_root),
         modules=read_modules(sys_root, required_modules),
-        module_version=_read(sys_root / "module" / "nvidia" / "version") or None,
+        module_version=read_stripped(sys_root / "module" / "nvidia" / "version") or None,
         library_version=read_library_version(library_dirs),
         kernel_release=kernel_release,
         kernels=()

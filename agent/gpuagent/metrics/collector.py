@@ -71,13 +71,11 @@ def _number(value: object) -> float | None:
     return None
 
 
-def _gauge(spec: MetricSpec) -> GaugeMetricFamily:
-    return GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
-
-
-def _counter(spec: MetricSpec) -> CounterMetricFamily:
-    """A real counter: ``spec.name`` ends in _total, which is the sample name served."""
-    return CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
+def _one(spec: MetricSpec, value: float) -> Metric:
+    """A gauge with one unlabelled sample."""
+    family = spec.gauge()
+    family.add_metric([], value)
+    return family
 
 
 class _Gpu:
@@ -181,10 +179,11 @@ class _Builder:
             *(self._table_family(m, dcgm=False) for m in names.AGENT_GPU_METRICS),
             *self._profiling(),
             self._clock_event_reasons(),
-            self._nvlink_up(),
-            *self._c2c(),
-            self._nvlink_ber(names.GPU_NVLINK_EFFECTIVE_BER, "nvlink_effective_ber"),
-            self._nvlink_ber(names.GPU_NVLINK_SYMBOL_BER, "nvlink_symbol_ber"),
+            self._per_link(names.GPU_NVLINK_UP, "nvlink_up"),
+            self._per_link(names.GPU_C2C_LINK_UP, "c2c_up"),
+            self._c2c_errors(),
+            self._per_link(names.GPU_NVLINK_EFFECTIVE_BER, "nvlink_effective_ber"),
+            self._per_link(names.GPU_NVLINK_SYMBOL_BER, "nvlink_symbol_ber"),
             self._row_remap_banks(),
             self._fabric_health(),
             self._fabric_info(),
@@ -206,21 +205,13 @@ class _Builder:
 
     def _node(self) -> list[Metric]:
         snap = self.snapshot
-        node_health = _gauge(names.NODE_HEALTH)
-        node_health.add_metric([], snap.health.severity.value)
-        checks = _gauge(names.NODE_CHECK_HEALTH)
+        checks = names.NODE_CHECK_HEALTH.gauge()
         for check, severity in _worst_by_check(snap.health.node_findings()).items():
             checks.add_metric([check], severity.value)
-        agent = _gauge(names.AGENT_INFO)
+        agent = names.AGENT_INFO.gauge()
         agent.add_metric([snap.node_name, snap.cluster], 1.0)
-        nvml_up = _gauge(names.NVML_UP)
-        nvml_up.add_metric([], float(snap.nvml.ok))
-        taken_at = _gauge(names.SNAPSHOT_TIMESTAMP)
-        taken_at.add_metric([], snap.taken_at)
-        simulated = _gauge(names.SIMULATED)
-        simulated.add_metric([], float(snap.simulated))
-        rejected = _counter(names.API_REJECTED)
-        connections = _counter(names.API_CONNECTIONS_REJECTED)
+        rejected = names.API_REJECTED.counter()
+        connections = names.API_CONNECTIONS_REJECTED.counter()
         for reason, count in snap.rejected_api_requests:
             # The API server counts refused connections beside refused requests, prefixed.
             if reason.startswith(CONNECTION_REASON_PREFIX):
@@ -230,11 +221,11 @@ class _Builder:
         return [
             build_info(snap, self.version),
             agent,
-            node_health,
+            _one(names.NODE_HEALTH, snap.health.severity.value),
             checks,
-            nvml_up,
-            taken_at,
-            simulated,
+            _one(names.NVML_UP, float(snap.nvml.ok)),
+            _one(names.SNAPSHOT_TIMESTAMP, snap.taken_at),
+            _one(names.SIMULATED, float(snap.simulated)),
             rejected,
             connections,
         ]
@@ -243,45 +234,33 @@ class _Builder:
         status = self.snapshot.remediation
         if status is None:
             return []
-        actions = _counter(names.ACTIONS_TOTAL)
+        actions = names.ACTIONS_TOTAL.counter()
         for action, result, count in status.counts:
             actions.add_metric([action, result], count)
-        budgets = _gauge(names.REMEDIATION_BUDGET)
+        budgets = names.REMEDIATION_BUDGET.gauge()
         for action, scope, remaining in status.budgets:
             budgets.add_metric([action, scope], remaining)
-        flags = []
-        for spec, value in (
-            (names.REMEDIATION_ENFORCING, status.mode == "enforce"),
-            (names.REMEDIATION_PAUSED, status.paused),
-            (names.REMEDIATION_CORDONED, status.cordoned_by_us),
-        ):
-            family = _gauge(spec)
-            family.add_metric([], float(value))
-            flags.append(family)
-        return [actions, budgets, *flags]
+        return [
+            actions,
+            budgets,
+            _one(names.REMEDIATION_ENFORCING, float(status.mode == "enforce")),
+            _one(names.REMEDIATION_PAUSED, float(status.paused)),
+            _one(names.REMEDIATION_CORDONED, float(status.cordoned_by_us)),
+        ]
 
     def _mqtt(self) -> list[Metric]:
         status = self.snapshot.mqtt
         if status is None:
             return []
-        families: list[Metric] = []
-        for spec, value in (
-            (names.MQTT_CONNECTED, float(status.connected)),
-            (names.MQTT_SPOOL_MESSAGES, float(status.spool_depth)),
-            (names.MQTT_SPOOL_BYTES, float(status.spool_bytes)),
-            (names.MQTT_AWAITING_ACK, float(status.awaiting_ack)),
-        ):
-            family = _gauge(spec)
-            family.add_metric([], value)
-            families.append(family)
-        for spec, total in (
-            (names.MQTT_CONNECTIONS, status.connections),
-            (names.MQTT_SPOOL_DROPPED, status.spool_dropped),
-            (names.MQTT_ACKNOWLEDGED, status.acknowledged),
-        ):
-            counter = _counter(spec)
-            counter.add_metric([], float(total))
-            families.append(counter)
+        families: list[Metric] = [
+            _one(names.MQTT_CONNECTED, float(status.connected)),
+            _one(names.MQTT_SPOOL_MESSAGES, float(status.spool_depth)),
+            _one(names.MQTT_SPOOL_BYTES, float(status.spool_bytes)),
+            _one(names.MQTT_AWAITING_ACK, float(status.awaiting_ack)),
+            names.MQTT_CONNECTIONS.counter(float(status.connections)),
+            names.MQTT_SPOOL_DROPPED.counter(float(status.spool_dropped)),
+            names.MQTT_ACKNOWLEDGED.counter(float(status.acknowledged)),
+        ]
         for spec, counts in (
             (names.MQTT_PUBLISHED, status.published),
             (names.MQTT_REFUSED, status.refused),
@@ -289,7 +268,7 @@ class _Builder:
             (names.MQTT_COMMANDS_REJECTED, status.rejected_commands),
             (names.MQTT_DISCONNECTS, status.disconnects),
         ):
-            counter = _counter(spec)
+            counter = spec.counter()
             for label, count in counts:
                 counter.add_metric([label], float(count))
             families.append(counter)
@@ -305,7 +284,7 @@ class _Builder:
         ]
         families: list[Metric] = []
         for spec, value_of in columns:
-            family = _gauge(spec)
+            family = spec.gauge()
             for source in self.snapshot.sources:
                 value = value_of(source)
                 if value is not None:
@@ -314,14 +293,14 @@ class _Builder:
         return families
 
     def _gpu_up(self) -> Metric:
-        family = _gauge(names.GPU_UP)
+        family = names.GPU_UP.gauge()
         for gpu, readings in self.gpus:
             family.add_metric(gpu.labels, float(readings is not None))
         return family
 
     def _gpu_health(self) -> list[Metric]:
-        per_check = _gauge(names.GPU_HEALTH)
-        status = _gauge(names.GPU_HEALTH_STATUS)
+        per_check = names.GPU_HEALTH.gauge()
+        status = names.GPU_HEALTH_STATUS.gauge()
         findings_by_gpu: dict[str, list[Finding]] = {}
         for finding in self.snapshot.health.findings:
             if finding.gpu is not None:
@@ -381,7 +360,7 @@ class _Builder:
         return families
 
     def _clock_event_reasons(self) -> Metric:
-        family = _gauge(names.GPU_CLOCK_EVENT_REASONS)
+        family = names.GPU_CLOCK_EVENT_REASONS.gauge()
         for gpu, _identity, readings in self.answering:
             mask = readings.clock_event_reasons
             if mask is None:
@@ -391,7 +370,7 @@ class _Builder:
         return family
 
     def _row_remap_banks(self) -> Metric:
-        family = _gauge(names.GPU_ROW_REMAP_BANKS)
+        family = names.GPU_ROW_REMAP_BANKS.gauge()
         for gpu, _identity, readings in self.answering:
             if readings.remap_banks is not None:
                 for availability, banks in zip(
@@ -401,7 +380,7 @@ class _Builder:
         return family
 
     def _fabric_health(self) -> Metric:
-        family = _gauge(names.GPU_FABRIC_HEALTH)
+        family = names.GPU_FABRIC_HEALTH.gauge()
         for gpu, _identity, readings in self.answering:
             if readings.fabric_health_mask is not None:
                 conditions = fabric_conditions(readings.fabric_health_mask)
@@ -411,7 +390,7 @@ class _Builder:
 
     def _fabric_info(self) -> Metric:
         """Where each GPU of a fabric (or an NVL rack) sits: one info series per GPU."""
-        family = _gauge(names.GPU_FABRIC_INFO)
+        family = names.GPU_FABRIC_INFO.gauge()
         for gpu, identity, readings in self.answering:
             place = identity.platform
             if readings.fabric_state is None and place is None:
@@ -434,44 +413,34 @@ class _Builder:
             )
         return family
 
-    def _nvlink_up(self) -> Metric:
-        family = _gauge(names.GPU_NVLINK_UP)
+    def _per_link(self, spec: MetricSpec, field: str) -> Metric:
+        """One sample per link of each GPU's ``field`` (a value per link, None unknown)."""
+        family = spec.gauge()
         for gpu, _identity, readings in self.answering:
-            for link, up in enumerate(readings.nvlink_up):
-                if up is not None:
-                    family.add_metric([*gpu.labels, str(link)], float(up))
+            for link, value in enumerate(getattr(readings, field)):
+                if value is not None:
+                    family.add_metric([*gpu.labels, str(link)], float(value))
         return family
 
-    def _c2c(self) -> list[Metric]:
-        up, errors = _gauge(names.GPU_C2C_LINK_UP), _counter(names.GPU_C2C_ERRORS)
+    def _c2c_errors(self) -> Metric:
+        errors = names.GPU_C2C_ERRORS.counter()
         for gpu, _identity, readings in self.answering:
-            for link, state in enumerate(readings.c2c_up):
-                if state is not None:
-                    up.add_metric([*gpu.labels, str(link)], float(state))
             for counter, value in readings.c2c_errors:
                 if value is not None:
                     errors.add_metric([*gpu.labels, counter], float(value))
-        return [up, errors]
-
-    def _nvlink_ber(self, spec: MetricSpec, field: str) -> Metric:
-        family = _gauge(spec)
-        for gpu, _identity, readings in self.answering:
-            for link, ber in enumerate(getattr(readings, field)):
-                if ber is not None:
-                    family.add_metric([*gpu.labels, str(link)], ber)
-        return family
+        return errors
 
     def _pcie(self) -> list[Metric]:
         links = _pcie_links(self.snapshot.pcie, self.snapshot.hostname)
         families: list[Metric] = []
         for spec, field in names.PCIE_LINK_GAUGES:
-            family = _gauge(spec)
+            family = spec.gauge()
             for link, labels in links:
                 value = _number(getattr(link, field))
                 if value is not None:
                     family.add_metric(labels, value)
             families.append(family)
-        aer = _counter(names.PCIE_AER_ERRORS)
+        aer = names.PCIE_AER_ERRORS.counter()
         for link, labels in links:
             for severity, field in names.PCIE_AER_SEVERITIES:
                 count = _number(getattr(link, field))
@@ -528,7 +497,7 @@ def _worst_by_check(findings: Sequence[Finding]) -> dict[str, Severity]:
 
 def build_info(snapshot: NodeSnapshot | None, version: str) -> Metric:
     nvml = snapshot.nvml if snapshot is not None else None
-    family = _gauge(names.BUILD_INFO)
+    family = names.BUILD_INFO.gauge()
     labels = [
         version,
         (nvml and nvml.driver_version) or "",

@@ -6,7 +6,7 @@ A level never run on this node since the agent started has no series.
 
 from __future__ import annotations
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
 from gpuagent.metrics.names import MetricSpec
 from gpuagent.model import DiagOutcome, NodeSnapshot
@@ -45,9 +45,7 @@ SPECS = (DIAG_RESULT, DIAG_PASSED, DIAG_LAST_RUN, DIAG_DURATION)
 
 
 def diag_families(snapshot: NodeSnapshot) -> list[Metric]:
-    result, passed, last_run, duration = (
-        GaugeMetricFamily(s.name, s.help, labels=s.labels) for s in SPECS
-    )
+    result, passed, last_run, duration = (s.gauge() for s in SPECS)
     for diag in snapshot.diag:
         level = str(diag.level)
         passed.add_metric([level], 1.0 if diag.passed else 0.0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
 from gpuagent.metrics import names
 from gpuagent.model import EventCount, NodeSnapshot
@@ -16,10 +16,6 @@ _BUS_KINDS = frozenset(
 )
 
 
-def _counter(spec: names.MetricSpec, value: float | None = None) -> CounterMetricFamily:
-    return CounterMetricFamily(spec.name, spec.help, labels=spec.labels or None, value=value)
-
-
 def event_families(
     snapshot: NodeSnapshot,
     gpu_labels: LabelsFor,
@@ -27,11 +23,9 @@ def event_families(
     nvml_bus_id: Callable[[str], str],
 ) -> list[Metric]:
     """``gpu_labels(bus_id)`` gives a GPU's label values (GPU_LABELS order)."""
-    last_xid = GaugeMetricFamily(
-        names.XID_LAST.name, names.XID_LAST.help, labels=names.XID_LAST.labels
-    )
-    xids, sxids = _counter(names.XID_TOTAL), _counter(names.SXID_TOTAL)
-    aer, bus = _counter(names.AER_REPORTS_TOTAL), _counter(names.BUS_EVENTS_TOTAL)
+    last_xid = names.XID_LAST.gauge()
+    xids, sxids = names.XID_TOTAL.counter(), names.SXID_TOTAL.counter()
+    aer, bus = names.AER_REPORTS_TOTAL.counter(), names.BUS_EVENTS_TOTAL.counter()
     host = snapshot.hostname
     newest: dict[str, EventCount] = {}
     for count in snapshot.event_counts:
@@ -63,7 +57,7 @@ def event_families(
         sxids,
         aer,
         bus,
-        _counter(names.KMSG_READ, kmsg.records_read),
-        _counter(names.KMSG_LOST, kmsg.records_lost),
-        _counter(names.KMSG_UNPARSED, kmsg.lines_unparsed),
+        names.KMSG_READ.counter(kmsg.records_read),
+        names.KMSG_LOST.counter(kmsg.records_lost),
+        names.KMSG_UNPARSED.counter(kmsg.lines_unparsed),
     ]

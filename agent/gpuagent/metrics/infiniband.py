@@ -7,7 +7,7 @@ Values sysfs did not give are left out, never exported as zero.
 
 from __future__ import annotations
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
 from gpuagent.metrics import names
 from gpuagent.model import IbDevice
@@ -16,23 +16,15 @@ from gpuagent.model import IbDevice
 _BYTES_PER_GBIT = 125_000_000
 
 
-def _gauge(spec: names.MetricSpec) -> GaugeMetricFamily:
-    return GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
-
-
-def _counter(spec: names.MetricSpec) -> CounterMetricFamily:
-    return CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
-
-
 def infiniband_families(devices: tuple[IbDevice, ...] | None) -> list[Metric]:
     if not devices:
         return []
-    info = _gauge(names.IB_INFO)
+    info = names.IB_INFO.gauge()
     state, physical, rate = (
-        _gauge(s) for s in (names.IB_STATE, names.IB_PHYSICAL_STATE, names.IB_RATE)
+        s.gauge() for s in (names.IB_STATE, names.IB_PHYSICAL_STATE, names.IB_RATE)
     )
-    counters = {file: _counter(spec) for file, spec in names.IB_PORT_COUNTERS}
-    hw_counters = _counter(names.IB_HW_COUNTERS)
+    counters = {file: spec.counter() for file, spec in names.IB_PORT_COUNTERS}
+    hw_counters = names.IB_HW_COUNTERS.counter()
     for device in devices:
         info.add_metric(
             [device.name, device.board_id, device.firmware_version, device.hca_type], 1.0

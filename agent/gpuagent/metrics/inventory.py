@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
 from gpuagent.inventory.model import (
     IMEX,
@@ -23,16 +23,12 @@ from gpuagent.metrics import names
 GpuLabels = Callable[[str], tuple[str, ...]]
 
 
-def _gauge(spec: names.MetricSpec) -> GaugeMetricFamily:
-    return GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
-
-
 def inventory_families(inventory: NodeInventory | None, gpu_labels: GpuLabels) -> list[Metric]:
     """The inventory's families; ``gpu_labels`` gives a GPU's standard labels by bus id."""
     if inventory is None:
         return []
     host = inventory.host
-    node = _gauge(names.NODE_INFO)
+    node = names.NODE_INFO.gauge()
     node.add_metric(
         [
             inventory.driver_version or "",
@@ -46,7 +42,7 @@ def inventory_families(inventory: NodeInventory | None, gpu_labels: GpuLabels) -
         ],
         1.0,
     )
-    gpus = _gauge(names.GPU_INVENTORY_INFO)
+    gpus = names.GPU_INVENTORY_INFO.gauge()
     for gpu in inventory.gpus:
         gpus.add_metric(
             [
@@ -58,14 +54,14 @@ def inventory_families(inventory: NodeInventory | None, gpu_labels: GpuLabels) -
             ],
             1.0,
         )
-    wanted = _gauge(names.GPUS_EXPECTED)
+    wanted = names.GPUS_EXPECTED.gauge()
     if inventory.expected_gpus:
         wanted.add_metric([], float(inventory.expected_gpus))
-    seen = _gauge(names.GPUS_SEEN)
+    seen = names.GPUS_SEEN.gauge()
     if inventory.nvml_ok:
         seen.add_metric(["nvml"], float(len(inventory.gpus)))
     pci_gpus, switches = inventory.pci("gpu"), inventory.nvswitches_seen
-    nvswitches = _gauge(names.NVSWITCHES_SEEN)
+    nvswitches = names.NVSWITCHES_SEEN.gauge()
     if pci_gpus is not None and switches is not None:
         seen.add_metric(["pci"], float(len(pci_gpus)))
         # Served as 0 too, so an alert can subtract it from the PCI count.
@@ -76,11 +72,11 @@ def inventory_families(inventory: NodeInventory | None, gpu_labels: GpuLabels) -
 
 def _host_families(host: HostFacts) -> list[Metric]:
     """Kernel modules loaded, installed kernels with or without the driver, services."""
-    modules = _gauge(names.KERNEL_MODULE_LOADED)
+    modules = names.KERNEL_MODULE_LOADED.gauge()
     for module, loaded in host.modules:
         if loaded is not None:  # /sys/module unreadable: no series rather than a false 0
             modules.add_metric([module], float(loaded))
-    kernels = _gauge(names.KERNEL_NVIDIA_MODULE_INSTALLED)
+    kernels = names.KERNEL_NVIDIA_MODULE_INSTALLED.gauge()
     newest = host.newest_kernel
     for kernel in host.kernels:
         if kernel.has_nvidia is not None:  # unreadable: no series rather than a false 0
@@ -89,11 +85,9 @@ def _host_families(host: HostFacts) -> list[Metric]:
                 [kernel.release, *("true" if flag else "false" for flag in flags)],
                 float(kernel.has_nvidia),
             )
-    services = _gauge(names.SERVICE_STATE)
-    restarts = CounterMetricFamily(
-        names.SERVICE_RESTARTS.name, names.SERVICE_RESTARTS.help, labels=("service",)
-    )
-    imex = _gauge(names.IMEX_READY)
+    services = names.SERVICE_STATE.gauge()
+    restarts = names.SERVICE_RESTARTS.counter()
+    imex = names.IMEX_READY.gauge()
     for service in host.services:
         services.add_metric([service.name, service.state], 1.0)
         if service.restarts is not None:

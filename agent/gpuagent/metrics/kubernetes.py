@@ -3,16 +3,12 @@ evidence: the snapshot (and the fleet) carry the numbers once, in the finding.""
 
 from __future__ import annotations
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
 from gpuagent.metrics import names
 from gpuagent.model import EvidenceValue, NodeSnapshot
 
 CHECK = "kubernetes"
-
-
-def _gauge(spec: names.MetricSpec) -> GaugeMetricFamily:
-    return GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
 
 
 def _number(value: EvidenceValue) -> float | None:
@@ -34,7 +30,7 @@ def kubernetes_families(snapshot: NodeSnapshot) -> list[Metric]:
         (names.KUBERNETES_DEVICE_PLUGIN_REGISTERED, "device_plugin_registered", []),
         (names.CDI_GPUS_MISSING, "cdi_gpus_missing", []),
     ):
-        family = _gauge(spec)
+        family = spec.gauge()
         value = _number(evidence.get(key))
         if value is not None:
             family.add_metric(labels, value)

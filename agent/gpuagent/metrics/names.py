@@ -10,6 +10,8 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
 from gpuagent.checks.processes import gone_pids, unattributed_mib
 from gpuagent.model import COMPUTE_MODES, GpuIdentity, GpuReadings
 
@@ -89,6 +91,10 @@ def _gone_count(_identity: GpuIdentity, readings: GpuReadings) -> object:
 
 def _dcgm(name: str, kind: Kind, help_text: str, field: str) -> GpuMetric:
     return GpuMetric(f"DCGM_FI_DEV_{name}", kind, help_text, _reading(field))
+
+
+def _own(name: str, help_text: str, value: ValueOf) -> GpuMetric:
+    return GpuMetric(f"gpuagent_gpu_{name}", Kind.GAUGE, help_text, value)
 
 
 _G, _C = Kind.GAUGE, Kind.COUNTER
@@ -291,153 +297,103 @@ DCGM_PROFILING_METRICS: tuple[ProfilingMetric, ...] = (
 
 # Values dcgm-exporter has no default name for, under gpuagent's own names.
 AGENT_GPU_METRICS: tuple[GpuMetric, ...] = (
-    GpuMetric(
-        "gpuagent_gpu_persistence_mode",
-        _G,
-        "1 if persistence mode is enabled.",
-        _reading("persistence_mode"),
-    ),
-    GpuMetric(
-        "gpuagent_gpu_mig_mode",
-        _G,
-        "1 if MIG mode is currently enabled.",
-        _reading("mig_mode_current"),
-    ),
-    GpuMetric(
-        "gpuagent_gpu_mig_mode_pending",
-        _G,
+    _own("persistence_mode", "1 if persistence mode is enabled.", _reading("persistence_mode")),
+    _own("mig_mode", "1 if MIG mode is currently enabled.", _reading("mig_mode_current")),
+    _own(
+        "mig_mode_pending",
         "1 if MIG mode is enabled after the next GPU reset.",
         _reading("mig_mode_pending"),
     ),
-    GpuMetric(
-        "gpuagent_gpu_ecc_enabled",
-        _G,
-        "1 if ECC is currently enabled.",
-        _reading("ecc_enabled"),
-    ),
-    GpuMetric(
-        "gpuagent_gpu_ecc_default_enabled",
-        _G,
+    _own("ecc_enabled", "1 if ECC is currently enabled.", _reading("ecc_enabled")),
+    _own(
+        "ecc_default_enabled",
         "1 if the board ships with ECC enabled (its default ECC mode).",
         _static("ecc_default"),
     ),
-    GpuMetric(
-        "gpuagent_gpu_row_remap_pending",
-        _G,
+    _own(
+        "row_remap_pending",
         "1 if rows are waiting to be remapped at the next GPU reset.",
         _reading("row_remap_pending"),
     ),
-    GpuMetric(
-        "gpuagent_gpu_recovery_action",
-        _G,
+    _own(
+        "recovery_action",
         "The recovery action the driver asks for: 0 none, 1 GPU reset, 2 node reboot, "
         "3 drain P2P, 4 drain and reset, 5 recover IMEX domain, 6 PCIe bus reset, "
         "7 system reboot.",
         _reading("recovery_action"),
     ),
-    GpuMetric(
-        "gpuagent_gpu_channel_repair_pending",
-        _G,
+    _own(
+        "channel_repair_pending",
         "1 if a memory channel repair waits for the next GPU reset.",
         _reading("channel_repair_pending"),
     ),
-    GpuMetric(
-        "gpuagent_gpu_tpc_repair_pending",
-        _G,
+    _own(
+        "tpc_repair_pending",
         "1 if a TPC repair waits for the next GPU reset.",
         _reading("tpc_repair_pending"),
     ),
-    GpuMetric(
-        "gpuagent_gpu_unrepairable_memory",
-        _G,
+    _own(
+        "unrepairable_memory",
         "1 if the GPU reports memory it cannot repair.",
         _reading("unrepairable_memory"),
     ),
-    GpuMetric(
-        "gpuagent_gpu_pcie_link_generation",
-        _G,
-        "Current PCIe link generation.",
-        _reading("pcie_generation"),
-    ),
-    GpuMetric(
-        "gpuagent_gpu_pcie_link_generation_max",
-        _G,
+    _own("pcie_link_generation", "Current PCIe link generation.", _reading("pcie_generation")),
+    _own(
+        "pcie_link_generation_max",
         "Highest PCIe link generation possible for the GPU in this system.",
         _static("pcie_max_generation"),
     ),
-    GpuMetric(
-        "gpuagent_gpu_pcie_link_width",
-        _G,
-        "Current PCIe link width (lanes).",
-        _reading("pcie_width"),
-    ),
-    GpuMetric(
-        "gpuagent_gpu_pcie_link_width_max",
-        _G,
+    _own("pcie_link_width", "Current PCIe link width (lanes).", _reading("pcie_width")),
+    _own(
+        "pcie_link_width_max",
         "Widest PCIe link (lanes) possible for the GPU in this system.",
         _static("pcie_max_width"),
     ),
-    GpuMetric(
-        "gpuagent_gpu_power_limit_watts",
-        _G,
-        "Power limit in force (enforced), in watts.",
-        _reading("power_limit_w"),
+    _own(
+        "power_limit_watts", "Power limit in force (enforced), in watts.", _reading("power_limit_w")
     ),
-    GpuMetric(
-        "gpuagent_gpu_power_limit_requested_watts",
-        _G,
+    _own(
+        "power_limit_requested_watts",
         "Power limit asked for, in watts; the one in force may be lower where the platform "
         "limits power.",
         _reading("power_requested_limit_w"),
     ),
-    GpuMetric(
-        "gpuagent_gpu_compute_mode",
-        _G,
+    _own(
+        "compute_mode",
         "Compute mode as NVML numbers it: 0 default, 1 exclusive thread, 2 prohibited, "
         "3 exclusive process.",
         _compute_mode,
     ),
-    GpuMetric(
-        "gpuagent_gpu_module_power_watts",
-        _G,
+    _own(
+        "module_power_watts",
         "Grace-Blackwell: the module's average power in watts (the GPU with its share of the "
         "module: Grace CPU, memory, C2C); absent on other GPUs.",
         _reading("module_power_w"),
     ),
-    GpuMetric(
-        "gpuagent_gpu_module_power_limit_watts",
-        _G,
+    _own(
+        "module_power_limit_watts",
         "Grace-Blackwell: the module's power limit in watts; absent on other GPUs.",
         _reading("module_power_limit_w"),
     ),
-    GpuMetric(
-        "gpuagent_gpu_processes",
-        _G,
-        "Number of processes using the GPU.",
-        _process_count,
-    ),
-    GpuMetric(
-        "gpuagent_gpu_memory_unattributed_bytes",
-        _G,
+    _own("processes", "Number of processes using the GPU.", _process_count),
+    _own(
+        "memory_unattributed_bytes",
         "GPU memory in use beyond what the GPU's listed processes hold (in bytes); with no "
         "process at all, memory held by a leaked context.",
         _unattributed_bytes,
     ),
-    GpuMetric(
-        "gpuagent_gpu_processes_gone",
-        _G,
+    _own(
+        "processes_gone",
         "Number of processes NVML lists on the GPU that have no /proc entry.",
         _gone_count,
     ),
-    GpuMetric(
-        "gpuagent_gpu_performance_state",
-        _G,
+    _own(
+        "performance_state",
         "Performance state (P-state): 0 is the fastest, 15 the slowest.",
         _reading("performance_state"),
     ),
-    GpuMetric(
-        "gpuagent_gpu_sm_clock_max_mhz",
-        _G,
+    _own(
+        "sm_clock_max_mhz",
         "Highest SM clock the GPU reaches when nothing holds it back (in MHz).",
         _static("sm_clock_max_mhz"),
     ),
@@ -483,6 +439,14 @@ class MetricSpec:
     name: str
     help: str
     labels: tuple[str, ...] = ()
+
+    def gauge(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily(self.name, self.help, labels=self.labels)
+
+    def counter(self, value: float | None = None) -> CounterMetricFamily:
+        """A real counter (``name`` ends in _total); ``value``: its one unlabelled sample."""
+        # prometheus_client takes labels or a value, not both.
+        return CounterMetricFamily(self.name, self.help, labels=self.labels or None, value=value)
 
 
 GPU_UP = MetricSpec(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from prometheus_client import ProcessCollector
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
 from gpuagent.metrics.names import MetricSpec
 
@@ -25,6 +25,6 @@ def process_families() -> list[Metric]:
         threads = sum(1 for _ in Path("/proc/self/task").iterdir())
     except OSError:  # no procfs: no thread count, as ProcessCollector gives no others then
         return families
-    family = GaugeMetricFamily(PROCESS_THREADS.name, PROCESS_THREADS.help)
+    family = PROCESS_THREADS.gauge()
     family.add_metric([], float(threads))
     return [*families, family]

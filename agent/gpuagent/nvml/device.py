@@ -291,41 +291,38 @@ class Device:
         self._profiled: tuple[float, tuple[GpuProfiling, ...]] | None = None
         self._nvlink_kib: tuple[int, float] | None = None  # (total, monotonic time) last poll
 
-    def _get(self, call: str, fn: Callable[..., Any], *args: object) -> Any:
-        return self.worker.call(call, optional, call, fn, self.handle, *args)
+    # Each call below is ``pynvml.<call>(handle, *args)`` through the worker, the function
+    # looked up when called; ``fn`` only where pynvml's name for it differs.
 
-    def _code(self, call: str, fn: Callable[..., Any], *args: object) -> int:
+    def _get(self, call: str, *args: object, fn: Callable[..., Any] | None = None) -> Any:
+        """None where the GPU or driver does not provide the value."""
+        return self._get_on(self.handle, call, *args, fn=fn)
+
+    def _code(self, call: str, *args: object) -> int:
         """NVML's return code of a call that fills a structure in place (``args``), for a
         caller that acts on which error it was."""
+        fn = getattr(pynvml, call)
         return int(self.worker.call(call, return_code, call, fn, self.handle, *args))
 
-    def _set(self, call: str, fn: Callable[..., Any], *args: object) -> None:
-        self.worker.call(call, required, call, fn, self.handle, *args)
+    def _set(self, call: str, *args: object) -> None:
+        self.worker.call(call, required, call, getattr(pynvml, call), self.handle, *args)
 
     # --- setters (remediation; raise GpuLostError or NvmlCallError) ----------------------
 
     def set_persistence_mode(self, enabled: bool) -> None:
         mode = pynvml.NVML_FEATURE_ENABLED if enabled else pynvml.NVML_FEATURE_DISABLED
-        self._set("nvmlDeviceSetPersistenceMode", pynvml.nvmlDeviceSetPersistenceMode, mode)
+        self._set("nvmlDeviceSetPersistenceMode", mode)
 
     def set_power_limit(self, milliwatts: int) -> None:
-        self._set(
-            "nvmlDeviceSetPowerManagementLimit",
-            pynvml.nvmlDeviceSetPowerManagementLimit,
-            milliwatts,
-        )
+        self._set("nvmlDeviceSetPowerManagementLimit", milliwatts)
 
     # --- identity (once per NVML session) -----------------------------------------------
 
     def read_identity(self) -> GpuIdentity:
-        pci = self._get("nvmlDeviceGetPciInfo", pynvml.nvmlDeviceGetPciInfo)
+        pci = self._get("nvmlDeviceGetPciInfo")
         bus_id = canonical_bus_id(text(pci.busId) or "") if pci is not None else ""
         thresholds = {
-            attr: self._get(
-                "nvmlDeviceGetTemperatureThreshold",
-                pynvml.nvmlDeviceGetTemperatureThreshold,
-                threshold,
-            )
+            attr: self._get("nvmlDeviceGetTemperatureThreshold", threshold)
             for attr, threshold in _THRESHOLDS.items()
         }
         links, c2c_links, module_power = _field_values(
@@ -353,50 +350,31 @@ class Device:
         self._ber_fields = [
             (field, link) for link in range(self._nvlink_count) for field in _BER_FIELDS.values()
         ]
-        default_limit = self._get(
-            "nvmlDeviceGetPowerManagementDefaultLimit",
-            pynvml.nvmlDeviceGetPowerManagementDefaultLimit,
-        )
-        ecc_default = self._get("nvmlDeviceGetDefaultEccMode", pynvml.nvmlDeviceGetDefaultEccMode)
+        default_limit = self._get("nvmlDeviceGetPowerManagementDefaultLimit")
+        ecc_default = self._get("nvmlDeviceGetDefaultEccMode")
         return GpuIdentity(
             index=self.index,
             pci_bus_id=bus_id or f"unknown-{self.index}",
-            uuid=text(self._get("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID)) or "",
-            name=text(self._get("nvmlDeviceGetName", pynvml.nvmlDeviceGetName)) or "",
-            serial=text(self._get("nvmlDeviceGetSerial", pynvml.nvmlDeviceGetSerial)),
-            vbios_version=text(
-                self._get("nvmlDeviceGetVbiosVersion", pynvml.nvmlDeviceGetVbiosVersion)
-            ),
-            minor_number=self._get("nvmlDeviceGetMinorNumber", pynvml.nvmlDeviceGetMinorNumber),
+            uuid=text(self._get("nvmlDeviceGetUUID")) or "",
+            name=text(self._get("nvmlDeviceGetName")) or "",
+            serial=text(self._get("nvmlDeviceGetSerial")),
+            vbios_version=text(self._get("nvmlDeviceGetVbiosVersion")),
+            minor_number=self._get("nvmlDeviceGetMinorNumber"),
             power_default_limit_w=None if default_limit is None else default_limit / 1000,
-            pcie_max_generation=self._get(
-                "nvmlDeviceGetMaxPcieLinkGeneration", pynvml.nvmlDeviceGetMaxPcieLinkGeneration
-            ),
-            pcie_max_width=self._get(
-                "nvmlDeviceGetMaxPcieLinkWidth", pynvml.nvmlDeviceGetMaxPcieLinkWidth
-            ),
+            pcie_max_generation=self._get("nvmlDeviceGetMaxPcieLinkGeneration"),
+            pcie_max_width=self._get("nvmlDeviceGetMaxPcieLinkWidth"),
             nvlink_count=self._nvlink_count,
-            inforom_version=text(
-                self._get(
-                    "nvmlDeviceGetInforomImageVersion", pynvml.nvmlDeviceGetInforomImageVersion
-                )
-            ),
-            gsp_firmware_version=text(
-                self._get("nvmlDeviceGetGspFirmwareVersion", pynvml.nvmlDeviceGetGspFirmwareVersion)
-            ),
+            inforom_version=text(self._get("nvmlDeviceGetInforomImageVersion")),
+            gsp_firmware_version=text(self._get("nvmlDeviceGetGspFirmwareVersion")),
             applications_clock_default_mhz=self._get(
-                "nvmlDeviceGetDefaultApplicationsClock",
-                pynvml.nvmlDeviceGetDefaultApplicationsClock,
-                pynvml.NVML_CLOCK_GRAPHICS,
+                "nvmlDeviceGetDefaultApplicationsClock", pynvml.NVML_CLOCK_GRAPHICS
             ),
-            brand=_BRANDS.get(self._get("nvmlDeviceGetBrand", pynvml.nvmlDeviceGetBrand)),
+            brand=_BRANDS.get(self._get("nvmlDeviceGetBrand")),
             platform=self._read_platform(),
             ecc_default=None
             if ecc_default is None
             else ecc_default[0] == pynvml.NVML_FEATURE_ENABLED,  # pynvml answers [mode]
-            sm_clock_max_mhz=self._get(
-                "nvmlDeviceGetMaxClockInfo", pynvml.nvmlDeviceGetMaxClockInfo, pynvml.NVML_CLOCK_SM
-            ),
+            sm_clock_max_mhz=self._get("nvmlDeviceGetMaxClockInfo", pynvml.NVML_CLOCK_SM),
             **{k: None if v is None else float(v) for k, v in thresholds.items()},
         )
 
@@ -433,7 +411,7 @@ class Device:
         if readings["power_w"] is None and self._classic_power is not False:
             # No average field: the classic call reads the power (the instantaneous draw
             # where the board has no average), every poll once it has answered.
-            power = self._get("nvmlDeviceGetPowerUsage", pynvml.nvmlDeviceGetPowerUsage)
+            power = self._get("nvmlDeviceGetPowerUsage")
             if self._classic_power is None:
                 self._classic_power = power is not None
             readings["power_w"] = None if power is None else power / 1000
@@ -505,19 +483,13 @@ class Device:
             self._profiled = None
 
     def _read_fast(self) -> dict[str, Any]:
-        util = self._get("nvmlDeviceGetUtilizationRates", pynvml.nvmlDeviceGetUtilizationRates)
-        enc = self._get("nvmlDeviceGetEncoderUtilization", pynvml.nvmlDeviceGetEncoderUtilization)
-        dec = self._get("nvmlDeviceGetDecoderUtilization", pynvml.nvmlDeviceGetDecoderUtilization)
+        util = self._get("nvmlDeviceGetUtilizationRates")
+        enc = self._get("nvmlDeviceGetEncoderUtilization")
+        dec = self._get("nvmlDeviceGetDecoderUtilization")
         memory = self._memory()
-        procs = self._get(
-            "nvmlDeviceGetComputeRunningProcesses", pynvml.nvmlDeviceGetComputeRunningProcesses
-        )
+        procs = self._get("nvmlDeviceGetComputeRunningProcesses")
         return {
-            "temperature_c": self._get(
-                "nvmlDeviceGetTemperature",
-                pynvml.nvmlDeviceGetTemperature,
-                pynvml.NVML_TEMPERATURE_GPU,
-            ),
+            "temperature_c": self._get("nvmlDeviceGetTemperature", pynvml.NVML_TEMPERATURE_GPU),
             "utilization_gpu_pct": None if util is None else util.gpu,
             "utilization_memory_pct": None if util is None else util.memory,
             "utilization_encoder_pct": None if enc is None else enc[0],
@@ -525,62 +497,43 @@ class Device:
             "fb_used_mib": None if memory is None else memory.used / _MIB,
             "fb_free_mib": None if memory is None else memory.free / _MIB,
             "fb_reserved_mib": _reserved_mib(memory),
-            "sm_clock_mhz": self._get(
-                "nvmlDeviceGetClockInfo", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_SM
-            ),
-            "clock_event_reasons": self._get(
-                "nvmlDeviceGetCurrentClocksEventReasons",
-                pynvml.nvmlDeviceGetCurrentClocksEventReasons,
-            ),
+            "sm_clock_mhz": self._get("nvmlDeviceGetClockInfo", pynvml.NVML_CLOCK_SM),
+            "clock_event_reasons": self._get("nvmlDeviceGetCurrentClocksEventReasons"),
             "processes": tuple(self._process(p) for p in procs or ()),
             "graphics_processes": self._graphics_processes(procs, memory),
-            "performance_state": _pstate(
-                self._get("nvmlDeviceGetPerformanceState", pynvml.nvmlDeviceGetPerformanceState)
-            ),
+            "performance_state": _pstate(self._get("nvmlDeviceGetPerformanceState")),
         }
 
     def _memory(self) -> Any:
         """The memory info: v2 (with the reserved memory), else v1 on drivers before R510,
         which lack v2; once v1 is what answers, only v1 is asked."""
         if self._memory_v1 is not True:
-            memory = self._get(
-                "nvmlDeviceGetMemoryInfo", pynvml.nvmlDeviceGetMemoryInfo, pynvml.nvmlMemory_v2
-            )
+            memory = self._get("nvmlDeviceGetMemoryInfo", pynvml.nvmlMemory_v2)
             if memory is not None or self._memory_v1 is False:
                 return memory
-        memory = self._get("nvmlDeviceGetMemoryInfo", pynvml.nvmlDeviceGetMemoryInfo)
+        memory = self._get("nvmlDeviceGetMemoryInfo")
         self._memory_v1 = memory is not None
         return memory
 
     def _read_slow(self) -> dict[str, Any]:
-        mig = self._get("nvmlDeviceGetMigMode", pynvml.nvmlDeviceGetMigMode)
-        persistence = self._get("nvmlDeviceGetPersistenceMode", pynvml.nvmlDeviceGetPersistenceMode)
-        compute_mode = self._get("nvmlDeviceGetComputeMode", pynvml.nvmlDeviceGetComputeMode)
+        mig = self._get("nvmlDeviceGetMigMode")
+        persistence = self._get("nvmlDeviceGetPersistenceMode")
+        compute_mode = self._get("nvmlDeviceGetComputeMode")
         slow: dict[str, Any] = {
-            "memory_clock_mhz": self._get(
-                "nvmlDeviceGetClockInfo", pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_MEM
-            ),
+            "memory_clock_mhz": self._get("nvmlDeviceGetClockInfo", pynvml.NVML_CLOCK_MEM),
             "persistence_mode": None
             if persistence is None
             else persistence == pynvml.NVML_FEATURE_ENABLED,
             "applications_clock_mhz": self._get(
-                "nvmlDeviceGetApplicationsClock",
-                pynvml.nvmlDeviceGetApplicationsClock,
-                pynvml.NVML_CLOCK_GRAPHICS,
+                "nvmlDeviceGetApplicationsClock", pynvml.NVML_CLOCK_GRAPHICS
             ),
             "compute_mode": _COMPUTE_MODE_NAMES.get(compute_mode),
             "mig_mode_current": None if mig is None else mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE,
             "mig_mode_pending": None if mig is None else mig[1] == pynvml.NVML_DEVICE_MIG_ENABLE,
-            "pcie_generation": self._get(
-                "nvmlDeviceGetCurrPcieLinkGeneration", pynvml.nvmlDeviceGetCurrPcieLinkGeneration
-            ),
-            "pcie_width": self._get(
-                "nvmlDeviceGetCurrPcieLinkWidth", pynvml.nvmlDeviceGetCurrPcieLinkWidth
-            ),
+            "pcie_generation": self._get("nvmlDeviceGetCurrPcieLinkGeneration"),
+            "pcie_width": self._get("nvmlDeviceGetCurrPcieLinkWidth"),
         }
-        histogram = self._get(
-            "nvmlDeviceGetRowRemapperHistogram", pynvml.nvmlDeviceGetRowRemapperHistogram
-        )
+        histogram = self._get("nvmlDeviceGetRowRemapperHistogram")
         slow["remap_banks"] = (
             None
             if histogram is None
@@ -591,7 +544,7 @@ class Device:
         slow.update(_named(_SLOW_COUNTER_FIELDS, values), counters_at=self._clock())
         if slow.get("ecc_enabled") is None and slow.get("ecc_enabled_pending") is None:
             # No ECC fields (a board without ECC answers the call the same way).
-            ecc = self._get("nvmlDeviceGetEccMode", pynvml.nvmlDeviceGetEccMode)
+            ecc = self._get("nvmlDeviceGetEccMode")
             if ecc is not None:
                 slow["ecc_enabled"] = ecc[0] == pynvml.NVML_FEATURE_ENABLED
                 slow["ecc_enabled_pending"] = ecc[1] == pynvml.NVML_FEATURE_ENABLED
@@ -605,15 +558,11 @@ class Device:
         # Only GPUs in MIG mode are asked: a whole GPU costs no call for this.
         slow["mig_devices"] = self._read_mig_devices() if slow["mig_mode_current"] else ()
         if self._classic_power:
-            limit = self._get(
-                "nvmlDeviceGetEnforcedPowerLimit", pynvml.nvmlDeviceGetEnforcedPowerLimit
-            )
+            limit = self._get("nvmlDeviceGetEnforcedPowerLimit")
             slow["power_limit_w"] = None if limit is None else limit / 1000
         if self._classic_power and slow.get("power_requested_limit_w") is None:
             # A driver without the power fields: the classic call has the requested limit.
-            requested = self._get(
-                "nvmlDeviceGetPowerManagementLimit", pynvml.nvmlDeviceGetPowerManagementLimit
-            )
+            requested = self._get("nvmlDeviceGetPowerManagementLimit")
             slow["power_requested_limit_w"] = None if requested is None else requested / 1000
         return slow
 
@@ -621,10 +570,8 @@ class Device:
         """Repairs pending and unrepairable memory; None where the driver lacks them (the
         calls are missing from the library or NOT_SUPPORTED on the board). The recovery
         action comes with the slow counters (field 230; INVALID_ARGUMENT on older drivers)."""
-        repair = self._get("nvmlDeviceGetRepairStatus", pynvml.nvmlDeviceGetRepairStatus)
-        unrepairable = self._get(
-            "nvmlDeviceGetUnrepairableMemoryFlag_v1", pynvml.nvmlDeviceGetUnrepairableMemoryFlag_v1
-        )
+        repair = self._get("nvmlDeviceGetRepairStatus")
+        unrepairable = self._get("nvmlDeviceGetUnrepairableMemoryFlag_v1")
         return {
             "channel_repair_pending": None if repair is None else bool(repair[0]),
             "tpc_repair_pending": None if repair is None else bool(repair[1]),
@@ -637,9 +584,7 @@ class Device:
         without a fabric: v3 answering NOT_SUPPORTED means no fabric, and only a driver
         without v3 (no such function, an older struct version) is asked the first one."""
         info: Any = pynvml.c_nvmlGpuFabricInfo_v3_t()
-        code = self._code(
-            "nvmlDeviceGetGpuFabricInfoV", pynvml.nvmlDeviceGetGpuFabricInfoV, ctypes.byref(info)
-        )
+        code = self._code("nvmlDeviceGetGpuFabricInfoV", ctypes.byref(info))
         health: int | None = None
         if code == pynvml.NVML_SUCCESS:
             answered, health = True, int(info.healthMask)
@@ -647,14 +592,7 @@ class Device:
             answered = False
         else:
             info = pynvml.c_nvmlGpuFabricInfo_t()
-            answered = (
-                self._get(
-                    "nvmlDeviceGetGpuFabricInfo",
-                    pynvml.nvmlDeviceGetGpuFabricInfo,
-                    ctypes.byref(info),
-                )
-                is not None
-            )
+            answered = self._get("nvmlDeviceGetGpuFabricInfo", ctypes.byref(info)) is not None
         state = _FABRIC_STATES.get(int(info.state)) if answered else None
         if state is None:
             return dict.fromkeys(_FABRIC_KEYS)
@@ -672,9 +610,7 @@ class Device:
         """Where the GPU sits in an NVL rack (read once: it does not move while the driver
         is loaded); None where the GPU does not report it (NOT_SUPPORTED off such racks)."""
         info: Any = pynvml.c_nvmlPlatformInfo_v2_t()
-        code = self._code(
-            "nvmlDeviceGetPlatformInfo", pynvml.nvmlDeviceGetPlatformInfo, ctypes.byref(info)
-        )
+        code = self._code("nvmlDeviceGetPlatformInfo", ctypes.byref(info))
         if code != pynvml.NVML_SUCCESS:
             return None
         raw = _PlainPlatformInfo.from_buffer(info)  # the bytes as they are, not decoded
@@ -692,8 +628,8 @@ class Device:
         for index in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
             info = self._get(
                 "nvmlDeviceGetGpuInstanceProfileInfoV",
-                pynvml.nvmlDeviceGetGpuInstanceProfileInfo,
                 index,
+                fn=pynvml.nvmlDeviceGetGpuInstanceProfileInfo,
             )
             if info is None or info.instanceCount == 0:
                 continue
@@ -713,11 +649,7 @@ class Device:
             slots = (pynvml.c_nvmlGpuInstance_t * profile.max_instances)()
             count = ctypes.c_uint(0)
             listed = self._get(
-                "nvmlDeviceGetGpuInstances",
-                pynvml.nvmlDeviceGetGpuInstances,
-                profile.profile_id,
-                slots,
-                ctypes.byref(count),
+                "nvmlDeviceGetGpuInstances", profile.profile_id, slots, ctypes.byref(count)
             )
             if listed is None:
                 return None  # one profile not answering: the layout is not known
@@ -733,14 +665,10 @@ class Device:
         Slots are not filled in order (destroying an instance empties its slot), so each
         one up to the maximum is asked; an empty one answers NotFound.
         """
-        count = self._get("nvmlDeviceGetMaxMigDeviceCount", pynvml.nvmlDeviceGetMaxMigDeviceCount)
+        count = self._get("nvmlDeviceGetMaxMigDeviceCount")
         found = []
         for slot in range(count or 0):
-            handle = self._get(
-                "nvmlDeviceGetMigDeviceHandleByIndex",
-                pynvml.nvmlDeviceGetMigDeviceHandleByIndex,
-                slot,
-            )
+            handle = self._get("nvmlDeviceGetMigDeviceHandleByIndex", slot)
             device = None if handle is None else self._mig_device(handle)
             if device is not None:
                 found.append(device)
@@ -748,32 +676,25 @@ class Device:
 
     def _mig_device(self, handle: Any) -> MigDevice | None:
         """One MIG device's UUID and instance ids; None unless all three answer."""
-        uuid = text(self._get_on(handle, "nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID))
-        gpu_instance = self._get_on(
-            handle, "nvmlDeviceGetGpuInstanceId", pynvml.nvmlDeviceGetGpuInstanceId
-        )
-        compute_instance = self._get_on(
-            handle, "nvmlDeviceGetComputeInstanceId", pynvml.nvmlDeviceGetComputeInstanceId
-        )
+        uuid = text(self._get_on(handle, "nvmlDeviceGetUUID"))
+        gpu_instance = self._get_on(handle, "nvmlDeviceGetGpuInstanceId")
+        compute_instance = self._get_on(handle, "nvmlDeviceGetComputeInstanceId")
         if not uuid or gpu_instance is None or compute_instance is None:
             return None
         return MigDevice(uuid, int(gpu_instance), int(compute_instance))
 
-    def _get_on(self, handle: Any, call: str, fn: Callable[..., Any]) -> Any:
-        """A call on another handle of this GPU (a MIG device's), through its worker."""
-        return self.worker.call(call, optional, call, fn, handle)
+    def _get_on(
+        self, handle: Any, call: str, *args: object, fn: Callable[..., Any] | None = None
+    ) -> Any:
+        """`_get` on another handle of this GPU (a MIG device's, a GPU instance's)."""
+        fn = fn or getattr(pynvml, call)
+        return self.worker.call(call, optional, call, fn, handle, *args)
 
     def _instance_ids(self, profile: str, handles: list[Any]) -> list[GpuInstance]:
         """(GPU instance id, profile) of each instance handle that answers."""
         found = []
         for handle in handles:
-            info = self.worker.call(
-                "nvmlGpuInstanceGetInfo",
-                optional,
-                "nvmlGpuInstanceGetInfo",
-                pynvml.nvmlGpuInstanceGetInfo,
-                handle,
-            )
+            info = self._get_on(handle, "nvmlGpuInstanceGetInfo")
             if info is not None:
                 found.append((int(info.id), profile))
         return found
@@ -783,9 +704,7 @@ class Device:
         # server is what tells a desktop apart from memory held by no process.
         if compute or memory is None or not memory.used:
             return ()
-        procs = self._get(
-            "nvmlDeviceGetGraphicsRunningProcesses", pynvml.nvmlDeviceGetGraphicsRunningProcesses
-        )
+        procs = self._get("nvmlDeviceGetGraphicsRunningProcesses")
         return tuple(self._process(p) for p in procs or ())
 
     def _process(self, info: Any) -> GpuProcess:

@@ -29,33 +29,20 @@ from gpuagent.nvml.worker import CallWorker
 
 
 def create_event_set(worker: CallWorker) -> Any:
-    return worker.call(
-        "nvmlEventSetCreate", required, "nvmlEventSetCreate", pynvml.nvmlEventSetCreate
-    )
+    name = "nvmlEventSetCreate"
+    return worker.call(name, required, name, pynvml.nvmlEventSetCreate)
 
 
 def register_events(worker: CallWorker, event_set: Any, handle: Any) -> int:
     """Register ``handle`` for critical XIDs, and for recovery-action changes where the
     driver offers them; the address events name the GPU by."""
-    supported = worker.call(
-        "nvmlDeviceGetSupportedEventTypes",
-        optional,
-        "nvmlDeviceGetSupportedEventTypes",
-        pynvml.nvmlDeviceGetSupportedEventTypes,
-        handle,
-    )
+    name = "nvmlDeviceGetSupportedEventTypes"
+    supported = worker.call(name, optional, name, pynvml.nvmlDeviceGetSupportedEventTypes, handle)
     wanted = pynvml.nvmlEventTypeXidCriticalError
     if supported is not None:
         wanted |= int(supported) & pynvml.nvmlEventTypeGpuRecoveryAction
-    worker.call(
-        "nvmlDeviceRegisterEvents",
-        required,
-        "nvmlDeviceRegisterEvents",
-        pynvml.nvmlDeviceRegisterEvents,
-        handle,
-        wanted,
-        event_set,
-    )
+    name = "nvmlDeviceRegisterEvents"
+    worker.call(name, required, name, pynvml.nvmlDeviceRegisterEvents, handle, wanted, event_set)
     return handle_address(handle)
 
 
@@ -208,10 +195,9 @@ def describe_operational(event: OperationalEvent, bus_id: str | None) -> str:
 
 
 def free_event_set(worker: CallWorker, event_set: Any) -> None:
+    name = "nvmlEventSetFree"
     with contextlib.suppress(NvmlCallError, GpuLostError, NvmlUnavailableError):
-        worker.call(
-            "nvmlEventSetFree", required, "nvmlEventSetFree", pynvml.nvmlEventSetFree, event_set
-        )
+        worker.call(name, required, name, pynvml.nvmlEventSetFree, event_set)
 
 
 def handle_address(handle: Any) -> int:

@@ -72,15 +72,14 @@ class GpmSampler:
         self._targets: dict[int | None, _Target] = {}  # by GPU instance id
         self._request: pynvml.c_nvmlGpmMetricsGet_t | None = None
 
-    def _call(self, name: str, fn: Any, *args: object) -> Any:
-        return self._worker.call(name, optional, name, fn, *args)
+    def _call(self, name: str, *args: object) -> Any:
+        """``pynvml.<name>(*args)`` through the worker; None where GPM does not answer."""
+        return self._worker.call(name, optional, name, getattr(pynvml, name), *args)
 
     def query_support(self) -> bool:
         """Whether this GPU and driver have GPM; asked once per session."""
         if self.supported is None:
-            support = self._call(
-                "nvmlGpmQueryDeviceSupport", pynvml.nvmlGpmQueryDeviceSupport, self._handle
-            )
+            support = self._call("nvmlGpmQueryDeviceSupport", self._handle)
             self.supported = support is not None and bool(support.isSupportedDevice)
         return self.supported
 
@@ -129,7 +128,7 @@ class GpmSampler:
         samples: list[Any] = []
         try:
             for _ in range(2):
-                sample = self._call("nvmlGpmSampleAlloc", pynvml.nvmlGpmSampleAlloc)
+                sample = self._call("nvmlGpmSampleAlloc")
                 if sample is None:
                     break
                 samples.append(sample)
@@ -143,7 +142,7 @@ class GpmSampler:
     def _free(self, target: _Target) -> None:
         for sample in target.samples:
             try:
-                self._call("nvmlGpmSampleFree", pynvml.nvmlGpmSampleFree, sample)
+                self._call("nvmlGpmSampleFree", sample)
             except (GpuLostError, NvmlCallError, NvmlUnavailableError) as exc:
                 # Unavailable: NVML is shutting down, which frees every sample anyway.
                 log.debug("GPM sample not freed: %s", exc)
@@ -152,14 +151,8 @@ class GpmSampler:
 
     def _take(self, target: _Target, sample: Any) -> Any:
         if target.instance is None:
-            return self._call("nvmlGpmSampleGet", pynvml.nvmlGpmSampleGet, self._handle, sample)
-        return self._call(
-            "nvmlGpmMigSampleGet",
-            pynvml.nvmlGpmMigSampleGet,
-            self._handle,
-            target.instance[0],
-            sample,
-        )
+            return self._call("nvmlGpmSampleGet", self._handle, sample)
+        return self._call("nvmlGpmMigSampleGet", self._handle, target.instance[0], sample)
 
     def _measure(self, target: _Target) -> tuple[tuple[int, float], ...]:
         """Take a new sample into the spare slot and measure it against the newest."""
@@ -176,7 +169,7 @@ class GpmSampler:
             request = self._metrics_request()
             request.sample1 = target.samples[previous]
             request.sample2 = target.samples[slot]
-            answered = self._call("nvmlGpmMetricsGet", pynvml.nvmlGpmMetricsGet, request)
+            answered = self._call("nvmlGpmMetricsGet", request)
         except NvmlCallError as exc:
             log.warning("GPM sampling failed: %s", exc)
             target.latest = None

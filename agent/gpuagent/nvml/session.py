@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pynvml
 
@@ -51,31 +52,17 @@ def open_session(
         worker.call("nvmlInit", pynvml.nvmlInit)
     except pynvml.NVMLError as exc:
         return Session(NvmlStatus(ok=False, problem=classify_init_error(exc), message=str(exc)))
+
+    def system(call: str, what: str) -> Any:
+        return worker.call(call, optional, what, getattr(pynvml, call))
+
     try:
         count = int(worker.call("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount))
         status = NvmlStatus(
             ok=True,
-            driver_version=text(
-                worker.call(
-                    "nvmlSystemGetDriverVersion",
-                    optional,
-                    "driver",
-                    pynvml.nvmlSystemGetDriverVersion,
-                )
-            ),
-            nvml_version=text(
-                worker.call(
-                    "nvmlSystemGetNVMLVersion", optional, "nvml", pynvml.nvmlSystemGetNVMLVersion
-                )
-            ),
-            cuda_driver_version=_cuda_version(
-                worker.call(
-                    "nvmlSystemGetCudaDriverVersion",
-                    optional,
-                    "cuda",
-                    pynvml.nvmlSystemGetCudaDriverVersion,
-                )
-            ),
+            driver_version=text(system("nvmlSystemGetDriverVersion", "driver")),
+            nvml_version=text(system("nvmlSystemGetNVMLVersion", "nvml")),
+            cuda_driver_version=_cuda_version(system("nvmlSystemGetCudaDriverVersion", "cuda")),
         )
     except (pynvml.NVMLError, NvmlCallError, GpuLostError) as exc:
         # Initialised but unusable: the caller shuts NVML down again (see `shutdown`).

@@ -145,7 +145,6 @@ GPU_INSTANCE_PROFILE_4_SLICE: int = pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE
 GPU_INSTANCE_PROFILE_7_SLICE: int = pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE
 
 # nvmlBrandType_t: what nvidia-smi prints as "Product Brand".
-BRAND_NVIDIA: int = pynvml.NVML_BRAND_NVIDIA
 BRAND_GEFORCE: int = pynvml.NVML_BRAND_GEFORCE
 BRAND_TITAN: int = pynvml.NVML_BRAND_TITAN
 BRANDS: dict[str, int] = {

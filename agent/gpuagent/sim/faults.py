@@ -72,6 +72,16 @@ class FaultKind:
 # --- what each kind does ---------------------------------------------------------------
 
 
+def _setting(attribute: str, *, to: bool) -> Apply:
+    """A fault that only sets one flag of the GPU."""
+
+    def apply(gpu: SimGpu, _params: Params, _at: float) -> Events:
+        setattr(gpu, attribute, to)
+        return ()
+
+    return apply
+
+
 def _ecc_sbe(gpu: SimGpu, params: Params, _at: float) -> Events:
     count = _int(params["count"])
     gpu.ecc_sbe_volatile += count
@@ -137,11 +147,6 @@ def _pcie_replay(gpu: SimGpu, params: Params, _at: float) -> Events:
     return ()
 
 
-def _gpu_lost(gpu: SimGpu, _params: Params, _at: float) -> Events:
-    gpu.lost = True
-    return ()
-
-
 def _pci_remove(gpu: SimGpu, _params: Params, _at: float) -> Events:
     # Off the bus, NVML loses the GPU too (it still counts it, as after gpu_lost).
     gpu.lost = True
@@ -152,11 +157,6 @@ def _pci_remove(gpu: SimGpu, _params: Params, _at: float) -> Events:
 def _nvml_hang(gpu: SimGpu, params: Params, at: float) -> Events:
     # The window starts when the fault was due, even if it is applied a little later.
     gpu.hang_until = max(gpu.hang_until, at + _number(params["seconds"]))
-    return ()
-
-
-def _persistence_off(gpu: SimGpu, _params: Params, _at: float) -> Events:
-    gpu.persistence = False
     return ()
 
 
@@ -290,20 +290,9 @@ def _ib_errors(gpu: SimGpu, params: Params, _at: float) -> Events:
     return ()
 
 
-def _device_plugin_down(gpu: SimGpu, _params: Params, _at: float) -> Events:
-    # Node-wide (the plugin's socket is gone), kept on this GPU until `clear` here.
-    gpu.device_plugin_down = True
-    return ()
-
-
 def _fabric_manager(gpu: SimGpu, params: Params, _at: float) -> Events:
     # Node-wide (a systemd unit), kept on this GPU until `clear` here.
     gpu.service_faults[str(params["service"])] = str(params["state"])
-    return ()
-
-
-def _cdi_stale(gpu: SimGpu, _params: Params, _at: float) -> Events:
-    gpu.in_cdi_spec = False
     return ()
 
 
@@ -317,11 +306,6 @@ def _recovery_action(gpu: SimGpu, params: Params, _at: float) -> Events:
 def _repair_pending(gpu: SimGpu, params: Params, _at: float) -> Events:
     channel, tpc = gpu.repair_pending or (False, False)
     gpu.repair_pending = (True, tpc) if params["unit"] == "channel" else (channel, True)
-    return ()
-
-
-def _unrepairable_memory(gpu: SimGpu, _params: Params, _at: float) -> Events:
-    gpu.unrepairable_memory = True
     return ()
 
 
@@ -373,14 +357,14 @@ KINDS: dict[str, FaultKind] = {
             _pcie_degrade,
         ),
         FaultKind("pcie_replay", (_COUNT,), _pcie_replay),
-        FaultKind("gpu_lost", (), _gpu_lost),
+        FaultKind("gpu_lost", (), _setting("lost", to=True)),
         FaultKind("pci_remove", (), _pci_remove),
         FaultKind(
             "nvml_hang",
             (Param("seconds", "number", required=True, minimum=0.001, maximum=3600),),
             _nvml_hang,
         ),
-        FaultKind("persistence_off", (), _persistence_off),
+        FaultKind("persistence_off", (), _setting("persistence", to=False)),
         FaultKind(
             "recovery_action",
             (Param("action", "str", required=True, choices=tuple(RECOVERY_ACTION_CODES)),),
@@ -391,10 +375,9 @@ KINDS: dict[str, FaultKind] = {
             (Param("unit", "str", default="channel", choices=("channel", "tpc")),),
             _repair_pending,
         ),
-        FaultKind("unrepairable_memory", (), _unrepairable_memory),
+        FaultKind("unrepairable_memory", (), _setting("unrepairable_memory", to=True)),
         FaultKind("nvlink_down", (_LINK,), _nvlink_down),
         FaultKind("nvlink_errors", (_LINK, *_ERRORS, *_MORE_ERRORS), _nvlink_errors),
-        # The bit-error rates the link measures (NVML packs them as one significant digit).
         # NVLink-C2C errors on a Grace-Blackwell GPU (profile c2c_links).
         FaultKind(
             "c2c_errors",
@@ -405,6 +388,7 @@ KINDS: dict[str, FaultKind] = {
             ),
             _c2c_errors,
         ),
+        # The bit-error rates the link measures (NVML packs them as one significant digit).
         FaultKind(
             "nvlink_ber",
             (
@@ -488,8 +472,9 @@ KINDS: dict[str, FaultKind] = {
             ),
             _fabric_manager,
         ),
-        FaultKind("device_plugin_down", (), _device_plugin_down),
-        FaultKind("cdi_stale", (), _cdi_stale),
+        # Node-wide (the plugin's socket is gone), kept on this GPU until `clear` here.
+        FaultKind("device_plugin_down", (), _setting("device_plugin_down", to=True)),
+        FaultKind("cdi_stale", (), _setting("in_cdi_spec", to=False)),
         FaultKind("clear", (), _clear),
     )
 }

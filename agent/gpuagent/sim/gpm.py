@@ -86,11 +86,6 @@ def supports_gpm(profile: GpuProfile) -> bool:
     return profile.architecture in GPM_ARCHITECTURES
 
 
-def instance_id(gpu: SimGpu, instance: SimGpuInstance) -> int:
-    """The GPU instance id NVML reports: 1, 2, ... in creation order (see module doc)."""
-    return gpu.gpu_instance_id(instance)
-
-
 @dataclass(slots=True)
 class _Counters:
     """Cumulative activity of one GPU or instance: unit-seconds busy, and bytes moved."""
@@ -131,7 +126,7 @@ def _rates(gpu: SimGpu, instance: SimGpuInstance | None, now: float) -> dict[int
 def counters(gpu: SimGpu, instance: SimGpuInstance | None, now: float) -> _Counters:
     """The counters of ``gpu`` (or one instance), accrued up to ``now``."""
     ledger = _LEDGERS.setdefault(gpu, {})
-    key = None if instance is None else instance_id(gpu, instance)
+    key = None if instance is None else gpu.gpu_instance_id(instance)
     rates = _rates(gpu, instance, now)
     found = ledger.get(key)
     if found is None:
@@ -183,7 +178,7 @@ class GpmDriver:
         sample = self._sample_for(pointer)
         if sample is None:
             return codes.ERROR_INVALID_ARGUMENT
-        scope = (gpu.index, None if instance is None else instance_id(gpu, instance))
+        scope = (gpu.index, None if instance is None else gpu.gpu_instance_id(instance))
         accrued = counters(gpu, instance, now)
         sample.scope, sample.at, sample.totals = scope, accrued.at, dict(accrued.totals)
         sample.nvlinks = len(gpu.nvlink_up) if instance is None else 0
@@ -243,7 +238,7 @@ class GpmDriver:
             return codes.ERROR_NOT_SUPPORTED
         wanted = gi_id if isinstance(gi_id, int) else int(gi_id.value)
         for instance in gpu.mig_instances:
-            if instance_id(gpu, instance) == wanted:
+            if gpu.gpu_instance_id(instance) == wanted:
                 return self._fill(gpu, instance, pointer, now)
         return codes.ERROR_NOT_FOUND
 
@@ -277,7 +272,7 @@ class GpmDriver:
                 if ctypes.addressof(instance.handle) == address:
                     info = out._obj  # noqa: SLF001 - the byref target
                     info.device = gpu.handle
-                    info.id = instance_id(gpu, instance)
+                    info.id = gpu.gpu_instance_id(instance)
                     info.profileId = instance.profile.profile_id
                     info.placement.start = slot
                     info.placement.size = instance.profile.slices

@@ -11,7 +11,6 @@ import random
 import uuid
 from dataclasses import dataclass
 
-MAX_GPUS = 16
 MAX_NVLINKS = 18  # NVML_NVLINK_MAX_LINKS
 MIB = 1024 * 1024
 PCIE_WIDTHS = (1, 2, 4, 8, 16)

@@ -386,9 +386,8 @@ class SimulatedLibrary:
         found = self._legacy_xid_context(pointer, params)
         if found is None:
             return codes.ERROR_INVALID_ARGUMENT
-        found[
-            0
-        ].nvmlGpuOperationalEventContextType = (
+        target, _xid = found
+        target.nvmlGpuOperationalEventContextType = (
             pynvml.NVML_GPU_OPERATIONAL_EVENT_CONTEXT_TYPE_LEGACY_XID
         )
         return codes.SUCCESS
@@ -435,7 +434,8 @@ class SimulatedLibrary:
                 lambda g, now: g.readings.performance_state(now)
             ),
             "nvmlDeviceGetViolationStatus": _violation_status,
-            "nvmlDeviceGetFanSpeed": _fan_speed,
+            # None where the chassis cools the GPU: no fan of its own.
+            "nvmlDeviceGetFanSpeed": _reply(lambda g, now: g.readings.fan_speed_pct(now)),
             "nvmlDeviceGetMaxPcieLinkGeneration": _reply(
                 lambda g, _n: g.fixed(
                     g.profile.pcie_max_generation, lambda c: c.pcie_generation_max
@@ -483,7 +483,10 @@ class SimulatedLibrary:
             ),
             "nvmlDeviceGetGpuInstanceProfileInfoV": _gpu_instance_profile_info,
             "nvmlDeviceGetGpuInstances": _gpu_instances,
-            "nvmlDeviceGetMaxMigDeviceCount": _max_mig_device_count,
+            # None without MIG on this model, or with MIG mode off.
+            "nvmlDeviceGetMaxMigDeviceCount": _reply(
+                lambda g, _n: g.mig_device_count() if g.mig_mode else None
+            ),
             "nvmlDeviceGetMigDeviceHandleByIndex": _mig_device_handle,
             # Only MIG device handles have instance ids (see _mig_device_functions).
             "nvmlDeviceGetGpuInstanceId": _not_a_mig_device,
@@ -501,7 +504,9 @@ class SimulatedLibrary:
             "nvmlDeviceGetRowRemapperHistogram": _remap_histogram,
             "nvmlDeviceGetRepairStatus": _repair_status,
             "nvmlDeviceGetUnrepairableMemoryFlag_v1": _unrepairable_memory,
-            "nvmlDeviceGetRetiredPagesPendingStatus": _retired_pending,
+            "nvmlDeviceGetRetiredPagesPendingStatus": _reply(
+                lambda g, _n: int(g.retired_pending) if g.retired_pages_supported() else None
+            ),
             "nvmlDeviceGetNvLinkState": _nvlink_state,
             "nvmlDeviceSetPersistenceMode": _set_persistence,
             "nvmlDeviceSetPowerManagementLimit": _set_power_limit,
@@ -605,14 +610,6 @@ def _violation_status(gpu: SimGpu, now: float, policy: Any, out: Any) -> int:
     status = _out(out)
     status.referenceTime = int(time.time() * 1_000_000)  # wall-clock µs, as NVML stamps it
     status.violationTime = gpu.violation_ns_at(now, counter)
-    return codes.SUCCESS
-
-
-def _fan_speed(gpu: SimGpu, now: float, out: Any) -> int:
-    speed = gpu.readings.fan_speed_pct(now)
-    if speed is None:
-        return codes.ERROR_NOT_SUPPORTED  # cooled by the chassis: no fan of its own
-    _out(out).value = speed
     return codes.SUCCESS
 
 
@@ -877,13 +874,6 @@ def _gpu_instances(gpu: SimGpu, _now: float, profile_id: Any, instances: Any, co
     return codes.SUCCESS
 
 
-def _max_mig_device_count(gpu: SimGpu, _now: float, out: Any) -> int:
-    if not gpu.mig_mode:
-        return codes.ERROR_NOT_SUPPORTED  # no MIG on this model, or MIG mode off
-    _out(out).value = gpu.mig_device_count()
-    return codes.SUCCESS
-
-
 def _mig_device_handle(gpu: SimGpu, _now: float, index: Any, out: Any) -> int:
     if not gpu.mig_mode:
         return codes.ERROR_NOT_SUPPORTED
@@ -974,13 +964,6 @@ def _remapped_rows(
     _out(uncorrectable).value = gpu.remapped_uncorrectable
     _out(pending).value = int(gpu.remap_pending)
     _out(failure).value = int(gpu.remap_failure)
-    return codes.SUCCESS
-
-
-def _retired_pending(gpu: SimGpu, _now: float, out: Any) -> int:
-    if not gpu.retired_pages_supported():
-        return codes.ERROR_NOT_SUPPORTED
-    _out(out).value = int(gpu.retired_pending)
     return codes.SUCCESS
 
 

@@ -118,7 +118,7 @@ class SimulatedNode:
             raise ValueError(f"cannot inject {kind!r} on GPU {gpu}: {exc}") from None
         state = self._state
         with state.cond:
-            now = self._tick()
+            now = self._state.tick()
             state.apply(kind, state.gpus[gpu], checked, now, now)
 
     def set_init_error(self, problem: str | None) -> None:
@@ -138,7 +138,7 @@ class SimulatedNode:
         self._check_gpu(index, self.gpu_count, "cannot reset")
         state = self._state
         with state.cond:
-            now = self._tick()
+            now = self._state.tick()
             gpu = state.gpus[index]
             if gpu.lost:
                 raise GpuResetError(
@@ -158,7 +158,7 @@ class SimulatedNode:
         if self.scenario.capture is not None:
             return unknown_host_facts()  # a capture holds no sysfs, modules or services
         with self._state.cond:
-            self._tick()
+            self._state.tick()
             off_bus = frozenset(g.index for g in self._state.gpus if not g.on_pci_bus)
         facts = host_facts(self.scenario.node, self._state.hardware.profile, off_bus)
         return dataclasses.replace(facts, services=self.services())
@@ -169,7 +169,7 @@ class SimulatedNode:
         if self.scenario.capture is not None:
             return unknown_host_facts().services
         with self._state.cond:
-            self._tick()
+            self._state.tick()
             faults = {k: v for g in self._state.gpus for k, v in g.service_faults.items()}
         return tuple(
             self._probed(service, faults.get(service.name))
@@ -199,14 +199,14 @@ class SimulatedNode:
         """What /sys/class/infiniband would show: the HCA beside each of the first
         `ib_hcas` GPUs, with the `ib_*` faults applied."""
         with self._state.cond:
-            self._tick()
+            self._state.tick()
             return self._state.infiniband()
 
     def kubernetes_host(self) -> tuple[DevicePlugin, Toolkit]:
         """kubelet's device plugin directory and the container toolkit, as the scenario
         and the `device_plugin_down` and `cdi_stale` faults make them."""
         with self._state.cond:
-            self._tick()
+            self._state.tick()
             return kubernetes_host(self.scenario.node, self._state.gpus)
 
     # --- introspection -------------------------------------------------------------------
@@ -246,14 +246,14 @@ class SimulatedNode:
         running simulated processes (gpuagent.sim.proctable, for `sources.nvml.proc_root`)
         and ``sys/class/infiniband`` the RDMA devices (for the sysfs source)."""
         with self._state.cond:
-            self._tick()
+            self._state.tick()
             self._state.host_root = root
             self._state.write_host_files(root)
 
     def process_name(self, pid: int) -> str | None:
         """The name of simulated process ``pid`` (NVML itself reports only pids)."""
         with self._state.cond:
-            self._tick()
+            self._state.tick()
             for gpu in self._state.gpus:
                 process = gpu.processes.get(pid)
                 if process is not None:
@@ -265,13 +265,6 @@ class SimulatedNode:
         return self._state.elapsed()
 
     # --- helpers -------------------------------------------------------------------------
-
-    def _tick(self) -> float:
-        """Apply the scenario faults that have come due; lock held. Returns the time."""
-        now = self._state.elapsed()
-        if now >= self._state.next_due:
-            self._state.apply_due(now)
-        return now
 
     @classmethod
     def _checked(cls, fault: Fault, gpus: int, hcas: int, resolved: NodeHardware) -> Fault:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from gpuagent.config import ConfigError, build_dataclass, find_line, parse_toml, read_text
 from gpuagent.inventory.model import ServiceState
+from gpuagent.model import NvmlInitProblem
 from gpuagent.sim import catalog, hardware
 from gpuagent.sim.faults import FaultError, ParamValue, check_params
 from gpuagent.sim.profiles import GpuProfile
@@ -24,14 +25,8 @@ from gpuagent.sim.replay import profile_for
 if TYPE_CHECKING:
     from gpuagent.smi import Capture
 
-InitError = Literal[
-    "driver_not_loaded",
-    "library_not_found",
-    "version_mismatch",
-    "no_permission",
-    "timeout",
-    "other",
-]
+# The simulated nvmlInit failures: each one the problem gpuagent.nvml.errors classifies.
+InitError = NvmlInitProblem
 INIT_ERRORS: tuple[InitError, ...] = typing.get_args(InitError)
 # nvmlComputeMode_t by name (codes.COMPUTE_MODES); "exclusive_thread" only older drivers had.
 ComputeMode = Literal["default", "exclusive_process", "prohibited", "exclusive_thread"]

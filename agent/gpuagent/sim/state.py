@@ -119,6 +119,13 @@ class NodeState:
     def elapsed(self) -> float:
         return self.clock() - self.start
 
+    def tick(self) -> float:
+        """Apply the scenario faults that have come due (lock held); the elapsed time."""
+        now = self.elapsed()
+        if now >= self.next_due:
+            self.apply_due(now)
+        return now
+
     # --- faults (lock held) -------------------------------------------------------------
 
     def apply_due(self, now: float) -> None:
@@ -196,9 +203,7 @@ class NodeState:
     def _wait_out_hang(self, gpu: SimGpu, now: float) -> float:
         while gpu.hang_until > now and not gpu.lost:
             self.cond.wait(min(gpu.hang_until - now, _WAIT_SLICE_SECONDS))
-            now = self.elapsed()
-            if now >= self.next_due:
-                self.apply_due(now)
+            now = self.tick()
         return now
 
     def wait_out_init_hang(self, now: float) -> None:
@@ -227,9 +232,7 @@ class NodeState:
             now = self.elapsed()
             until_due = max(self.next_due - now, 0.0)
             self.cond.wait(min(remaining, until_due, _WAIT_SLICE_SECONDS))
-            now = self.elapsed()
-            if now >= self.next_due:
-                self.apply_due(now)
+            self.tick()
 
     def event_set_for(self, pointer: Any) -> EventSet | None:
         try:

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 from gpuagent.model import IbDevice, IbPort
+from gpuagent.sources.pcie import read_stripped
 
 _STATE_RE = re.compile(r"^\s*(\d+)\s*:\s*(\S.*?)\s*$")
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec")
@@ -53,9 +54,9 @@ def parse_rate(text: str | None) -> float | None:
 def _device(entry: Path) -> IbDevice:
     return IbDevice(
         name=entry.name,
-        hca_type=_text(entry / "hca_type") or "",
-        board_id=_text(entry / "board_id") or "",
-        firmware_version=_text(entry / "fw_ver") or "",
+        hca_type=read_stripped(entry / "hca_type") or "",
+        board_id=read_stripped(entry / "board_id") or "",
+        firmware_version=read_stripped(entry / "fw_ver") or "",
         pci_address=_pci_address(entry / "device"),
         ports=tuple(_port(entry.name, number, path) for number, path in _ports(entry / "ports")),
     )
@@ -70,8 +71,8 @@ def _ports(directory: Path) -> list[tuple[int, Path]]:
 
 
 def _port(device: str, number: int, directory: Path) -> IbPort:
-    state_id, state = parse_state(_text(directory / "state"))
-    phys_id, phys = parse_state(_text(directory / "phys_state"))
+    state_id, state = parse_state(read_stripped(directory / "state"))
+    phys_id, phys = parse_state(read_stripped(directory / "phys_state"))
     return IbPort(
         device=device,
         port=number,
@@ -79,8 +80,8 @@ def _port(device: str, number: int, directory: Path) -> IbPort:
         state=state,
         phys_state_id=phys_id,
         phys_state=phys,
-        rate_gbps=parse_rate(_text(directory / "rate")),
-        link_layer=_text(directory / "link_layer") or "",
+        rate_gbps=parse_rate(read_stripped(directory / "rate")),
+        link_layer=read_stripped(directory / "link_layer") or "",
         counters=_counters(directory / "counters"),
         hw_counters=_counters(directory / "hw_counters"),
     )
@@ -93,7 +94,7 @@ def _counters(directory: Path) -> tuple[tuple[str, int], ...]:
         return ()
     found: list[tuple[str, int]] = []
     for path in files:
-        text = _text(path)
+        text = read_stripped(path)
         if path.name in _NOT_COUNTERS or text is None or not text.isdigit():
             continue
         value = int(text)
@@ -106,11 +107,4 @@ def _pci_address(device_link: Path) -> str | None:
     try:
         return device_link.resolve(strict=True).name
     except (OSError, RuntimeError):
-        return None
-
-
-def _text(path: Path) -> str | None:
-    try:
-        return path.read_text(errors="replace").strip()
-    except OSError:
         return None

@@ -192,13 +192,7 @@ class NvmlSource:
             return GpuState(shown, "lost", error=f"GPU is lost ({exc})")
         except (NvmlCallError, NvmlUnavailableError) as exc:
             return GpuState(shown, "error", error=str(exc))
-        return GpuState(
-            identity,
-            "ok",
-            readings,
-            sampled_at=self._wall(),
-            sampled_monotonic=self._clock(),
-        )
+        return GpuState(identity, "ok", readings, sampled_at=self._wall())
 
     def _read(self, device: Device, include_slow: bool) -> GpuReadings:
         """One poll of ``device``, on its worker: NVML, then procfs for its processes."""

@@ -88,7 +88,7 @@ def _read_path(entry: Path, bridges: dict[Path, PcieLink]) -> PciePath | None:
         device_dir = entry.resolve(strict=True)
     except (OSError, RuntimeError):
         return None
-    role = role_of(_read_hex(device_dir / "vendor"), _read_hex(device_dir / "class"))
+    role = role_of(read_hex(device_dir / "vendor"), read_hex(device_dir / "class"))
     if role is None:
         return None
     device = _read_link(device_dir, address, role)
@@ -132,6 +132,14 @@ def _read_link(directory: Path, address: str, role: PcieRole) -> PcieLink:
     )
 
 
+def read_stripped(path: Path) -> str | None:
+    """A sysfs (or procfs) file's text, stripped; None where it cannot be read."""
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+
+
 def _read_text(path: Path) -> str | None:
     try:
         return path.read_text(encoding="ascii")
@@ -140,7 +148,7 @@ def _read_text(path: Path) -> str | None:
         return None
 
 
-def _read_hex(path: Path) -> int | None:
+def read_hex(path: Path) -> int | None:
     text = _read_text(path)
     try:
         return None if text is None else int(text.strip(), 16)

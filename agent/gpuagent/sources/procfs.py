@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpuagent.model import GpuProcess, GpuReadings
+from gpuagent.sources.pcie import read_stripped
 
 
 class ProcessTable:
@@ -32,7 +33,7 @@ class ProcessTable:
         """``process`` with ``alive``, ``user`` (and with Slurm on ``job``) filled in, and
         its name where NVML and the host gave none ("pid N")."""
         entry = self.root / str(process.pid)
-        status = _read(entry / "status")
+        status = read_stripped(entry / "status")
         if status is None:
             # Either the PID has no entry (gone) or it vanished between the two reads;
             # only a missing directory says gone, an unreadable one says nothing.
@@ -40,14 +41,14 @@ class ProcessTable:
         fields = _status_fields(status)
         name = process.name
         if name == f"pid {process.pid}":
-            name = (_read(entry / "comm") or fields.get("Name", "")).strip() or name
+            name = (read_stripped(entry / "comm") or fields.get("Name", "")).strip() or name
         job = self._job(entry) if self.slurm else None
         return replace(process, name=name, alive=True, user=self._user(fields.get("Uid")), job=job)
 
     def _job(self, entry: Path) -> str | None:
         from gpuagent.attribution.slurm import parse_cgroup  # noqa: PLC0415 - Slurm nodes only
 
-        cgroup = _read(entry / "cgroup")
+        cgroup = read_stripped(entry / "cgroup")
         step = parse_cgroup(cgroup) if cgroup is not None else None
         return step.job if step is not None else None
 
@@ -75,13 +76,6 @@ class ProcessTable:
             except KeyError:  # a uid with no passwd entry (a container's, a deleted user)
                 self._users[uid] = f"uid {uid}"
         return self._users[uid]
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
 
 
 def _status_fields(text: str) -> dict[str, str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import typing
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,12 +23,7 @@ from gpuagent.sources.pcie import NVIDIA_VENDOR, canonical_bus_id, role_of
 from gpuagent.supervisor import SourceUnavailable
 
 ChangeAction = Literal["add", "remove", "bind", "unbind"]
-_ACTIONS: dict[str, ChangeAction] = {
-    "add": "add",
-    "remove": "remove",
-    "bind": "bind",
-    "unbind": "unbind",
-}
+_ACTIONS: dict[str, ChangeAction] = {action: action for action in typing.get_args(ChangeAction)}
 # udevd creates this socket while it runs. Without udevd, libudev opens the monitor but
 # never joins the multicast group, so it would wait forever for events that never come.
 UDEV_CONTROL = Path("/run/udev/control")
