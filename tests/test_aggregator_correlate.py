@@ -17,6 +17,7 @@ from gpuagent.aggregator.correlate import (
     classify,
     places_of,
 )
+from gpuagent.incidents import SAMPLES
 
 UUID_A = "1b6a4c1e-0000-4000-8000-00000000000a"
 UUID_B = "1b6a4c1e-0000-4000-8000-00000000000b"
@@ -284,9 +285,13 @@ def test_incidents_close_after_the_join_window_and_leave_memory() -> None:
 def test_a_storm_folded_on_the_node_counts_its_records() -> None:
     c = correlator()
     rack(c, UUID_A, ["gb-00"])
-    first = record(45, TEARDOWN, BUSES[0], 1000.0)
-    c.observe_record("c1", "gb-00", first, 1000.0)
-    for count in (500, 2000, 100_000):
+    # The node sends an incident's first records (its samples) on their own, then its
+    # growing total.
+    samples = [record(45, TEARDOWN, BUSES[0], 1000.0, seq=n) for n in range(SAMPLES)]
+    for sample in samples:
+        c.observe_record("c1", "gb-00", sample, 1000.0)
+    first = samples[0]
+    for count in (3, 500, 2000, 100_000):
         grown = dict(first, incident={"id": first["id"], "count": count})
         c.observe_record("c1", "gb-00", grown, 1001.0)
     (incident,) = c.tick(1002.0)

@@ -31,8 +31,9 @@ import math
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NamedTuple
 
+from gpuagent.incidents import SAMPLES
 from gpuagent.kernel.xid import caused_by, lookup
 
 Role = Literal["root", "consequence", "unrelated"]
@@ -56,6 +57,9 @@ _LINK = re.compile(r"\bLink (\d+)")  # "Link -1": the unit, no one link
 _FATAL_WORD = re.compile(r"\bFatal\b")  # not "Nonfatal"
 # Node incidents remembered per GPU to turn their growing counts into record counts.
 _NODE_INCIDENTS_KEPT = 64
+# A growing incident's document is rewritten (stored, pushed) at most this often; a new,
+# closed or newly decided one at the next tick.
+REWRITE_SECONDS = 2.0
 
 
 def classify(xid: int, line: str) -> int:
@@ -70,11 +74,11 @@ def classify(xid: int, line: str) -> int:
     return FATAL if info is not None and info.action in _FATAL_ACTIONS else OTHER
 
 
-@dataclass(frozen=True, slots=True)
-class GpuPlace:
-    """What a node's state report says a GPU shares with others."""
+class GpuPlace(NamedTuple):
+    """What a node's state report says a GPU shares with others (a tuple: every state
+    report builds them)."""
 
-    index: int | None
+    gpu_index: int | None
     uuid: str
     nvlink_domain: str | None  # "<cluster UUID>/<clique id>"
     job: str | None  # "slurm:<id>" or "pod:<namespace>/<name>"
@@ -103,7 +107,7 @@ def places_of(status: dict[str, Any]) -> NodePlaces:
         index = gpu.get("index")
         uuid = gpu.get("uuid")
         places.gpus[gpu["pci_bus_id"]] = GpuPlace(
-            index=index if isinstance(index, int) and not isinstance(index, bool) else None,
+            gpu_index=index if isinstance(index, int) and not isinstance(index, bool) else None,
             uuid=uuid if isinstance(uuid, str) else "",
             nvlink_domain=domain if isinstance(domain, str) and domain else None,
             job=_job(gpu.get("workloads")),
@@ -178,6 +182,10 @@ class FleetIncident:
     # Kept as records come, so choosing the root never walks the members.
     _link_fatal: set[tuple[str, str]] = field(default_factory=set)
     _earliest_fatal: tuple[str, str] | None = None
+    # When its document was last handed out by `Correlator.tick` (None: never), and
+    # whether a change since must go out at the next tick.
+    written_at: float | None = None
+    urgent: bool = True
 
     @property
     def root(self) -> Member | None:
@@ -410,7 +418,7 @@ class Correlator:
             member = Member(
                 node=node,
                 gpu=gpu,
-                index=None if place is None else place.index,
+                index=None if place is None else place.gpu_index,
                 uuid="" if place is None else place.uuid,
                 first_time=now,
                 last_time=now,
@@ -496,19 +504,31 @@ class Correlator:
         for incident in self._of_node.get((cluster, node), ()):
             if incident.id in wanted:
                 (incident.approved if approved else incident.denied).append(node)
+                incident.urgent = True
                 self._changed[incident.id] = incident
 
     # --- time ------------------------------------------------------------------------------
 
     def tick(self, now: float) -> list[FleetIncident]:
-        """Close incidents quiet for the join window; what changed since the last tick."""
+        """Close incidents quiet for the join window; what changed since the last tick
+        and is due to be written (a growing incident every `REWRITE_SECONDS`)."""
         for incident in [i for i in self._open.values() if now - i.last_time > self.window]:
             self._close(incident, now)
-        changed, self._changed = list(self._changed.values()), {}
-        return changed
+        due = [
+            incident
+            for incident in self._changed.values()
+            if incident.urgent
+            or incident.written_at is None
+            or now - incident.written_at >= REWRITE_SECONDS
+        ]
+        for incident in due:
+            incident.written_at, incident.urgent = now, False
+            del self._changed[incident.id]
+        return due
 
     def _close(self, incident: FleetIncident, when: float) -> None:
         incident.closed_at = when
+        incident.urgent = True
         self._open.pop((incident.cluster, incident.key), None)
         for node in incident.nodes():
             of_node = self._of_node.get((incident.cluster, node))
@@ -529,17 +549,18 @@ def _domains(places: NodePlaces | None) -> set[str]:
 
 
 def _new_records(member: Member, data: dict[str, Any]) -> int:
-    """How many kernel records this message adds: 1, or for a node incident that grew
-    (a storm folded on the node) the growth of its count."""
+    """How many kernel records this message adds. A record on its own is one. A node
+    incident that grew (a storm folded on the node) says its total: its first `SAMPLES`
+    records came on their own already, so it adds what its total grew past those and past
+    the total it said last."""
     incident = data.get("incident")
-    if isinstance(incident, dict):
-        node_id, count = incident.get("id"), incident.get("count")
-    else:  # a record on its own, maybe the first of a node incident (its id is the record's)
-        node_id, count = data.get("id"), 1
+    if not isinstance(incident, dict):
+        return 1
+    node_id, count = incident.get("id"), incident.get("count")
     if not isinstance(node_id, str) or not isinstance(count, int):
         return 1
-    before = member.node_incidents.get(node_id, 0)
-    if node_id not in member.node_incidents and len(member.node_incidents) >= _NODE_INCIDENTS_KEPT:
+    before = member.node_incidents.pop(node_id, 0)  # re-inserted: the newest last
+    if len(member.node_incidents) >= _NODE_INCIDENTS_KEPT:
         member.node_incidents.pop(next(iter(member.node_incidents)))
     member.node_incidents[node_id] = max(before, count)
-    return max(0, count - before)
+    return max(0, count - max(before, min(count, SAMPLES)))
