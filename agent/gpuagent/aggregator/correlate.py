@@ -31,7 +31,7 @@ import math
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, NamedTuple
+from typing import Any, Final, Literal
 
 from gpuagent.incidents import SAMPLES
 from gpuagent.kernel.xid import caused_by, lookup
@@ -59,7 +59,7 @@ _FATAL_WORD = re.compile(r"\bFatal\b")  # not "Nonfatal"
 _NODE_INCIDENTS_KEPT = 64
 # A growing incident's document is rewritten (stored, pushed) at most this often; a new,
 # closed or newly decided one at the next tick.
-REWRITE_SECONDS = 2.0
+REWRITE_SECONDS = 5.0
 
 
 def classify(xid: int, line: str) -> int:
@@ -74,14 +74,12 @@ def classify(xid: int, line: str) -> int:
     return FATAL if info is not None and info.action in _FATAL_ACTIONS else OTHER
 
 
-class GpuPlace(NamedTuple):
-    """What a node's state report says a GPU shares with others (a tuple: every state
-    report builds them)."""
-
-    gpu_index: int | None
-    uuid: str
-    nvlink_domain: str | None  # "<cluster UUID>/<clique id>"
-    job: str | None  # "slurm:<id>" or "pod:<namespace>/<name>"
+# What a node's state report says a GPU shares with others: (index, UUID, NVLink domain
+# "<cluster UUID>/<clique id>", job "slurm:<id>" or "pod:<namespace>/<name>"). A plain
+# tuple of strings and numbers, because 10,000 nodes keep 80,000 of them: the garbage
+# collector stops tracking such tuples (not a NamedTuple), so full collections do not
+# walk them.
+GpuPlace = tuple[int | None, str, str | None, str | None]
 
 
 @dataclass(slots=True)
@@ -106,11 +104,11 @@ def places_of(status: dict[str, Any]) -> NodePlaces:
         domain = fabric.get("nvlink_domain") if isinstance(fabric, dict) else None
         index = gpu.get("index")
         uuid = gpu.get("uuid")
-        places.gpus[gpu["pci_bus_id"]] = GpuPlace(
-            gpu_index=index if isinstance(index, int) and not isinstance(index, bool) else None,
-            uuid=uuid if isinstance(uuid, str) else "",
-            nvlink_domain=domain if isinstance(domain, str) and domain else None,
-            job=_job(gpu.get("workloads")),
+        places.gpus[gpu["pci_bus_id"]] = (
+            index if isinstance(index, int) and not isinstance(index, bool) else None,
+            uuid if isinstance(uuid, str) else "",
+            domain if isinstance(domain, str) and domain else None,
+            _job(gpu.get("workloads")),
         )
     return places
 
@@ -384,10 +382,11 @@ class Correlator:
         )
 
     def _join_key(self, cluster: str, node: str, place: GpuPlace | None, weight: int) -> str:
-        if place is not None and place.nvlink_domain:
-            return f"nvlink:{place.nvlink_domain}"
-        if place is not None and place.job:
-            return f"job:{place.job}"
+        _, _, domain, job = place or (None, "", None, None)
+        if domain:
+            return f"nvlink:{domain}"
+        if job:
+            return f"job:{job}"
         if weight <= CONSEQUENCE:
             labels = self._places.get((cluster, node), NodePlaces()).labels
             for name in self.join_labels:
@@ -418,8 +417,8 @@ class Correlator:
             member = Member(
                 node=node,
                 gpu=gpu,
-                index=None if place is None else place.gpu_index,
-                uuid="" if place is None else place.uuid,
+                index=None if place is None else place[0],
+                uuid="" if place is None else place[1],
                 first_time=now,
                 last_time=now,
                 weight=weight,
@@ -545,7 +544,7 @@ class Correlator:
 def _domains(places: NodePlaces | None) -> set[str]:
     if places is None:
         return set()
-    return {p.nvlink_domain for p in places.gpus.values() if p.nvlink_domain}
+    return {domain for _, _, domain, _ in places.gpus.values() if domain}
 
 
 def _new_records(member: Member, data: dict[str, Any]) -> int:
