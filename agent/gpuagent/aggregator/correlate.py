@@ -88,6 +88,10 @@ class NodePlaces:
     labels: dict[str, str] = field(default_factory=dict)
 
 
+# A node that has not reported yet shares nothing.
+_NOWHERE: Final = NodePlaces()
+
+
 def places_of(status: dict[str, Any]) -> NodePlaces:
     """The GPUs' places and the node's labels from a state report's status document; a
     document of the wrong shape gives what it can (nothing, at worst)."""
@@ -333,10 +337,6 @@ class Correlator:
             self._domain_nodes.setdefault((cluster, domain), set()).add(node)
         self._places[key] = places
 
-    def forget_node(self, cluster: str, node: str) -> None:
-        self.observe_state(cluster, node, NodePlaces())
-        self._places.pop((cluster, node), None)
-
     # --- records ---------------------------------------------------------------------------
 
     def observe_record(self, cluster: str, node: str, data: dict[str, Any], now: float) -> None:
@@ -347,7 +347,7 @@ class Correlator:
             return
         line = data.get("line")
         weight = classify(code, line if isinstance(line, str) else "")
-        place = self._places.get((cluster, node), NodePlaces()).gpus.get(gpu)
+        place = self._places.get((cluster, node), _NOWHERE).gpus.get(gpu)
         key = self._join_key(cluster, node, place, weight)
         incident = self._open.get((cluster, key))
         if incident is not None and now - incident.last_time > self.window:
@@ -388,7 +388,7 @@ class Correlator:
         if job:
             return f"job:{job}"
         if weight <= CONSEQUENCE:
-            labels = self._places.get((cluster, node), NodePlaces()).labels
+            labels = self._places.get((cluster, node), _NOWHERE).labels
             for name in self.join_labels:
                 if labels.get(name):
                     return f"label:{name}={labels[name]}"
