@@ -580,6 +580,10 @@ class Fleet:
         self.pki = Pki(root / "pki")
         self.children: list[subprocess.Popen[bytes]] = []
         self.addresses: dict[str, str] = {}
+        # Each agent's process id: its node, configuration and the fleet's metrics ports.
+        self.agents: dict[int, tuple[str, Path, dict[str, int]]] = {}
+        self.prometheus: subprocess.Popen[bytes] | None = None
+        self.alertmanager_port = 0
 
     def _service(self, command: list[str], name: str, port: int) -> None:
         log = self.root / f"{name}.log"
@@ -607,6 +611,7 @@ class Fleet:
              f"--storage.tsdb.path={self.root / 'prometheus-data'}"],
             "prometheus", prom_port,
         )  # fmt: skip
+        self.prometheus, self.alertmanager_port = self.children[-1], am_port
         return f"http://127.0.0.1:{am_port}"
 
     def start(self, mosquitto: str) -> None:
@@ -647,7 +652,9 @@ class Fleet:
                 )
             command = [python, "-m", "gpuagent", "run", "--config", str(config)]
             log = self.root / node / "log"
-            self.children.append(start([*command, "--simulate", str(scenario)], log))
+            agent = start([*command, "--simulate", str(scenario)], log)
+            self.children.append(agent)
+            self.agents[agent.pid] = (node, config, metrics_ports)
 
     def _tray_files(
         self, tray: Tray, broker_port: int, metrics_ports: dict[str, int]
@@ -675,7 +682,7 @@ class Fleet:
     def watch(self) -> int:
         """Until a child exits (1) or Ctrl-C (0)."""
         try:
-            while all(child.poll() is None for child in self.children):
+            while all(child.poll() is None for child in self.children) or self._port_taken():
                 time.sleep(0.5)
         except KeyboardInterrupt:
             return 0
@@ -683,6 +690,32 @@ class Fleet:
         command = failed.args if isinstance(failed.args, list) else [failed.args]
         sys.stderr.write(f"run-fleet: {' '.join(map(str, command[:4]))} exited\n")
         return 1
+
+    def _port_taken(self) -> bool:
+        """An agent that stopped because another program took its metrics port between
+        `free_port` and its start (tests run beside it): started again on a new port, and
+        Prometheus told. False: no such agent (another child exited)."""
+        for index, child in enumerate(self.children):
+            found = self.agents.pop(child.pid, None) if child.poll() is not None else None
+            if found is None:
+                continue
+            node, config, ports = found
+            with (self.root / node / "log").open("rb") as log:
+                log.seek(max(0, log.seek(0, os.SEEK_END) - 512))
+                if b"Address already in use" not in log.read():  # its last words
+                    return False
+            old, ports[node] = ports[node], free_port()
+            text = config.read_text().replace(f"127.0.0.1:{old}", f"127.0.0.1:{ports[node]}")
+            config.write_text(text)
+            args = child.args if isinstance(child.args, list) else [child.args]
+            again = start([str(a) for a in args], self.root / node / "log")
+            self.children[index] = again
+            self.agents[again.pid] = found
+            if self.prometheus is not None:
+                prometheus_config(self.root, ports, self.alertmanager_port)
+                self.prometheus.send_signal(signal.SIGHUP)  # reloads its configuration
+            say(f"{node}: metrics port {old} was taken; started again on {ports[node]}")
+        return True
 
     def stop(self) -> None:
         # A second signal (a second Ctrl-C, `timeout` signalling the process group after

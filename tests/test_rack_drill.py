@@ -68,7 +68,9 @@ def _drill_and_incident(
     complete: float | None = None
     incidents: list[dict[str, Any]] = []
     while drill is None or complete is None:
-        assert fleet.process.poll() is None, "run-fleet exited"
+        if fleet.process.poll() is not None:
+            errors = fleet.process.stderr.read() if fleet.process.stderr else ""
+            raise AssertionError(f"run-fleet exited {fleet.process.returncode}: {errors}")
         assert time.monotonic() < deadline, f"drill {drill}, incidents {incidents}"
         record = fleet.root / "drill.json"
         if drill is None and record.exists():
