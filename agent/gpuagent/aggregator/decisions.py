@@ -61,6 +61,11 @@ class CordonRequest:
     decided: Decided | None = field(default=None)
 
 
+def with_note(reason: str, note: str) -> str:
+    """A decision's reason followed by what it was decided for (a fleet incident)."""
+    return f"{reason}; {note}" if note else reason
+
+
 def lock_name(cluster: str) -> str:
     return f"gpuagent.fleet.cordon/{cluster}"
 
@@ -95,7 +100,7 @@ def decide(session: Session, request: CordonRequest, config: CordonBudgetSection
             request.action,
             result.decision,
             request.time,
-            f"{result.reason}; {request.note}" if request.note else result.reason,
+            with_note(result.reason, request.note),
             result.retry_after_seconds,
         )
         session.execute(

@@ -366,9 +366,7 @@ class Ingest:
 
 def _with_verdict(result: BudgetDecision, verdict: Verdict) -> BudgetDecision:
     """The budget's decision, saying which fleet incident it was made for."""
-    if not verdict.reason:
-        return result
-    return dataclasses.replace(result, reason=f"{result.reason}; {verdict.reason}")
+    return dataclasses.replace(result, reason=decisions.with_note(result.reason, verdict.reason))
 
 
 def _text(payload: bytes, message: dict[str, Any]) -> str:
