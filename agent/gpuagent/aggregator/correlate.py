@@ -143,8 +143,9 @@ class Member:
     onset: float  # when that record came
     link: int | None = None
     count: int = 0
-    # node incident id -> the count it was last reported with
-    node_incidents: dict[str, int] = field(default_factory=dict)
+    # node incident id -> the count it was last reported with (None until a node incident
+    # comes: most members never see one, and an empty dict each is garbage to collect)
+    node_incidents: dict[str, int] | None = None
 
     def json(self, role: Role) -> dict[str, Any]:
         return {
@@ -334,7 +335,11 @@ class Correlator:
                 if not nodes:
                     del self._domain_nodes[(cluster, domain)]
         for domain in new - old:
-            self._domain_nodes.setdefault((cluster, domain), set()).add(node)
+            nodes = self._domain_nodes.get((cluster, domain))
+            if nodes is None:
+                self._domain_nodes[(cluster, domain)] = {node}
+            else:
+                nodes.add(node)
         self._places[key] = places
 
     # --- records ---------------------------------------------------------------------------
@@ -426,7 +431,11 @@ class Correlator:
                 onset=onset,
             )
             incident.members[member_key] = member
-            self._of_node.setdefault((cluster, node), set()).add(incident)
+            of_node = self._of_node.get((cluster, node))
+            if of_node is None:
+                self._of_node[(cluster, node)] = {incident}
+            else:
+                of_node.add(incident)
             incident.take(member_key, weight)
         elif weight > member.weight:
             member.weight, member.xid, member.onset = weight, code, onset
@@ -558,8 +567,11 @@ def _new_records(member: Member, data: dict[str, Any]) -> int:
     node_id, count = incident.get("id"), incident.get("count")
     if not isinstance(node_id, str) or not isinstance(count, int):
         return 1
-    before = member.node_incidents.pop(node_id, 0)  # re-inserted: the newest last
-    if len(member.node_incidents) >= _NODE_INCIDENTS_KEPT:
-        member.node_incidents.pop(next(iter(member.node_incidents)))
-    member.node_incidents[node_id] = max(before, count)
+    kept = member.node_incidents
+    if kept is None:
+        kept = member.node_incidents = {}
+    before = kept.pop(node_id, 0)  # re-inserted: the newest last
+    if len(kept) >= _NODE_INCIDENTS_KEPT:
+        kept.pop(next(iter(kept)))
+    kept[node_id] = max(before, count)
     return max(0, count - max(before, min(count, SAMPLES)))
