@@ -686,7 +686,9 @@ def incident_templates(fleet: Fleet) -> tuple[str, str]:
     for n in range(TRAYS * 2):
         status = tray_status(fleet.template, n // TRAYS, n % TRAYS)
         correlator.observe_state(cluster_of(n // TRAYS), node_name(n // TRAYS, n % TRAYS),
-                                 places_of(status))  # fmt: skip
+                                 places_of(from_online_state(
+                                     {"cluster": "", "node": "", "time": 0.0, "status": status},
+                                     "", 0.0)))  # fmt: skip
     plan = schedule(fleet, 0.3, 1000.0)  # one cascade, in rack 0
     t = 1_790_000_000.0
     for m in plan.messages:

@@ -16,12 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import aiomqtt
 import pytest
 
 import aggregator_support as msg
 from conftest import PATIENCE, DaemonProcess, deadline_in, free_port, kernel_record, require
 from gpuagent.aggregator.service import Aggregator
 from gpuagent.config import AggregatorSection
+from gpuagent.fleet import schema
+from gpuagent.fleet.connection import client_options
 from mqtt_broker import Broker
 
 H100 = '[node]\ngpus = 8\nmodel = "NVIDIA H100 80GB HBM3"\n'
@@ -103,6 +106,7 @@ async def aggregator(
     broker: Broker,
     name: str = "agg",
     reconnect_seconds: float = 0.2,
+    clock: Callable[[], float] = time.time,
     **overrides: Any,
 ) -> AsyncIterator[Aggregator]:
     # Each aggregator its own identity (the broker makes it the client id), as in production.
@@ -116,7 +120,7 @@ async def aggregator(
     config: AggregatorSection = msg.config(
         tmp_path / name, port=free_port(), broker=connection, **overrides
     )
-    agg = Aggregator(config)
+    agg = Aggregator(config, clock=clock)
     await agg.start()
     try:
         # Set once every subscription is acknowledged (SUBACK): nothing published after
@@ -125,6 +129,20 @@ async def aggregator(
         yield agg
     finally:
         await agg.close()
+
+
+@asynccontextmanager
+async def node_client(broker: Broker, node: str, **kwargs: Any) -> AsyncIterator[aiomqtt.Client]:
+    """A client with ``node``'s certificate, as the node's agent connects."""
+    options = client_options(broker.connection(node), client_id=f"test-{node}")
+    options.update(clean_start=True, **kwargs)
+    async with aiomqtt.Client(**options) as client:
+        yield client
+
+
+async def publish(client: aiomqtt.Client, channel: str, message: dict[str, Any]) -> None:
+    topic = msg.topic(message["node"], channel, message["cluster"])
+    await client.publish(topic, schema.encode(message), qos=1, retain=channel == "state")
 
 
 def chromium() -> str:

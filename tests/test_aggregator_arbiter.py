@@ -38,7 +38,9 @@ class Rig:
         self.state = FleetState()
         self.store = FleetStore(tmp_path / "fleet.sqlite", retention_seconds=3600, max_events=1000)
         self.budget = CordonBudget(CordonBudgetSection(max_nodes, 100.0, 600.0))
-        self.correlator = Correlator(join_window_seconds=30.0, settle_seconds=10.0)
+        self.correlator = Correlator(
+            join_window_seconds=30.0, settle_seconds=10.0, domain_labels=["rack"]
+        )
         self.ingest = Ingest(
             self.state,
             self.store,
@@ -52,7 +54,7 @@ class Rig:
     def send(self, channel: str, message: dict[str, Any]) -> list[Any]:
         return self.ingest.handle(msg.topic(message["node"], channel), schema.encode(message))
 
-    def report(self, node: str, *, domain: str | None) -> None:
+    def report(self, node: str, *, domain: str | None, rack: str = "") -> None:
         gpus = []
         for index in range(4):
             gpu = msg.gpu_doc(index)
@@ -65,7 +67,10 @@ class Rig:
                     "nvlink_domain": domain,
                 }
             gpus.append(gpu)
-        self.send("state", msg.state(node, gpus=gpus, when=self.clock.now))
+        message = msg.state(node, gpus=gpus, when=self.clock.now)
+        if rack:
+            message["status"]["node"]["labels"] = {"rack": rack}
+        self.send("state", message)
 
     def xid(self, node: str, index: int, code: int, line: str) -> None:
         bus = msg.gpu_doc(index)["pci_bus_id"]
@@ -191,3 +196,76 @@ async def test_a_domain_level_incident_is_capped_by_the_budget(tmp_path: Path) -
         assert all("root unknown (domain-level)" in a["reason"] for a in answers)
     finally:
         await rig.store.close()
+
+
+async def test_the_spent_budget_lets_recoveries_through_and_drops_old_requests(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    r = Rig(tmp_path, max_nodes=1)
+    await r.store.open()
+    try:
+        for node in ("n1", "n2", "n3"):
+            r.report(node, domain=None)
+        assert decision(r.send("actions", msg.cordon_request("n1")))["decision"] == "approved"
+        assert decision(r.send("actions", msg.cordon_request("n2")))["decision"] == "denied"
+        # Spent: a node that recovered is uncordoned all the same, and frees its slot.
+        uncordon = decision(r.send("actions", msg.cordon_request("n1", action="uncordon")))
+        assert uncordon["decision"] == "approved"
+        # A request that waited in the broker for 11 minutes is dropped, not decided: it
+        # takes no slot, so a current one after it still gets the freed slot.
+        old = msg.cordon_request("n3")
+        old["time"] = r.clock.now - 660.0
+        with caplog.at_level(logging.INFO, logger="gpuagent.aggregator.audit"):
+            dropped = decision(r.send("actions", old))
+        assert dropped["decision"] == "denied"
+        assert dropped["reason"].startswith("dropped: the request is 660 s old")
+        assert "decision=denied reason=dropped" in caplog.text
+        assert r.state.counters.cordons_too_old == 1
+        assert decision(r.send("actions", msg.cordon_request("n2")))["decision"] == "approved"
+    finally:
+        await r.store.close()
+
+
+FALLEN_OFF = "NVRM: Xid (PCI:{pci}): 79, pid=1, name=python3, GPU has fallen off the bus."
+
+
+async def test_ten_of_eighteen_nodes_of_a_rack_failing_together_are_one_incident_one_cordon(
+    tmp_path: Path,
+) -> None:
+    r = Rig(tmp_path, max_nodes=10)  # the budget would allow ten: the domain allows one
+    await r.store.open()
+    try:
+        nodes = [f"h-{n:02d}" for n in range(18)]
+        for node in nodes:
+            r.report(node, domain=None, rack="r7")
+        r.report("elsewhere", domain=None, rack="r8")
+        answers = []
+        for node in nodes[:10]:  # one every 30 s: ten within 5 minutes
+            r.xid(node, 1, 79, FALLEN_OFF)
+            answers += r.send("actions", msg.cordon_request(node))
+            r.clock.now += 30.0
+            answers += r.ingest.release_held(r.clock.now)
+        r.clock.now += 15.0
+        answers += r.ingest.release_held(r.clock.now)
+        by_node = {schema.decode(a.payload)["node"]: json.loads(a.payload) for a in answers}
+        assert sorted(by_node) == nodes[:10]
+        approved = [n for n, d in by_node.items() if d["decision"] == "approved"]
+        assert approved == ["h-00"]
+        # Before half the rack had failed, a second node waited; after, the domain's.
+        assert "h-00 of rack=r7 was cordoned" in by_node["h-01"]["reason"]
+        assert "domain failing together: 10 of 18 nodes of rack=r7" in by_node["h-09"]["reason"]
+        assert "only h-00 is cordoned for it" in by_node["h-09"]["reason"]
+        docs = [i.json() for i in r.correlator.tick(r.clock.now)]
+        (domain,) = [d for d in docs if d["common_cause"]]
+        assert domain["common_cause"]["domain"] == "rack=r7"
+        assert domain["common_cause"]["nodes_faulted"] == nodes[:10]
+        assert domain["root"] is None
+        assert sorted(domain["nodes"]) == nodes[:10]
+        merged = [d for d in docs if d["merged_into"] == domain["id"]]
+        assert {d["state"] for d in merged} == {"closed"}
+        # Another rack's node is a fault of its own, decided by the budget as ever.
+        r.xid("elsewhere", 0, 79, FALLEN_OFF)
+        (answer,) = r.send("actions", msg.cordon_request("elsewhere"))
+        assert json.loads(answer.payload)["decision"] == "approved"
+    finally:
+        await r.store.close()

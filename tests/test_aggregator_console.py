@@ -1,6 +1,7 @@
 """The fleet page as a console, in headless Chromium: the fleet table's filters, sorting
-and per-kind counts, offline nodes shown as unknown, a node's page, the fleet incidents, a
-phone-sized screen, and the time to serve and render a 10,000-node fleet. Screenshots go
+and per-kind counts, offline nodes shown as unknown, a node's page, the fleet incidents, the
+cordon budget and the fleet rule findings, a phone-sized screen, and the time to serve and
+render a 10,000-node fleet. Screenshots go
 to page_support.SCREENSHOTS."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import aiohttp
 import aggregator_support as msg
 from conftest import free_port
 from fleet_support import chromium, until
+from gpuagent.aggregator.fleetrules import RuleFinding
 from gpuagent.aggregator.records import from_online_state
 from gpuagent.aggregator.service import Aggregator
 from gpuagent.config import CorrelationSection
@@ -554,6 +556,135 @@ async def test_fleet_incidents_in_the_console(tmp_path: Path) -> None:
 
 async def _truthy(found: Any) -> bool:
     return bool(await found)
+
+
+RULE_ROWS = "[...document.querySelectorAll('#rules tbody tr')]"
+
+
+def repeat_offender(now: float) -> RuleFinding:
+    """GPU 0 of bad-node CRITICAL again 2 h after it recovered, as the rule raises it."""
+    return RuleFinding(
+        id=f"repeat_offender/c1/bad-node/GPU-0/critical/{now - 600!r}",
+        rule="repeat_offender",
+        cluster="c1",
+        node="bad-node",
+        gpu="GPU-0",
+        time=now - 600,
+        summary="GPU 0 (GPU-0) on bad-node is CRITICAL again 2.0 h after it recovered: Xid 79",
+        recommendation="replace the GPU: a GPU failing again within 7 days of a recovery is "
+        "a repeat offender",
+        evidence={
+            "critical": {"time": now - 600, "index": 0, "check": "xid", "reason": "Xid 79"},
+            "recovered": {"time": now - 7800, "node": "bad-node"},
+            "previous": {"time": now - 9000, "node": "bad-node", "index": 0},
+        },
+    )
+
+
+async def test_rules_and_the_cordon_budget_in_the_console(tmp_path: Path) -> None:
+    """The fleet overview shows each cluster's cordon budget, red when spent, with who holds
+    its slots and when the first frees; the Rules view lists the open rule findings with the
+    command that clears one; a node's page its own."""
+    port = free_port()
+    agg = Aggregator(msg.config(tmp_path, port=port, max_nodes=2))
+    await agg.start()
+    base = f"http://127.0.0.1:{port}/"
+    try:
+        for message in (
+            msg.state("bad-node"),
+            msg.state("ok-node"),
+            msg.state("ok-node-2"),
+            msg.state("other-node", cluster="c2"),
+            msg.cordon_request("bad-node"),
+            msg.cordon_request("ok-node"),
+        ):
+            channel = "actions" if message["type"] == "cordon_request" else "state"
+            agg.ingest.handle(
+                msg.topic(message["node"], channel, message["cluster"]), schema.encode(message)
+            )
+        assert agg.rules is not None
+        finding = repeat_offender(agg.clock())
+        agg.rules.open[finding.id] = finding
+        agg.store.queue_finding(finding)
+        await agg.store.flush()
+        async with browser(chromium(), tmp_path) as tab:
+            await tab.open(base)
+            await tab.wait_for("!!document.getElementById('budget-table')")
+            budget = await tab.evaluate(
+                "[...document.querySelectorAll('#budget-table tr')].slice(1).map(r =>"
+                " [r.dataset.cluster, r.className, ...[...r.cells].map(c => c.innerText)])"
+            )
+            assert [row[:6] for row in budget] == [
+                ["c1", "spent", "c1", "2 of 2", "0", "spent"],
+                ["c2", "", "c2", "0 of 1", "1", "open"],
+            ], budget
+            assert "bad-node (frees in 60 min), ok-node (frees in 60 min)" in budget[0][6]
+            assert budget[0][7].startswith("in 60 min ("), budget
+            assert budget[1][6:] == ["", ""], budget
+            colour = await tab.evaluate(
+                "getComputedStyle(document.querySelector('#budget-table tr.spent td')).color"
+            )
+            assert colour == "rgb(176, 0, 32)", colour
+            assert "At most 2 nodes and 100 % of a cluster's nodes cordoned within 60 min" in (
+                await text(tab, "#budget")
+            )
+            await tab.screenshot("budget-spent")
+
+            await tab.evaluate("document.querySelector('#views a[data-view=rules]').click()")
+            await tab.wait_for(f"document.body.dataset.view === 'rules' && {RULE_ROWS}.length")
+            assert await tab.evaluate("location.hash") == "#rules"
+            assert await tab.evaluate("document.title") == "rules · gpuagent"
+            cells = await tab.evaluate(
+                f"{RULE_ROWS}.map(r => Object.fromEntries([...r.cells].map((c, i) =>"
+                " [document.querySelectorAll('#rules th')[i].innerText, c.innerText])))"
+            )
+            assert cells == [
+                {
+                    "rule": "repeat_offender",
+                    "node": "bad-node",
+                    "GPU": "GPU 0 GPU-0",
+                    "age": "10 min",
+                    "summary": finding.summary,
+                    "recommendation": finding.recommendation,
+                    "evidence": "CRITICAL 3 h ago on bad-node; recovered 2 h ago on bad-node; "
+                    "CRITICAL again 10 min ago; no RMA bundle",
+                    "to clear it": f"gpuagent-aggregator rules clear '{finding.id}' --reason TEXT",
+                }
+            ], cells
+            href = await tab.evaluate(f"{RULE_ROWS}[0].cells[1].querySelector('a').hash")
+            assert href == "#node/c1/bad-node"
+            assert "1 open finding" in await text(tab, "#rules-count")
+            assert "gpuagent-aggregator rules clear ID --reason TEXT" in (
+                await text(tab, "#rules-clear")
+            )
+            await tab.screenshot("rules-desktop")
+
+            await tab.evaluate(f"{RULE_ROWS}[0].cells[1].querySelector('a').click()")
+            await tab.wait_for("!!document.getElementById('node-rules')")
+            mine = await text(tab, "#node-rules")
+            assert "repeat_offender" in mine
+            assert finding.summary in mine
+            await tab.evaluate("location.hash = '#node/c1/ok-node'")
+            await tab.wait_for("document.title.startsWith('ok-node')")
+            await tab.wait_for("!document.getElementById('node-rules')")
+            shown = await tab.evaluate(
+                "[...document.querySelectorAll('#node-view h2')]"
+                ".find(h => h.innerText === 'Fleet rule findings').nextElementSibling.innerText"
+            )
+            assert shown == "None open.", shown
+
+            # Cleared (as the CLI does, through the API): the view empties.
+            async with aiohttp.ClientSession() as session:
+                url = f"{base}api/v1/rules/{finding.id}/clear"
+                body = {"reason": "GPU replaced", "by": "test"}
+                async with session.post(url, json=body, headers=msg.AUTH) as response:
+                    assert response.status == 200
+            await agg.store.flush()
+            await tab.evaluate("location.hash = '#rules'")
+            await tab.wait_for(f"{RULE_ROWS}.length === 0")
+            assert "No open fleet rule findings." in await text(tab, "#rules-count")
+    finally:
+        await agg.close()
 
 
 FLEET = 10_000

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from gpuagent.aggregator import correlate
 from gpuagent.aggregator.correlate import (
     CONSEQUENCE,
     FATAL,
@@ -15,8 +16,8 @@ from gpuagent.aggregator.correlate import (
     Correlator,
     NodePlaces,
     classify,
-    places_of,
 )
+from gpuagent.aggregator.records import from_online_state
 from gpuagent.incidents import SAMPLES
 
 UUID_A = "1b6a4c1e-0000-4000-8000-00000000000a"
@@ -57,6 +58,12 @@ def status(
             for i, bus in enumerate(BUSES)
         ],
     }
+
+
+def places_of(status_doc: dict[str, Any]) -> NodePlaces:
+    """What the correlator takes from a state report with this status document."""
+    message = {"cluster": "c1", "node": "n", "time": 0.0, "status": status_doc}
+    return correlate.places_of(from_online_state(message, "", 0.0))
 
 
 def record(code: int, line: str, bus: str, time: float, seq: int = 0) -> dict[str, Any]:
@@ -154,9 +161,9 @@ def test_a_rack_cascade_is_one_incident_with_the_link_down_gpu_as_root() -> None
     assert roles.count("consequence") == 60
     assert "Xid 149, link 14 on gb-00 GPU 0" in doc["summary"]
     # The arbiter: the root's node is for the budget, every other node is denied.
-    assert not c.verdict("c1", "gb-00").deny
+    assert not c.verdict("c1", "gb-00", 0.0).deny
     for node in nodes[1:]:
-        verdict = c.verdict("c1", node)
+        verdict = c.verdict("c1", node, 0.0)
         assert verdict.deny
         assert verdict.reason.startswith("consequence of Xid 149, link 14 on gb-00 GPU 0")
 
@@ -204,7 +211,7 @@ def test_every_link_down_at_once_is_one_domain_level_incident() -> None:
     assert doc["root_unknown"]
     assert doc["counts"]["gpus"] == 72
     assert "root unknown (domain-level)" in doc["summary"]
-    verdict = c.verdict("c1", "gb-07")
+    verdict = c.verdict("c1", "gb-07", 0.0)
     assert not verdict.deny  # the fleet budget caps these
     assert "root unknown (domain-level)" in verdict.reason
 
@@ -220,7 +227,7 @@ def test_an_unrelated_fault_in_the_same_window_stays_its_own_incident() -> None:
     assert docs[48]["root"]["node"] == "gb-03"
     assert docs[48]["counts"]["gpus"] == 1
     # gb-03 has a fault of its own: the budget decides it, no denial.
-    assert not c.verdict("c1", "gb-03").deny
+    assert not c.verdict("c1", "gb-03", 0.0).deny
 
 
 def test_without_a_shared_domain_or_job_each_node_is_its_own_incident() -> None:
@@ -242,7 +249,7 @@ def test_a_job_joins_gpus_without_an_nvlink_domain() -> None:
     (incident,) = c.tick(1002.0)
     assert incident.key == "job:slurm:77"
     assert incident.json()["nodes"] == {"h1": "root", "h2": "consequence"}
-    assert c.verdict("c1", "h2").deny
+    assert c.verdict("c1", "h2", 0.0).deny
 
 
 def test_labels_join_consequences_only_when_declared() -> None:
@@ -275,7 +282,7 @@ def test_incidents_close_after_the_join_window_and_leave_memory() -> None:
     (closed,) = c.tick(1040.0)
     assert closed.json()["state"] == "closed"
     assert list(c.open_incidents()) == []
-    assert c.verdict("c1", "gb-01").reason == ""
+    assert c.verdict("c1", "gb-01", 0.0).reason == ""
     # A record after the window opens a new incident.
     c.observe_record("c1", "gb-01", record(145, DOWNSTREAM, BUSES[1], 1050.0), 1050.0)
     (again,) = c.tick(1051.0)

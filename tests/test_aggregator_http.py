@@ -93,6 +93,7 @@ async def test_nodes_lists_unhealthy_first_with_gpus(rig: Rig) -> None:
         "model": "NVIDIA H100 80GB HBM3",
         "health": "CRITICAL",
         "findings": [msg.finding("ecc", "CRITICAL", "DBE")],
+        "settings": {},  # the test's report has none
     }
     assert body["nodes"][1]["reason"] == "connection lost"
     assert body["counts"] == {
@@ -582,3 +583,55 @@ async def test_the_pages_answers_carry_an_etag_and_304_when_unchanged(rig: Rig) 
         assert changed.status == 200
         assert changed.headers["ETag"] != etag
         assert "n2" in await changed.text()
+
+
+async def test_the_cordon_budget_shows_who_holds_it_and_when_it_frees(rig: Rig) -> None:
+    for node in ("n1", "n2", "n3"):
+        rig.send("state", msg.state(node))
+    before = rig.agg.clock()
+    rig.send("actions", msg.cordon_request("n1"))
+    rig.send("actions", msg.cordon_request("n2"))
+    after = rig.agg.clock()
+    status, body = await rig.get("/api/v1/budget")
+    assert status == 200
+    assert (body["source"], body["max_nodes"], body["window_seconds"]) == ("memory", 2, 3600.0)
+    (c1,) = body["clusters"]
+    holders = c1.pop("holders")
+    first = holders[0]["approved_at"]
+    assert before <= first <= holders[1]["approved_at"] <= after
+    assert c1 == {
+        "cluster": "c1",
+        "nodes": 3,
+        "limit": 2,
+        "used": 2,
+        "remaining": 0,
+        "spent": True,
+        "next_free_at": first + 3600.0,
+    }
+    assert [(h["node"], h["frees_at"] - h["approved_at"]) for h in holders] == [
+        ("n1", 3600.0),
+        ("n2", 3600.0),
+    ]
+    # Unchanged: a 304, as the console polls it.
+    async with rig.session.get(rig.base + "/api/v1/budget") as first_answer:
+        etag = first_answer.headers["ETag"]
+    async with rig.session.get(
+        rig.base + "/api/v1/budget", headers={"If-None-Match": etag}
+    ) as again:
+        assert again.status == 304
+    # An uncordon frees its slot at once.
+    rig.send("actions", msg.cordon_request("n1", action="uncordon"))
+    _, body = await rig.get("/api/v1/budget")
+    (c1,) = body["clusters"]
+    assert (c1["used"], c1["remaining"], c1["spent"], c1["next_free_at"]) == (1, 1, False, None)
+    assert [h["node"] for h in c1["holders"]] == ["n2"]
+
+
+async def test_an_aggregator_that_is_not_the_arbiter_has_no_budget_to_show(
+    tmp_path: Path,
+) -> None:
+    async with running(tmp_path, arbiter=False) as rig:
+        rig.send("state", msg.state("n1"))
+        status, body = await rig.get("/api/v1/budget")
+    assert status == 200
+    assert (body["source"], body["clusters"]) == ("none", [])

@@ -7,8 +7,7 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,27 +16,13 @@ import aiomqtt
 import pytest
 
 import aggregator_support as msg
-from fleet_support import aggregator, until
+from fleet_support import aggregator, node_client, publish, until
 from gpuagent.aggregator.service import Aggregator
 from gpuagent.fleet import schema
 from gpuagent.fleet.connection import client_options
 from mqtt_broker import Broker, shipped_settings
 
 pytestmark = pytest.mark.integration
-
-
-@asynccontextmanager
-async def node_client(broker: Broker, node: str, **kwargs: Any) -> AsyncIterator[aiomqtt.Client]:
-    """A client with ``node``'s certificate, as the node's agent connects."""
-    options = client_options(broker.connection(node), client_id=f"test-{node}")
-    options.update(clean_start=True, **kwargs)
-    async with aiomqtt.Client(**options) as client:
-        yield client
-
-
-async def publish(client: aiomqtt.Client, channel: str, message: dict[str, Any]) -> None:
-    topic = msg.topic(message["node"], channel, message["cluster"])
-    await client.publish(topic, schema.encode(message), qos=1, retain=channel == "state")
 
 
 async def api_nodes(agg: Aggregator) -> list[dict[str, Any]]:

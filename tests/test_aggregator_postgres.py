@@ -16,7 +16,7 @@ import pytest
 
 import postgres_server
 from conftest import require_that
-from gpuagent.aggregator import migrations, store
+from gpuagent.aggregator import fleetrules, maintenance, migrations, store
 from postgres_server import PostgresServer
 
 pytestmark = pytest.mark.integration
@@ -31,6 +31,9 @@ ROWS: dict[str, list[tuple[Value, ...]]] = {
     "commands": [("k1", "c", "n1", 1.0, "refresh", "{}")],
     "history": [("h1", "c", "n1", 1.0, "sample", '{"kind": "sample"}')],
     "incidents": [("fi-1", "c", "nvlink:u/1", "open", 1.0, 1.0, '{"id": "fi-1"}')],
+    "gpu_history": [("g1", "c", "n1", "GPU-1", 1.0, "critical", '{"index": 0}')],
+    "rule_findings": [("f1", "c", "n1", "GPU-1", "die_defect", "open", 1.0, '{"id": "f1"}')],
+    "maintenance": [("mw-1", "", "rack=r1", 1.0, 2.0, 1.0, '{"id": "mw-1"}')],
 }
 
 
@@ -111,9 +114,31 @@ def test_reads_and_prunes_run(postgres: PostgresServer) -> None:
     postgres.run(_prepared(store._INSERT["incidents"], grown))
     assert postgres.run("SELECT state, time FROM incidents;") == ["closed|1.2"]
     assert [line.split("|")[0] for line in cordons] == ["r1"] * len(cordons)
+    # The fleet rules' windowed reads.
+    facts = fleetrules._FACTS_OF_GPU
+    assert postgres.run(_prepared(facts, ("GPU-1", "critical", 0.5, 2.0, 10))) == [
+        '1|n1|{"index": 0}'
+    ]
+    of_node = fleetrules._FACTS_OF_NODE
+    assert len(postgres.run(_prepared(of_node, ("c", "n1", "critical", 0.5, 2.0, 10)))) == 1
+    assert postgres.run(_prepared(fleetrules.SELECT_OPEN, (10,))) == ['{"id": "f1"}']
+    assert postgres.run(_prepared(fleetrules.SELECT_RECENT, (0.5, 10))) == ['{"id": "f1"}']
+    assert postgres.run(_prepared(fleetrules.SELECT_FINDING, ("f1",))) == ['{"id": "f1"}']
+    assert postgres.run(_prepared(maintenance.SELECT_WINDOWS, (1.5,))) == ['{"id": "mw-1"}']
+    postgres.run(_prepared(store._PRUNE_WINDOWS, (1.5,)))
+    assert postgres.count("maintenance") == 1  # ended at 2.0: kept
+    postgres.run(_prepared(store._PRUNE_WINDOWS, (2.5,)))
+    assert postgres.count("maintenance") == 0
+    # An open finding outlives every retention; a cleared one does not.
+    postgres.run(_prepared(store._PRUNE_FINDINGS, (1.5,)))
+    assert postgres.count("rule_findings") == 1
+    cleared = ("f1", "c", "n1", "GPU-1", "die_defect", "cleared", 1.2, '{"id": "f1"}')
+    postgres.run(_prepared(store._INSERT["rule_findings"], cleared))
+    postgres.run(_prepared(store._PRUNE_FINDINGS, (1.5,)))
+    assert postgres.count("rule_findings") == 0
     for table in store._INSERT:
         postgres.run(_prepared(store._PRUNE_BY_AGE.format(table=table), (1.5,)))
     assert postgres.count("events") == 4
-    assert [postgres.count(t) for t in store._INSERT if t != "events"] == [0, 0, 0, 0, 0, 0]
+    assert [postgres.count(t) for t in store._INSERT if t != "events"] == [0] * 9
     postgres.run(_prepared(store._PRUNE_BY_COUNT, (1,)))  # keep the newest 2
     assert postgres.run("SELECT id FROM events ORDER BY time;") == ["p4", "p5"]

@@ -33,6 +33,7 @@ from fleet_support import (
     aggregator,
     events_published,
     kernel_events_awaiting_ack,
+    publish,
     reporting_agent,
     second_gpu_bus,
     spool_empty,
@@ -120,11 +121,6 @@ async def _event_ids(base: str, node: str | None = None) -> list[str]:
     where = f"&node={node}" if node else ""
     body = await _get(base, f"/api/v1/events?limit=10000{where}")
     return [e["id"] for e in body["events"] if e["category"] == "kernel"]
-
-
-async def publish(client: aiomqtt.Client, channel: str, message: dict[str, Any]) -> None:
-    topic = msg.topic(message["node"], channel, message["cluster"])
-    await client.publish(topic, schema.encode(message), qos=1, retain=channel == "state")
 
 
 @asynccontextmanager

@@ -9,7 +9,7 @@ import pytest
 from conftest import DaemonProcess
 from gpuagent.config import FabricHealthCheck
 from gpuagent.model import FABRIC_CONDITIONS, Severity, fabric_conditions, fabric_health_mask
-from test_checks_support import check_once, check_series, with_checks
+from test_checks_support import check_once, check_series, finding, gpu, run, with_checks
 
 CLEAR = dict.fromkeys(FABRIC_CONDITIONS, False)
 
@@ -195,3 +195,35 @@ def test_the_daemon_finds_an_unhealthy_route_and_exports_each_condition(
     }
     # GPU 0's fabric reports nothing (as an R580 H200 answers): no series at all.
     assert not [line for line in series if 'gpu="0"' in line]
+
+
+# --- right after a boot: the fabric still registering the GPU ---------------------------------
+
+UNPLACED = _mask("route_unhealthy", "incorrect_configuration", configuration_error=3)
+
+
+@pytest.mark.parametrize(
+    ("state", "seconds", "booted", "severity"),
+    [
+        pytest.param("in_progress", 42.0, True, Severity.OK, id="registering-in-the-grace"),
+        pytest.param("not_started", 42.0, True, Severity.OK, id="not-started-in-the-grace"),
+        pytest.param("in_progress", 300.0, True, Severity.CRITICAL, id="grace-over"),
+        pytest.param("in_progress", 42.0, False, Severity.CRITICAL, id="boot-time-unknown"),
+        pytest.param("completed", 42.0, True, Severity.CRITICAL, id="registered-is-judged"),
+    ],
+)
+def test_the_mask_of_a_gpu_still_registering_after_boot_is_not_judged(
+    state: str, seconds: float, booted: bool, severity: Severity
+) -> None:
+    readings = {"fabric_state": state, "fabric_health_mask": UNPLACED}
+    health, _ = run(gpu(**readings), now=1000.0 + seconds, booted_at=1000.0 if booted else None)
+    found = finding(health, "fabric_health")
+    assert found.severity is severity
+    evidence = found.evidence_dict()
+    assert (evidence["fabric_state"], evidence["route_unhealthy"]) == (state, True)
+    if severity is Severity.OK:
+        words = state.replace("_", " ")
+        assert found.reason == (
+            f"fabric registration {words} after boot (42 s ago, grace 300 s): health not judged yet"
+        )
+        assert (evidence["seconds_since_boot"], evidence["boot_grace_seconds"]) == (42.0, 300.0)

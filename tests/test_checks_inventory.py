@@ -15,7 +15,7 @@ from gpuagent.checks import (
     InventoryView,
     evaluate,
 )
-from gpuagent.checks.common import Outcome, to_finding
+from gpuagent.checks.common import Outcome, SinceBoot, to_finding
 from gpuagent.checks.daemons import check_fabric, check_services
 from gpuagent.checks.inventory import (
     check_drift,
@@ -584,6 +584,62 @@ def test_fabric(inventory: NodeInventory, severity: Severity, reason_has: str) -
     assert found is severity
     assert runbook == ("node-fabric-manager" if severity is Severity.CRITICAL else "")
     assert reason_has in reason
+
+
+@pytest.mark.parametrize(
+    ("inventory", "boot", "severity", "reason_has"),
+    [
+        pytest.param(
+            fabric_node("active", ("completed", True), ("in_progress", None)),
+            SinceBoot(42.0, 300.0),
+            Severity.OK,
+            "NVSwitch fabric registering after boot (42 s ago, grace 300 s) (4 NVSwitches; "
+            "GPU 1 in progress)",
+            id="registering-after-boot",
+        ),
+        pytest.param(
+            # The GPU Operator's Fabric Manager, not on the host, has not placed them yet.
+            fabric_node("not_installed", ("not_started", None), ("in_progress", None)),
+            SinceBoot(10.0, 300.0),
+            Severity.OK,
+            "GPU 0 not started, GPU 1 in progress",
+            id="manager-off-the-host-still-starting",
+        ),
+        pytest.param(
+            fabric_node("active", ("completed", True), ("in_progress", None)),
+            SinceBoot(300.0, 300.0),
+            Severity.CRITICAL,
+            "GPU fabric registration not completed: GPU 1 in progress",
+            id="grace-over",
+        ),
+        pytest.param(
+            fabric_node("active", ("completed", False), ("in_progress", None)),
+            SinceBoot(42.0, 300.0),
+            Severity.CRITICAL,
+            "GPU fabric registration not completed: GPU 0 failed",
+            id="a-failed-registration-is-never-held-back",
+        ),
+        pytest.param(
+            fabric_node("failed", ("in_progress", None)),
+            SinceBoot(42.0, 300.0),
+            Severity.CRITICAL,
+            "nvidia-fabricmanager is failed",
+            id="a-failed-manager-is-never-held-back",
+        ),
+    ],
+)
+def test_fabric_after_boot(
+    inventory: NodeInventory, boot: SinceBoot, severity: Severity, reason_has: str
+) -> None:
+    outcome = check_fabric(InventoryView(inventory, expect(), boot=boot))
+    found, _, reason = verdict(outcome)
+    assert found is severity
+    assert reason_has in reason
+    evidence = dict(outcome.evidence)
+    assert (evidence["seconds_since_boot"], evidence["boot_grace_seconds"]) == (
+        boot.seconds,
+        boot.grace_seconds,
+    )
 
 
 def _with_services(inventory: NodeInventory, *services: Service) -> NodeInventory:

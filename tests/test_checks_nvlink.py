@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from conftest import DaemonProcess
 from gpuagent.checks import HealthMemory
 from gpuagent.config import ConfigError, NvlinkCheck, parse_config
 from gpuagent.model import Severity
-from test_checks_support import check_series, finding, gpu, run, with_checks
+from test_checks_support import check_series, finding, gpu, kernel_event, run, with_checks
 
 LINKS = (True,) * 18
 # Totals a healthy node may carry since boot: judged alone they would alarm.
@@ -183,6 +185,9 @@ def test_evidence() -> None:
         "c2c_replay_errors": None,
         "c2c_replay_b2b_errors": None,
         "c2c_errors_in_window": None,
+        "links_training": "",
+        "seconds_since_boot": None,  # the boot time was not given
+        "boot_grace_seconds": 300.0,
     }
 
 
@@ -258,3 +263,119 @@ def test_c2c_errors_growing_warn_and_a_c2c_link_down_is_critical() -> None:
     assert (down.severity, down.action) == (Severity.CRITICAL, "drain_and_reboot")
     assert down.reason == "C2C link 0 to the CPU down (1 of 1)"
     assert down.evidence_dict()["c2c_links"] == 1
+
+
+# --- right after a boot: links still training -------------------------------------------------
+
+TWO_DOWN = (False, True, True, False) + (True,) * 14
+
+
+def _after_boot(seconds: float, config: Any = None, **readings: Any) -> Any:
+    """The nvlink finding ``seconds`` after the node booted (at monotonic 1000)."""
+    health, _ = run(
+        gpu(**{**poll(nvlink_up=TWO_DOWN), **readings}),
+        now=1000.0 + seconds,
+        booted_at=1000.0,
+        **({"config": config} if config is not None else {}),
+    )
+    return finding(health, "nvlink")
+
+
+def test_links_down_within_the_boot_grace_are_training_not_down() -> None:
+    found = _after_boot(42.0)
+    assert (found.severity, found.action) == (Severity.OK, "none")
+    assert found.reason == (
+        "16 of 18 NVLinks up; NVLinks 0, 3 down, training after boot (42 s ago, grace 300 s)"
+    )
+    evidence = found.evidence_dict()
+    assert (evidence["links_down"], evidence["links_training"]) == ("0,3", "0,3")
+    assert (evidence["seconds_since_boot"], evidence["boot_grace_seconds"]) == (42.0, 300.0)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "grace", "booted"),
+    [
+        pytest.param(300.0, 300.0, True, id="grace-over"),
+        pytest.param(10.0, 0.0, True, id="grace-off"),
+        pytest.param(10.0, 300.0, False, id="boot-time-unknown"),
+    ],
+)
+def test_links_down_past_the_grace_are_down(seconds: float, grace: float, booted: bool) -> None:
+    config = with_checks(nvlink=NvlinkCheck(boot_grace_seconds=grace))
+    health, _ = run(
+        gpu(**poll(nvlink_up=TWO_DOWN)),
+        config=config,
+        now=1000.0 + seconds,
+        booted_at=1000.0 if booted else None,
+    )
+    found = finding(health, "nvlink")
+    assert (found.severity, found.reason) == (Severity.CRITICAL, "NVLinks 0, 3 down (2 of 18)")
+    assert found.evidence_dict()["links_training"] == ""
+
+
+def test_errors_and_kernel_xids_are_judged_within_the_grace() -> None:
+    memory = HealthMemory()
+    for now, replays in ((1010.0, 40), (1030.0, 43)):
+        health, memory = run(
+            gpu(**poll(nvlink_up=TWO_DOWN, nvlink_replay_errors=replays)),
+            memory=memory,
+            now=now,
+            booted_at=1000.0,
+        )
+    grown = finding(health, "nvlink")
+    assert (grown.severity, grown.reason) == (
+        Severity.WARN,
+        "3 new NVLink replay errors in 20 s (0.05 per second)",
+    )
+    # A fatal NVLink XID a minute after boot is a fault, grace or not.
+    fatal = kernel_event(
+        "NVRM: Xid (PCI:0003:00:00): 74, pid='<unknown>', name=<unknown>, NVLink: fatal error "
+        "detected on link 0(0x10000, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0)",
+        at=1050.0,
+    )
+    health, _ = run(gpu(**poll(nvlink_up=TWO_DOWN)), now=1060.0, events=(fatal,), booted_at=1000.0)
+    assert finding(health, "xid").severity is Severity.CRITICAL
+    assert finding(health, "nvlink").severity is Severity.OK
+
+
+def test_config_boot_grace_parses() -> None:
+    assert parse_config("[checks.nvlink]\nboot_grace_seconds = 0\n").checks.nvlink == (
+        NvlinkCheck(boot_grace_seconds=0.0)
+    )
+    with pytest.raises(ConfigError, match="must not be negative"):
+        parse_config("[checks.nvlink]\nboot_grace_seconds = -1\n")
+
+
+def _samples(text: str, name: str, gpu: str) -> list[str]:
+    return [
+        line for line in text.splitlines() if line.startswith(name + "{") and f'gpu="{gpu}"' in line
+    ]
+
+
+def test_a_simulated_node_that_just_booted(run_daemon: Callable[..., DaemonProcess]) -> None:
+    # uptime_seconds = 0: the node booted as the simulation started. Its NVLink 3 down and
+    # its fabric registration in progress are training: shown, judged OK. An XID in the
+    # kernel log is judged at once.
+    daemon = run_daemon(
+        '[node]\ngpus = 2\nuptime_seconds = 0\nfabric_state = "in_progress"\n'
+        '[[fault]]\ngpu = 1\nkind = "nvlink_down"\nlink = 3\n'
+    )
+    doc = daemon.wait_for(lambda d: d["node"]["inventory"] is not None and len(d["gpus"]) == 2)
+    assert doc["node"]["health"] == "OK", doc["node"]["findings"]
+    assert [f["check"] for gpu in doc["gpus"] for f in gpu["findings"]] == []
+    text = daemon.metrics()
+    link3 = [line for line in _samples(text, "gpuagent_gpu_nvlink_up", "1") if 'link="3"' in line]
+    assert [line.rsplit(" ", 1)[1] for line in link3] == ["0.0"]  # shown down
+    nvlink = [
+        line for line in _samples(text, "gpuagent_gpu_health", "1") if 'check="nvlink"' in line
+    ]
+    assert [line.rsplit(" ", 1)[1] for line in nvlink] == ["0.0"]  # judged OK
+    short = doc["gpus"][1]["pci_bus_id"].rsplit(".", 1)[0]
+    daemon.write_kernel_log(
+        f"NVRM: Xid (PCI:{short}): 74, pid='<unknown>', name=<unknown>, NVLink: fatal error "
+        "detected on link 3(0x10000, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0)"
+    )
+    doc = daemon.wait_for(lambda d: any(f["check"] == "xid" for f in d["gpus"][1]["findings"]))
+    (xid,) = (f for f in doc["gpus"][1]["findings"] if f["check"] == "xid")
+    assert (xid["severity"], xid["action"]) == ("CRITICAL", "reseat_or_replace")
+    assert xid["reason"].startswith("Xid 74 (NVLINK_ERROR) on NVLink 3, hardware: ")

@@ -67,9 +67,17 @@ def run(
     now: float = 0.0,
     events: tuple[GpuEvent, ...] = (),
     pcie: tuple[PciePath, ...] = (),
+    booted_at: float | None = None,
 ) -> tuple[NodeHealth, HealthMemory]:
     return evaluate(
-        tuple(gpus), nvml, config, memory or HealthMemory(), now, events=events, pcie=pcie
+        tuple(gpus),
+        nvml,
+        config,
+        memory or HealthMemory(),
+        now,
+        events=events,
+        pcie=pcie,
+        booted_at=booted_at,
     )
 
 

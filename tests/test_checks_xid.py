@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -16,7 +17,11 @@ from test_checks_support import (
     SWITCH_DOWN,
     check_events,
     event,
+    finding,
+    gpu,
+    identity,
     kernel_event,
+    run,
     with_checks,
 )
 
@@ -696,3 +701,208 @@ def test_xid_from_nvml_is_judged_like_the_kernel_line() -> None:
 def test_judge_is_stable_for_the_same_line() -> None:
     assert judge(45, XID_45_BY_149) == judge(45, XID_45_BY_149)
     assert judge(None, "") == judge(None, "anything")
+
+
+# --- Xid 74: decoded by its registers (NVIDIA's WORKFLOW_NVLINK_ERR, Hopper) --------------------
+
+# NVIDIA/NVSentinel's parser test (csv_test.go at 3e97fd0; tests/data/kmsg_corpus.tsv): the
+# third register's bit 16, which the catalog asks to report only if it repeats.
+XID_74 = (
+    "NVRM: Xid (PCI:0003:00:00): 74, pid='<unknown>', name=<unknown>, NVLink: fatal error "
+    "detected on link 14(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)"
+)
+
+
+def xid74(*registers: int, link: int = 6) -> str:
+    """XID_74's format with other register values (the bits each class is made of)."""
+    shown = ", ".join(hex(value) for value in registers)
+    return xid_line(74, f"pid='<unknown>', name=<unknown>, NVLink: fatal error detected on "
+                    f"link {link}({shown})")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("line", "severity", "action", "runbook", "cause"),
+    [
+        pytest.param(
+            XID_74,
+            Severity.WARN,
+            "investigate",
+            "gpu-xid-nvlink-hardware",
+            "Xid 74 on NVLink 14, error to watch",
+            id="nvsentinel-line-register3-bit16",
+        ),
+        pytest.param(
+            xid74(0x10000, 0, 0, 0, 0, 0, 0),
+            Severity.CRITICAL,
+            "reseat_or_replace",
+            "gpu-xid-nvlink-hardware",
+            "Xid 74 on NVLink 6, hardware",
+            id="register1-bit16-hardware",
+        ),
+        pytest.param(
+            xid74(0x2, 0, 0, 0, 0, 0, 0),
+            Severity.WARN,
+            "investigate",
+            "gpu-xid-nvlink-sympathetic",
+            "Xid 74 on NVLink 6, sympathetic",
+            id="register1-bit1-sympathetic",
+        ),
+        pytest.param(
+            xid74(0, 0, 0, 0x10000, 0, 0, 0),
+            Severity.WARN,
+            "investigate",
+            "gpu-xid-nvlink-sympathetic",
+            "Xid 74 on NVLink 6, sympathetic",
+            id="register4-bit16-sympathetic",
+        ),
+        pytest.param(
+            # With another bit set, the sympathetic one does not decide.
+            xid74(0x100002, 0, 0, 0, 0x40000, 0, 0),
+            Severity.WARN,
+            "investigate",
+            "gpu-xid-nvlink-ecc",
+            "Xid 74 on NVLink 6, ECC/parity",
+            id="sympathetic-with-ecc-is-ecc",
+        ),
+        pytest.param(
+            xid74(0x10, 0, 0, 0, 0, 0, 0),
+            Severity.WARN,
+            "investigate",
+            "gpu-xid-nvlink-ecc",
+            "Xid 74 on NVLink 6, ECC/parity",
+            id="register1-bit4-ecc-parity",
+        ),
+        pytest.param(
+            xid74(0, 0, 0, 0, 0x100000, 0, 0),
+            Severity.WARN,
+            "investigate",
+            "gpu-xid-nvlink-ecc",
+            "Xid 74 on NVLink 6, ECC error threshold",
+            id="register5-bit20-ecc-threshold",
+        ),
+        pytest.param(
+            xid74(0x200000, 0, 0, 0, 0, 0, 0),
+            Severity.WARN,
+            "reseat_or_replace",
+            "gpu-xid-nvlink-hardware",
+            "Xid 74 on NVLink 6, signal integrity",
+            id="register1-bit21-signal-integrity",
+        ),
+        pytest.param(
+            xid74(0x200000, 0, 0x40, 0, 0, 0, 0),
+            Severity.WARN,
+            "investigate",
+            "gpu-xid-nvlink-ecc",
+            "Xid 74 on NVLink 6, ECC/parity",
+            id="signal-integrity-with-ecc-is-ecc",
+        ),
+        pytest.param(
+            xid74(0, 0, 0x2000, 0, 0, 0, 0),
+            Severity.CRITICAL,
+            "contact_support",
+            "gpu-xid-contact-support",
+            "Xid 74 on NVLink 6, unexpected bit",
+            id="register3-bit13-unexpected",
+        ),
+        pytest.param(
+            xid74(0x8, 0, 0, 0, 0, 0, 0),
+            Severity.CRITICAL,
+            "contact_support",
+            "gpu-xid-contact-support",
+            "Xid 74 on NVLink 6, undocumented bits",
+            id="a-bit-the-catalog-does-not-list",
+        ),
+        pytest.param(
+            xid74(0, 0, 0, 0, 0, 0, 0),
+            Severity.CRITICAL,
+            "contact_support",
+            "gpu-xid-contact-support",
+            "Xid 74 on NVLink 6, no register bit set",
+            id="no-bit-set",
+        ),
+        pytest.param(
+            # The HyperPod documentation's bare form: no registers to decode.
+            xid_line(74, "pid=<unknown>, name=<unknown>, NVLink: fatal error detected on link 6"),
+            Severity.CRITICAL,
+            "contact_support",
+            "gpu-xid-contact-support",
+            "Xid 74 on NVLink 6",
+            id="no-register-dump",
+        ),
+    ],
+)
+def test_xid74_is_decoded_by_its_registers(
+    line: str, severity: Severity, action: str, runbook: str, cause: str
+) -> None:
+    found = check_events("xid", xid(line))
+    assert (found.severity, found.action, found.runbook) == (severity, action, runbook)
+    assert found.reason.startswith(f"Xid 74 (NVLINK_ERROR) {cause.removeprefix('Xid 74 ')}")
+    assert found.cause == cause
+
+
+def test_xid74_reason_and_evidence_name_the_link_and_bits() -> None:
+    found = check_events("xid", xid(xid74(0x2, 0, 0, 0x40000, 0, 0, 0, link=9)))
+    assert found.reason == (
+        "Xid 74 (NVLINK_ERROR) on NVLink 9, sympathetic: the peer GPU or NVSwitch at the "
+        "link's other end failed: investigate it, not this GPU; the fabric needs a reset"
+    )
+    evidence = found.evidence_dict()
+    assert (evidence["nvlink"], evidence["nvlink_error"]) == (9, "sympathetic")
+    assert evidence["nvlink_error_bits"] == "register 1 bit 1; register 4 bit 18"
+    assert evidence["nvlink_registers"] == "0x2,0x0,0x0,0x40000,0x0,0x0,0x0"
+
+
+def test_xid74_with_only_ignorable_bits_needs_nothing() -> None:
+    found = check_events("xid", xid(xid74(0x40800001, 0, 0, 0, 0, 0, 0)))
+    assert (found.severity, found.reason) == (Severity.OK, "1 XID seen, none needing action")
+    assert found.evidence_dict()["nvlink_registers"] == "0x40800001,0x0,0x0,0x0,0x0,0x0,0x0"
+
+
+def test_xid74_on_a_gpu_other_than_a_hopper_is_not_decoded() -> None:
+    # NVIDIA's catalog documents the register layout of Hopper GPUs only.
+    a100 = gpu(ident=replace(identity(), name="NVIDIA A100-SXM4-80GB"))
+    health, _ = run(a100, events=(xid(xid74(0x2, 0, 0, 0, 0, 0, 0)),))
+    found = finding(health, "xid")
+    assert (found.severity, found.action) == (Severity.CRITICAL, "contact_support")
+    assert found.reason == "Xid 74 (NVLINK_ERROR) on NVLink 6: contact support"
+    assert found.evidence_dict()["nvlink_error"] is None
+
+
+def test_xid74_ecc_parity_more_than_twice_on_one_link_is_a_support_case() -> None:
+    ecc = xid74(0x10, 0, 0, 0, 0, 0, 0, link=5)
+    twice = check_events("xid", xid(ecc, at=0.0), xid(ecc, at=10.0), now=20.0)
+    assert (twice.severity, twice.action) == (Severity.WARN, "investigate")
+    # Twice more, but on another link: still counted per link.
+    other = xid74(0x10, 0, 0, 0, 0, 0, 0, link=7)
+    spread = check_events("xid", xid(ecc, at=0.0), xid(ecc, at=10.0), xid(other, at=15.0), now=20.0)
+    assert spread.severity is Severity.WARN
+    thrice = check_events("xid", *(xid(ecc, at=t) for t in (0.0, 10.0, 20.0)), now=30.0)
+    assert (thrice.severity, thrice.action, thrice.runbook) == (
+        Severity.CRITICAL,
+        "contact_support",
+        "gpu-xid-nvlink-ecc",
+    )
+    assert thrice.reason.startswith(
+        "Xid 74 (NVLINK_ERROR) on NVLink 5, ECC/parity 3 times in the last 3600 s, at or above 3"
+    )
+
+
+def test_xid74_to_watch_is_a_support_case_the_second_time() -> None:
+    once = check_events("xid", xid(XID_74))
+    twice = check_events("xid", xid(XID_74, at=0.0), xid(XID_74, at=60.0), now=61.0)
+    assert (once.severity, twice.severity, twice.action) == (
+        Severity.WARN,
+        Severity.CRITICAL,
+        "contact_support",
+    )
+    # A per-XID count in the configuration replaces NVIDIA's.
+    relaxed = check(
+        xid(XID_74, at=0.0), xid(XID_74, at=60.0), now=61.0, repeat=[XidRepeat(xid=74, count=4)]
+    )
+    assert relaxed.severity is Severity.WARN
+
+
+def test_sympathetic_xid74_never_escalates() -> None:
+    sympathetic = xid74(0x2, 0, 0, 0, 0, 0, 0)
+    found = check_events("xid", *(xid(sympathetic, at=t) for t in range(10)), now=10.0)
+    assert (found.severity, found.action) == (Severity.WARN, "investigate")

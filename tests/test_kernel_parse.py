@@ -60,6 +60,82 @@ def test_corpus_covers_every_kind() -> None:
     assert {row["expected_kind"] for row in CORPUS_ROWS} == KINDS
 
 
+# --- where on the die an Xid 13 happened --------------------------------------------------------
+
+Location = tuple[int | None, int | None, int | None]
+NO_LOCATION: Location = (None, None, None)
+_OPENWALL = "NVRM: Xid (PCI:0000:05:00): 13, "
+XID13_LOCATIONS = [
+    # leptonai/gpud#46: one H100 crash, three lines; only the first two name a place.
+    pytest.param(
+        "[Fri Aug 30 11:43:09 2024] NVRM: Xid (PCI:0000:cb:00): 13, pid='<unknown>', "
+        "name=<unknown>, Graphics SM Warp Exception on (GPC 7, TPC 7, SM 0): Illegal "
+        "Instruction Parameter",
+        (7, 7, 0),
+    ),
+    pytest.param(
+        "[Fri Aug 30 11:43:09 2024] NVRM: Xid (PCI:0000:cb:00): 13, pid='<unknown>', "
+        "name=<unknown>, Graphics SM Global Exception on (GPC 7, TPC 7, SM 0): Multiple Warp "
+        "Errors",
+        (7, 7, 0),
+    ),
+    pytest.param(
+        "[Fri Aug 30 11:43:09 2024] NVRM: Xid (PCI:0000:cb:00): 13, pid='<unknown>', "
+        "name=<unknown>, Graphics Exception: ESR 0x57c730=0xc04000b 0x57c734=0x24 "
+        "0x57c728=0x1f81fb60 0x57c72c=0x1174",
+        NO_LOCATION,
+    ),
+    # NVIDIA/NVSentinel's parser tests (csv_test.go at 3e97fd0)
+    pytest.param(
+        "NVRM: Xid (PCI:0000:b5:00): 13, pid='<unknown>', name=<unknown>, Graphics SM Warp "
+        "Exception on (GPC 1, TPC 3, SM 0): Out Of Range Address",
+        (1, 3, 0),
+    ),
+    pytest.param(
+        "NVRM: Xid (PCI:0000:b5:00): 13, pid='<unknown>', name=<unknown>, Graphics Exception: "
+        "ESR 0x50df30=0x107000e 0x50df34=0x20 0x50df28=0xf81eb60 0x50df2c=0x1174",
+        NO_LOCATION,
+    ),
+    # openwall/john#2491 (2017): the older form names a GPC and a TPC, no SM.
+    pytest.param(
+        "[139600.598066] " + _OPENWALL + "Graphics SM Warp Exception on (GPC 0, TPC 0): Out Of "
+        "Range Address",
+        (0, 0, None),
+    ),
+    pytest.param(
+        "[139600.598136] " + _OPENWALL + "Graphics SM Global Exception on (GPC 1, TPC 0): "
+        "Physical Multiple Warp Errors",
+        (1, 0, None),
+    ),
+    pytest.param(
+        "[139600.598079] " + _OPENWALL + "Graphics Exception: ESR 0x504648=0x1000e 0x504650=0x4 "
+        "0x504644=0x13eff2 0x50464c=0x7f",
+        NO_LOCATION,
+    ),
+    # Made up (another tool's test fixture): an Xid 31 holding an Xid 13's words is no Xid 13.
+    pytest.param(
+        "NVRM: Xid (PCI:0000:01:00): 31, pid=3234, Graphics SM Warp Exception on (GPC 2, TPC 2,"
+        " SM 1): Out Of Range Address",
+        NO_LOCATION,
+    ),
+]
+
+
+@pytest.mark.parametrize(("line", "location"), XID13_LOCATIONS)
+def test_xid13_location(line: str, location: Location) -> None:
+    parsed = parse_message(line)
+    assert parsed.kind == "xid"
+    assert (parsed.gpc, parsed.tpc, parsed.sm) == location
+
+
+def test_every_corpus_xid13_naming_a_gpc_has_its_location() -> None:
+    for row in CORPUS_ROWS:
+        parsed = parse_message(row["line"])
+        names_one = row["expected_code"] == "13" and "(GPC " in row["line"]
+        assert (parsed.gpc is not None) is names_one, row["line"]
+        assert (parsed.tpc is not None) is names_one, row["line"]
+
+
 # --- each form the drivers print ---------------------------------------------------------------
 
 Case = tuple[str, str, int | None, str | None, int | None, str | None, str | None]

@@ -12,7 +12,7 @@ from types import ModuleType
 import pytest
 
 from conftest import REPO, TEST_DATA
-from gpuagent.kernel.xid import XidInfo, action_hint, all_xids, lookup
+from gpuagent.kernel.xid import XidInfo, action_hint, all_xids, is_hopper, lookup, nvlink_error
 
 SCRIPT = REPO / "scripts" / "build_xid_catalog.py"
 WRAPPER = REPO / "scripts" / "build-xid-catalog"
@@ -254,3 +254,152 @@ def test_catalog_entries_are_immutable() -> None:
     assert info is not None
     with pytest.raises(dataclasses.FrozenInstanceError):
         info.action = "IGNORE"  # type: ignore[misc]
+
+
+# --- Xid 74: the register dump, classed by NVIDIA's WORKFLOW_NVLINK_ERR -----------------------
+
+# NVIDIA/NVSentinel's parser test (csv_test.go at 3e97fd0; tests/data/kmsg_corpus.tsv).
+XID_74 = (
+    "NVRM: Xid (PCI:0003:00:00): 74, pid='<unknown>', name=<unknown>, NVLink: fatal error "
+    "detected on link 14(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)"
+)
+
+
+def _dump(*registers: int, link: int = 6) -> str:
+    """An Xid 74 line in the driver's format (XID_74's) with other register values."""
+    shown = ", ".join(hex(value) for value in registers)
+    return f"NVRM: Xid (PCI:0000:b9:00): 74, NVLink: fatal error detected on link {link}({shown})"
+
+
+@pytest.mark.parametrize(
+    ("line", "link", "bits", "ignored"),
+    [
+        pytest.param(XID_74, 14, ((3, 16, "report_if_repeated"),), 0, id="nvsentinel-line"),
+        pytest.param(_dump(0x10000, 0, 0, 0, 0, 0, 0), 6, ((1, 16, "hardware"),), 0, id="hw"),
+        pytest.param(
+            _dump(0x100002, 0, 0, 0x30000, 0, 0, 0),
+            6,
+            (
+                (1, 1, "sympathetic"),
+                (1, 20, "sympathetic"),
+                (4, 16, "sympathetic"),
+                (4, 17, "sympathetic"),
+            ),
+            0,
+            id="sympathetic",
+        ),
+        pytest.param(
+            _dump(0x30, 0, 0x47, 0, 0x1B6C0000, 0, 0),
+            6,
+            (
+                (1, 4, "ecc_parity"),
+                (1, 5, "ecc_parity"),
+                (3, 0, "ecc_parity"),
+                (3, 1, "ecc_parity"),
+                (3, 2, "ecc_parity"),
+                (3, 6, "ecc_parity"),
+                (5, 18, "ecc_parity"),
+                (5, 19, "ecc_parity"),
+                (5, 21, "ecc_parity"),
+                (5, 22, "ecc_parity"),
+                (5, 24, "ecc_parity"),
+                (5, 25, "ecc_parity"),
+                (5, 27, "ecc_parity"),
+                (5, 28, "ecc_parity"),
+            ),
+            0,
+            id="ecc-parity-in-three-registers",
+        ),
+        pytest.param(
+            _dump(0x600000, 0, 0, 0, 0x24900000, 0, 0),
+            6,
+            (
+                (1, 21, "signal_integrity"),
+                (1, 22, "signal_integrity"),
+                (5, 20, "ecc_threshold"),
+                (5, 23, "ecc_threshold"),
+                (5, 26, "ecc_threshold"),
+                (5, 29, "ecc_threshold"),
+            ),
+            0,
+            id="signal-integrity-and-ecc-threshold",
+        ),
+        pytest.param(
+            _dump(0x40800001, 0, 0x2000, 0, 0, 0, 0),
+            6,
+            ((3, 13, "unexpected"),),
+            3,
+            id="ignorable-bits-are-counted-not-classed",
+        ),
+        pytest.param(
+            # The second, sixth and seventh registers are not the catalog's: not read.
+            _dump(0x2, 0xFFFF, 0, 0, 0x1, 0xFFFF, 0xFFFF),
+            6,
+            ((1, 1, "sympathetic"), (5, 0, "undocumented")),
+            0,
+            id="an-unlisted-bit-is-undocumented",
+        ),
+    ],
+)
+def test_nvlink_error_classes_each_set_bit(
+    line: str, link: int, bits: tuple[tuple[int, int, str], ...], ignored: int
+) -> None:
+    found = nvlink_error(line)
+    assert found is not None
+    assert (found.link, found.decoded, found.bits, found.ignored_bits) == (
+        link,
+        True,
+        bits,
+        ignored,
+    )
+
+
+def test_nvlink_error_reads_the_registers_as_printed() -> None:
+    found = nvlink_error(XID_74)
+    assert found is not None
+    assert found.registers == (0, 0, 0x10000, 0, 0, 0, 0)
+    assert found.bits_text() == "register 3 bit 16"
+    assert found.classes == {"report_if_repeated"}
+    two = nvlink_error(_dump(0x2, 0, 0x2001, 0x40000, 0, 0, 0))
+    assert two is not None
+    assert two.bits_text() == "register 1 bit 1; register 3 bits 0, 13; register 4 bit 18"
+    assert two.fabric_reset
+
+
+@pytest.mark.parametrize(
+    ("line", "link"),
+    [
+        # The HyperPod documentation's example of the bare form (no register dump).
+        ("NVRM: Xid (PCI:0000:b9:00): 74, NVLink: fatal error detected on link 6", 6),
+        ("NVRM: Xid (PCI:0000:b9:00): 74, NVLink: fatal error detected on link 6(0x1, 0x2)", 6),
+    ],
+)
+def test_nvlink_error_without_a_whole_dump_is_not_decoded(line: str, link: int) -> None:
+    found = nvlink_error(line)
+    assert found is not None
+    assert (found.link, found.decoded, found.bits) == (link, False, ())
+
+
+def test_nvlink_error_needs_a_link() -> None:
+    assert nvlink_error("NVRM: Xid (PCI:0000:b9:00): 74, NVLink error") is None
+
+
+@pytest.mark.parametrize(
+    ("name", "hopper"),
+    [
+        ("NVIDIA H100 80GB HBM3", True),
+        ("NVIDIA H100 PCIe", True),
+        ("NVIDIA H200", True),
+        ("NVIDIA H200 NVL", True),
+        ("NVIDIA H800", True),
+        ("NVIDIA H20", True),
+        ("NVIDIA GH200 480GB", True),
+        ("NVIDIA A100-SXM4-80GB", False),
+        ("NVIDIA B200", False),
+        ("NVIDIA GB200", False),
+        ("NVIDIA L40S", False),
+        ("NVIDIA H2000", False),
+    ],
+)
+def test_is_hopper(name: str, hopper: bool) -> None:
+    assert is_hopper(name) is hopper

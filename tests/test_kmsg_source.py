@@ -16,6 +16,7 @@ import pytest
 
 from conftest import require_that
 from gpuagent.config import KmsgSourceSection
+from gpuagent.fleet import schema
 from gpuagent.fleet.outbox import _KMSG_ID
 from gpuagent.model import GpuEvent
 from gpuagent.sources import kmsg
@@ -375,3 +376,29 @@ def test_imex_notification_noise_is_no_gpu_event() -> None:
     source.feed(f"3,9000,9000,-;{XID_79}\n".encode())
     assert [e.code for e in events] == [79]
     assert source.counters.records_read == 5001
+
+
+def test_an_xid13_location_reaches_the_fleet_event() -> None:
+    # leptonai/gpud#46's line, as a /dev/kmsg record: the event carries GPC, TPC and SM,
+    # and so does the kernel event the fleet reporter sends (decoded as the aggregator does).
+    events: list[GpuEvent] = []
+    source = KmsgSource(
+        KmsgSourceSection(path=Path("unused")), events.append, boot_id="b", clock=lambda: 0.0
+    )
+    warp = (
+        "NVRM: Xid (PCI:0000:cb:00): 13, pid='<unknown>', name=<unknown>, Graphics SM Warp"
+        " Exception on (GPC 7, TPC 7, SM 0): Illegal Instruction Parameter"
+    )
+    source.feed(f"4,1,100,-;{warp}\n4,2,101,-;{XID_13}\n3,3,102,-;{XID_79}\n".encode())
+    assert [(e.code, e.gpc, e.tpc, e.sm) for e in events] == [
+        (13, 7, 7, 0),
+        (13, None, None, None),
+        (79, None, None, None),
+    ]
+    sent = [
+        schema.decode(schema.encode(schema.kernel_event_message("n1", "c1", e)))["data"]
+        for e in events
+    ]
+    assert [(d["gpc"], d["tpc"], d["sm"]) for d in sent[:1]] == [(7, 7, 0)]
+    # Lines that name no place leave the document as it was.
+    assert not {"gpc", "tpc", "sm"} & (sent[1].keys() | sent[2].keys())

@@ -208,6 +208,18 @@ DEFAULT_RULE_CASES = [
         id="xid-application-error-rate-no-cordon",
     ),
     pytest.param([xid(74)], {}, [CORDON], id="xid-74-contact-support"),
+    pytest.param(
+        [finding("xid", CRITICAL, "Xid 74 on NVLink 6, hardware", action="reseat_or_replace")],
+        {},
+        [CORDON],
+        id="xid-74-link-hardware-no-reset",
+    ),
+    pytest.param(
+        [finding("xid", WARN, "Xid 74 on NVLink 6, sympathetic", action="investigate")],
+        {},
+        [],
+        id="xid-74-sympathetic-is-the-peers",
+    ),
     pytest.param([xid(48)], {}, [CORDON], id="xid-48-alone"),
     pytest.param(
         [xid(154, "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)")],

@@ -6,6 +6,7 @@ behind; and the same with a PostgreSQL store."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -86,7 +87,12 @@ def run_fleet(tmp_path: Path, *args: str, nodes: int | None = None) -> Iterator[
         assert alive == []
     finally:
         if process.poll() is None:
+            # A failed start or assertion: no broker, agent or Prometheus left behind.
+            leftover = psutil.Process(process.pid).children(recursive=True)
             process.kill()
+            for child in leftover:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    child.kill()
         process.communicate()
 
 

@@ -158,6 +158,7 @@ def test_unknown_fault_kind_names_key_and_line() -> None:
         ),
         ("[node]\ncuda_driver_version = 12\n", "node.cuda_driver_version (line 2): must be CUDA"),
         ("[node]\nseed = -1\n", "node.seed (line 2): must not be negative"),
+        ("[node]\nuptime_seconds = -1\n", "node.uptime_seconds (line 2): must not be negative"),
         (
             '[node]\ninit_error = "gone"\n',
             "node.init_error (line 2): expected one of 'driver_not_loaded', 'library_not_found'",
@@ -299,3 +300,10 @@ def test_docs_describe_every_fault_kind_and_node_key() -> None:
 def test_mangled_scenarios_give_config_errors_only(text: str) -> None:
     with contextlib.suppress(ConfigError):
         parse_scenario(text)
+
+
+def test_the_node_booted_uptime_seconds_before_the_simulation_started() -> None:
+    booted = SimulatedNode(parse_scenario("[node]\nuptime_seconds = 30\n"), clock=lambda: 5000.0)
+    assert booted.booted_at == 4970.0
+    # By default long before: past any post-boot grace the checks give NVLinks.
+    assert SimulatedNode(Scenario(), clock=lambda: 5000.0).booted_at == 5000.0 - 86400.0

@@ -31,7 +31,7 @@ from gpuagent.metrics.probes import Probes
 from gpuagent.model import DiagResult, GpuEvent, NodeSnapshot
 from gpuagent.node.inventory import InventoryKeeper
 from gpuagent.node.poller import NvmlPoller
-from gpuagent.node.publisher import SnapshotPublisher
+from gpuagent.node.publisher import SnapshotPublisher, host_booted_at
 from gpuagent.node.remediation import RemediationScheduler, build_remediator
 from gpuagent.node.sources import EventSources
 from gpuagent.remediation.audit import AuditRecord, AuditStore
@@ -136,6 +136,7 @@ class Agent:
             remediation=self.remediation,
             api=self._api,
             simulated=self.simulator is not None,
+            booted_at=self.simulator.booted_at if self.simulator is not None else host_booted_at(),
         )
         self.publisher.dcgm = self._dcgm_source
         # Only on a Kubernetes node (checks.kubernetes): elsewhere it never reads or fires.

@@ -574,6 +574,11 @@ class KernelLine(NamedTuple):
     process: str | None = None
     aer_severity: AerSeverity | None = None
     text: str = ""  # the message without timestamp or syslog prefixes
+    # Where on the die an Xid 13 happened, as its line names it ("(GPC 7, TPC 7, SM 0)";
+    # older drivers name no SM); None where the line names none.
+    gpc: int | None = None
+    tpc: int | None = None
+    sm: int | None = None
 
 
 EventSource = Literal["kmsg", "nvml", "nvml_operational", "udev", "drill", "dcgm"]
@@ -607,6 +612,10 @@ class GpuEvent(NamedTuple):
     # Who was on the GPU when it happened (workload attribution): "pod ml/train-0
     # (trainer); job 42"; "" when attribution is off or nobody was known.
     workloads: str = ""
+    # The kernel line's Xid 13 location (KernelLine.gpc, .tpc, .sm); None elsewhere.
+    gpc: int | None = None
+    tpc: int | None = None
+    sm: int | None = None
 
 
 PcieRole = Literal["gpu", "nvswitch", "bridge"]

@@ -143,6 +143,9 @@ def event_json(event: GpuEvent) -> dict[str, Any]:
         "line": event.line,
         # Only with attribution on and an owner known: otherwise the document is unchanged.
         **({"workloads": event.workloads} if event.workloads else {}),
+        # Only for an Xid 13 whose line names where on the die it happened (sm None when
+        # the line names no SM): fleet rules follow a GPC and TPC over time.
+        **({"gpc": event.gpc, "tpc": event.tpc, "sm": event.sm} if event.gpc is not None else {}),
     }
 
 

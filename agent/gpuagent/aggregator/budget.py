@@ -25,6 +25,43 @@ class BudgetDecision:
     retry_after_seconds: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class BudgetState:
+    """One cluster's budget at one moment: its limit, the nodes holding a slot (node,
+    approval time; oldest first) and when each slot leaves the window."""
+
+    cluster: str
+    known_nodes: int
+    limit: int
+    window_seconds: float
+    holders: tuple[tuple[str, float], ...]
+
+    @property
+    def used(self) -> int:
+        return len(self.holders)
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.limit - self.used)
+
+    def json(self) -> dict[str, object]:
+        frees = [t + self.window_seconds for _, t in self.holders]
+        return {
+            "cluster": self.cluster,
+            "nodes": self.known_nodes,
+            "limit": self.limit,
+            "used": self.used,
+            "remaining": self.remaining,
+            "spent": self.remaining == 0,
+            # When a new node may be cordoned again (None: now, or never with max_nodes 0).
+            "next_free_at": min(frees) if self.remaining == 0 and frees else None,
+            "holders": [
+                {"node": node, "approved_at": t, "frees_at": t + self.window_seconds}
+                for node, t in self.holders
+            ],
+        }
+
+
 @dataclass
 class CordonBudget:
     config: CordonBudgetSection
@@ -54,6 +91,17 @@ class CordonBudget:
 
     def remaining(self, cluster: str, known_nodes: int, now: float) -> int:
         return max(0, self.limit(known_nodes) - len(self._current(cluster, now)))
+
+    def clusters(self) -> list[str]:
+        """Clusters with an approval held (perhaps out of the window by now)."""
+        return sorted(c for c, slots in self._approved.items() if slots)
+
+    def state(self, cluster: str, known_nodes: int, now: float) -> BudgetState:
+        slots = self._current(cluster, now)
+        holders = tuple(sorted(slots.items(), key=lambda item: (item[1], item[0])))
+        return BudgetState(
+            cluster, known_nodes, self.limit(known_nodes), self.config.window_seconds, holders
+        )
 
     def decide(
         self, cluster: str, node: str, action: str, known_nodes: int, now: float

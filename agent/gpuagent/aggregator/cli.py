@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from gpuagent import __version__
+from gpuagent.aggregator import opscli
 from gpuagent.aggregator.database import describe
 from gpuagent.config import AggregatorSection, ConfigError, load_config
 
@@ -95,6 +96,10 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_operator(args: argparse.Namespace) -> int:
+    return opscli.run(_load(args.config), args)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpuagent-aggregator", description="gpuagent fleet aggregator"
@@ -117,6 +122,14 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("file", type=Path)
     check.set_defaults(func=cmd_config_check)
     _add_pki_commands(commands)
+    for operator in opscli.add_parsers(commands):
+        operator.add_argument(
+            "--config",
+            type=Path,
+            default=DEFAULT_CONFIG,
+            help=f"the aggregator's configuration (default {DEFAULT_CONFIG})",
+        )
+        operator.set_defaults(func=cmd_operator)
     return parser
 
 

@@ -33,6 +33,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from gpuagent.aggregator.domainfail import Crossing, DomainFailures, describe
+from gpuagent.aggregator.records import NodeRecord
 from gpuagent.incidents import SAMPLES
 from gpuagent.kernel.xid import caused_by, lookup
 
@@ -92,40 +94,16 @@ class NodePlaces:
 _NOWHERE: Final = NodePlaces()
 
 
-def places_of(status: dict[str, Any]) -> NodePlaces:
-    """The GPUs' places and the node's labels from a state report's status document; a
-    document of the wrong shape gives what it can (nothing, at worst)."""
-    places = NodePlaces()
-    node = status.get("node")
-    labels = node.get("labels") if isinstance(node, dict) else None
-    if isinstance(labels, dict):
-        places.labels = {str(k): str(v) for k, v in labels.items()}
-    gpus = status.get("gpus")
-    for gpu in gpus if isinstance(gpus, list) else ():
-        if not isinstance(gpu, dict) or not isinstance(gpu.get("pci_bus_id"), str):
-            continue
-        fabric = gpu.get("fabric")
-        domain = fabric.get("nvlink_domain") if isinstance(fabric, dict) else None
-        index = gpu.get("index")
-        uuid = gpu.get("uuid")
-        places.gpus[gpu["pci_bus_id"]] = (
-            index if isinstance(index, int) and not isinstance(index, bool) else None,
-            uuid if isinstance(uuid, str) else "",
-            domain if isinstance(domain, str) and domain else None,
-            _job(gpu.get("workloads")),
-        )
-    return places
-
-
-def _job(workloads: object) -> str | None:
-    for workload in workloads if isinstance(workloads, list) else ():
-        if not isinstance(workload, dict):
-            continue
-        if workload.get("hpc_job"):
-            return f"slurm:{workload['hpc_job']}"
-        if workload.get("pod"):
-            return f"pod:{workload.get('namespace', '')}/{workload['pod']}"
-    return None
+def places_of(record: NodeRecord) -> NodePlaces:
+    """The GPUs' places and the node's labels, from its record."""
+    return NodePlaces(
+        {
+            gpu.pci_bus_id: (gpu.index, gpu.uuid, gpu.nvlink_domain or None, gpu.job or None)
+            for gpu in record.gpus
+            if gpu.pci_bus_id
+        },
+        dict(record.labels),
+    )
 
 
 @dataclass(slots=True)
@@ -189,9 +167,19 @@ class FleetIncident:
     # whether a change since must go out at the next tick.
     written_at: float | None = None
     urgent: bool = True
+    # A domain failing together (`domainfail`): its key ("label:rack=r12", "job:..."),
+    # its node count, the nodes that faulted, and the one node let be cordoned for it.
+    common_cause: str = ""
+    domain_size: int = 0
+    faulted: set[str] = field(default_factory=set)
+    cordon_node: str | None = None
+    # The domain incident this node's own incident was merged into.
+    merged_into: str | None = None
 
     @property
     def root(self) -> Member | None:
+        if self.common_cause:
+            return None  # the domain is the cause
         if self._link_fatal:
             if len(self._link_fatal) == 1:
                 return self.members[next(iter(self._link_fatal))]
@@ -236,6 +224,12 @@ class FleetIncident:
                 self._earliest_fatal = member_key
 
     def summary(self) -> str:
+        if self.common_cause:
+            return (
+                f"domain failing together: {len(self.faulted)} of {self.domain_size} nodes "
+                f"of {describe(self.common_cause)} faulted at once, a common cause (power, "
+                f"cooling, the switch); {len(self.members)} GPU(s) on {len(self.nodes())} node(s)"
+            )
         root = self.root
         others = [m for m in self.members.values() if m is not root]
         nodes = {m.node for m in others}
@@ -276,6 +270,15 @@ class FleetIncident:
             "nodes": nodes,
             "approved": list(self.approved),
             "denied": list(self.denied),
+            "common_cause": {
+                "domain": describe(self.common_cause),
+                "nodes_faulted": sorted(self.faulted),
+                "domain_nodes": self.domain_size,
+                "cordon_node": self.cordon_node,
+            }
+            if self.common_cause
+            else None,
+            "merged_into": self.merged_into,
         }
 
 
@@ -305,7 +308,13 @@ class Correlator:
         join_window_seconds: float,
         settle_seconds: float,
         join_labels: Iterable[str] = (),
+        domain_labels: Iterable[str] = (),
+        domain_window_seconds: float = 300.0,
+        domain_fraction: float = 0.5,
     ) -> None:
+        self.domains = DomainFailures(
+            domain_labels, window=domain_window_seconds, fraction=domain_fraction
+        )
         self.window = join_window_seconds
         self.settle = settle_seconds
         self.join_labels = tuple(join_labels)
@@ -341,6 +350,14 @@ class Correlator:
             else:
                 nodes.add(node)
         self._places[key] = places
+        # Jobs and NVLink domains join their records themselves; a declared label's
+        # nodes share nothing else, so their own faults are counted by the domain.
+        labels = self.domains.labels
+        self.domains.observe(
+            cluster,
+            node,
+            frozenset(f"label:{n}={v}" for n, v in places.labels.items() if n in labels),
+        )
 
     # --- records ---------------------------------------------------------------------------
 
@@ -354,6 +371,12 @@ class Correlator:
         weight = classify(code, line if isinstance(line, str) else "")
         place = self._places.get((cluster, node), _NOWHERE).gpus.get(gpu)
         key = self._join_key(cluster, node, place, weight)
+        # A fault of the node's own (an NVLink domain's records have their root there):
+        # does a domain it is declared in fail together?
+        if weight >= FATAL and not key.startswith("nvlink:"):
+            self._fault(cluster, node, now)
+        if key.startswith("node:"):
+            key = self._failing(cluster, node) or key
         incident = self._open.get((cluster, key))
         if incident is not None and now - incident.last_time > self.window:
             self._close(incident, incident.last_time + self.window)
@@ -384,6 +407,90 @@ class Correlator:
             weight=weight,
             data=data,
             now=now,
+        )
+
+    # --- domains failing together ----------------------------------------------------
+
+    def observe_fault(self, cluster: str, node: str, now: float) -> None:
+        """A fault the node judged (a cordon request): its own, unless the node is in an
+        NVLink domain (whose records say where the fault is)."""
+        places = self._places.get((cluster, node), _NOWHERE)
+        if any(domain for _, _, domain, _ in places.gpus.values()):
+            return
+        self._fault(cluster, node, now)
+        incident = self._open.get((cluster, self._failing(cluster, node) or ""))
+        if incident is not None and node not in incident.nodes():
+            self._node_member(incident, cluster, node, now)
+
+    def _fault(self, cluster: str, node: str, now: float) -> None:
+        for crossing in self.domains.fault(cluster, node, now):
+            self._open_domain(cluster, crossing, now)
+        for key in self.domains.keys_of(cluster, node):
+            incident = self._open.get((cluster, f"domain:{key}"))
+            if incident is not None:
+                incident.faulted.add(node)
+
+    def _failing(self, cluster: str, node: str) -> str | None:
+        """The key of an open domain incident the node's domains are in."""
+        for key in self.domains.keys_of(cluster, node):
+            if (cluster, f"domain:{key}") in self._open:
+                return f"domain:{key}"
+        return None
+
+    def _open_domain(self, cluster: str, crossing: Crossing, now: float) -> None:
+        """Half a domain faulted: one incident; the own incidents of its faulted nodes
+        are merged into it (closed, saying where they went)."""
+        key = f"domain:{crossing.key}"
+        if (cluster, key) in self._open:
+            return
+        incident = FleetIncident(
+            incident_id(cluster, key, now, ",".join(crossing.nodes)), cluster, key, now, now,
+            common_cause=crossing.key, domain_size=crossing.size, faulted=set(crossing.nodes),
+            cordon_node=self.domains.cordoned_node(cluster, crossing.key, now),
+        )  # fmt: skip
+        self._open[(cluster, key)] = incident
+        self.opened += 1
+        for node in crossing.nodes:
+            for own in list(self._of_node.get((cluster, node), ())):
+                if own.key.startswith(("node:", "gpu:")):
+                    self._merge(own, incident, now)
+            if node not in incident.nodes():
+                self._node_member(incident, cluster, node, now)
+        self._changed[incident.id] = incident
+
+    def _merge(self, own: FleetIncident, into: FleetIncident, now: float) -> None:
+        for member_key, member in own.members.items():
+            into.members.setdefault(member_key, member)
+        into.first_time = min(into.first_time, own.first_time)
+        self._close(own, now)
+        own.merged_into = into.id
+        for node in into.nodes():
+            self._of_node.setdefault((into.cluster, node), set()).add(into)
+
+    def _node_member(self, incident: FleetIncident, cluster: str, node: str, now: float) -> None:
+        """A node in the incident by a fault it judged itself (no GPU record here)."""
+        incident.members[(node, "")] = Member(
+            node=node, gpu="", index=None, uuid="", first_time=now, last_time=now,
+            weight=FATAL, xid=0, onset=now,
+        )  # fmt: skip
+        self._of_node.setdefault((cluster, node), set()).add(incident)
+        self._changed[incident.id] = incident
+
+    def _domain_verdict(self, incident: FleetIncident, node: str, ids: tuple[str, ...]) -> Verdict:
+        """At most one node of a domain failing together is cordoned."""
+        if incident.cordon_node in {None, node}:
+            incident.cordon_node = node
+            return Verdict(
+                deny=False,
+                reason=f"the one node cordoned for fleet incident {incident.id} "
+                f"({describe(incident.common_cause)} failing together)",
+                incidents=ids,
+            )
+        return Verdict(
+            deny=True,
+            reason=f"{incident.summary()}; only {incident.cordon_node} is cordoned for it "
+            f"(fleet incident {incident.id}); see the rack and facility runbook",
+            incidents=ids,
         )
 
     def _join_key(self, cluster: str, node: str, place: GpuPlace | None, weight: int) -> str:
@@ -431,6 +538,7 @@ class Correlator:
                 onset=onset,
             )
             incident.members[member_key] = member
+            incident.members.pop((node, ""), None)  # a GPU record now stands for the node
             of_node = self._of_node.get((cluster, node))
             if of_node is None:
                 self._of_node[(cluster, node)] = {incident}
@@ -471,13 +579,37 @@ class Correlator:
         until = min(starts) + self.settle
         return until if until > now else None
 
-    def verdict(self, cluster: str, node: str) -> Verdict:
-        """Deny a node whose every open incident has its root on another node; anything
-        else (a root, a fault of its own, no GPU root) is for the budget to decide."""
+    def verdict(self, cluster: str, node: str, now: float) -> Verdict:
+        """Deny a node whose every open incident has its root on another node, and all
+        but one node of a domain failing together; anything else (a root, a fault of its
+        own, no GPU root) is for the budget to decide."""
         incidents = sorted(self._of_node.get((cluster, node), ()), key=lambda i: i.first_time)
+        ids = tuple(i.id for i in incidents)
+        for incident in incidents:
+            if incident.common_cause:
+                return self._domain_verdict(incident, node, ids)
+        verdict = self._by_root(node, incidents, ids)
+        if verdict.deny:
+            return verdict
+        # The root of what other nodes saw is cordoned whatever its neighbours did.
+        shared_root = any(len(i.nodes()) > 1 and i.node_role(node) == "root" for i in incidents)
+        other = None if shared_root else self.domains.others_cordoned(cluster, node, now)
+        if other is not None:
+            key, cordoned = other
+            return Verdict(
+                deny=True,
+                reason=f"{cordoned} of {describe(key)} was cordoned for a fault within "
+                f"{self.domains.window:g} s: a second node of the domain waits (if half of "
+                "it fails, that is a domain failing together); ask again later",
+                incidents=ids,
+            )
+        self.domains.cordoned(cluster, node, now)
+        return verdict
+
+    @staticmethod
+    def _by_root(node: str, incidents: list[FleetIncident], ids: tuple[str, ...]) -> Verdict:
         if not incidents:
             return Verdict(deny=False, reason="")
-        ids = tuple(i.id for i in incidents)
         roles = [(i, i.node_role(node)) for i in incidents]
         for incident, role in roles:
             if role == "root":

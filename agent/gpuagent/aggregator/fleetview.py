@@ -164,6 +164,8 @@ class FleetView:
         doc["shown_health"] = shown_health(record, now, self.stale_after)
         doc["driver"] = driver_of(record)
         doc["alerts"] = self.state.alerts.for_node(record)
+        window = self.state.maintenance.covering(record, now)
+        doc["maintenance"] = window.id if window is not None else None
         doc["findings"] = [self._dated(record, "", f) for f in record.findings]
         for gpu_doc, gpu in zip(doc["gpus"], record.gpus, strict=True):
             gpu_doc["findings"] = [self._dated(record, gpu.pci_bus_id, f) for f in gpu.findings]

@@ -20,10 +20,12 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from gpuagent.aggregator import page, peers, views
+from gpuagent.aggregator.budget import CordonBudget
 from gpuagent.aggregator.commands import CommandError, command
-from gpuagent.aggregator.drift import fleet_drift
+from gpuagent.aggregator.drift import fleet_drift, settings_drift
 from gpuagent.aggregator.fleetview import FleetView, Query
 from gpuagent.aggregator.ingest import Outgoing
+from gpuagent.aggregator.maintenance import MaintenanceError, parse_duration
 from gpuagent.aggregator.records import NodeRecord
 from gpuagent.aggregator.state import FleetState
 from gpuagent.aggregator.store import FleetStore
@@ -75,6 +77,11 @@ class Api:
     body_timeout: float = 10.0
     # Grafana and runbook links on the page.
     links: page.Links = field(default_factory=page.Links)
+    # Clears an open fleet rule finding: (id, by, reason) -> its document; KeyError if
+    # none is open with that id. None: the fleet rules are off.
+    clear_rule: Callable[..., Awaitable[dict[str, Any]]] | None = None
+    # The fleet cordon budget in memory (`GET /api/v1/budget`).
+    budget: CordonBudget | None = None
 
     # --- helpers --------------------------------------------------------------------------
 
@@ -244,6 +251,119 @@ class Api:
             return _error(404, f"no fleet incident {request.match_info['incident']!r}")
         return _json_unless_seen(request, found)
 
+    async def rule_findings(self, request: web.Request) -> web.Response:
+        """Fleet rule findings: the open ones, or (?since=UNIX time) every one changed
+        since then, the latest first; ?node= and ?rule= narrow the list."""
+        try:
+            node, since, limit = (
+                self._name(request, "node"),
+                self._since(request),
+                self._limit(request),
+            )
+        except BadRequestError as exc:
+            return self._bad("rules", str(exc))
+        rule = request.query.get("rule")
+        found = await self.store.rule_findings(since=since, limit=MAX_LIMIT)
+        listed = [
+            f
+            for f in found
+            if (node is None or f.get("node") == node) and (rule is None or f.get("rule") == rule)
+        ]
+        return _json_unless_seen(request, {"findings": listed[:limit]})
+
+    async def clear_rule_finding(self, request: web.Request) -> web.Response:
+        """POST {"reason": TEXT, "by": NAME}: a person says an open finding is dealt with
+        (the bearer token, as for commands)."""
+        refusal = self._command_refusal(request)
+        if refusal is not None:
+            return await self.refuse_command(request, *refusal, "clear")
+        if self.clear_rule is None:
+            return _error(404, "the fleet rules are off (aggregator.rules.enabled)")
+        try:
+            body = await _body(request, self.body_timeout)
+            reason, by = body.get("reason"), body.get("by", "")
+            if not isinstance(reason, str) or not reason.strip():
+                raise BadRequestError('"reason" (a non-empty string) is required')  # noqa: TRY301
+            if not isinstance(by, str):
+                raise BadRequestError('"by" must be a string')  # noqa: TRY301
+        except BadRequestError as exc:
+            return await self.refuse_command(request, "invalid", _error(400, str(exc)), "clear")
+        except BodyTimeoutError:
+            response = _error(408, f"the body did not arrive within {self.body_timeout:g} s")
+            return await self.refuse_command(request, "body_timeout", response, "clear")
+        finding_id = request.match_info["finding"]
+        who = f"{by or 'unnamed'} from {await sender(request)}"
+        try:
+            doc = await self.clear_rule(finding_id, by=who, reason=reason.strip())
+        except KeyError:
+            return _error(404, f"no open fleet rule finding {finding_id!r}")
+        return _json(doc)
+
+    async def maintenance_windows(self, request: web.Request) -> web.Response:
+        """Planned maintenance: the windows running, and (?since=UNIX time) those that
+        ended since then, the latest started first."""
+        try:
+            since = self._since(request)
+        except BadRequestError as exc:
+            return self._bad("maintenance", str(exc))
+        now = self.clock()
+        windows = await self.store.maintenance_windows(ending_after=now if since is None else since)
+        for window in windows:
+            window["running"] = window["start"] <= now < window["end"]
+        return _json_unless_seen(request, {"windows": windows})
+
+    async def start_maintenance(self, request: web.Request) -> web.Response:
+        """POST {"domain": "rack=r129", "for": "2h", "cluster": "", "reason": TEXT,
+        "by": NAME}: a window from now (the bearer token, as for commands)."""
+        refusal = self._command_refusal(request)
+        if refusal is not None:
+            return await self.refuse_command(request, *refusal, "maintenance")
+        try:
+            body = await _body(request, self.body_timeout)
+            reason, by, cluster = body.get("reason"), body.get("by", ""), body.get("cluster", "")
+            if not isinstance(reason, str) or not reason.strip():
+                raise BadRequestError('"reason" (a non-empty string) is required')  # noqa: TRY301
+            if not isinstance(by, str) or not isinstance(cluster, str):
+                raise BadRequestError('"by" and "cluster" must be strings')  # noqa: TRY301
+            seconds = parse_duration(str(body.get("for", "")))
+            window = self.state.maintenance.start(
+                str(body.get("domain", "")),
+                seconds,
+                cluster=cluster,
+                by=f"{by or 'unnamed'} from {await sender(request)}",
+                reason=reason.strip(),
+                now=self.clock(),
+            )
+        except (BadRequestError, MaintenanceError) as exc:
+            response = _error(400, str(exc))
+            return await self.refuse_command(request, "invalid", response, "maintenance")
+        except BodyTimeoutError:
+            response = _error(408, f"the body did not arrive within {self.body_timeout:g} s")
+            return await self.refuse_command(request, "body_timeout", response, "maintenance")
+        self.store.queue_window(window, self.clock())
+        audit.info("maintenance started: %s until %.0f", window.describe(), window.end)
+        return _json(window.json(), status=201)
+
+    async def end_maintenance(self, request: web.Request) -> web.Response:
+        """POST {"by": NAME}: end a running window now."""
+        refusal = self._command_refusal(request)
+        if refusal is not None:
+            return await self.refuse_command(request, *refusal, "maintenance")
+        try:
+            body = await _body(request, self.body_timeout)
+        except (BadRequestError, BodyTimeoutError) as exc:
+            response = _error(400, str(exc) or "no body")
+            return await self.refuse_command(request, "invalid", response, "maintenance")
+        by = f"{body.get('by') or 'unnamed'} from {await sender(request)}"
+        window_id = request.match_info["window"]
+        try:
+            window = self.state.maintenance.end(window_id, by=by, now=self.clock())
+        except KeyError:
+            return _error(404, f"no running maintenance window {window_id!r}")
+        self.store.queue_window(window, self.clock())
+        audit.info("maintenance ended early by %s: %s", by, window.describe())
+        return _json(window.json())
+
     async def history(self, request: web.Request) -> web.Response:
         """A node's health transitions and trend samples (the console's timelines), the
         last day by default (?since=UNIX time)."""
@@ -282,9 +402,38 @@ class Api:
         rows = await self.store.cordons(since=since, limit=limit)
         return _json_unless_seen(request, {"cordons": [r.json() for r in rows]})
 
+    async def budget_state(self, request: web.Request) -> web.Response:
+        """The fleet cordon budget now, per cluster: its limit, the slots used and by
+        whom, when each frees, whether it is spent. With SQLite only the arbiter's budget
+        is the fleet's; with a shared database it is the in-memory mirror of the
+        database's approvals (as the metrics report it)."""
+        budget = self.budget
+        doc: dict[str, Any] = {"source": "none", "clusters": []}
+        if budget is None:
+            return _json_unless_seen(request, doc)
+        config = budget.config
+        doc |= {
+            "max_nodes": config.max_nodes,
+            "max_percent": config.max_percent,
+            "window_seconds": config.window_seconds,
+        }
+        # An aggregator that is not the SQLite arbiter decides none: it has no budget.
+        if self.store.shared or config.arbiter:
+            now = self.clock()
+            clusters = sorted({*self.state.clusters(), *budget.clusters()})
+            doc["source"] = "database" if self.store.shared else "memory"
+            doc["clusters"] = [
+                budget.state(c, self.state.cluster_size(c), now).json() for c in clusters
+            ]
+        return _json_unless_seen(request, doc)
+
     async def drift(self, request: web.Request) -> web.Response:
-        drift = [c.json() for c in fleet_drift(self.state.nodes.values())]
-        return _json_unless_seen(request, {"clusters": drift})
+        """Software drift per cluster ("clusters") and settings drift ("settings": each
+        group's majority, the expectation a node or operator can take, and who is off it)."""
+        records = self.state.nodes.values()
+        drift = [c.json() for c in fleet_drift(records)]
+        settings = [c.json() for c in settings_drift(records)]
+        return _json_unless_seen(request, {"clusters": drift, "settings": settings})
 
     def _command_refusal(self, request: web.Request) -> tuple[str, web.Response] | None:
         """Commands change nodes: every one needs the bearer token, sent as JSON."""
@@ -506,9 +655,15 @@ def application(api: Api, middlewares: tuple[Any, ...] = ()) -> web.Application:
     app.router.add_get("/api/v1/events", api.events)
     app.router.add_get("/api/v1/actions", api.actions)
     app.router.add_get("/api/v1/cordons", api.cordons)
+    app.router.add_get("/api/v1/budget", api.budget_state)
     app.router.add_get("/api/v1/incidents", api.incidents)
     app.router.add_get("/api/v1/incidents/{incident}", api.incident)
     app.router.add_get("/api/v1/drift", api.drift)
+    app.router.add_get("/api/v1/rules", api.rule_findings)
+    app.router.add_get("/api/v1/maintenance", api.maintenance_windows)
+    app.router.add_post("/api/v1/maintenance", api.start_maintenance)
+    app.router.add_post("/api/v1/maintenance/{window}/end", api.end_maintenance)
+    app.router.add_post("/api/v1/rules/{finding:.+}/clear", api.clear_rule_finding)
     app.router.add_get("/api/v1/fleet", api.fleet)
     app.router.add_get("/api/v1/fleet/{node}", api.fleet_node)
     app.router.add_get("/api/v1/history/{node}", api.history)

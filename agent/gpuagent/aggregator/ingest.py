@@ -14,11 +14,11 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gpuagent.aggregator import decisions
+from gpuagent.aggregator import decisions, fleetrules
 from gpuagent.aggregator.budget import BudgetDecision, CordonBudget
 from gpuagent.aggregator.correlate import Correlator, Verdict, places_of
 from gpuagent.aggregator.history import HistoryRecorder
@@ -91,6 +91,7 @@ class Ingest:
         clock: Callable[[], float] = time.time,
         history_interval: float = 300.0,
         correlator: Correlator | None = None,
+        rules: fleetrules.FleetRules | None = None,
     ) -> None:
         self.state = state
         self.store = store
@@ -104,6 +105,9 @@ class Ingest:
         # Fleet incidents (None: correlation off), and the cordon requests waiting on them.
         self.correlator = correlator
         self.held: list[HeldRequest] = []
+        # Fleet rules (None: off), and the facts stored for them, once committed.
+        self.rules = rules
+        self.facts: list[fleetrules.Fact] = []
 
     def reject(self, reason: schema.RejectReason, topic: str, detail: str) -> None:
         self.state.counters.rejected[reason] += 1
@@ -166,13 +170,12 @@ class Ingest:
         if kind == "state":
             self._state(message, raw)
         elif kind == "event":
-            counters.events[message["category"]] += 1
-            self.store.queue_event(message, raw)
-            if self.correlator is not None and message["category"] == "kernel":
-                cluster, node = message["cluster"], message["node"]
-                self.correlator.observe_record(cluster, node, message["data"], self.clock())
+            self._event(message, raw)
         elif kind == "action":
             self.store.queue_action(message, raw)
+            if self.rules is not None and not self._maintained(message["cluster"], message["node"]):
+                record = self.state.nodes.get((message["cluster"], message["node"]))
+                self._facts([fleetrules.action_fact(message, record)])
         elif kind == "reply":
             self.state.add_reply(message["cluster"], message["node"], message)
             self.store.queue_reply(message, raw)
@@ -180,12 +183,43 @@ class Ingest:
             return self._cordon_request(topic, message, key)
         return self._ack(message)
 
+    def _maintained(self, cluster: str, node: str) -> bool:
+        """Whether planned maintenance covers the node now: what it reports is shown and
+        stored, but opens no incident and feeds no rule."""
+        record = self.state.nodes.get((cluster, node))
+        return self.state.maintenance.covering(record, self.clock()) is not None
+
+    def _event(self, message: dict[str, Any], raw: str) -> None:
+        self.state.counters.events[message["category"]] += 1
+        self.store.queue_event(message, raw)
+        if message["category"] != "kernel":
+            return
+        cluster, node = message["cluster"], message["node"]
+        if self._maintained(cluster, node):
+            self.state.counters.muted_records += 1
+            return
+        if self.correlator is not None:
+            self.correlator.observe_record(cluster, node, message["data"], self.clock())
+        if self.rules is not None:
+            record = self.state.nodes.get((cluster, node))
+            self._facts([fleetrules.kernel_fact(message, record, self.clock())])
+
     def _cordon_request(self, topic: str, message: dict[str, Any], key: str) -> list[Outgoing]:
         if not self.store.shared and not self.budget.config.arbiter:
             self._not_arbiter(topic)
             return []
+        age = self.clock() - float(message["time"])
+        if message["action"] == "cordon" and age > self.budget.config.max_request_age_seconds:
+            return [self._too_old(message, key, age)]
+        record = self.state.nodes.get((message["cluster"], message["node"]))
+        window = self.state.maintenance.covering(record, self.clock())
+        if window is not None and message["action"] == "cordon":
+            # Muted, not decided by the budget: a reboot's faults are not the node's.
+            verdict = Verdict(deny=True, reason=f"muted: {window.describe()}")
+            return [self._cordon(message, key, verdict)]
         correlator = self.correlator
         if correlator is not None and message["action"] == "cordon":
+            correlator.observe_fault(message["cluster"], message["node"], self.clock())
             until = correlator.hold_until(message["cluster"], message["node"], self.clock())
             if until is not None:
                 self.held.append(HeldRequest(until, message, key))
@@ -201,6 +235,29 @@ class Ingest:
                 return []
         return [self._decide_request(message, key)]
 
+    def _too_old(self, message: dict[str, Any], key: str, age: float) -> Outgoing:
+        """A request from long ago (a backlog the broker kept): dropped, not decided, and
+        never counted in the budget; the answer says so, in case the node still waits."""
+        self.state.counters.cordons_too_old += 1
+        limit = self.budget.config.max_request_age_seconds
+        reason = (
+            f"dropped: the request is {age:.0f} s old (aggregator.cordon_budget."
+            f"max_request_age_seconds = {limit:g}); ask again if it is still needed"
+        )
+        result = BudgetDecision("denied", reason)
+        row = CordonRow(
+            request_id=message["id"],
+            cluster=message["cluster"],
+            node=message["node"],
+            action=message["action"],
+            decision="denied",
+            time=self.clock(),
+            reason=reason,
+            retry_after_seconds=None,
+        )
+        self.store.queue_cordon(row)
+        return Outgoing(self._cmd_topic(message), self._decided(message, key, result), record=key)
+
     def release_held(self, now: float) -> list[Outgoing]:
         """Decide the held cordon requests whose settle time has come."""
         due = [h for h in self.held if h.until <= now]
@@ -212,7 +269,7 @@ class Ingest:
     def _decide_request(self, message: dict[str, Any], key: str) -> Outgoing:
         verdict = Verdict(deny=False, reason="")
         if self.correlator is not None and message["action"] == "cordon":
-            verdict = self.correlator.verdict(message["cluster"], message["node"])
+            verdict = self.correlator.verdict(message["cluster"], message["node"], self.clock())
         if verdict.deny:
             return self._cordon(message, key, verdict)
         if self.store.shared:
@@ -243,9 +300,8 @@ class Ingest:
         previous = self.state.nodes.get(key)
         if message["online"]:
             record = from_online_state(message, raw, now)
-            status = message.get("status")
-            if self.correlator is not None and isinstance(status, dict):
-                self.correlator.observe_state(key[0], key[1], places_of(status))
+            if self.correlator is not None:
+                self.correlator.observe_state(key[0], key[1], places_of(record))
             # A late copy of an older report (a retained message re-read, a redelivery)
             # must not roll the node back, nor bring an offline node back online.
             if previous is not None and (
@@ -254,6 +310,9 @@ class Ingest:
             ):
                 return
             self.store.queue_history(self.history.rows(previous, record, message["status"]))
+            window = self.state.maintenance.covering(record, now)
+            if self.rules is not None and window is None:
+                self._facts(fleetrules.state_facts(previous, record))
         else:
             record = with_offline(message, previous, now)
             self.store.queue_history(self.history.offline(previous, record))
@@ -261,6 +320,15 @@ class Ingest:
         # The document goes to the database only: a node's page reads it from there, and
         # a fleet of 100,000 reports of 10-50 KB is not kept in memory twice.
         self.state.put(dataclasses.replace(record, document="") if record.document else record)
+
+    def _facts(self, facts: Sequence[fleetrules.Fact | None]) -> None:
+        """Store facts for the fleet rules; they are judged once committed (a rule reads
+        the facts before them from the database)."""
+        kept = [f for f in facts if f is not None]
+        if not kept:
+            return
+        self.store.queue_facts(kept)
+        self.store.after_write(lambda: self.facts.extend(kept))
 
     def _cmd_topic(self, message: dict[str, Any]) -> str:
         return NodeTopics(self.prefix, message["cluster"], message["node"]).topic("cmd")

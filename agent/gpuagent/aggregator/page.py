@@ -5,9 +5,11 @@ shows within two seconds of its report. Its HTML, CSS and script are package dat
 
 Views switched by the URL fragment so any can be bookmarked or pasted into a ticket: the
 fleet table (``#fleet?cluster=...&sort=...``), filtered and sorted by the aggregator
-(`/api/v1/fleet`) so a refresh carries only the rows shown; a node's page
-(``#node/<cluster>/<name>``, with the fleet incidents it is a member of); and the fleet
-incidents (``#incidents``, one's members at ``#incidents/<id>``, `/api/v1/incidents`).
+(`/api/v1/fleet`) so a refresh carries only the rows shown, with the cordon budget per
+cluster (`/api/v1/budget`); a node's page (``#node/<cluster>/<name>``, with the fleet
+incidents it is a member of and its open rule findings); the fleet incidents
+(``#incidents``, one's members at ``#incidents/<id>``, `/api/v1/incidents`); and the open
+fleet rule findings (``#rules``, `/api/v1/rules`).
 Node-supplied text is only ever set with textContent, and links only ever get http(s)
 URLs, so a node name or finding reason cannot inject markup.
 """
@@ -27,6 +29,8 @@ REFRESH_MS: Final = 1000
 NODE_HISTORY: Final = 50
 # Fleet incidents listed (the latest of the last day; the API has them all).
 INCIDENT_ROWS: Final = 100
+# Open fleet rule findings listed (the latest; the API has them all).
+RULE_ROWS: Final = 200
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,7 @@ def render(links: Links = Links()) -> str:
         "refreshMs": REFRESH_MS,
         "history": NODE_HISTORY,
         "incidents": INCIDENT_ROWS,
+        "rules": RULE_ROWS,
         "grafana": links.grafana_url_template,
         "runbookBase": links.runbook_base_url,
     }

@@ -10,10 +10,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
 UNKNOWN_FINGERPRINT = "unknown"
+# The GPU settings the fleet compares across nodes (`drift.settings_drift`), named as in
+# the status document; a GPU keeps their values in this order, None where not reported.
+SETTINGS = (
+    "persistence_mode",
+    "ecc_enabled",
+    "power_requested_limit_w",
+    "applications_clock_mhz",
+    "mig_mode",
+)
+_NUMERIC_SETTINGS = frozenset({"power_requested_limit_w", "applications_clock_mhz"})
+SettingValue = bool | int | float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +38,12 @@ class GpuSummary:
     # What an RMA ticket or an alert names a GPU by ("" when the report has none).
     uuid: str = ""
     serial: str = ""
+    # The values of SETTINGS, in that order (empty: none reported).
+    settings: tuple[SettingValue, ...] = ()
+    # What the GPU shares with others: its NVLink domain ("<cluster UUID>/<clique id>",
+    # "" when unassigned) and the job it serves ("slurm:<id>", "pod:<namespace>/<pod>").
+    nvlink_domain: str = ""
+    job: str = ""
 
     def json(self) -> dict[str, Any]:
         return {
@@ -36,6 +54,12 @@ class GpuSummary:
             "model": self.model,
             "health": self.health,
             "findings": list(self.findings),
+            # `settings` is empty or one value per setting.
+            "settings": {
+                k: v for k, v in zip(SETTINGS, self.settings, strict=False) if v is not None
+            },
+            **({"nvlink_domain": self.nvlink_domain} if self.nvlink_domain else {}),
+            **({"job": self.job} if self.job else {}),
         }
 
 
@@ -57,6 +81,8 @@ class NodeRecord:
     fingerprint: tuple[tuple[str, str], ...] = ()
     # The node says it is cordoned by its agent (status.remediation.cordoned_by_us).
     cordoned: bool = False
+    # Its declared location labels ([agent] labels: rack, leaf switch, power feed ...).
+    labels: tuple[tuple[str, str], ...] = ()
     # The last online state message, as received (JSON text), on its way to the database;
     # the records the fleet state keeps leave it there (empty), and a node's page reads it
     # back (`FleetStore.node_document`).
@@ -88,7 +114,46 @@ def _gpu(doc: dict[str, Any]) -> GpuSummary:
         findings=_dicts(doc.get("findings")),
         uuid=_text(doc.get("uuid")),
         serial=_text(doc.get("serial")),
+        settings=_settings(doc),
+        nvlink_domain=_nvlink_domain(doc),
+        job=_text(doc.get("job")) or _job(doc.get("workloads")),
     )
+
+
+def _nvlink_domain(doc: dict[str, Any]) -> str:
+    """From a status document's GPU (fabric.nvlink_domain) or a summary's."""
+    fabric = doc.get("fabric")
+    domain = fabric.get("nvlink_domain") if isinstance(fabric, dict) else doc.get("nvlink_domain")
+    return domain if isinstance(domain, str) else ""
+
+
+def _job(workloads: object) -> str:
+    """The job a GPU serves, from its workloads: the Slurm job, else the pod."""
+    for workload in workloads if isinstance(workloads, list) else ():
+        if not isinstance(workload, dict):
+            continue
+        if workload.get("hpc_job"):
+            return f"slurm:{workload['hpc_job']}"
+        if workload.get("pod"):
+            return f"pod:{workload.get('namespace', '')}/{workload['pod']}"
+    return ""
+
+
+def _setting(name: str, value: object) -> SettingValue:
+    """A setting's value if it has the setting's type; None otherwise (N/A, unsupported)."""
+    if isinstance(value, bool):
+        return None if name in _NUMERIC_SETTINGS else value
+    if name in _NUMERIC_SETTINGS and isinstance(value, int | float) and math.isfinite(value):
+        return value
+    return None
+
+
+def _settings(doc: dict[str, Any]) -> tuple[SettingValue, ...]:
+    """From a status document's GPU (its top-level keys) or a summary's ("settings")."""
+    kept = doc.get("settings")
+    source = kept if isinstance(kept, dict) else doc
+    values = tuple(_setting(name, source.get(name)) for name in SETTINGS)
+    return values if any(v is not None for v in values) else ()
 
 
 def _fingerprint(node: dict[str, Any]) -> tuple[str, tuple[tuple[str, str], ...]]:
@@ -127,8 +192,15 @@ def from_online_state(message: dict[str, Any], raw: str, received_at: float) -> 
         fingerprint_id=fingerprint_id,
         fingerprint=fingerprint,
         cordoned=_cordoned(status),
+        labels=_labels(node.get("labels")),
         document=raw,
     )
+
+
+def _labels(labels: object) -> tuple[tuple[str, str], ...]:
+    if not isinstance(labels, dict):
+        return ()
+    return tuple(sorted((str(k), str(v)) for k, v in labels.items()))
 
 
 def _cordoned(status: dict[str, Any]) -> bool:
@@ -173,6 +245,7 @@ def summary_json(record: NodeRecord) -> str:
             "fingerprint_id": record.fingerprint_id,
             "fingerprint": dict(record.fingerprint),
             "cordoned": record.cordoned,
+            "labels": dict(record.labels),
         },
         separators=(",", ":"),
     )
@@ -198,4 +271,5 @@ def from_summary(base: NodeRecord, summary: str) -> NodeRecord | None:
         if isinstance(fingerprint, dict)
         else (),
         cordoned=doc.get("cordoned") is True,
+        labels=_labels(doc.get("labels")),
     )

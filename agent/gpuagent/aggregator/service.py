@@ -23,11 +23,14 @@ from gpuagent.aggregator.consumer import Consumer
 from gpuagent.aggregator.correlate import Correlator
 from gpuagent.aggregator.database import describe
 from gpuagent.aggregator.decisions import replay
+from gpuagent.aggregator.fleetrules import FleetRules
 from gpuagent.aggregator.http import Api, allowed_hosts, application
 from gpuagent.aggregator.httpguard import ConnectionGuard, GuardedSite
 from gpuagent.aggregator.ingest import Ingest
+from gpuagent.aggregator.maintenance import REFRESH_SECONDS as MAINTENANCE_REFRESH_SECONDS
 from gpuagent.aggregator.metrics import FleetCollector, fleet_registry
 from gpuagent.aggregator.page import Links
+from gpuagent.aggregator.rulesrun import RulesRunner
 from gpuagent.aggregator.sharedview import SharedView
 from gpuagent.aggregator.state import FleetState
 from gpuagent.aggregator.store import FleetStore
@@ -62,6 +65,12 @@ class Aggregator:
             postgres=config.postgres,
             history_retention_seconds=config.history_retention_seconds,
             incidents_retention_seconds=config.correlation.retention_seconds,
+            facts_retention_seconds=max(
+                config.rules.history_retention_seconds,
+                config.rules.repeat_window_seconds,
+                config.rules.remediation_window_seconds,
+                config.rules.die_defect_window_seconds,
+            ),
         )
         self.budget = CordonBudget(config.cordon_budget)
         # A shared database: the others' writes, read into this one's view.
@@ -82,6 +91,9 @@ class Aggregator:
                 join_window_seconds=correlation.join_window_seconds,
                 settle_seconds=correlation.settle_seconds,
                 join_labels=correlation.join_labels,
+                domain_labels=correlation.domain_labels,
+                domain_window_seconds=correlation.domain_window_seconds,
+                domain_fraction=correlation.domain_fraction_percent / 100,
             )
         self.incident_pusher: IncidentPusher | None = None
         # Incidents closed since the last push: each is sent once more, resolved.
@@ -93,6 +105,9 @@ class Aggregator:
                 clock=clock,
                 runbook_base_url=config.runbook_base_url,
             )
+        self.rules: FleetRules | None = None
+        if config.rules.enabled:
+            self.rules = FleetRules(config.rules, self.store.read_rows, clock)
         self.ingest = Ingest(
             self.state,
             self.store,
@@ -102,8 +117,19 @@ class Aggregator:
             clock=clock,
             history_interval=config.history_interval_seconds,
             correlator=self.correlator,
+            rules=self.rules,
         )
         self.consumer = Consumer(config, self.ingest.handle, self.state, self.store)
+        self.rules_runner: RulesRunner | None = None
+        if self.rules is not None:
+            self.rules_runner = RulesRunner(
+                self.rules,
+                self.ingest,
+                self.store,
+                publish=self.consumer.publish,
+                prefix=prefix,
+                clock=clock,
+            )
         token, self._no_token_reason = _command_token(config.command_token_file)
         collector = FleetCollector(
             self.state,
@@ -113,6 +139,7 @@ class Aggregator:
             clock=clock,
             view=self.view,
             correlator=self.correlator,
+            rules=self.rules,
         )
         self.api = Api(
             state=self.state,
@@ -126,6 +153,8 @@ class Aggregator:
             hosts=allowed_hosts(config.host_port[0], config.http_hosts),
             body_timeout=config.http.body_timeout_seconds,
             links=Links(config.grafana_url_template, config.runbook_base_url),
+            clear_rule=self.rules_runner.clear if self.rules_runner is not None else None,
+            budget=self.budget,
         )
         self.guard = ConnectionGuard(
             header_timeout=config.http.header_timeout_seconds,
@@ -180,6 +209,8 @@ class Aggregator:
         self.supervisor.start("stale-sweep", self._sweep_stale)
         if self.correlator is not None:
             self.supervisor.start("correlation", self._correlate)
+        if self.rules_runner is not None:
+            self.supervisor.start("fleet-rules", self.rules_runner.run)
         pusher = self.incident_pusher
         if pusher is not None:
             self.supervisor.start(
@@ -188,10 +219,14 @@ class Aggregator:
             )
         if self.view is not None:
             self.supervisor.start("shared-view", self.view.run)
+            self.supervisor.start("maintenance-refresh", self._refresh_maintenance)
         if self.alertmanager is not None:
             self.supervisor.start("alertmanager", self.alertmanager.run)
 
     async def _restore(self) -> None:
+        await self._load_maintenance()
+        if self.rules_runner is not None:
+            await self.rules_runner.restore()
         if self.view is not None:
             await self.view.start()
             return
@@ -200,6 +235,16 @@ class Aggregator:
         # The budget must survive a restart, or a restart would reopen it.
         window = self.config.cordon_budget.window_seconds
         replay(self.budget, await self.store.approvals(self.clock() - window))
+
+    async def _load_maintenance(self) -> None:
+        windows = await self.store.maintenance_windows(ending_after=self.clock())
+        self.state.maintenance.load(reversed(windows))
+
+    async def _refresh_maintenance(self) -> None:
+        """With a shared database: the windows other aggregators started or ended."""
+        while True:
+            await asyncio.sleep(MAINTENANCE_REFRESH_SECONDS)
+            await self._load_maintenance()
 
     async def _sweep_stale(self) -> None:
         """Mark nodes stale (and back) in the database; memory computes it at read time."""

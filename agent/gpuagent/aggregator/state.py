@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuagent.aggregator.alerts import FleetAlerts
+from gpuagent.aggregator.maintenance import Maintenance
 from gpuagent.aggregator.onsets import Onsets
 from gpuagent.aggregator.records import NodeRecord
 
@@ -55,6 +56,8 @@ class Counters:
     connections_rejected: Counter[str] = field(default_factory=Counter)  # HTTP, by reason
     task_failures: Counter[str] = field(default_factory=Counter)  # by background task
     cordons_held: int = 0  # cordon requests held for their NVLink domain to settle
+    cordons_too_old: int = 0  # cordon requests dropped: older than max_request_age_seconds
+    muted_records: int = 0  # kernel records of nodes under planned maintenance
 
 
 @dataclass
@@ -71,6 +74,8 @@ class FleetState:
     onsets: Onsets = field(default_factory=Onsets)
     # Each node's alerts in Alertmanager (aggregator.alertmanager), when configured.
     alerts: FleetAlerts = field(default_factory=FleetAlerts)
+    # Planned maintenance windows not yet over.
+    maintenance: Maintenance = field(default_factory=Maintenance)
 
     def put(self, record: NodeRecord) -> None:
         if record.key not in self.nodes:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpuagent.aggregator import decisions, migrations
+from gpuagent.aggregator import decisions, fleetrules, maintenance, migrations
 from gpuagent.aggregator.database import Session, database, describe
 from gpuagent.aggregator.history import HistoryRow
 from gpuagent.aggregator.records import NodeRecord, from_online_state, from_summary, summary_json
@@ -80,11 +80,18 @@ _INSERT = {
     "incidents": "INSERT INTO incidents (id, cluster, domain, state, first_time, time, body) "
     "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET state = excluded.state, "
     "time = excluded.time, body = excluded.body",
+    "gpu_history": fleetrules.INSERT_FACT,
+    "rule_findings": fleetrules.INSERT_FINDING,
+    "maintenance": maintenance.INSERT_WINDOW,
 }
 
 # Reads and prunes. Like the schema, every statement here is one SQLite and PostgreSQL
 # both run as written (`?` becomes the driver's placeholder); a test runs them on both.
 _PRUNE_BY_AGE = "DELETE FROM {table} WHERE time < ?"
+# An open rule finding stays until a person clears it, however old.
+_PRUNE_FINDINGS = "DELETE FROM rule_findings WHERE time < ? AND state <> 'open'"
+# A maintenance window is kept (for the record) the history's retention after it ended.
+_PRUNE_WINDOWS = "DELETE FROM maintenance WHERE end_time < ?"
 _PRUNE_BY_COUNT = (
     "DELETE FROM events WHERE time < (SELECT time FROM events ORDER BY time DESC LIMIT 1 OFFSET ?)"
 )
@@ -263,6 +270,7 @@ class FleetStore:
         postgres: PostgresSection | None = None,
         history_retention_seconds: float = 7 * 86400.0,
         incidents_retention_seconds: float = 7 * 86400.0,
+        facts_retention_seconds: float = 30 * 86400.0,
     ) -> None:
         self.location = location
         self.database = database(location, postgres)
@@ -274,6 +282,8 @@ class FleetStore:
         self.history_retention_seconds = history_retention_seconds
         # Fleet incidents are listed this long after their last change.
         self.incidents_retention_seconds = incidents_retention_seconds
+        # The facts the fleet rules read (gpu_history), and cleared rule findings.
+        self.facts_retention_seconds = facts_retention_seconds
         # Decisions made in the database (a shared one) follow this budget.
         self.budget = budget or CordonBudgetSection()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleet-store")
@@ -409,6 +419,17 @@ class FleetStore:
                 json.dumps(incident, separators=(",", ":")),
             )
         )
+
+    def queue_facts(self, facts: list[fleetrules.Fact]) -> None:
+        self._pending.rows["gpu_history"].extend(f.row() for f in facts)
+
+    def queue_finding(self, finding: fleetrules.RuleFinding) -> None:
+        """A rule finding, new or cleared."""
+        self._pending.rows["rule_findings"].append(finding.row())
+
+    def queue_window(self, window: maintenance.Window, now: float) -> None:
+        """A maintenance window, new or ended early."""
+        self._pending.rows["maintenance"].append(window.row(now))
 
     def queue_cordon(self, row: CordonRow) -> None:
         self._pending.rows["cordons"].append(
@@ -609,10 +630,16 @@ class FleetStore:
                     keep = self.history_retention_seconds
                 elif table == "incidents":
                     keep = self.incidents_retention_seconds
+                elif table in {"gpu_history", "rule_findings"}:
+                    keep = self.facts_retention_seconds
                 elif table == "cordons":
                     # The budget is decided from the approvals within its window.
                     keep = max(keep, self.budget.window_seconds)
                 sql = _PRUNE_BY_AGE.format(table=table)
+                if table == "rule_findings":
+                    sql = _PRUNE_FINDINGS
+                elif table == "maintenance":
+                    sql = _PRUNE_WINDOWS
                 removed += session.execute(sql, (now - keep,)).rowcount
             removed += session.execute(_PRUNE_BY_COUNT, (self.max_events - 1,)).rowcount
         return int(removed)
@@ -640,6 +667,26 @@ class FleetStore:
     async def incidents(self, *, since: float, limit: int) -> list[dict[str, Any]]:
         """Fleet incidents changed since ``since``, the latest first."""
         return await self._read(self._bodies, _SELECT_INCIDENTS, (since, limit))
+
+    async def read_rows(self, sql: str, args: tuple[Any, ...]) -> list[Any]:
+        """Rows of one read (the fleet rules' windowed queries)."""
+        return await self._read(self._rows, sql, args)
+
+    async def rule_findings(
+        self, *, since: float | None = None, limit: int = 1000
+    ) -> list[dict[str, Any]]:
+        """Rule findings changed since ``since``, the latest first; None: the open ones."""
+        if since is None:
+            return await self._read(self._bodies, fleetrules.SELECT_OPEN, (limit,))
+        return await self._read(self._bodies, fleetrules.SELECT_RECENT, (since, limit))
+
+    async def maintenance_windows(self, *, ending_after: float) -> list[dict[str, Any]]:
+        """Maintenance windows that end after ``ending_after``, the latest started first."""
+        return await self._read(self._bodies, maintenance.SELECT_WINDOWS, (ending_after,))
+
+    async def rule_finding(self, finding_id: str) -> dict[str, Any] | None:
+        found = await self._read(self._bodies, fleetrules.SELECT_FINDING, (finding_id,))
+        return found[0] if found else None
 
     async def incident(self, incident_id: str) -> dict[str, Any] | None:
         found = await self._read(self._bodies, _SELECT_INCIDENT, (incident_id,))

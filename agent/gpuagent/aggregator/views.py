@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
+from gpuagent.aggregator.drift import node_settings_drift
 from gpuagent.aggregator.records import NodeRecord, status_of
 from gpuagent.aggregator.state import FleetState
 
@@ -32,10 +33,13 @@ def node_json(record: NodeRecord, now: float, stale_after: float) -> dict[str, A
 def node_detail(
     state: FleetState, record: NodeRecord, now: float, stale_after: float, document: str
 ) -> dict[str, Any]:
-    """The node's page: its record, replies, and the status of its last report
-    (``document``, the stored message)."""
+    """The node's page: its record, replies, the status of its last report (``document``,
+    the stored message), and where its GPUs' settings are off their fleet group's."""
     doc = node_json(record, now, stale_after)
     doc["fingerprint"] = dict(record.fingerprint)
+    doc["setting_drift"] = [d.json() for d in node_settings_drift(state.nodes.values(), record)]
+    window = state.maintenance.covering(record, now)
+    doc["maintenance"] = window.json() if window is not None else None
     doc["replies"] = list(reversed(state.replies.get(record.key, ())))
     doc["status"] = status_of(document)
     return doc

@@ -28,6 +28,42 @@ Evidence = tuple[tuple[str, EvidenceValue], ...]
 
 
 @dataclass(frozen=True, slots=True)
+class SinceBoot:
+    """How long ago the node booted, against the post-boot grace
+    (``checks.nvlink.boot_grace_seconds``): within it NVLinks may still be training and
+    the fabric still registering the GPUs, neither a fault on its own."""
+
+    seconds: float
+    grace_seconds: float
+
+    @property
+    def in_grace(self) -> bool:
+        return self.seconds < self.grace_seconds
+
+    def words(self) -> str:
+        """The reason's words: "after boot (42 s ago, grace 300 s)"."""
+        return f"after boot ({fmt(self.seconds)} s ago, grace {fmt(self.grace_seconds)} s)"
+
+    def evidence(self) -> Evidence:
+        return (
+            ("seconds_since_boot", round(self.seconds, 1)),
+            ("boot_grace_seconds", self.grace_seconds),
+        )
+
+
+def in_boot_grace(boot: SinceBoot | None) -> bool:
+    """Within the post-boot grace; False where the boot time is not known."""
+    return boot is not None and boot.in_grace
+
+
+def boot_evidence(boot: SinceBoot | None, grace_seconds: float) -> Evidence:
+    """When the node booted, and the grace: the same keys whether or not it is known."""
+    if boot is None:
+        return (("seconds_since_boot", None), ("boot_grace_seconds", grace_seconds))
+    return boot.evidence()
+
+
+@dataclass(frozen=True, slots=True)
 class GpuView:
     """Everything a per-GPU check may look at: one GPU's latest readings and its memory.
 
@@ -43,6 +79,7 @@ class GpuView:
     # The persistence mode expected (True: on) and who expects it ("expected": declared,
     # "baseline": learned); None: no expectation, so the mode is a fact.
     persistence_wanted: tuple[bool, str] | None = None
+    boot: SinceBoot | None = None  # None: when the node booted is not known
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ judges the state as read. Pure functions of the inventory.
 
 from __future__ import annotations
 
-from gpuagent.checks.common import Evidence, Outcome, Problem, plural
+from gpuagent.checks.common import Evidence, Outcome, Problem, in_boot_grace, plural
 from gpuagent.checks.inventory import InventoryView
 from gpuagent.checks.vocabulary import Action, Runbook
 from gpuagent.inventory.model import (
@@ -82,6 +82,9 @@ def check_services(view: InventoryView) -> Outcome:
 # --- fabric ------------------------------------------------------------------------------
 
 
+_REGISTERING = frozenset({"not_started", "in_progress"})
+
+
 def _fabric_word(gpu: GpuInventory) -> str:
     if gpu.fabric_state == "completed":
         return "failed" if gpu.fabric_ok is False else "completed"
@@ -132,10 +135,19 @@ def check_fabric(view: InventoryView) -> Outcome:
         ("imex", imex.state if imex is not None else "unknown"),
         ("imex_readiness", (imex.readiness if imex is not None else None) or "unknown"),
         *((f"gpu{g.index}_fabric", _fabric_word(g)) for g in fabric_gpus),
+        ("seconds_since_boot", None if view.boot is None else round(view.boot.seconds, 1)),
+        ("boot_grace_seconds", None if view.boot is None else view.boot.grace_seconds),
     )
     if not switches and not fabric_gpus:
         return Outcome("no NVSwitch fabric", evidence, tuple(_imex_problems(imex)))
     unregistered = [g for g in fabric_gpus if _fabric_word(g) != "completed"]
+    # Right after a boot Fabric Manager is still placing the GPUs: a registration not yet
+    # completed (never a failed one) is no fault during checks.nvlink.boot_grace_seconds.
+    training = [g for g in unregistered if g.fabric_state in _REGISTERING]
+    if in_boot_grace(view.boot) and training:
+        unregistered = [g for g in unregistered if g not in training]
+    else:
+        training = []
     # Fabric Manager may run elsewhere (in the GPU Operator's driver container): with no
     # unit on the host (or one masked there), every GPU registered is what counts.
     off_host = manager in ("not_installed", "masked") and bool(fabric_gpus) and not unregistered
@@ -165,7 +177,10 @@ def check_fabric(view: InventoryView) -> Outcome:
             )
         )
     count = f"{len(switches)} NVSwitch{'' if len(switches) == 1 else 'es'}"
-    if off_host:
+    if training and view.boot is not None:
+        listed = ", ".join(f"GPU {g.index} {_fabric_word(g)}" for g in training)
+        ok = f"NVSwitch fabric registering {view.boot.words()} ({count}; {listed})"
+    elif off_host:
         ok = f"NVSwitch fabric up ({count}, every GPU registered; {FABRIC_MANAGER} not on the host)"
     else:
         state = f"{manager.replace('_', ' ')}{_liveness(service)}"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from gpuagent.checks.aer import check_aer, remember_aer
 from gpuagent.checks.availability import check_availability, no_data
 from gpuagent.checks.bus import check_bus
-from gpuagent.checks.common import EventView, GpuView, NodeView, Outcome, to_finding
+from gpuagent.checks.common import EventView, GpuView, NodeView, Outcome, SinceBoot, to_finding
 from gpuagent.checks.daemons import check_fabric, check_services
 from gpuagent.checks.dcgm import check_dcgm, check_dcgm_node, corroborate
 from gpuagent.checks.ecc import check_ecc, remember_sbe
@@ -188,6 +188,7 @@ class _Context:
     gpu_configs: dict[int, ChecksSection] = field(default_factory=dict)
     storage_errors: tuple[tuple[str, str], ...] = ()
     dcgm: DcgmStatus | None = None  # None, or "absent": no dcgm findings at all
+    boot: SinceBoot | None = None  # None: when the node booted is not known
 
     @property
     def dcgm_present(self) -> bool:
@@ -248,7 +249,7 @@ def _gpu_findings(
     view = (
         None
         if readings is None
-        else GpuView(state.identity, readings, config, memory, now, path, wanted)
+        else GpuView(state.identity, readings, config, memory, now, path, wanted, context.boot)
     )
     enabled = [check for check in GPU_CHECKS if check.enabled(config)]
     # None: the check needs readings the GPU did not serve (its finding is masked).
@@ -347,6 +348,7 @@ def evaluate(
     dcgm: DcgmStatus | None = None,
     infiniband: IbInput | None = None,
     kubernetes: KubernetesFacts | None = None,
+    booted_at: float | None = None,
 ) -> tuple[NodeHealth, HealthMemory]:
     """Findings for the node and every GPU, plus the memory to pass to the next call.
 
@@ -359,12 +361,18 @@ def evaluate(
     ``dcgm`` the DCGM source's status (its incidents make the ``dcgm`` findings);
     ``infiniband`` the RDMA devices and expectations (None: no ``infiniband`` finding);
     ``kubernetes`` the node's Kubernetes GPU stack (None: no ``kubernetes`` finding; it
-    comes last among the node findings, judged on the GPUs' own findings).
+    comes last among the node findings, judged on the GPUs' own findings);
+    ``booted_at`` when the node booted, on ``now``'s clock (None: not known, so no
+    post-boot grace for NVLinks and the fabric, ``checks.nvlink.boot_grace_seconds``).
     Findings come node first (in ``NODE_CHECK_NAMES`` order, then
     ``INVENTORY_NODE_CHECK_NAMES``, then ``infiniband``), then GPU by GPU in the order
     given, each in ``CHECK_NAMES`` order followed by ``INVENTORY_CHECK_NAMES``.
     """
     paths = {path.device.address: path for path in pcie}
+    boot = None
+    if booted_at is not None:
+        boot = SinceBoot(now - booted_at, config.nvlink.boot_grace_seconds)
+        inventory = replace(inventory, boot=boot) if inventory is not None else None
     context = _Context(
         config,
         now,
@@ -374,6 +382,7 @@ def evaluate(
         _gpu_configs(config, expected_gpus),
         storage_errors,
         dcgm,
+        boot,
     )
     findings = _node_findings(nvml, gpus, context)
     ib_memory = _infiniband(infiniband, config, memory.infiniband, now, findings)

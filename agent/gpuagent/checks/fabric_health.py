@@ -15,11 +15,21 @@ fabric watch on any of them):
 - the global Fabric Manager is disconnected: WARN (the fabric runs on; it cannot change).
 
 A field the driver does not support is left out, never read as healthy or unhealthy.
+Right after a boot the fabric is still being set up: while the GPU's registration is not
+completed, for ``checks.nvlink.boot_grace_seconds`` after the node booted, the mask is
+shown, not judged (Fabric Manager has not yet placed the GPU: no partition, no routes).
 """
 
 from __future__ import annotations
 
-from gpuagent.checks.common import Evidence, GpuView, Outcome, Problem, fmt
+from gpuagent.checks.common import (
+    Evidence,
+    GpuView,
+    Outcome,
+    Problem,
+    boot_evidence,
+    fmt,
+)
 from gpuagent.checks.memory import GpuMemory, MemoryChanges
 from gpuagent.checks.vocabulary import Action, Runbook
 from gpuagent.config import FabricHealthCheck
@@ -78,13 +88,22 @@ def _recovery_problem(
 def check_fabric_health(view: GpuView) -> Outcome:
     mask = view.readings.fabric_health_mask
     conditions = {} if mask is None else fabric_conditions(mask)
+    state = view.readings.fabric_state
     evidence: Evidence = (
         ("fabric_health_mask", None if mask is None else f"0x{mask:04x}"),
         *((name, conditions.get(name)) for name in FABRIC_CONDITIONS),
         ("recovery_timeout_seconds", view.config.fabric_health.recovery_timeout_seconds),
+        ("fabric_state", state),
+        *boot_evidence(view.boot, view.config.nvlink.boot_grace_seconds),
     )
     if not conditions:
         return Outcome("fabric health not reported by this GPU and driver", evidence)
+    boot = view.boot
+    if state in ("not_started", "in_progress") and boot is not None and boot.in_grace:
+        words = state.replace("_", " ")
+        return Outcome(
+            f"fabric registration {words} {boot.words()}: health not judged yet", evidence
+        )
     problems: list[Problem] = []
     if conditions.get("route_unhealthy"):
         problems.append(

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from gpuagent.checks.common import Evidence, Outcome, Problem, plural
+from gpuagent.checks.common import Evidence, Outcome, Problem, SinceBoot, plural
 from gpuagent.checks.vocabulary import Action, Runbook
 from gpuagent.config import ChecksSection, InventoryExpected
 from gpuagent.inventory.baseline import Baseline
@@ -33,6 +33,7 @@ class InventoryView:
     # (bus id, the limit before) of each GPU the agent's thermal remediation capped and has
     # not restored: the one setting judged without an expectation, being ours.
     power_capped: tuple[tuple[str, float], ...] = ()
+    boot: SinceBoot | None = None  # None: when the node booted is not known
 
 
 def version_matches(actual: str, expected: str) -> bool:

@@ -12,11 +12,24 @@ faster than ``crc_rate_per_second``: a few are absorbed by replays. Each link's 
 bit-error rate (measured by the link, not a counter) is judged as read: effective BER
 above ``effective_ber_limit`` (DCGM's 1e-12), symbol BER above ``symbol_ber_limit`` when
 one is set.
+
+Right after a boot the links are still training: for ``boot_grace_seconds`` after the
+node booted a link down is shown, not judged (the error counters and rates are judged as
+ever). A kernel-log XID about a link is the ``xid`` check's, and is never held back.
 """
 
 from __future__ import annotations
 
-from gpuagent.checks.common import Evidence, GpuView, Outcome, Problem, fmt, plural
+from gpuagent.checks.common import (
+    Evidence,
+    GpuView,
+    Outcome,
+    Problem,
+    boot_evidence,
+    fmt,
+    in_boot_grace,
+    plural,
+)
 from gpuagent.checks.memory import CounterSeries, GpuMemory, MemoryChanges, Rate
 from gpuagent.checks.vocabulary import Action, Runbook
 from gpuagent.config import NvlinkCheck
@@ -87,13 +100,17 @@ def _growth_problem(kind: str, rate: Rate | None) -> Problem | None:
     return Problem(Severity.WARN, reason, Action.INVESTIGATE, Runbook.GPU_NVLINK_ERRORS)
 
 
+def _ids(indices: list[int]) -> str:
+    return ", ".join(str(i) for i in indices)
+
+
 def _down_problem(links: tuple[bool | None, ...], down: list[int]) -> Problem | None:
     if not down:
         return None
     noun = "NVLink" if len(down) == 1 else "NVLinks"
     return Problem(
         Severity.CRITICAL,
-        f"{noun} {', '.join(str(i) for i in down)} down ({len(down)} of {len(links)})",
+        f"{noun} {_ids(down)} down ({len(down)} of {len(links)})",
         Action.DRAIN_AND_REBOOT,
         Runbook.GPU_NVLINK_DOWN,
     )
@@ -160,6 +177,7 @@ def check_nvlink(view: GpuView) -> Outcome:
     links = readings.nvlink_up
     down = [index for index, up in enumerate(links) if up is False]
     up_count = sum(1 for up in links if up is True)
+    training = bool(down) and in_boot_grace(view.boot)
     crc = memory.nvlink_crc.rate(window)
     replay = memory.nvlink_replay.rate(window)
     recovery = memory.nvlink_recovery.rate(window)
@@ -187,9 +205,11 @@ def check_nvlink(view: GpuView) -> Outcome:
         ("c2c_replay_errors", readings.c2c_replay_errors),
         ("c2c_replay_b2b_errors", readings.c2c_replay_b2b_errors),
         ("c2c_errors_in_window", None if c2c is None else c2c.increase),
+        ("links_training", ",".join(str(i) for i in down) if training else ""),
+        *boot_evidence(view.boot, config.boot_grace_seconds),
     )
     found = (
-        _down_problem(links, down),
+        None if training else _down_problem(links, down),
         _crc_problem(memory.nvlink_crc, crc, config.crc_rate_per_second),
         _growth_problem("replay", replay),
         _growth_problem("recovery", recovery),
@@ -202,4 +222,11 @@ def check_nvlink(view: GpuView) -> Outcome:
     )
     if not links:
         return Outcome("no NVLink", evidence, problems)
+    if training and view.boot is not None:
+        noun = "NVLink" if len(down) == 1 else "NVLinks"
+        ok = (
+            f"{up_count} of {len(links)} NVLinks up; {noun} {_ids(down)} down, training "
+            f"{view.boot.words()}"
+        )
+        return Outcome(ok, evidence, problems)
     return Outcome(f"{up_count} of {len(links)} NVLinks up, none down", evidence, problems)

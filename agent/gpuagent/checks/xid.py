@@ -20,7 +20,8 @@ from dataclasses import dataclass, replace
 from gpuagent.checks.common import EventView, Evidence, Outcome, Problem, fmt, plural
 from gpuagent.checks.eventindex import RECENT_SECONDS, age, near, recent, times, within
 from gpuagent.checks.vocabulary import Action, Runbook
-from gpuagent.kernel.xid import XidInfo, caused_by, lookup
+from gpuagent.kernel.xid import NvlinkError, NvlinkErrorClass, XidInfo, caused_by, is_hopper, lookup
+from gpuagent.kernel.xid import nvlink_error as read_nvlink_error
 from gpuagent.model import GpuEvent, Severity
 
 FALLEN_OFF_THE_BUS = 79  # a node reboot whatever the catalog says: the GPU is unreachable
@@ -57,6 +58,10 @@ class Verdict:
     label: str
     action: Action
     runbook: Runbook
+    # NVIDIA's own escalation: this many within the repeat window (on the same NVLink, for
+    # an Xid 74) is CRITICAL with ``escalate``; 0: none of its own.
+    escalate_at: int = 0
+    escalate: Action = Action.CONTACT_SUPPORT
 
 
 IGNORED = Verdict(Severity.OK, "informational", Action.NONE, Runbook.NONE)
@@ -93,6 +98,53 @@ MECHANICALS = Verdict(
     Severity.WARN, "check power cables", Action.CHECK_POWER, Runbook.GPU_XID_CHECK_MECHANICALS
 )
 UNKNOWN = Verdict(Severity.WARN, "unknown XID", Action.INVESTIGATE, Runbook.GPU_XID_UNKNOWN)
+# Xid 74 decoded (NVIDIA's WORKFLOW_NVLINK_ERR; see gpuagent.kernel.xid.nvlink_error).
+NVLINK_SYMPATHETIC = Verdict(
+    Severity.WARN,
+    "the peer GPU or NVSwitch at the link's other end failed: investigate it, not this GPU",
+    Action.INVESTIGATE,
+    Runbook.GPU_XID_NVLINK_SYMPATHETIC,
+)
+NVLINK_SYMPATHETIC_FABRIC = Verdict(
+    Severity.WARN,
+    "the peer GPU or NVSwitch at the link's other end failed: investigate it, not this GPU;"
+    " the fabric needs a reset",
+    Action.INVESTIGATE,
+    Runbook.GPU_XID_NVLINK_SYMPATHETIC,
+)
+NVLINK_HARDWARE = Verdict(
+    Severity.CRITICAL,
+    "possible hardware fault: check and reseat the link's connections, run diagnostics",
+    Action.RESEAT_OR_REPLACE,
+    Runbook.GPU_XID_NVLINK_HARDWARE,
+)
+NVLINK_SIGNAL = Verdict(
+    Severity.WARN,
+    "marginal channel: check the link's connections, run field diagnostics",
+    Action.RESEAT_OR_REPLACE,
+    Runbook.GPU_XID_NVLINK_HARDWARE,
+)
+NVLINK_ECC = Verdict(
+    Severity.WARN,
+    "likely hardware: a support case if it repeats on the link",
+    Action.INVESTIGATE,
+    Runbook.GPU_XID_NVLINK_ECC,
+    escalate_at=3,  # "If seen more than 2 times on the same link, report a bug."
+)
+NVLINK_ECC_THRESHOLD = Verdict(
+    Severity.WARN,
+    "exceeded, nothing uncorrectable: keep running",
+    Action.INVESTIGATE,
+    Runbook.GPU_XID_NVLINK_ECC,
+)
+NVLINK_REPORT_IF_REPEATED = Verdict(
+    Severity.WARN,
+    "a support case if it repeats",
+    Action.INVESTIGATE,
+    Runbook.GPU_XID_NVLINK_HARDWARE,
+    escalate_at=2,  # "If seen repeatedly, please report a bug."
+)
+NVLINK_IGNORABLE = Verdict(Severity.OK, "nothing to do", Action.NONE, Runbook.NONE)
 # An Xid 45 naming a root XID this GPU did not log: the fault is on another GPU or node,
 # which its own agent reports. Never more than a warning, and it fades like an app error.
 CONSEQUENCE = Verdict(
@@ -121,7 +173,6 @@ _PLAIN = {
     "RESTART_VM": REBOOT,
     "CHECK_MECHANICALS": MECHANICALS,
     "WORKFLOW_XID_48": ECC_DBE,
-    "WORKFLOW_NVLINK_ERR": SUPPORT,  # needs register decoding the line does not carry
 }
 # NVML_GPU_RECOVERY_ACTION_*: the driver's own verdict, printed by Xid 154. Draining
 # peer-to-peer traffic (3) is covered by draining the GPU.
@@ -135,6 +186,8 @@ class Judgement:
     detail: str = ""  # how a workflow XID was decoded, for the reason
     root_xid: int | None = None
     recovery_action: str | None = None
+    nvlink: NvlinkError | None = None  # an Xid 74's link and registers
+    nvlink_class: NvlinkErrorClass | None = None  # the class its verdict comes from
 
 
 def _plain(info: XidInfo) -> Judgement:
@@ -185,20 +238,70 @@ def _nvlink5(info: XidInfo, line: str) -> Judgement:
     return Judgement(NVLINK_NONFATAL, info, detail="non-fatal")
 
 
+# Xid 74's classes, worst first: the verdict is the first class any set bit is of. A
+# sympathetic bit counts only alone ("if seen with other bits set ..., follow the resolution
+# for those"), and so does a marginal channel ("if other errors accompany this Xid, follow
+# the resolution for those first").
+_NVLINK_CLASSES: tuple[tuple[NvlinkErrorClass, Verdict], ...] = (
+    ("hardware", NVLINK_HARDWARE),
+    ("unexpected", SUPPORT),
+    ("undocumented", SUPPORT),
+    ("ecc_parity", NVLINK_ECC),
+    ("report_if_repeated", NVLINK_REPORT_IF_REPEATED),
+    ("signal_integrity", NVLINK_SIGNAL),
+    ("ecc_threshold", NVLINK_ECC_THRESHOLD),
+    ("sympathetic", NVLINK_SYMPATHETIC),
+)
+_NVLINK_WORDS: dict[NvlinkErrorClass, str] = {
+    "sympathetic": "sympathetic",
+    "ecc_parity": "ECC/parity",
+    "ecc_threshold": "ECC error threshold",
+    "hardware": "hardware",
+    "signal_integrity": "signal integrity",
+    "report_if_repeated": "error to watch",
+    "unexpected": "unexpected bit",
+    "undocumented": "undocumented bits",
+}
+
+
+def _nvlink(info: XidInfo, line: str, *, hopper: bool) -> Judgement:
+    """Xid 74 by its register dump, as NVIDIA's WORKFLOW_NVLINK_ERR decodes it (Hopper)."""
+    found = read_nvlink_error(line)
+    if found is None:
+        return Judgement(SUPPORT, info, detail="on an unnamed link")
+    where = f"on NVLink {found.link}"
+    if not hopper or not found.decoded:
+        # The catalog documents the register layout of Hopper GPUs only; a line without
+        # its dump (older drivers) leaves nothing to decode.
+        return Judgement(SUPPORT, info, detail=where, nvlink=found)
+    classes = found.classes
+    if not classes:
+        if found.ignored_bits:  # "can be safely ignored"
+            return Judgement(NVLINK_IGNORABLE, info, f"{where}, ignorable bits", nvlink=found)
+        return Judgement(SUPPORT, info, detail=f"{where}, no register bit set", nvlink=found)
+    cls, verdict = next((c, v) for c, v in _NVLINK_CLASSES if c in classes)
+    if verdict is NVLINK_SYMPATHETIC and found.fabric_reset:
+        verdict = NVLINK_SYMPATHETIC_FABRIC
+    detail = f"{where}, {_NVLINK_WORDS[cls]}"
+    return Judgement(verdict, info, detail=detail, nvlink=found, nvlink_class=cls)
+
+
 # Workflow buckets whose decoding the line makes possible.
 _DECODERS: dict[str, Callable[[XidInfo, str], Judgement]] = {
     "WORKFLOW_XID_45": _preemptive_removal,
     "XID_154": _recovery_action,
     "WORKFLOW_NVLINK5_ERR": _nvlink5,
 }
+NVLINK_WORKFLOW = "WORKFLOW_NVLINK_ERR"
 
 
-def judge(code: int | None, line: str) -> Judgement:
-    """What one XID line means for the GPU."""
+def judge(code: int | None, line: str, *, hopper: bool = False) -> Judgement:
+    """What one XID line means for the GPU; ``hopper``: the GPU is a Hopper, whose Xid 74
+    register layout NVIDIA documents."""
     if code is None:
         return Judgement(UNKNOWN, None)
     by_number = _by_number(code)
-    return by_number if by_number is not None else _by_line(code, line)
+    return by_number if by_number is not None else _by_line(code, line, hopper=hopper)
 
 
 # Every evaluation judges every retained XID again, so both steps are cached (beyond the
@@ -213,14 +316,16 @@ def _by_number(code: int) -> Judgement | None:
         return Judgement(UNKNOWN, None)
     if code in ENDS:
         return Judgement(ENDED, info)
-    return None if info.action in _DECODERS else _plain(info)
+    return None if info.action in _DECODERS or info.action == NVLINK_WORKFLOW else _plain(info)
 
 
 @functools.lru_cache(maxsize=16384)
-def _by_line(code: int, line: str) -> Judgement:
+def _by_line(code: int, line: str, *, hopper: bool) -> Judgement:
     """A workflow XID (one `_by_number` leaves to its line), decoded."""
     info = lookup(code)
     assert info is not None  # _by_number judged the XIDs the catalog lacks
+    if info.action == NVLINK_WORKFLOW:
+        return _nvlink(info, line, hopper=hopper)
     return _DECODERS[info.action](info, line)
 
 
@@ -269,10 +374,12 @@ class _Tally:
     consequences: dict[_GroupKey, int]  # teardowns attached to the fault they followed
 
 
-def _tally(xids: Sequence[GpuEvent], fade_before: float, weight: Weight) -> _Tally:
+def _tally(
+    xids: Sequence[GpuEvent], fade_before: float, weight: Weight, *, hopper: bool = False
+) -> _Tally:
     """Sorts the GPU's XIDs; consequences of a fault elsewhere older than ``fade_before``
     are left out (they fade like application errors). ``weight`` says how many records
-    a kept event stands for."""
+    a kept event stands for; ``hopper``: the GPU is a Hopper (see `judge`)."""
     faults: dict[_GroupKey, list[Judged]] = {}
     apps: list[Judged] = []
     consequences: dict[_GroupKey, int] = {}
@@ -282,7 +389,7 @@ def _tally(xids: Sequence[GpuEvent], fade_before: float, weight: Weight) -> _Tal
     xids = _without_ended(xids)
     others = times([e for e in xids if e.code != PREEMPTIVE_REMOVAL])
     for event in xids:
-        judgement = judge(event.code, event.line)
+        judgement = judge(event.code, event.line, hopper=hopper)
         verdict = judgement.verdict
         if event.code == RECOVERY_ACTION_CHANGED:
             # Xid 154 reports the GPU's current recovery action: only the newest is true.
@@ -356,34 +463,41 @@ def _group_reason(code: int | None, judgement: Judgement, count: int, consequenc
     return f"{_name(code, judgement.info)}{detail}: {label}{times_seen}{caused}"
 
 
-# Warning-level verdicts that escalate when the same XID keeps coming (checks.xid.repeat_*).
-_REPEATABLE = (NVLINK_NONFATAL, MECHANICALS, UNKNOWN)
+# Warning-level verdicts that escalate when the same XID keeps coming (checks.xid.repeat_*),
+# besides those with NVIDIA's own count (Verdict.escalate_at). Sympathetic Xid 74s never
+# do: however often the peer fails, this GPU is not the one to act on.
+_REPEATABLE = (NVLINK_NONFATAL, MECHANICALS, UNKNOWN, NVLINK_SIGNAL)
 
 
 def _repeat_items(view: EventView, tally: _Tally, weight: Weight) -> list[_Item]:
-    """A warning-level XID seen at least its limit of times on the GPU within the window."""
+    """A warning-level XID seen at least its limit of times on the GPU within the window;
+    an Xid 74 counted per link and class, against NVIDIA's own count where it names one."""
     config = view.config.xid
     items = []
-    for (code, verdict, _), members in tally.faults.items():
-        if verdict not in _REPEATABLE:
+    for (code, verdict, detail), members in tally.faults.items():
+        if verdict not in _REPEATABLE and not verdict.escalate_at:
             continue
         window = [(e, j) for e, j in members if within(e, view.now, config.repeat_window_seconds)]
         seen = sum(weight(e) for e, _ in window)
-        limit = config.repeat_limit(code)
+        limit = config.repeat_limit(code, verdict.escalate_at or None)
         if seen < limit:
             continue
         event, judgement = window[-1]
+        what = (
+            f"{_name(code, judgement.info)} {detail}"
+            if judgement.nvlink
+            else _name(code, judgement.info)
+        )
         reason = (
-            f"{_name(code, judgement.info)} {seen} times in the last "
+            f"{what} {seen} times in the last "
             f"{fmt(config.repeat_window_seconds)} s, at or above {limit}: repeating"
         )
-        problem = Problem(
-            Severity.CRITICAL,
-            reason,
-            Action.INVESTIGATE,
-            Runbook.GPU_XID_REPEATING,
-            f"Xid {code} repeating",
-        )
+        cause = f"Xid {code} {detail} repeating" if judgement.nvlink else f"Xid {code} repeating"
+        if verdict.escalate_at:
+            action, runbook = verdict.escalate, verdict.runbook
+        else:
+            action, runbook = Action.INVESTIGATE, Runbook.GPU_XID_REPEATING
+        problem = Problem(Severity.CRITICAL, reason, action, runbook, cause)
         items.append(_Item(problem, _Subject(event, seen, judgement)))
     return items
 
@@ -483,6 +597,7 @@ def _subject_evidence(subject: _Subject | None) -> Evidence:
         ("root_xid", None if judgement is None else judgement.root_xid),
         ("consequences", None if subject is None else subject.consequences),
         ("recovery_action", None if judgement is None else judgement.recovery_action),
+        *_nvlink_evidence(judgement),
         ("line", None if event is None else event.line),
         ("time", None if event is None else event.time),
         ("pid", None if event is None else event.pid),
@@ -490,11 +605,25 @@ def _subject_evidence(subject: _Subject | None) -> Evidence:
     )
 
 
+def _nvlink_evidence(judgement: Judgement | None) -> Evidence:
+    found = None if judgement is None else judgement.nvlink
+    return (
+        ("nvlink", None if found is None else found.link),
+        ("nvlink_error", None if judgement is None else judgement.nvlink_class),
+        ("nvlink_error_bits", None if found is None or not found.bits else found.bits_text()),
+        (
+            "nvlink_registers",
+            None if found is None or not found.registers else ",".join(map(hex, found.registers)),
+        ),
+    )
+
+
 def check_xid(view: EventView) -> Outcome:
     config = view.config.xid
     xids = view.events.for_device(view.bus_id, "xid")
     weight = view.events.weight
-    tally = _tally(xids, view.now - config.app_error_hold_seconds, weight)
+    hopper = is_hopper(view.identity.name)
+    tally = _tally(xids, view.now - config.app_error_hold_seconds, weight, hopper=hopper)
     incidents = _incidents(recent((e for e, _ in tally.apps), view.now, APP_RATE_SECONDS))
     gsp = _untied_gsp(view, xids)
     gsp_records = view.events.records(gsp)
@@ -507,7 +636,7 @@ def check_xid(view: EventView) -> Outcome:
     # Newest first, so among equally bad problems the finding leads with the latest.
     items.sort(key=lambda item: _order(item.subject.event), reverse=True)
     worst = _worst(items)
-    subject = worst.subject if worst is not None else _latest_subject(xids)
+    subject = worst.subject if worst is not None else _latest_subject(xids, hopper=hopper)
     evidence: Evidence = (
         ("xid_events", view.events.records(xids)),
         *_subject_evidence(subject),
@@ -529,13 +658,13 @@ def _elsewhere(view: EventView) -> str:
     )
 
 
-def _latest_subject(xids: Sequence[GpuEvent]) -> _Subject | None:
+def _latest_subject(xids: Sequence[GpuEvent], *, hopper: bool) -> _Subject | None:
     """Without problems, the evidence shows the newest XID (an ignored one, say)."""
     if not xids:
         return None
     event = xids[-1]
     count = sum(1 for other in xids if other.code == event.code)
-    return _Subject(event, count, judge(event.code, event.line))
+    return _Subject(event, count, judge(event.code, event.line, hopper=hopper))
 
 
 def _order(event: GpuEvent) -> float:

@@ -68,6 +68,13 @@ _XID = re.compile(
     re.DOTALL,
 )
 _UNKNOWN_NAMES = frozenset({"<unknown>", "'<unknown>'", ""})
+GRAPHICS_EXCEPTION = 13
+# Where on the die an Xid 13 happened: "Graphics SM Warp Exception on (GPC 7, TPC 7, SM 0):
+# Illegal Instruction Parameter", "Graphics SM Global Exception on (GPC 9, TPC 1, SM 1):
+# Multiple Warp Errors"; drivers of the Pascal days name no SM: "... on (GPC 0, TPC 1): Out Of
+# Range Address". The "Graphics Exception: ESR ..." and "Graphics Exception: ChID ..." lines
+# of the same crash name no place at all.
+_XID13_LOCATION = re.compile(r"\(GPC ([0-9]{1,4}), TPC ([0-9]{1,4})(?:, SM ([0-9]{1,4}))?\)")
 
 # nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 ...
 # (The same rules for the header as for Xid lines.)
@@ -206,14 +213,23 @@ def _nvrm(text: str) -> KernelLine:
 
 def _xid(text: str, xid: re.Match[str]) -> KernelLine:
     pid, name = xid["pid"], xid["name"]
-    return KernelLine(
+    code = int(xid["code"])
+    line = KernelLine(
         kind="xid",
-        code=int(xid["code"]),
+        code=code,
         pci=xid["pci"] or None,
         pid=int(pid) if pid else None,
         process=None if name is None or name in _UNKNOWN_NAMES else name,
         text=text,
     )
+    if code == GRAPHICS_EXCEPTION and "GPC" in text:
+        where = _XID13_LOCATION.search(text, xid.end())
+        if where is not None:
+            sm = where[3]
+            return line._replace(
+                gpc=int(where[1]), tpc=int(where[2]), sm=int(sm) if sm is not None else None
+            )
+    return line
 
 
 def _sxid(text: str) -> KernelLine:

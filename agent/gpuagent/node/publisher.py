@@ -51,6 +51,15 @@ _MIN_PUBLISH_SECONDS = 0.02
 _PUBLISH_SHARE = 10.0
 
 
+def host_booted_at() -> float | None:
+    """When this host booted, on the checks' clock (CLOCK_MONOTONIC): CLOCK_BOOTTIME counts
+    from the boot, suspends included. None where the kernel has no such clock."""
+    try:
+        return time.monotonic() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    except (AttributeError, OSError):
+        return None
+
+
 class ObservationSource(Protocol):
     """The latest NVML observation (the poller)."""
 
@@ -157,8 +166,12 @@ class SnapshotPublisher:
         remediation: RemediationSink,
         api: RejectionCounter,
         simulated: bool,
+        booted_at: float | None = None,
     ) -> None:
         self._config = config
+        # When the node booted, on the monotonic clock (None: not known): the checks' post-
+        # boot grace for NVLinks and the fabric counts from it.
+        self._booted_at = booted_at
         self._store = store
         self._events = events
         self._notifier = notifier
@@ -313,6 +326,7 @@ class SnapshotPublisher:
             dcgm=dcgm,
             infiniband=self._infiniband_input(infiniband, inventory),
             kubernetes=self.kubernetes.facts if self.kubernetes is not None else None,
+            booted_at=self._booted_at,
         )
         if self.attribution is not None:
             from gpuagent.attribution.source import with_owner_evidence  # noqa: PLC0415

@@ -70,6 +70,12 @@ class SimulatedNode:
         """The node's GPU model, and its node keys resolved against the model."""
         return self._state.hardware
 
+    @property
+    def booted_at(self) -> float:
+        """When the simulated node booted, on its clock: `[node] uptime_seconds` before the
+        simulation started."""
+        return self._state.start - self.scenario.node.uptime_seconds
+
     # --- installing beneath pynvml -----------------------------------------------------
 
     def install(self) -> None:

@@ -8,6 +8,7 @@ decides what its GPUs report; node keys left out take the model's values.
 
 from __future__ import annotations
 
+import math
 import re
 import typing
 from dataclasses import dataclass, field, replace
@@ -70,6 +71,9 @@ class NodeSpec:
     fabric_state: Literal["not_supported", "not_started", "in_progress", "completed"] = (
         "not_supported"
     )
+    # How long before the simulation starts the node booted (the checks' post-boot grace
+    # for NVLinks and the fabric counts from then); the default is well past any grace.
+    uptime_seconds: float = 86400.0
     # The NVLink domain the fabric info names (models with a fabric): empty / None: the
     # model's (its capture's).
     fabric_cluster_uuid: str = ""
@@ -317,6 +321,7 @@ def _check_node(node: NodeSpec, resolved: NodeHardware, text: str) -> None:
         ("nvml_version", len(node.nvml_version.encode()) >= _VERSION_BUFFER,
          f"must be under {_VERSION_BUFFER} bytes"),
         ("seed", node.seed < 0, "must not be negative"),
+        ("uptime_seconds", not 0 <= node.uptime_seconds < math.inf, "must not be negative"),
         ("module_version", bool(node.module_version)
          and not _DRIVER_VERSION_RE.match(node.module_version), 'must look like "550.54.15"'),
         ("pci_only_gpus", not 0 <= node.pci_only_gpus <= most - node.gpus,

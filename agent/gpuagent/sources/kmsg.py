@@ -301,6 +301,9 @@ class KmsgSource:
                 pid=parsed.pid,
                 process=parsed.process,
                 aer_severity=parsed.aer_severity,
+                gpc=parsed.gpc,
+                tpc=parsed.tpc,
+                sm=parsed.sm,
             )
         )
 

@@ -473,7 +473,29 @@ function renderGpu(doc, index, events, actions, history, incidents) {
   root.replaceChildren(...parts);
 }
 
-function renderNode(doc, events, actions, cordons, history, incidents) {
+// GPU settings against the fleet: a setting the node's GPUs hold other than most GPUs of
+// the same model and driver in its cluster (the aggregator's /api/v1/drift "settings").
+const SETTING_NAMES = {persistence_mode: "persistence mode", ecc_enabled: "ECC mode",
+  power_requested_limit_w: "power limit", applications_clock_mhz: "applications clock",
+  mig_mode: "MIG mode"};
+
+function settingValue(setting, v) {
+  if (typeof v === "boolean") return v ? "on" : "off";
+  if (setting === "power_requested_limit_w") return v + " W";
+  if (setting === "applications_clock_mhz") return v + " MHz";
+  return String(v);
+}
+
+function settingDrift(drifts) {
+  if (!drifts.length) return el("p", "None: the GPUs' settings agree with the fleet's.", "OK");
+  return table(["setting", "GPUs", "this node", "majority", "group"], drifts.map(d => [
+    SETTING_NAMES[d.setting] || d.setting, d.gpus.join(", "),
+    el("span", settingValue(d.setting, d.value), "WARN"), settingValue(d.setting, d.majority),
+    d.group.model + ", driver " + d.group.driver + ": " + d.group.at_majority + " of " +
+      d.group.gpus + " GPUs on " + d.group.nodes + " nodes"]), "setting-drift");
+}
+
+function renderNode(doc, events, actions, cordons, history, incidents, rules) {
   const root = document.getElementById("node-view");
   const now = Date.now() / 1000;
   const parts = [inner("#fleet", "← fleet"), el("h2", doc.name + " (" + doc.cluster + ")")];
@@ -507,6 +529,10 @@ function renderNode(doc, events, actions, cordons, history, incidents) {
   }
   parts.push(el("h2", "Fleet incidents"));
   parts.push(memberIncidents(incidents, inc => (inc.nodes || {})[doc.name]));
+  parts.push(el("h2", "Fleet rule findings"));
+  parts.push(nodeRules(rules));
+  parts.push(el("h2", "Fleet drift"));
+  parts.push(settingDrift(doc.setting_drift || []));
   parts.push(el("h2", "GPUs"));
   const gpus = status.gpus || doc.gpus;
   parts.push(table(["GPU", "health", "model", "UUID", "serial", "bus id", "workload", ""],
@@ -655,6 +681,133 @@ function memberIncidents(incidents, roleOf) {
     rows, "node-incidents") : el("p", "None in the last day.");
 }
 
+// --- the cordon budget and the fleet rules ---------------------------------------------
+
+// The fleet cordon budget per cluster (/api/v1/budget): how many nodes may still be
+// cordoned, who holds the slots and when each frees; a spent cluster in red.
+function renderBudget(doc) {
+  const root = document.getElementById("budget");
+  if (doc.source === "none") {
+    root.replaceChildren(el("p", "This aggregator decides no cordon requests " +
+      "(aggregator.cordon_budget.arbiter = false): the arbiter's console shows the budget.",
+      "old"));
+    return;
+  }
+  const now = Date.now() / 1000;
+  const parts = [el("p", "At most " + plural(doc.max_nodes, "node") + " and " +
+    doc.max_percent + " % of a cluster's nodes cordoned within " +
+    duration(doc.window_seconds) + (doc.source === "database" ?
+      ", as the shared database had it at the last refresh" : "") + ".")];
+  if (!doc.clusters.length) {
+    parts.push(el("p", "No clusters yet."));
+    root.replaceChildren(...parts);
+    return;
+  }
+  const holders = c => {
+    const span = el("span");
+    c.holders.forEach((h, i) => span.append(...(i ? [", "] : []),
+      inner(nodeHref({cluster: c.cluster, name: h.node}), h.node),
+      " (frees in " + duration(h.frees_at - now) + ")"));
+    return span;
+  };
+  const wrap = table(["cluster", "cordoned", "remaining", "state", "holding a slot",
+    "next slot frees"], doc.clusters.map(c => [c.cluster, c.used + " of " + c.limit,
+    c.remaining, el("span", c.spent ? "spent" : "open", c.spent ? "spent-state" : "OK"),
+    holders(c), c.next_free_at === null ? (c.spent ? "never (max_nodes = 0)" : "") :
+      "in " + duration(c.next_free_at - now) + " (" + utc(c.next_free_at) + ")"]),
+  "budget-table");
+  const rows = wrap.querySelectorAll("tr");
+  doc.clusters.forEach((c, i) => {
+    rows[i + 1].dataset.cluster = c.cluster;
+    if (c.spent) rows[i + 1].className = "spent";
+  });
+  parts.push(wrap);
+  root.replaceChildren(...parts);
+}
+
+// A rule finding's evidence in a few words (the whole of it on hover).
+function ruleEvidence(f) {
+  const ev = f.evidence || {};
+  const words = [];
+  if (f.rule === "repeat_offender") {
+    if (ev.previous) words.push("CRITICAL " + ago(ev.previous.time) + " on " + ev.previous.node);
+    if (ev.recovered) words.push("recovered " + ago(ev.recovered.time) + " on " +
+      ev.recovered.node);
+    if (ev.critical) words.push("CRITICAL again " + ago(ev.critical.time));
+    words.push(ev.rma_bundle ? "RMA bundle " + ago(ev.rma_bundle.time) : "no RMA bundle");
+  } else if (f.rule === "remediation_not_working") {
+    const attempts = ev.attempts || [];
+    const kinds = {};
+    for (const a of attempts) kinds[a.action] = (kinds[a.action] || 0) + 1;
+    words.push(plural(attempts.length, "attempt") + ": " + Object.entries(kinds)
+      .map(([k, n]) => k + (n > 1 ? " ×" + n : "")).join(", "));
+    if (attempts.length) words.push("last " + ago(Math.max(...attempts.map(a => a.time))));
+    const done = f.done || {};
+    if (done.mode_set) words.push("node set to " + done.mode_set + " mode" +
+      (done.mode_before ? " (was " + done.mode_before + ")" : ""));
+  } else if (f.rule === "die_defect") {
+    const hits = ev.xid13 || [];
+    words.push(hits.length + " Xid 13 on " + ev.key);
+    if (hits.length) words.push("first " + ago(Math.min(...hits.map(h => h.time))));
+  } else {
+    words.push(Object.keys(ev).join(", "));
+  }
+  const span = el("span", words.join("; "));
+  span.title = JSON.stringify(ev, null, 1);
+  return span;
+}
+
+function ruleGpu(f) {
+  if (!f.gpu) return "node";
+  const critical = (f.evidence || {}).critical || {};
+  return (typeof critical.index === "number" ? "GPU " + critical.index + " " : "") + f.gpu;
+}
+
+// Clearing needs the command token, which the console does not hold: the command to run
+// on the aggregator's host, the id quoted for the shell.
+function clearCommand(f) {
+  return el("code", "gpuagent-aggregator rules clear '" + f.id.replace(/'/g, "'\\''") +
+    "' --reason TEXT", "cli");
+}
+
+function ruleCells(f, now, withNode) {
+  return [f.rule, ...(withNode ? [inner(nodeHref({cluster: f.cluster, name: f.node}), f.node)]
+    : []), ruleGpu(f), duration(now - f.time), f.summary, f.recommendation, ruleEvidence(f),
+    clearCommand(f)];
+}
+
+function renderRules(findings) {
+  const now = Date.now() / 1000;
+  document.getElementById("rules-count").textContent = findings.length ?
+    plural(findings.length, "open finding") + ", the latest first" +
+    (findings.length >= CONFIG.rules ? " (the latest " + CONFIG.rules + " shown)" : "") :
+    "No open fleet rule findings.";
+  document.getElementById("rules-clear").replaceChildren(...(findings.length ? [
+    el("span", "When one is dealt with, clear it on the aggregator's host (it needs the " +
+      "command token): "), el("code", "gpuagent-aggregator rules clear ID --reason TEXT", "cli"),
+    el("span", ". Clearing a remediation finding lets the node remediate again.")] : []));
+  document.querySelector("#rules tbody").replaceChildren(...findings.map(f => {
+    const tr = el("tr");
+    tr.className = "rule-finding";
+    tr.dataset.finding = f.id;
+    for (const [i, cell] of ruleCells(f, now, true).entries()) {
+      const td = el("td");
+      if (cell instanceof Node) td.append(cell); else td.textContent = cell;
+      if (i === 2 || i === 6) td.className = "wide";
+      tr.append(td);
+    }
+    return tr;
+  }));
+}
+
+// A node's open rule findings, on its page.
+function nodeRules(findings) {
+  const now = Date.now() / 1000;
+  return findings.length ? table(["rule", "GPU", "age", "summary", "recommendation",
+    "evidence", "to clear it"], findings.map(f => ruleCells(f, now, false)), "node-rules")
+    : el("p", "None open.", "OK");
+}
+
 // --- refresh -------------------------------------------------------------------------
 
 // The last answer per URL with its ETag: a refresh that finds nothing changed gets 304
@@ -680,9 +833,10 @@ async function get(url) {
 }
 
 // Where the fragment points: {view: "fleet"}, {view: "incidents", incident: id or null},
-// or {view: "node" or "gpu", cluster, node, gpu: index or null}.
+// {view: "rules"}, or {view: "node" or "gpu", cluster, node, gpu: index or null}.
 function route() {
   try {
+    if (location.hash === "#rules") return {view: "rules"};
     const i = /^#incidents(?:\/([^/?]+))?$/.exec(location.hash);
     if (i) return {view: "incidents", incident: i[1] === undefined ? null :
       decodeURIComponent(i[1])};
@@ -717,19 +871,21 @@ async function refresh(forced = true) {
   document.getElementById("fleet-view").hidden = view !== "fleet";
   document.getElementById("node-view").hidden = view !== "node" && view !== "gpu";
   document.getElementById("incidents-view").hidden = view !== "incidents";
+  document.getElementById("rules-view").hidden = view !== "rules";
   for (const a of document.querySelectorAll("#views a"))
-    a.className = a.dataset.view === (view === "incidents" ? "incidents" : "fleet") ?
-      "current" : "";
+    a.className = a.dataset.view === (view === "incidents" || view === "rules" ? view :
+      "fleet") ? "current" : "";
   try {
     if (view === "node" || view === "gpu") {
       const q = "?node=" + encodeURIComponent(target.node) + "&limit=" + CONFIG.history;
       const where = encodeURIComponent(target.node) + "?cluster=" +
         encodeURIComponent(target.cluster);
-      const [doc, events, actions, cordons, summary, history, incidents] = await Promise.all([
-        get("api/v1/fleet/" + where),
-        get("api/v1/events" + q), get("api/v1/actions" + q), get("api/v1/cordons?limit=1000"),
-        get("api/v1/fleet?limit=1"), get("api/v1/history/" + where),
-        get("api/v1/incidents?node=" + encodeURIComponent(target.node))]);
+      const [doc, events, actions, cordons, summary, history, incidents, rules] =
+        await Promise.all([get("api/v1/fleet/" + where),
+          get("api/v1/events" + q), get("api/v1/actions" + q), get("api/v1/cordons?limit=1000"),
+          get("api/v1/fleet?limit=1"), get("api/v1/history/" + where),
+          get("api/v1/incidents?node=" + encodeURIComponent(target.node)),
+          get("api/v1/rules?node=" + encodeURIComponent(target.node))]);
       if (mine !== generation) return;
       const own = x => x.node === target.node && x.cluster === target.cluster;
       const member = incidents.incidents.filter(i => i.cluster === target.cluster);
@@ -737,7 +893,7 @@ async function refresh(forced = true) {
         renderSummary(summary.counts);
         if (target.gpu === null)
           renderNode(doc, events.events.filter(own), actions.actions.filter(own),
-            cordons.cordons.filter(own), history, member);
+            cordons.cordons.filter(own), history, member, rules.findings.filter(own));
         else
           renderGpu(doc, target.gpu, events.events.filter(own), actions.actions.filter(own),
             history, member);
@@ -756,17 +912,27 @@ async function refresh(forced = true) {
       }
       document.title = (target.incident === null ? "" : target.incident + " · ") +
         "incidents · gpuagent";
+    } else if (view === "rules") {
+      const [list, summary] = await Promise.all([
+        get("api/v1/rules?limit=" + CONFIG.rules), get("api/v1/fleet?limit=1")]);
+      if (mine !== generation) return;
+      if (changed) {
+        renderSummary(summary.counts);
+        renderRules(list.findings);
+      }
+      document.title = "rules · gpuagent";
     } else {
       const params = fleetParams();
       const query = new URLSearchParams(params);
       query.set("limit", CONFIG.maxRows);
-      const [fleet, drift] = await Promise.all([get("api/v1/fleet?" + query),
-        get("api/v1/drift")]);
+      const [fleet, drift, budget] = await Promise.all([get("api/v1/fleet?" + query),
+        get("api/v1/drift"), get("api/v1/budget")]);
       if (mine !== generation) return;
       if (changed) {
         renderSummary(fleet.counts);
         renderFleet(fleet, params);
         renderDrift(drift.clusters);
+        renderBudget(budget);
       }
       document.title = "gpuagent fleet";
     }

@@ -29,6 +29,7 @@ from gpuagent.config.schema.aggregator import (
     CordonBudgetSection,
     CorrelationSection,
     PostgresSection,
+    RulesSection,
 )
 from gpuagent.config.schema.attribution import AttributionSection
 from gpuagent.config.schema.checks import (
@@ -143,6 +144,7 @@ __all__ = [
     "RemediationRule",
     "RemediationSection",
     "RemediationSlurm",
+    "RulesSection",
     "SourcesSection",
     "SpoolSection",
     "SxidCheck",

@@ -17,6 +17,11 @@ class CordonBudgetSection:
     max_nodes: Annotated[int, NON_NEGATIVE] = 2
     max_percent: Annotated[float, PERCENT] = 10.0
     window_seconds: Annotated[float, POSITIVE] = 3600.0
+    # A cordon request older than this when it arrives (it waited in the broker while the
+    # aggregator was away) is dropped, not decided: what the node saw then may be over,
+    # and a backlog replayed at once would spend the budget on the past. The node asks
+    # again if it still needs to.
+    max_request_age_seconds: Annotated[float, POSITIVE] = 600.0
     # With SQLite: whether this aggregator decides cordon requests. Exactly one of the
     # aggregators in a share group must (docs/fleet.md): the budget lives in its database.
     # With PostgreSQL every aggregator decides, each decision in one transaction on the
@@ -37,8 +42,34 @@ class CorrelationSection:
     # Node labels ([agent] labels) that join a node's consequence records when its GPUs
     # have neither an NVLink domain nor a job, e.g. ["rack"]; empty: none.
     join_labels: list[str] = field(default_factory=list)
+    # A domain failing together (docs/fleet.md#a-domain-failing-together): when at least
+    # domain_fraction_percent of the nodes of a domain (a node label named here) report a
+    # fault of their own within domain_window_seconds, that is one incident, and at most
+    # one of its nodes is cordoned. Domains of fewer than 4 nodes never count.
+    domain_labels: list[str] = field(default_factory=lambda: ["rack", "leaf", "power"])
+    domain_window_seconds: Annotated[float, POSITIVE] = 300.0
+    domain_fraction_percent: Annotated[float, PERCENT] = 50.0
     # Fleet incidents are listed (API, console) this long after their last record.
     retention_seconds: Annotated[float, POSITIVE] = 7 * 86400.0
+
+
+@dataclass(frozen=True)
+class RulesSection:
+    # Rules over each GPU's and node's history (docs/fleet.md#fleet-rules); the defaults
+    # and where they come from are documented there.
+    enabled: bool = True
+    # A GPU CRITICAL again within this long of recovering is a repeat offender.
+    repeat_window_seconds: Annotated[float, POSITIVE] = 7 * 86400.0
+    # This many automatic remediation attempts on one node within remediation_window_seconds:
+    # the node is put in observe mode and paged until a person clears it.
+    remediation_attempts: Annotated[int, POSITIVE] = 3
+    remediation_window_seconds: Annotated[float, POSITIVE] = 7 * 86400.0
+    # This many Xid 13s on the same GPC and TPC of one GPU within die_defect_window_seconds:
+    # a die defect is suspected.
+    die_defect_count: Annotated[int, POSITIVE] = 2
+    die_defect_window_seconds: Annotated[float, POSITIVE] = 86400.0
+    # The facts the rules read (gpu_history) are kept this long; at least every window.
+    history_retention_seconds: Annotated[float, POSITIVE] = 30 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -133,6 +164,7 @@ class AggregatorSection:
     broker: MqttConnection = field(default_factory=MqttConnection)
     cordon_budget: CordonBudgetSection = field(default_factory=CordonBudgetSection)
     correlation: CorrelationSection = field(default_factory=CorrelationSection)
+    rules: RulesSection = field(default_factory=RulesSection)
     postgres: PostgresSection = field(default_factory=PostgresSection)
     http: AggregatorHttpSection = field(default_factory=AggregatorHttpSection)
     alertmanager: AlertmanagerSection = field(default_factory=AlertmanagerSection)

@@ -89,6 +89,10 @@ class NvlinkCheck:
     # 1e-12). The symbol BER is judged only when a limit is set (0: exported, not judged).
     effective_ber_limit: Annotated[float, POSITIVE] = 1e-12
     symbol_ber_limit: Annotated[float, NON_NEGATIVE] = 0.0
+    # For this long after the node booted, NVLinks still training (down) and a fabric
+    # registration not yet completed are no fault: shown, judged OK (the nvlink,
+    # fabric_health and fabric checks). Kernel-log XIDs are judged as always. 0: no grace.
+    boot_grace_seconds: Annotated[float, NON_NEGATIVE] = 300.0
 
 
 @dataclass(frozen=True)
@@ -115,9 +119,13 @@ class XidCheck:
     # Per-XID counts instead of repeat_count ([[checks.xid.repeat]] xid = 145, count = 20).
     repeat: list[XidRepeat] = field(default_factory=list)
 
-    def repeat_limit(self, xid: int | None) -> int:
+    def repeat_limit(self, xid: int | None, catalog: int | None = None) -> int:
+        """The count for ``xid``: its own [[checks.xid.repeat]], else NVIDIA's (``catalog``,
+        where the catalog names one), else repeat_count."""
         found = next((r.count for r in self.repeat if r.xid == xid), None)
-        return self.repeat_count if found is None else found
+        if found is not None:
+            return found
+        return self.repeat_count if catalog is None else catalog
 
 
 @dataclass(frozen=True)

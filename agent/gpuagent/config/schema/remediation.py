@@ -64,6 +64,7 @@ _OUT_OF_SERVICE: tuple[FindingAction, ...] = (
     "reset_gpu",
     "drain_and_reset",
     "drain_and_reboot",
+    "reseat_or_replace",  # an Xid 74 whose registers point at the link's hardware
     "contact_support",
 )
 _DRIVER_BROKEN: tuple[FindingAction, ...] = ("load_driver", "install_driver", "reboot")

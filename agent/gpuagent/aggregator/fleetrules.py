@@ -1,0 +1,407 @@
+"""Rules over each GPU's and node's history: a repeat offender, remediation that does not
+work, a die defect suspected (docs/fleet.md#fleet-rules).
+
+Facts are what nodes reported, one row each in `gpu_history`: a GPU turning CRITICAL or
+recovering (its state reports), an automatic remediation attempt or an RMA evidence
+bundle (its audit trail), an Xid 13 with its GPC and TPC (its kernel log). A GPU is keyed
+by UUID, so its history follows it across reboots and nodes.
+
+Each fact is judged once, after the batch that stored it is committed, by reading the rows
+of its own GPU or node within the rule's window (an index each): a rule costs the same
+with a day of history as with a year, and several aggregators sharing one database see
+each other's facts. What the rules conclude goes to `rule_findings`, which no rule reads:
+a conclusion never becomes the input of another, and once the sources stop nothing more
+follows. A finding's id names its rule, GPU or node and the fact that raised it, so two
+aggregators judging the same fact store one finding.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from gpuagent.aggregator.records import NodeRecord
+from gpuagent.config.schema.aggregator import RulesSection
+
+FactKind = Literal["critical", "recovered", "action", "evidence", "xid13"]
+Rule = Literal["repeat_offender", "remediation_not_working", "die_defect"]
+RULES: Final[tuple[Rule, ...]] = ("repeat_offender", "remediation_not_working", "die_defect")
+
+# The automatic remediation a node attempts (its audit trail's kinds), counted once per
+# outcome (an attempt is recorded "started", then one of these), in enforce mode only.
+AUTOMATIC_ACTIONS: Final = frozenset({"reset_gpu", "cordon", "cap_power", "enable_persistence"})
+ATTEMPT_RESULTS: Final = frozenset({"succeeded", "failed", "escalated"})
+# Rows one rule reads at most: enough for any threshold a person would set.
+READ_LIMIT: Final = 1000
+
+_FACTS_OF_GPU = (
+    "SELECT time, node, body FROM gpu_history WHERE gpu = ? AND kind = ? "
+    "AND time >= ? AND time <= ? ORDER BY time DESC LIMIT ?"
+)
+_FACTS_OF_NODE = (
+    "SELECT time, node, body FROM gpu_history WHERE cluster = ? AND node = ? AND kind = ? "
+    "AND time >= ? AND time <= ? ORDER BY time DESC LIMIT ?"
+)
+SELECT_OPEN = "SELECT body FROM rule_findings WHERE state = 'open' ORDER BY time DESC LIMIT ?"
+SELECT_RECENT = "SELECT body FROM rule_findings WHERE time >= ? ORDER BY time DESC LIMIT ?"
+SELECT_FINDING = "SELECT body FROM rule_findings WHERE id = ?"
+# A finding's row is written again when it is cleared.
+INSERT_FINDING = (
+    "INSERT INTO rule_findings (id, cluster, node, gpu, rule, state, time, body) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET state = excluded.state, "
+    "time = excluded.time, body = excluded.body"
+)
+INSERT_FACT = (
+    "INSERT INTO gpu_history (id, cluster, node, gpu, time, kind, body) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
+)
+
+Read = Callable[[str, tuple[Any, ...]], Awaitable[list[Any]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Fact:
+    id: str
+    cluster: str
+    node: str
+    gpu: str  # the GPU's UUID; "" for the node
+    time: float
+    kind: FactKind
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def row(self) -> tuple[Any, ...]:
+        body = json.dumps(self.detail, separators=(",", ":"))
+        return (self.id, self.cluster, self.node, self.gpu, self.time, self.kind, body)
+
+
+def _fact(  # noqa: PLR0917 - a fact's fields, in the row's order
+    cluster: str, node: str, gpu: str, when: float, kind: FactKind, detail: dict[str, Any]
+) -> Fact:
+    return Fact(f"{cluster}/{node}/{gpu}/{kind}/{when!r}", cluster, node, gpu, when, kind, detail)
+
+
+def state_facts(previous: NodeRecord | None, record: NodeRecord) -> list[Fact]:
+    """A GPU turning CRITICAL, or back to OK from CRITICAL, since ``previous``. GPUs are
+    matched by UUID (one without a UUID has no history to follow)."""
+    before = (
+        {g.uuid: g.health for g in previous.gpus if g.uuid}
+        if previous is not None and previous.online
+        else {}
+    )
+    facts = []
+    for gpu in record.gpus:
+        if not gpu.uuid:
+            continue
+        was = before.get(gpu.uuid)
+        detail = {"index": gpu.index, "pci_bus_id": gpu.pci_bus_id}
+        if gpu.health == "CRITICAL" and was != "CRITICAL":
+            finding = gpu.findings[0] if gpu.findings else {}
+            detail |= {"check": finding.get("check"), "reason": finding.get("reason")}
+            facts.append(_fact(record.cluster, record.node, gpu.uuid, record.last_seen,
+                               "critical", detail))  # fmt: skip
+        elif was == "CRITICAL" and gpu.health == "OK":
+            facts.append(_fact(record.cluster, record.node, gpu.uuid, record.last_seen,
+                               "recovered", detail))  # fmt: skip
+    return facts
+
+
+def _uuid_of(record: NodeRecord | None, bus_id: object) -> str:
+    if record is None or not isinstance(bus_id, str):
+        return ""
+    for gpu in record.gpus:
+        if gpu.pci_bus_id == bus_id:
+            return gpu.uuid
+    return ""
+
+
+def action_fact(message: dict[str, Any], record: NodeRecord | None) -> Fact | None:
+    """An automatic remediation attempt, or an RMA evidence bundle, from an action record."""
+    audit = message["record"]
+    kind, result, when = audit.get("action"), audit.get("result"), audit.get("time")
+    if not isinstance(when, int | float) or isinstance(when, bool):
+        return None
+    detail = {
+        "action": kind,
+        "result": result,
+        "target": audit.get("target"),
+        "reason": audit.get("reason"),
+        "detail": audit.get("detail"),
+        "record": message["id"],
+    }
+    cluster, node = message["cluster"], message["node"]
+    gpu = _uuid_of(record, audit.get("target"))
+    if kind == "evidence" and result == "succeeded":
+        return _fact(cluster, node, gpu, float(when), "evidence", detail)
+    if kind in AUTOMATIC_ACTIONS and result in ATTEMPT_RESULTS and audit.get("mode") == "enforce":
+        return Fact(f"{cluster}/{node}/action/{message['id']}", cluster, node, gpu,
+                    float(when), "action", detail)  # fmt: skip
+    return None
+
+
+def kernel_fact(message: dict[str, Any], record: NodeRecord | None, now: float) -> Fact | None:
+    """An Xid 13 that names where on the die it happened (GPC and TPC)."""
+    data = message["data"]
+    if data.get("kind") != "xid" or data.get("code") != 13:
+        return None
+    gpc, tpc, sm = data.get("gpc"), data.get("tpc"), data.get("sm")
+    if not isinstance(gpc, int) or not isinstance(tpc, int):
+        return None
+    uuid = _uuid_of(record, data.get("gpu"))
+    if not uuid:
+        return None  # no GPU to follow
+    sent = data.get("time")
+    when = float(sent) if isinstance(sent, int | float) and not isinstance(sent, bool) else now
+    detail = {"gpc": gpc, "tpc": tpc, "sm": sm if isinstance(sm, int) else None,
+              "pci_bus_id": data.get("gpu"), "line": data.get("line")}  # fmt: skip
+    cluster, node = message["cluster"], message["node"]
+    return Fact(f"{cluster}/{node}/xid13/{message['id']}", cluster, node, uuid, when,
+                "xid13", detail)  # fmt: skip
+
+
+@dataclass(slots=True)
+class RuleFinding:
+    id: str
+    rule: Rule
+    cluster: str
+    node: str
+    gpu: str  # UUID; "" for the node
+    time: float  # when the fact that raised it happened
+    summary: str
+    recommendation: str
+    evidence: dict[str, Any]
+    state: Literal["open", "cleared"] = "open"
+    cleared: dict[str, Any] | None = None  # time, by, reason
+    # What the aggregator did for it (remediation_not_working: the node's previous mode).
+    done: dict[str, Any] = field(default_factory=dict)
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "rule": self.rule,
+            "cluster": self.cluster,
+            "node": self.node,
+            "gpu": self.gpu,
+            "time": self.time,
+            "state": self.state,
+            "summary": self.summary,
+            "recommendation": self.recommendation,
+            "evidence": self.evidence,
+            "cleared": self.cleared,
+            "done": self.done,
+        }
+
+    def row(self) -> tuple[Any, ...]:
+        when = self.cleared["time"] if self.cleared else self.time
+        body = json.dumps(self.json(), separators=(",", ":"))
+        return (self.id, self.cluster, self.node, self.gpu, self.rule, self.state, when, body)
+
+
+def finding_from_json(doc: dict[str, Any]) -> RuleFinding:
+    return RuleFinding(
+        id=doc["id"],
+        rule=doc["rule"],
+        cluster=doc["cluster"],
+        node=doc["node"],
+        gpu=doc["gpu"],
+        time=float(doc["time"]),
+        summary=doc["summary"],
+        recommendation=doc["recommendation"],
+        evidence=doc.get("evidence") or {},
+        state=doc.get("state", "open"),
+        cleared=doc.get("cleared"),
+        done=doc.get("done") or {},
+    )
+
+
+def _days(seconds: float) -> str:
+    return f"{seconds / 86400:g} days" if seconds >= 86400 else f"{seconds / 3600:g} h"
+
+
+class FleetRules:
+    """Judges facts (`judge`), keeps the open findings in memory (there are few)."""
+
+    def __init__(
+        self, config: RulesSection, read: Read, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.config = config
+        self.read = read
+        self.clock = clock
+        self.open: dict[str, RuleFinding] = {}
+        # (cluster, node) -> when a person last cleared its remediation finding: attempts
+        # before it do not count again.
+        self.last_cleared: dict[tuple[str, str], float] = {}
+        # Seconds each judgement took (read by the metrics, then emptied).
+        self.judged: list[float] = []
+
+    def load(self, docs: Iterable[dict[str, Any]]) -> None:
+        """Take findings as stored (at start, and from other aggregators): the open ones,
+        and when each node's remediation finding was last cleared."""
+        for doc in docs:
+            finding = finding_from_json(doc)
+            if finding.state == "open":
+                self.open.setdefault(finding.id, finding)
+                continue
+            self.open.pop(finding.id, None)
+            if finding.rule == "remediation_not_working" and finding.cleared:
+                key = (finding.cluster, finding.node)
+                when = float(finding.cleared["time"])
+                self.last_cleared[key] = max(self.last_cleared.get(key, when), when)
+
+    def clear(self, finding_id: str, *, by: str, reason: str, now: float) -> RuleFinding:
+        """A person says the finding is dealt with; KeyError if it is not open."""
+        finding = self.open.pop(finding_id)
+        finding.state = "cleared"
+        finding.cleared = {"time": now, "by": by, "reason": reason}
+        if finding.rule == "remediation_not_working":
+            self.last_cleared[(finding.cluster, finding.node)] = now
+        return finding
+
+    def open_for(self, rule: Rule, cluster: str, node: str, gpu: str = "") -> RuleFinding | None:
+        for finding in self.open.values():
+            if (finding.rule, finding.cluster, finding.node, finding.gpu) == (
+                rule, cluster, node, gpu,
+            ):  # fmt: skip
+                return finding
+        return None
+
+    def _open_for_gpu(self, rule: Rule, gpu: str, key: str = "") -> RuleFinding | None:
+        for finding in self.open.values():
+            if (
+                finding.rule == rule
+                and finding.gpu == gpu
+                and finding.evidence.get("key", "") == key
+            ):
+                return finding
+        return None
+
+    async def judge(self, fact: Fact) -> list[RuleFinding]:
+        """New findings ``fact`` raises (its rows and those before it are committed)."""
+        began = time.perf_counter()
+        try:
+            if fact.kind == "critical":
+                found = await self._repeat_offender(fact)
+            elif fact.kind == "action":
+                found = await self._remediation_not_working(fact)
+            elif fact.kind == "xid13":
+                found = await self._die_defect(fact)
+            else:
+                found = None
+        finally:
+            self.judged.append(time.perf_counter() - began)
+        if found is None or found.id in self.open:
+            return []
+        self.open[found.id] = found
+        return [found]
+
+    async def _gpu_facts(
+        self, gpu: str, kind: FactKind, since: float, until: float, limit: int = READ_LIMIT
+    ) -> list[Any]:
+        """The GPU's facts of ``kind`` between the times, the latest first."""
+        return await self.read(_FACTS_OF_GPU, (gpu, kind, since, until, limit))
+
+    async def _repeat_offender(self, fact: Fact) -> RuleFinding | None:
+        if not fact.gpu or self._open_for_gpu("repeat_offender", fact.gpu) is not None:
+            return None
+        window = self.config.repeat_window_seconds
+        recoveries = await self._gpu_facts(fact.gpu, "recovered", fact.time - window, fact.time, 1)
+        if not recoveries:
+            return None
+        recovered_at, recovered_on, _ = recoveries[0]
+        before = await self._gpu_facts(fact.gpu, "critical", recovered_at - window, recovered_at, 1)
+        evidence_rows = await self._gpu_facts(fact.gpu, "evidence", 0.0, fact.time, 1)
+        evidence: dict[str, Any] = {
+            "critical": {"time": fact.time, **fact.detail},
+            "recovered": {"time": float(recovered_at), "node": recovered_on},
+        }
+        if before:
+            t, on, body = before[0]
+            evidence["previous"] = {"time": float(t), "node": on, **json.loads(body)}
+        if evidence_rows:
+            t, on, body = evidence_rows[0]
+            evidence["rma_bundle"] = {"time": float(t), "node": on, **json.loads(body)}
+        index = fact.detail.get("index")
+        gap = (fact.time - float(recovered_at)) / 3600
+        reason = fact.detail.get("reason") or "CRITICAL"
+        bundle = (
+            f"the node's RMA evidence bundle: {evidence['rma_bundle'].get('detail')}"
+            if "rma_bundle" in evidence
+            else "no RMA evidence bundle came from the node: run nvidia-bug-report.sh there "
+            "before the GPU is pulled"
+        )
+        return RuleFinding(
+            id=f"repeat_offender/{fact.id}",
+            rule="repeat_offender",
+            cluster=fact.cluster,
+            node=fact.node,
+            gpu=fact.gpu,
+            time=fact.time,
+            summary=f"GPU {index} ({fact.gpu}) on {fact.node} is CRITICAL again {gap:.1f} h "
+            f"after it recovered: {reason}",
+            recommendation=f"replace the GPU: a GPU failing again within "
+            f"{_days(window)} of a recovery is a repeat offender; {bundle}",
+            evidence=evidence,
+        )
+
+    async def _remediation_not_working(self, fact: Fact) -> RuleFinding | None:
+        if self.open_for("remediation_not_working", fact.cluster, fact.node) is not None:
+            return None
+        window = self.config.remediation_window_seconds
+        # Attempts before a person last cleared this node's finding do not count again.
+        since = max(fact.time - window, self._cleared_at(fact.cluster, fact.node))
+        rows = await self.read(
+            _FACTS_OF_NODE,
+            (fact.cluster, fact.node, "action", since, fact.time, READ_LIMIT),
+        )
+        attempts = [json.loads(body) | {"time": float(t)} for t, _, body in rows]
+        if len(attempts) < self.config.remediation_attempts:
+            return None
+        kinds = sorted({str(a.get("action")) for a in attempts})
+        return RuleFinding(
+            id=f"remediation_not_working/{fact.id}",
+            rule="remediation_not_working",
+            cluster=fact.cluster,
+            node=fact.node,
+            gpu="",
+            time=fact.time,
+            summary=f"{len(attempts)} automatic remediation attempts ({', '.join(kinds)}) on "
+            f"{fact.node} within {_days(window)}: remediation is not fixing it",
+            recommendation="automatic remediation is stopped for this node (observe mode) "
+            "until a person clears this finding; take the node out of service and "
+            "investigate (gpuagent-aggregator rules clear ID --reason TEXT when done)",
+            evidence={"attempts": attempts[: self.config.remediation_attempts * 4]},
+        )
+
+    def _cleared_at(self, cluster: str, node: str) -> float:
+        return self.last_cleared.get((cluster, node), float("-inf"))
+
+    async def _die_defect(self, fact: Fact) -> RuleFinding | None:
+        gpc, tpc = fact.detail["gpc"], fact.detail["tpc"]
+        key = f"GPC {gpc}, TPC {tpc}"
+        if self._open_for_gpu("die_defect", fact.gpu, key) is not None:
+            return None
+        window = self.config.die_defect_window_seconds
+        rows = await self._gpu_facts(fact.gpu, "xid13", fact.time - window, fact.time)
+        same = [
+            {"time": float(t), **detail}
+            for t, _, body in rows
+            if (detail := json.loads(body)).get("gpc") == gpc and detail.get("tpc") == tpc
+        ]
+        if len(same) < self.config.die_defect_count:
+            return None
+        return RuleFinding(
+            id=f"die_defect/{fact.id}",
+            rule="die_defect",
+            cluster=fact.cluster,
+            node=fact.node,
+            gpu=fact.gpu,
+            time=fact.time,
+            summary=f"{len(same)} Xid 13 on {key} of GPU {fact.gpu} on {fact.node} within "
+            f"{_days(window)}: a die defect is suspected",
+            recommendation="one application's bad kernel hits any GPC; the same GPC and TPC "
+            "again points at the GPU: drain it, run DCGM diagnostics (level 3) and open an "
+            "RMA if they fail",
+            evidence={"key": key, "xid13": same[: self.config.die_defect_count * 4]},
+        )
