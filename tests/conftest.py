@@ -410,6 +410,28 @@ def node(make_node: MakeNode) -> SimulatedNode:
 _LONGEST_FIRST = ("test_deb.py", "test_container_image.py", "test_fleet_reporter.py")
 
 
+@pytest.fixture(scope="module")
+def pg_server() -> Iterator[Any]:
+    """A throwaway PostgreSQL for the module's tests (postgres_server)."""
+    import postgres_server  # noqa: PLC0415 - only where a test asks for it
+
+    require_that(postgres_server.available(), "PostgreSQL (the test command installs it)")
+    with postgres_server.throwaway_postgres() as server:
+        yield server
+
+
+_databases = iter(range(1, 1_000_000))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def fleet_database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The aggregator's database, once a SQLite file and once a PostgreSQL database."""
+    if request.param == "sqlite":
+        return str(tmp_path / "drill" / "fleet.sqlite")
+    server = request.getfixturevalue("pg_server")
+    return str(server.create_database(f"fleet_{os.getpid()}_{next(_databases)}"))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
         name = item.path.name

@@ -4,6 +4,8 @@ both audited; nodes outside any shared domain are decided at once, as ever."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -13,6 +15,7 @@ from typing import Any
 import pytest
 
 import aggregator_support as msg
+from fleet_support import aggregator, node_client, publish, until
 from gpuagent.aggregator.budget import CordonBudget
 from gpuagent.aggregator.correlate import Correlator
 from gpuagent.aggregator.ingest import Ingest
@@ -20,6 +23,7 @@ from gpuagent.aggregator.state import FleetState
 from gpuagent.aggregator.store import FleetStore
 from gpuagent.config import CordonBudgetSection
 from gpuagent.fleet import schema
+from mqtt_broker import Broker
 
 DOMAIN_UUID = "9f3c1a52-1111-4222-8333-444455556666"
 LINK_DOWN = (
@@ -269,3 +273,60 @@ async def test_ten_of_eighteen_nodes_of_a_rack_failing_together_are_one_incident
         assert json.loads(answer.payload)["decision"] == "approved"
     finally:
         await r.store.close()
+
+
+# --- the same over the real broker and aggregator, SQLite and PostgreSQL --------------------
+
+
+@pytest.mark.integration
+async def test_a_rack_failing_together_over_the_broker_is_one_incident_one_cordon(
+    tmp_path: Path, mqtt_broker: Broker, fleet_database: str
+) -> None:
+    """10 of 18 nodes of rack r7, each losing a GPU and asking to cordon, 30 s apart on the
+    aggregator's clock: one fleet incident for the rack, one cordon approved, the budget
+    (10) notwithstanding."""
+    clock = msg.FakeClock()
+    nodes = [f"h-{n:02d}" for n in range(18)]
+    budget = CordonBudgetSection(max_nodes=10, max_percent=100.0, window_seconds=3600.0)
+    async with contextlib.AsyncExitStack() as stack:
+        agg = await stack.enter_async_context(
+            aggregator(
+                tmp_path,
+                mqtt_broker,
+                clock=clock,
+                database=fleet_database,
+                cordon_budget=budget,
+            )
+        )
+        clients = {
+            node: await stack.enter_async_context(node_client(mqtt_broker, node)) for node in nodes
+        }
+        for node in nodes:
+            message = msg.state(node, gpus=[msg.gpu_doc(i) for i in range(4)], when=clock.now)
+            message["status"]["node"]["labels"] = {"rack": "r7"}
+            await publish(clients[node], "state", message)
+        await until(lambda: len(agg.state.nodes) == 18, timeout=15.0)
+        for node in nodes[:10]:
+            bus = msg.gpu_doc(1)["pci_bus_id"]
+            event = msg.event(node, when=clock.now)
+            line = FALLEN_OFF.format(pci=bus[:-2])
+            event["data"] = {"id": f"kmsg:{node}:79", "kind": "xid", "code": 79, "gpu": bus,
+                             "time": clock.now, "line": line}  # fmt: skip
+            await publish(clients[node], "events", event)
+            await publish(clients[node], "actions", msg.cordon_request(node))
+            await asyncio.sleep(0.3)  # each node's messages in before the next's
+            clock.now += 30.0
+        clock.now += 15.0  # past the settle of the last held request
+
+        async def decided() -> bool:
+            return len({r.node for r in await agg.store.cordons()}) == 10
+
+        await until(decided, timeout=20.0)
+        rows = await agg.store.cordons()
+        approved = sorted(r.node for r in rows if r.decision == "approved")
+        assert approved == ["h-00"]
+        incidents = await agg.store.incidents(since=0.0, limit=100)
+        domain = [i for i in incidents if i.get("common_cause")]
+        assert len(domain) == 1
+        assert domain[0]["common_cause"]["domain"] == "rack=r7"
+        assert domain[0]["common_cause"]["cordon_node"] == "h-00"

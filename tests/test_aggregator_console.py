@@ -1,7 +1,7 @@
 """The fleet page as a console, in headless Chromium: the fleet table's filters, sorting
 and per-kind counts, offline nodes shown as unknown, a node's page, the fleet incidents, the
-cordon budget and the fleet rule findings, a phone-sized screen, and the time to serve and
-render a 10,000-node fleet. Screenshots go
+cordon budget, the fleet rule findings, planned maintenance, a phone-sized screen, and the
+time to serve and render a 10,000-node fleet. Screenshots go
 to page_support.SCREENSHOTS."""
 
 from __future__ import annotations
@@ -683,6 +683,90 @@ async def test_rules_and_the_cordon_budget_in_the_console(tmp_path: Path) -> Non
             await tab.evaluate("location.hash = '#rules'")
             await tab.wait_for(f"{RULE_ROWS}.length === 0")
             assert "No open fleet rule findings." in await text(tab, "#rules-count")
+    finally:
+        await agg.close()
+
+
+MAINTENANCE_ROWS = "[...document.querySelectorAll('#maintenance-table tr')].slice(1)"
+TAGGED = "document.querySelector('#nodes tr[data-node=\"r7-tray\"] .maintenance')"
+
+
+async def test_planned_maintenance_in_the_console(tmp_path: Path) -> None:
+    """The fleet overview lists the running maintenance windows with the commands that start
+    and end one, the node table tags the nodes a window covers, and a covered node's page
+    says what the window mutes; once the window ends, all three go."""
+    port = free_port()
+    agg = Aggregator(msg.config(tmp_path, port=port))
+    await agg.start()
+    base = f"http://127.0.0.1:{port}/"
+    try:
+        covered = msg.state("r7-tray")
+        covered["status"]["node"]["labels"] = {"rack": "r7"}
+        for message in (covered, msg.state("ok-node")):
+            agg.ingest.handle(
+                msg.topic(message["node"], "state", message["cluster"]), schema.encode(message)
+            )
+        window = agg.state.maintenance.start(
+            "rack=r7", 3 * 3600, cluster="", by="alice", reason="BIOS 1.4 rollout",
+            now=agg.clock(),
+        )  # fmt: skip
+        agg.store.queue_window(window, agg.clock())
+        await agg.store.flush()
+        async with browser(chromium(), tmp_path) as tab:
+            await tab.open(base)
+            await tab.wait_for(f"{MAINTENANCE_ROWS}.length === 1")
+            cells = await tab.evaluate(
+                f"{MAINTENANCE_ROWS}.map(r => [r.dataset.window, ...[...r.cells]"
+                ".map(c => c.innerText)])"
+            )
+            until_cell = cells[0].pop(3)
+            assert cells == [
+                [
+                    window.id,
+                    "rack=r7",
+                    "all clusters",
+                    "alice",
+                    "BIOS 1.4 rollout",
+                    window.id,
+                    f"gpuagent-aggregator maintenance end '{window.id}'",
+                ]
+            ], cells
+            assert until_cell.endswith(" UTC (3 h left)"), until_cell
+            howto = await text(tab, "#maintenance")
+            assert "gpuagent-aggregator maintenance start --domain NAME=VALUE --for 2h" in howto
+            assert "gpuagent-aggregator maintenance end ID" in howto
+            assert await tab.evaluate(f"{TAGGED}.title") == f"planned maintenance {window.id}"
+            assert (await row_text(tab, "r7-tray")).startswith("r7-tray maintenance")
+            assert "maintenance" not in await row_text(tab, "ok-node")
+            await tab.screenshot("maintenance-running")
+
+            await tab.evaluate(f"{TAGGED}.previousElementSibling.click()")
+            await tab.wait_for("!!document.getElementById('node-maintenance')")
+            line = await text(tab, "#node-maintenance")
+            assert line.startswith(f"In planned maintenance {window.id} (rack=r7, until "), line
+            assert line.endswith(
+                " UTC, by alice: BIOS 1.4 rollout): its records open no fleet incident and its "
+                "cordon requests are denied."
+            ), line
+            await tab.evaluate("location.hash = '#gpu/c1/r7-tray/0'")
+            await tab.wait_for("document.title.startsWith('GPU 0 · r7-tray')")
+            assert await text(tab, "#node-maintenance") == line
+            await tab.evaluate("location.hash = '#node/c1/ok-node'")
+            await tab.wait_for("document.title.startsWith('ok-node')")
+            assert await tab.evaluate("!document.getElementById('node-maintenance')")
+
+            # Ended early (as the CLI does): the line, the tag and the listing go.
+            ended = agg.state.maintenance.end(window.id, by="alice", now=agg.clock())
+            agg.store.queue_window(ended, agg.clock())
+            await agg.store.flush()
+            await tab.evaluate("location.hash = '#node/c1/r7-tray'")
+            await tab.wait_for("document.title.startsWith('r7-tray')")
+            await tab.wait_for("!document.getElementById('node-maintenance')")
+            await tab.evaluate("location.hash = '#fleet'")
+            await tab.wait_for(f"document.body.dataset.view === 'fleet' && !{TAGGED}")
+            await tab.wait_for("!document.getElementById('maintenance-table')")
+            assert (await text(tab, "#maintenance")).startswith("None running.")
+            assert "maintenance" not in await row_text(tab, "r7-tray")
     finally:
         await agg.close()
 

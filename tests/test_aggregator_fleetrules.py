@@ -11,9 +11,8 @@ import contextlib
 import io
 import itertools
 import json
-import os
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +20,6 @@ import aiohttp
 import pytest
 
 import aggregator_support as msg
-import postgres_server
-from conftest import require_that
 from fleet_support import aggregator, node_client, publish, until
 from gpuagent.aggregator import cli as aggregator_cli
 from gpuagent.aggregator.budget import CordonBudget
@@ -191,6 +188,33 @@ async def test_the_history_follows_the_gpu_to_another_node_and_ends_after_the_wi
     assert [f["node"] for f in await rig.findings()] == ["n2"]
 
 
+async def test_a_node_failing_again_by_its_own_findings_is_a_repeat_offender(rig: Rig) -> None:
+    t = rig.clock.now
+
+    def node_report(when: float, critical: bool) -> dict[str, Any]:
+        message = report("n1", when)
+        if critical:
+            message["status"]["node"]["health"] = "CRITICAL"
+            message["status"]["node"]["findings"] = [
+                msg.finding("fabric", "CRITICAL", "NVSwitch 2 fatal error (SXid 24007)")
+            ]
+        return message
+
+    await rig.send("state", node_report(t, critical=False))
+    await rig.send("state", node_report(t + 60, critical=True))
+    await rig.send("state", node_report(t + 3600, critical=False))
+    # A GPU of the node failing is the GPU's history, not the node's.
+    await rig.send("state", report("n1", t + 7200, {0: "CRITICAL"}))
+    await rig.send("state", report("n1", t + 7300))
+    assert await rig.findings() == []
+    await rig.send("state", node_report(t + 2 * DAY, critical=True))
+    (found,) = await rig.findings()
+    assert (found["rule"], found["node"], found["gpu"]) == ("repeat_offender", "n1", "")
+    assert "n1 is CRITICAL again" in found["summary"]
+    assert "(the node, not one GPU): NVSwitch 2 fatal error" in found["summary"]
+    assert found["recommendation"].startswith("repair the node")
+
+
 async def test_three_attempts_in_a_week_stop_remediation_until_a_person_clears_it(
     rig: Rig,
 ) -> None:
@@ -329,24 +353,9 @@ def cli(argv: list[str]) -> tuple[int, str]:
     return code, out.getvalue()
 
 
-@pytest.fixture(scope="module")
-def pg() -> Iterator[postgres_server.PostgresServer]:
-    require_that(postgres_server.available(), "PostgreSQL (the test command installs it)")
-    with postgres_server.throwaway_postgres() as server:
-        yield server
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "drill" / "fleet.sqlite")
-    server: postgres_server.PostgresServer = request.getfixturevalue("pg")
-    return server.create_database(f"rules_{os.getpid()}_{next(_ids)}")
-
-
 @pytest.mark.integration
 async def test_the_rules_drill_on_the_real_aggregator(
-    tmp_path: Path, mqtt_broker: Broker, database: str
+    tmp_path: Path, mqtt_broker: Broker, fleet_database: str
 ) -> None:
     """A GPU that fails, recovers and fails again; three resets on another node; two Xid
     13s on one GPC and TPC: three findings in the API and the metrics, the node told to
@@ -354,7 +363,7 @@ async def test_the_rules_drill_on_the_real_aggregator(
     clock = msg.FakeClock(time.time() - 9 * DAY)
     t = clock.now
     async with (
-        aggregator(tmp_path, mqtt_broker, clock=clock, database=database) as agg,
+        aggregator(tmp_path, mqtt_broker, clock=clock, database=fleet_database) as agg,
         node_client(mqtt_broker, "n1") as n1,
         node_client(mqtt_broker, "n2") as n2,
     ):

@@ -236,10 +236,10 @@ def cli(argv: list[str]) -> tuple[int, str]:
 
 @pytest.mark.integration
 async def test_maintenance_from_the_command_line_mutes_a_rack_on_the_real_aggregator(
-    tmp_path: Path, mqtt_broker: Broker
+    tmp_path: Path, mqtt_broker: Broker, fleet_database: str
 ) -> None:
     async with (
-        aggregator(tmp_path, mqtt_broker) as agg,
+        aggregator(tmp_path, mqtt_broker, database=fleet_database) as agg,
         node_client(mqtt_broker, "r03-t05") as node,
     ):
         config = tmp_path / "aggregator.toml"

@@ -121,6 +121,8 @@ def test_reads_and_prunes_run(postgres: PostgresServer) -> None:
     ]
     of_node = fleetrules._FACTS_OF_NODE
     assert len(postgres.run(_prepared(of_node, ("c", "n1", "critical", 0.5, 2.0, 10)))) == 1
+    own = fleetrules._OWN_FACTS_OF_NODE  # the node's own: GPU-1's fact is not
+    assert postgres.run(_prepared(own, ("c", "n1", "critical", 0.5, 2.0, 10))) == []
     assert postgres.run(_prepared(fleetrules.SELECT_OPEN, (10,))) == ['{"id": "f1"}']
     assert postgres.run(_prepared(fleetrules.SELECT_RECENT, (0.5, 10))) == ['{"id": "f1"}']
     assert postgres.run(_prepared(fleetrules.SELECT_FINDING, ("f1",))) == ['{"id": "f1"}']

@@ -45,6 +45,11 @@ _FACTS_OF_NODE = (
     "SELECT time, node, body FROM gpu_history WHERE cluster = ? AND node = ? AND kind = ? "
     "AND time >= ? AND time <= ? ORDER BY time DESC LIMIT ?"
 )
+# The node's own facts (its node-level findings; gpu = ''), not its GPUs'.
+_OWN_FACTS_OF_NODE = (
+    "SELECT time, node, body FROM gpu_history WHERE cluster = ? AND node = ? AND kind = ? "
+    "AND time >= ? AND time <= ? AND gpu = '' ORDER BY time DESC LIMIT ?"
+)
 SELECT_OPEN = "SELECT body FROM rule_findings WHERE state = 'open' ORDER BY time DESC LIMIT ?"
 SELECT_RECENT = "SELECT body FROM rule_findings WHERE time >= ? ORDER BY time DESC LIMIT ?"
 SELECT_FINDING = "SELECT body FROM rule_findings WHERE id = ?"
@@ -83,26 +88,35 @@ def _fact(  # noqa: PLR0917 - a fact's fields, in the row's order
     return Fact(f"{cluster}/{node}/{gpu}/{kind}/{when!r}", cluster, node, gpu, when, kind, detail)
 
 
+def _critical(findings: tuple[dict[str, Any], ...]) -> dict[str, Any] | None:
+    return next((f for f in findings if f.get("severity") == "CRITICAL"), None)
+
+
 def state_facts(previous: NodeRecord | None, record: NodeRecord) -> list[Fact]:
-    """A GPU turning CRITICAL, or back to OK from CRITICAL, since ``previous``. GPUs are
-    matched by UUID (one without a UUID has no history to follow)."""
-    before = (
-        {g.uuid: g.health for g in previous.gpus if g.uuid}
-        if previous is not None and previous.online
-        else {}
-    )
+    """A GPU turning CRITICAL, or back to OK from CRITICAL, since ``previous``; and the
+    node by its own findings (not its GPUs'). GPUs are matched by UUID (one without a
+    UUID has no history to follow)."""
+    online = previous is not None and previous.online
+    before = {g.uuid: g.health for g in previous.gpus if g.uuid} if previous and online else {}
     facts = []
+    was = _critical(previous.findings) if previous and online else None
+    now = _critical(record.findings)
+    if now is not None and was is None:
+        detail = {"check": now.get("check"), "reason": now.get("reason")}
+        facts.append(_fact(record.cluster, record.node, "", record.last_seen, "critical", detail))
+    elif was is not None and now is None:
+        facts.append(_fact(record.cluster, record.node, "", record.last_seen, "recovered", {}))
     for gpu in record.gpus:
         if not gpu.uuid:
             continue
-        was = before.get(gpu.uuid)
+        health = before.get(gpu.uuid)
         detail = {"index": gpu.index, "pci_bus_id": gpu.pci_bus_id}
-        if gpu.health == "CRITICAL" and was != "CRITICAL":
+        if gpu.health == "CRITICAL" and health != "CRITICAL":
             finding = gpu.findings[0] if gpu.findings else {}
             detail |= {"check": finding.get("check"), "reason": finding.get("reason")}
             facts.append(_fact(record.cluster, record.node, gpu.uuid, record.last_seen,
                                "critical", detail))  # fmt: skip
-        elif was == "CRITICAL" and gpu.health == "OK":
+        elif health == "CRITICAL" and gpu.health == "OK":
             facts.append(_fact(record.cluster, record.node, gpu.uuid, record.last_seen,
                                "recovered", detail))  # fmt: skip
     return facts
@@ -302,16 +316,29 @@ class FleetRules:
         """The GPU's facts of ``kind`` between the times, the latest first."""
         return await self.read(_FACTS_OF_GPU, (gpu, kind, since, until, limit))
 
+    async def _history(self, fact: Fact, kind: FactKind, since: float, until: float) -> list[Any]:
+        """The latest of ``kind`` of the fact's GPU (or, for a node fact, of the node)."""
+        if fact.gpu:
+            return await self._gpu_facts(fact.gpu, kind, since, until, 1)
+        args = (fact.cluster, fact.node, kind, since, until, 1)
+        return await self.read(_OWN_FACTS_OF_NODE, args)
+
     async def _repeat_offender(self, fact: Fact) -> RuleFinding | None:
-        if not fact.gpu or self._open_for_gpu("repeat_offender", fact.gpu) is not None:
+        if (
+            self._open_for_gpu("repeat_offender", fact.gpu)
+            if fact.gpu
+            else self.open_for("repeat_offender", fact.cluster, fact.node)
+        ) is not None:
             return None
         window = self.config.repeat_window_seconds
-        recoveries = await self._gpu_facts(fact.gpu, "recovered", fact.time - window, fact.time, 1)
+        recoveries = await self._history(fact, "recovered", fact.time - window, fact.time)
         if not recoveries:
             return None
         recovered_at, recovered_on, _ = recoveries[0]
-        before = await self._gpu_facts(fact.gpu, "critical", recovered_at - window, recovered_at, 1)
-        evidence_rows = await self._gpu_facts(fact.gpu, "evidence", 0.0, fact.time, 1)
+        before = await self._history(fact, "critical", recovered_at - window, recovered_at)
+        evidence_rows = (
+            await self._gpu_facts(fact.gpu, "evidence", 0.0, fact.time, 1) if fact.gpu else []
+        )
         evidence: dict[str, Any] = {
             "critical": {"time": fact.time, **fact.detail},
             "recovered": {"time": float(recovered_at), "node": recovered_on},
@@ -325,6 +352,21 @@ class FleetRules:
         index = fact.detail.get("index")
         gap = (fact.time - float(recovered_at)) / 3600
         reason = fact.detail.get("reason") or "CRITICAL"
+        if not fact.gpu:
+            return RuleFinding(
+                id=f"repeat_offender/{fact.id}",
+                rule="repeat_offender",
+                cluster=fact.cluster,
+                node=fact.node,
+                gpu="",
+                time=fact.time,
+                summary=f"{fact.node} is CRITICAL again {gap:.1f} h after it recovered "
+                f"(the node, not one GPU): {reason}",
+                recommendation=f"repair the node: failing again within {_days(window)} "
+                "of a recovery, by its own findings (its board, PCIe switches, NVSwitches, "
+                "fabric), makes it a repeat offender; take it out of service",
+                evidence=evidence,
+            )
         bundle = (
             f"the node's RMA evidence bundle: {evidence['rma_bundle'].get('detail')}"
             if "rma_bundle" in evidence

@@ -220,7 +220,9 @@ class FleetView:
         now = time.time() if now is None else now
         document = record.document if document is None else document
         doc = views.node_detail(self.state, record, now, self.stale_after, document)
+        window = doc["maintenance"]  # the window's JSON: a table row has only its id
         doc.update(self.row(record, now))
+        doc["maintenance"] = window
         doc["alertmanager"] = self.state.alerts.status()
         status = doc.get("status")
         gpus = status.get("gpus") if isinstance(status, dict) else None

@@ -123,6 +123,11 @@ class Api:
             raise BadRequestError("since must be finite")
         return since
 
+    @classmethod
+    def _listing(cls, request: web.Request) -> tuple[str | None, float | None, int]:
+        """A list's ?node=, ?since= and ?limit= (BadRequestError if one is bad)."""
+        return cls._name(request, "node"), cls._since(request), cls._limit(request)
+
     def _record(self, request: web.Request) -> NodeRecord:
         node = request.match_info["node"]
         cluster = self._name(request, "cluster")
@@ -209,11 +214,7 @@ class Api:
 
     async def events(self, request: web.Request) -> web.Response:
         try:
-            node, since, limit = (
-                self._name(request, "node"),
-                self._since(request),
-                self._limit(request),
-            )
+            node, since, limit = self._listing(request)
         except BadRequestError as exc:
             return self._bad("events", str(exc))
         events = await self.store.events(node=node, since=since, limit=limit)
@@ -223,11 +224,7 @@ class Api:
         """Fleet incidents changed since ?since= (the last day by default), the latest
         first; ?state=open|closed and ?node= narrow the list."""
         try:
-            node, since, limit = (
-                self._name(request, "node"),
-                self._since(request),
-                self._limit(request),
-            )
+            node, since, limit = self._listing(request)
             state = request.query.get("state")
             if state not in {None, "open", "closed"}:
                 raise BadRequestError("state must be open or closed")  # noqa: TRY301
@@ -255,11 +252,7 @@ class Api:
         """Fleet rule findings: the open ones, or (?since=UNIX time) every one changed
         since then, the latest first; ?node= and ?rule= narrow the list."""
         try:
-            node, since, limit = (
-                self._name(request, "node"),
-                self._since(request),
-                self._limit(request),
-            )
+            node, since, limit = self._listing(request)
         except BadRequestError as exc:
             return self._bad("rules", str(exc))
         rule = request.query.get("rule")
@@ -270,34 +263,6 @@ class Api:
             if (node is None or f.get("node") == node) and (rule is None or f.get("rule") == rule)
         ]
         return _json_unless_seen(request, {"findings": listed[:limit]})
-
-    async def clear_rule_finding(self, request: web.Request) -> web.Response:
-        """POST {"reason": TEXT, "by": NAME}: a person says an open finding is dealt with
-        (the bearer token, as for commands)."""
-        refusal = self._command_refusal(request)
-        if refusal is not None:
-            return await self.refuse_command(request, *refusal, "clear")
-        if self.clear_rule is None:
-            return _error(404, "the fleet rules are off (aggregator.rules.enabled)")
-        try:
-            body = await _body(request, self.body_timeout)
-            reason, by = body.get("reason"), body.get("by", "")
-            if not isinstance(reason, str) or not reason.strip():
-                raise BadRequestError('"reason" (a non-empty string) is required')  # noqa: TRY301
-            if not isinstance(by, str):
-                raise BadRequestError('"by" must be a string')  # noqa: TRY301
-        except BadRequestError as exc:
-            return await self.refuse_command(request, "invalid", _error(400, str(exc)), "clear")
-        except BodyTimeoutError:
-            response = _error(408, f"the body did not arrive within {self.body_timeout:g} s")
-            return await self.refuse_command(request, "body_timeout", response, "clear")
-        finding_id = request.match_info["finding"]
-        who = f"{by or 'unnamed'} from {await sender(request)}"
-        try:
-            doc = await self.clear_rule(finding_id, by=who, reason=reason.strip())
-        except KeyError:
-            return _error(404, f"no open fleet rule finding {finding_id!r}")
-        return _json(doc)
 
     async def maintenance_windows(self, request: web.Request) -> web.Response:
         """Planned maintenance: the windows running, and (?since=UNIX time) those that
@@ -312,56 +277,83 @@ class Api:
             window["running"] = window["start"] <= now < window["end"]
         return _json_unless_seen(request, {"windows": windows})
 
-    async def start_maintenance(self, request: web.Request) -> web.Response:
-        """POST {"domain": "rack=r129", "for": "2h", "cluster": "", "reason": TEXT,
-        "by": NAME}: a window from now (the bearer token, as for commands)."""
+    async def _operator(
+        self, request: web.Request, what: str, *, reason: bool = True
+    ) -> tuple[dict[str, Any], str] | web.Response:
+        """An operator's change (the bearer token, as for commands): its JSON body and who
+        sent it ("<by> from <peer>"), or the refusal to answer. ``reason``: the body must
+        say why ("reason", a non-empty string)."""
         refusal = self._command_refusal(request)
         if refusal is not None:
-            return await self.refuse_command(request, *refusal, "maintenance")
+            return await self.refuse_command(request, *refusal, what)
         try:
             body = await _body(request, self.body_timeout)
-            reason, by, cluster = body.get("reason"), body.get("by", ""), body.get("cluster", "")
-            if not isinstance(reason, str) or not reason.strip():
+            why, by = body.get("reason"), body.get("by", "")
+            if reason and (not isinstance(why, str) or not why.strip()):
                 raise BadRequestError('"reason" (a non-empty string) is required')  # noqa: TRY301
-            if not isinstance(by, str) or not isinstance(cluster, str):
-                raise BadRequestError('"by" and "cluster" must be strings')  # noqa: TRY301
-            seconds = parse_duration(str(body.get("for", "")))
-            window = self.state.maintenance.start(
-                str(body.get("domain", "")),
-                seconds,
-                cluster=cluster,
-                by=f"{by or 'unnamed'} from {await sender(request)}",
-                reason=reason.strip(),
-                now=self.clock(),
-            )
-        except (BadRequestError, MaintenanceError) as exc:
-            response = _error(400, str(exc))
-            return await self.refuse_command(request, "invalid", response, "maintenance")
+            if not isinstance(by, str):
+                raise BadRequestError('"by" must be a string')  # noqa: TRY301
+        except BadRequestError as exc:
+            return await self.refuse_command(request, "invalid", _error(400, str(exc)), what)
         except BodyTimeoutError:
             response = _error(408, f"the body did not arrive within {self.body_timeout:g} s")
-            return await self.refuse_command(request, "body_timeout", response, "maintenance")
+            return await self.refuse_command(request, "body_timeout", response, what)
+        return body, f"{by or 'unnamed'} from {await sender(request)}"
+
+    async def clear_rule_finding(self, request: web.Request) -> web.Response:
+        """POST {"reason": TEXT, "by": NAME}: a person says an open finding is dealt with."""
+        if self.clear_rule is None:
+            return _error(404, "the fleet rules are off (aggregator.rules.enabled)")
+        sent = await self._operator(request, "clear")
+        if isinstance(sent, web.Response):
+            return sent
+        body, who = sent
+        finding_id = request.match_info["finding"]
+        try:
+            doc = await self.clear_rule(finding_id, by=who, reason=body["reason"].strip())
+        except KeyError:
+            return _error(404, f"no open fleet rule finding {finding_id!r}")
+        return _json(doc)
+
+    async def start_maintenance(self, request: web.Request) -> web.Response:
+        """POST {"domain": "rack=r129", "for": "2h", "cluster": "", "reason": TEXT,
+        "by": NAME}: a window from now."""
+        sent = await self._operator(request, "maintenance")
+        if isinstance(sent, web.Response):
+            return sent
+        body, who = sent
+        try:
+            cluster = body.get("cluster", "")
+            if not isinstance(cluster, str):
+                raise MaintenanceError('"cluster" must be a string')  # noqa: TRY301
+            window = self.state.maintenance.start(
+                str(body.get("domain", "")),
+                parse_duration(str(body.get("for", ""))),
+                cluster=cluster,
+                by=who,
+                reason=body["reason"].strip(),
+                now=self.clock(),
+            )
+        except MaintenanceError as exc:
+            response = _error(400, str(exc))
+            return await self.refuse_command(request, "invalid", response, "maintenance")
         self.store.queue_window(window, self.clock())
         audit.info("maintenance started: %s until %.0f", window.describe(), window.end)
         return _json(window.json(), status=201)
 
     async def end_maintenance(self, request: web.Request) -> web.Response:
         """POST {"by": NAME}: end a running window now."""
-        refusal = self._command_refusal(request)
-        if refusal is not None:
-            return await self.refuse_command(request, *refusal, "maintenance")
-        try:
-            body = await _body(request, self.body_timeout)
-        except (BadRequestError, BodyTimeoutError) as exc:
-            response = _error(400, str(exc) or "no body")
-            return await self.refuse_command(request, "invalid", response, "maintenance")
-        by = f"{body.get('by') or 'unnamed'} from {await sender(request)}"
+        sent = await self._operator(request, "maintenance", reason=False)
+        if isinstance(sent, web.Response):
+            return sent
+        _, who = sent
         window_id = request.match_info["window"]
         try:
-            window = self.state.maintenance.end(window_id, by=by, now=self.clock())
+            window = self.state.maintenance.end(window_id, by=who, now=self.clock())
         except KeyError:
             return _error(404, f"no running maintenance window {window_id!r}")
         self.store.queue_window(window, self.clock())
-        audit.info("maintenance ended early by %s: %s", by, window.describe())
+        audit.info("maintenance ended early by %s: %s", who, window.describe())
         return _json(window.json())
 
     async def history(self, request: web.Request) -> web.Response:

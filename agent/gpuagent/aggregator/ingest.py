@@ -20,7 +20,8 @@ from typing import Any, Final
 
 from gpuagent.aggregator import decisions, fleetrules
 from gpuagent.aggregator.budget import BudgetDecision, CordonBudget
-from gpuagent.aggregator.correlate import Correlator, Verdict, places_of
+from gpuagent.aggregator.correlate import Correlator, places_of
+from gpuagent.aggregator.fleetincident import Verdict
 from gpuagent.aggregator.history import HistoryRecorder
 from gpuagent.aggregator.records import from_online_state, with_offline
 from gpuagent.aggregator.state import FleetState

@@ -166,6 +166,12 @@ function renderFleet(doc, params) {
     const state = stateOf(n);
     const name = el("td");
     name.append(inner(nodeHref(n), n.name));
+    // Covered by a planned maintenance window: its records and cordons are muted.
+    if (n.maintenance) {
+      const tag = el("span", "maintenance", "maintenance");
+      tag.title = "planned maintenance " + n.maintenance;
+      name.append(" ", tag);
+    }
     const found = allFindings(n);
     let reasons, age;
     if (live(n)) {
@@ -439,6 +445,7 @@ function renderGpu(doc, index, events, actions, history, incidents) {
     ["temperature", typeof gpu.temperature_c === "number" ? gpu.temperature_c + " °C" : ""],
     ["power", typeof gpu.power_w === "number" ? gpu.power_w + " W" : ""],
     ["Grafana", grafana(doc, index)]]));
+  parts.push(...maintenanceNote(doc));
   parts.push(el("h2", "Findings"));
   const findings = gpu.findings || [];
   parts.push(findings.length ? table(["severity", "reason", "action", "runbook", "started"],
@@ -511,6 +518,7 @@ function renderNode(doc, events, actions, cordons, history, incidents, rules) {
     parts.push(el("p", "Health unknown: the node is " + stateOf(doc) + ", last report " +
       ago(doc.last_seen) + ". The GPUs and findings below are from that report and may " +
       "no longer hold.", "banner"));
+  parts.push(...maintenanceNote(doc));
   const findings = [...(doc.findings || []).map(f => ["node", f])];
   for (const gpu of status.gpus || doc.gpus)
     for (const f of gpu.findings || []) findings.push(["GPU " + gpu.index + " " + gpu.pci_bus_id,
@@ -681,7 +689,7 @@ function memberIncidents(incidents, roleOf) {
     rows, "node-incidents") : el("p", "None in the last day.");
 }
 
-// --- the cordon budget and the fleet rules ---------------------------------------------
+// --- the cordon budget, planned maintenance and the fleet rules -------------------------
 
 // The fleet cordon budget per cluster (/api/v1/budget): how many nodes may still be
 // cordoned, who holds the slots and when each frees; a spent cluster in red.
@@ -725,6 +733,52 @@ function renderBudget(doc) {
   root.replaceChildren(...parts);
 }
 
+// Text quoted for the shell: a command to copy, whatever the id holds.
+function quoted(text) {
+  return "'" + String(text).replace(/'/g, "'\\''") + "'";
+}
+
+// The planned maintenance windows running (/api/v1/maintenance): what each covers, until
+// when, who started it and why. The console holds no command token: windows are started
+// and ended with the commands it shows, on the aggregator's host.
+function renderMaintenance(doc) {
+  const now = Date.now() / 1000;
+  const running = doc.windows.filter(w => w.running);
+  const parts = [];
+  if (!running.length) parts.push(el("p", "None running.", "OK"));
+  else {
+    const wrap = table(["domain", "cluster", "until", "by", "reason", "id", "to end it"],
+      running.map(w => [w.domain, w.cluster || "all clusters",
+        utc(w.end) + " (" + duration(w.end - now) + " left)", w.by, w.reason, w.id,
+        el("code", "gpuagent-aggregator maintenance end " + quoted(w.id), "cli")]),
+    "maintenance-table");
+    const rows = wrap.querySelectorAll("tr");
+    running.forEach((w, i) => { rows[i + 1].dataset.window = w.id; });
+    parts.push(wrap);
+  }
+  const p = el("p", "While a window covers a node, its records open no fleet incident and " +
+    "its cordon requests are denied. Start one on the aggregator's host (it needs the " +
+    "command token): ");
+  p.append(el("code", "gpuagent-aggregator maintenance start --domain NAME=VALUE --for 2h " +
+    "--reason TEXT", "cli"), " (a domain is a node label such as rack=r129, or node=, " +
+    "nvlink= or job=); end it early: ",
+  el("code", "gpuagent-aggregator maintenance end ID", "cli"), ".");
+  parts.push(p);
+  document.getElementById("maintenance").replaceChildren(...parts);
+}
+
+// On a node's (or GPU's) page: the window that covers the node, and what it mutes.
+function maintenanceNote(doc) {
+  const w = doc.maintenance;
+  if (!w || typeof w !== "object") return [];
+  const p = el("p", "In planned maintenance " + w.id + " (" + w.domain +
+    (w.cluster ? " in " + w.cluster : "") + ", until " + utc(w.end) + ", by " + w.by + ": " +
+    w.reason + "): its records open no fleet incident and its cordon requests are denied.",
+  "banner in-maintenance");
+  p.id = "node-maintenance";
+  return [p];
+}
+
 // A rule finding's evidence in a few words (the whole of it on hover).
 function ruleEvidence(f) {
   const ev = f.evidence || {};
@@ -766,8 +820,7 @@ function ruleGpu(f) {
 // Clearing needs the command token, which the console does not hold: the command to run
 // on the aggregator's host, the id quoted for the shell.
 function clearCommand(f) {
-  return el("code", "gpuagent-aggregator rules clear '" + f.id.replace(/'/g, "'\\''") +
-    "' --reason TEXT", "cli");
+  return el("code", "gpuagent-aggregator rules clear " + quoted(f.id) + " --reason TEXT", "cli");
 }
 
 function ruleCells(f, now, withNode) {
@@ -925,14 +978,16 @@ async function refresh(forced = true) {
       const params = fleetParams();
       const query = new URLSearchParams(params);
       query.set("limit", CONFIG.maxRows);
-      const [fleet, drift, budget] = await Promise.all([get("api/v1/fleet?" + query),
-        get("api/v1/drift"), get("api/v1/budget")]);
+      const [fleet, drift, budget, maintenance] = await Promise.all([
+        get("api/v1/fleet?" + query), get("api/v1/drift"), get("api/v1/budget"),
+        get("api/v1/maintenance")]);
       if (mine !== generation) return;
       if (changed) {
         renderSummary(fleet.counts);
         renderFleet(fleet, params);
         renderDrift(drift.clusters);
         renderBudget(budget);
+        renderMaintenance(maintenance);
       }
       document.title = "gpuagent fleet";
     }
