@@ -31,7 +31,8 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH.parent / "agent"))
 
-from gpuagent.aggregator.fleetrules import Fact, FactKind, FleetRules  # noqa: E402
+from gpuagent.aggregator.facts import Fact, FactKind  # noqa: E402
+from gpuagent.aggregator.fleetrules import FleetRules  # noqa: E402
 from gpuagent.aggregator.store import FleetStore  # noqa: E402
 from gpuagent.config import RulesSection  # noqa: E402
 from report import Row, percentile, report  # noqa: E402

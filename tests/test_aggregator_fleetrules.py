@@ -23,7 +23,8 @@ import aggregator_support as msg
 from fleet_support import aggregator, node_client, publish, until
 from gpuagent.aggregator import cli as aggregator_cli
 from gpuagent.aggregator.budget import CordonBudget
-from gpuagent.aggregator.fleetrules import FleetRules, state_facts
+from gpuagent.aggregator.facts import state_facts
+from gpuagent.aggregator.fleetrules import FleetRules
 from gpuagent.aggregator.ingest import Ingest, Outgoing
 from gpuagent.aggregator.records import from_online_state
 from gpuagent.aggregator.rulesrun import RulesRunner

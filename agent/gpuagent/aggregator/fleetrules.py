@@ -1,10 +1,7 @@
 """Rules over each GPU's and node's history: a repeat offender, remediation that does not
 work, a die defect suspected (docs/fleet.md#fleet-rules).
 
-Facts are what nodes reported, one row each in `gpu_history`: a GPU turning CRITICAL or
-recovering (its state reports), an automatic remediation attempt or an RMA evidence
-bundle (its audit trail), an Xid 13 with its GPC and TPC (its kernel log). A GPU is keyed
-by UUID, so its history follows it across reboots and nodes.
+The rules read facts (`facts`: what nodes reported, in `gpu_history`).
 
 Each fact is judged once, after the batch that stored it is committed, by reading the rows
 of its own GPU or node within the rule's window (an index each): a rule costs the same
@@ -23,17 +20,12 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from gpuagent.aggregator.records import NodeRecord
+from gpuagent.aggregator.facts import Fact, FactKind
 from gpuagent.config.schema.aggregator import RulesSection
 
-FactKind = Literal["critical", "recovered", "action", "evidence", "xid13"]
 Rule = Literal["repeat_offender", "remediation_not_working", "die_defect"]
 RULES: Final[tuple[Rule, ...]] = ("repeat_offender", "remediation_not_working", "die_defect")
 
-# The automatic remediation a node attempts (its audit trail's kinds), counted once per
-# outcome (an attempt is recorded "started", then one of these), in enforce mode only.
-AUTOMATIC_ACTIONS: Final = frozenset({"reset_gpu", "cordon", "cap_power", "enable_persistence"})
-ATTEMPT_RESULTS: Final = frozenset({"succeeded", "failed", "escalated"})
 # Rows one rule reads at most: enough for any threshold a person would set.
 READ_LIMIT: Final = 1000
 
@@ -59,120 +51,7 @@ INSERT_FINDING = (
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET state = excluded.state, "
     "time = excluded.time, body = excluded.body"
 )
-INSERT_FACT = (
-    "INSERT INTO gpu_history (id, cluster, node, gpu, time, kind, body) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
-)
-
 Read = Callable[[str, tuple[Any, ...]], Awaitable[list[Any]]]
-
-
-@dataclass(frozen=True, slots=True)
-class Fact:
-    id: str
-    cluster: str
-    node: str
-    gpu: str  # the GPU's UUID; "" for the node
-    time: float
-    kind: FactKind
-    detail: dict[str, Any] = field(default_factory=dict)
-
-    def row(self) -> tuple[Any, ...]:
-        body = json.dumps(self.detail, separators=(",", ":"))
-        return (self.id, self.cluster, self.node, self.gpu, self.time, self.kind, body)
-
-
-def _fact(  # noqa: PLR0917 - a fact's fields, in the row's order
-    cluster: str, node: str, gpu: str, when: float, kind: FactKind, detail: dict[str, Any]
-) -> Fact:
-    return Fact(f"{cluster}/{node}/{gpu}/{kind}/{when!r}", cluster, node, gpu, when, kind, detail)
-
-
-def _critical(findings: tuple[dict[str, Any], ...]) -> dict[str, Any] | None:
-    return next((f for f in findings if f.get("severity") == "CRITICAL"), None)
-
-
-def state_facts(previous: NodeRecord | None, record: NodeRecord) -> list[Fact]:
-    """A GPU turning CRITICAL, or back to OK from CRITICAL, since ``previous``; and the
-    node by its own findings (not its GPUs'). GPUs are matched by UUID (one without a
-    UUID has no history to follow)."""
-    online = previous is not None and previous.online
-    before = {g.uuid: g.health for g in previous.gpus if g.uuid} if previous and online else {}
-    facts = []
-    was = _critical(previous.findings) if previous and online else None
-    now = _critical(record.findings)
-    if now is not None and was is None:
-        detail = {"check": now.get("check"), "reason": now.get("reason")}
-        facts.append(_fact(record.cluster, record.node, "", record.last_seen, "critical", detail))
-    elif was is not None and now is None:
-        facts.append(_fact(record.cluster, record.node, "", record.last_seen, "recovered", {}))
-    for gpu in record.gpus:
-        if not gpu.uuid:
-            continue
-        health = before.get(gpu.uuid)
-        detail = {"index": gpu.index, "pci_bus_id": gpu.pci_bus_id}
-        if gpu.health == "CRITICAL" and health != "CRITICAL":
-            finding = gpu.findings[0] if gpu.findings else {}
-            detail |= {"check": finding.get("check"), "reason": finding.get("reason")}
-            facts.append(_fact(record.cluster, record.node, gpu.uuid, record.last_seen,
-                               "critical", detail))  # fmt: skip
-        elif health == "CRITICAL" and gpu.health == "OK":
-            facts.append(_fact(record.cluster, record.node, gpu.uuid, record.last_seen,
-                               "recovered", detail))  # fmt: skip
-    return facts
-
-
-def _uuid_of(record: NodeRecord | None, bus_id: object) -> str:
-    if record is None or not isinstance(bus_id, str):
-        return ""
-    for gpu in record.gpus:
-        if gpu.pci_bus_id == bus_id:
-            return gpu.uuid
-    return ""
-
-
-def action_fact(message: dict[str, Any], record: NodeRecord | None) -> Fact | None:
-    """An automatic remediation attempt, or an RMA evidence bundle, from an action record."""
-    audit = message["record"]
-    kind, result, when = audit.get("action"), audit.get("result"), audit.get("time")
-    if not isinstance(when, int | float) or isinstance(when, bool):
-        return None
-    detail = {
-        "action": kind,
-        "result": result,
-        "target": audit.get("target"),
-        "reason": audit.get("reason"),
-        "detail": audit.get("detail"),
-        "record": message["id"],
-    }
-    cluster, node = message["cluster"], message["node"]
-    gpu = _uuid_of(record, audit.get("target"))
-    if kind == "evidence" and result == "succeeded":
-        return _fact(cluster, node, gpu, float(when), "evidence", detail)
-    if kind in AUTOMATIC_ACTIONS and result in ATTEMPT_RESULTS and audit.get("mode") == "enforce":
-        return Fact(f"{cluster}/{node}/action/{message['id']}", cluster, node, gpu,
-                    float(when), "action", detail)  # fmt: skip
-    return None
-
-
-def kernel_fact(message: dict[str, Any], record: NodeRecord | None, now: float) -> Fact | None:
-    """An Xid 13 that names where on the die it happened (GPC and TPC)."""
-    data = message["data"]
-    if data.get("kind") != "xid" or data.get("code") != 13:
-        return None
-    gpc, tpc, sm = data.get("gpc"), data.get("tpc"), data.get("sm")
-    if not isinstance(gpc, int) or not isinstance(tpc, int):
-        return None
-    uuid = _uuid_of(record, data.get("gpu"))
-    if not uuid:
-        return None  # no GPU to follow
-    sent = data.get("time")
-    when = float(sent) if isinstance(sent, int | float) and not isinstance(sent, bool) else now
-    detail = {"gpc": gpc, "tpc": tpc, "sm": sm if isinstance(sm, int) else None,
-              "pci_bus_id": data.get("gpu"), "line": data.get("line")}  # fmt: skip
-    cluster, node = message["cluster"], message["node"]
-    return Fact(f"{cluster}/{node}/xid13/{message['id']}", cluster, node, uuid, when,
-                "xid13", detail)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -190,6 +69,23 @@ class RuleFinding:
     cleared: dict[str, Any] | None = None  # time, by, reason
     # What the aggregator did for it (remediation_not_working: the node's previous mode).
     done: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls,
+        rule: Rule,
+        fact: Fact,
+        summary: str,
+        recommendation: str,
+        evidence: dict[str, Any],
+        *,
+        gpu: str | None = None,
+    ) -> RuleFinding:
+        """What ``fact`` raised: its id names the rule and the fact; on the fact's GPU
+        unless ``gpu`` says otherwise ("": the node's)."""
+        return cls(f"{rule}/{fact.id}", rule, fact.cluster, fact.node,
+                   fact.gpu if gpu is None else gpu, fact.time, summary, recommendation,
+                   evidence)  # fmt: skip
 
     def json(self) -> dict[str, Any]:
         return {
@@ -353,19 +249,15 @@ class FleetRules:
         gap = (fact.time - float(recovered_at)) / 3600
         reason = fact.detail.get("reason") or "CRITICAL"
         if not fact.gpu:
-            return RuleFinding(
-                id=f"repeat_offender/{fact.id}",
-                rule="repeat_offender",
-                cluster=fact.cluster,
-                node=fact.node,
-                gpu="",
-                time=fact.time,
-                summary=f"{fact.node} is CRITICAL again {gap:.1f} h after it recovered "
+            return RuleFinding.of(
+                "repeat_offender",
+                fact,
+                f"{fact.node} is CRITICAL again {gap:.1f} h after it recovered "
                 f"(the node, not one GPU): {reason}",
-                recommendation=f"repair the node: failing again within {_days(window)} "
-                "of a recovery, by its own findings (its board, PCIe switches, NVSwitches, "
-                "fabric), makes it a repeat offender; take it out of service",
-                evidence=evidence,
+                f"repair the node: failing again within {_days(window)} of a recovery, by "
+                "its own findings (its board, PCIe switches, NVSwitches, fabric), makes it a "
+                "repeat offender; take it out of service",
+                evidence,
             )
         bundle = (
             f"the node's RMA evidence bundle: {evidence['rma_bundle'].get('detail')}"
@@ -373,18 +265,14 @@ class FleetRules:
             else "no RMA evidence bundle came from the node: run nvidia-bug-report.sh there "
             "before the GPU is pulled"
         )
-        return RuleFinding(
-            id=f"repeat_offender/{fact.id}",
-            rule="repeat_offender",
-            cluster=fact.cluster,
-            node=fact.node,
-            gpu=fact.gpu,
-            time=fact.time,
-            summary=f"GPU {index} ({fact.gpu}) on {fact.node} is CRITICAL again {gap:.1f} h "
-            f"after it recovered: {reason}",
-            recommendation=f"replace the GPU: a GPU failing again within "
-            f"{_days(window)} of a recovery is a repeat offender; {bundle}",
-            evidence=evidence,
+        return RuleFinding.of(
+            "repeat_offender",
+            fact,
+            f"GPU {index} ({fact.gpu}) on {fact.node} is CRITICAL again {gap:.1f} h after it "
+            f"recovered: {reason}",
+            f"replace the GPU: a GPU failing again within {_days(window)} of a recovery is a "
+            f"repeat offender; {bundle}",
+            evidence,
         )
 
     async def _remediation_not_working(self, fact: Fact) -> RuleFinding | None:
@@ -401,19 +289,16 @@ class FleetRules:
         if len(attempts) < self.config.remediation_attempts:
             return None
         kinds = sorted({str(a.get("action")) for a in attempts})
-        return RuleFinding(
-            id=f"remediation_not_working/{fact.id}",
-            rule="remediation_not_working",
-            cluster=fact.cluster,
-            node=fact.node,
-            gpu="",
-            time=fact.time,
-            summary=f"{len(attempts)} automatic remediation attempts ({', '.join(kinds)}) on "
+        return RuleFinding.of(
+            "remediation_not_working",
+            fact,
+            f"{len(attempts)} automatic remediation attempts ({', '.join(kinds)}) on "
             f"{fact.node} within {_days(window)}: remediation is not fixing it",
-            recommendation="automatic remediation is stopped for this node (observe mode) "
-            "until a person clears this finding; take the node out of service and "
-            "investigate (gpuagent-aggregator rules clear ID --reason TEXT when done)",
-            evidence={"attempts": attempts[: self.config.remediation_attempts * 4]},
+            "automatic remediation is stopped for this node (observe mode) until a person "
+            "clears this finding; take the node out of service and investigate "
+            "(gpuagent-aggregator rules clear ID --reason TEXT when done)",
+            {"attempts": attempts[: self.config.remediation_attempts * 4]},
+            gpu="",  # the node's finding, whichever GPUs the attempts were on
         )
 
     def _cleared_at(self, cluster: str, node: str) -> float:
@@ -433,17 +318,12 @@ class FleetRules:
         ]
         if len(same) < self.config.die_defect_count:
             return None
-        return RuleFinding(
-            id=f"die_defect/{fact.id}",
-            rule="die_defect",
-            cluster=fact.cluster,
-            node=fact.node,
-            gpu=fact.gpu,
-            time=fact.time,
-            summary=f"{len(same)} Xid 13 on {key} of GPU {fact.gpu} on {fact.node} within "
+        return RuleFinding.of(
+            "die_defect",
+            fact,
+            f"{len(same)} Xid 13 on {key} of GPU {fact.gpu} on {fact.node} within "
             f"{_days(window)}: a die defect is suspected",
-            recommendation="one application's bad kernel hits any GPC; the same GPC and TPC "
-            "again points at the GPU: drain it, run DCGM diagnostics (level 3) and open an "
-            "RMA if they fail",
-            evidence={"key": key, "xid13": same[: self.config.die_defect_count * 4]},
+            "one application's bad kernel hits any GPC; the same GPC and TPC again points at "
+            "the GPU: drain it, run DCGM diagnostics (level 3) and open an RMA if they fail",
+            {"key": key, "xid13": same[: self.config.die_defect_count * 4]},
         )

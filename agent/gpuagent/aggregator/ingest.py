@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gpuagent.aggregator import decisions, fleetrules
+from gpuagent.aggregator import decisions, facts, fleetrules
 from gpuagent.aggregator.budget import BudgetDecision, CordonBudget
 from gpuagent.aggregator.correlate import Correlator, places_of
 from gpuagent.aggregator.fleetincident import Verdict
@@ -108,7 +108,7 @@ class Ingest:
         self.held: list[HeldRequest] = []
         # Fleet rules (None: off), and the facts stored for them, once committed.
         self.rules = rules
-        self.facts: list[fleetrules.Fact] = []
+        self.facts: list[facts.Fact] = []
 
     def reject(self, reason: schema.RejectReason, topic: str, detail: str) -> None:
         self.state.counters.rejected[reason] += 1
@@ -176,7 +176,7 @@ class Ingest:
             self.store.queue_action(message, raw)
             if self.rules is not None and not self._maintained(message["cluster"], message["node"]):
                 record = self.state.nodes.get((message["cluster"], message["node"]))
-                self._facts([fleetrules.action_fact(message, record)])
+                self._facts([facts.action_fact(message, record)])
         elif kind == "reply":
             self.state.add_reply(message["cluster"], message["node"], message)
             self.store.queue_reply(message, raw)
@@ -203,7 +203,7 @@ class Ingest:
             self.correlator.observe_record(cluster, node, message["data"], self.clock())
         if self.rules is not None:
             record = self.state.nodes.get((cluster, node))
-            self._facts([fleetrules.kernel_fact(message, record, self.clock())])
+            self._facts([facts.kernel_fact(message, record, self.clock())])
 
     def _cordon_request(self, topic: str, message: dict[str, Any], key: str) -> list[Outgoing]:
         if not self.store.shared and not self.budget.config.arbiter:
@@ -313,7 +313,7 @@ class Ingest:
             self.store.queue_history(self.history.rows(previous, record, message["status"]))
             window = self.state.maintenance.covering(record, now)
             if self.rules is not None and window is None:
-                self._facts(fleetrules.state_facts(previous, record))
+                self._facts(facts.state_facts(previous, record))
         else:
             record = with_offline(message, previous, now)
             self.store.queue_history(self.history.offline(previous, record))
@@ -322,10 +322,10 @@ class Ingest:
         # a fleet of 100,000 reports of 10-50 KB is not kept in memory twice.
         self.state.put(dataclasses.replace(record, document="") if record.document else record)
 
-    def _facts(self, facts: Sequence[fleetrules.Fact | None]) -> None:
+    def _facts(self, found: Sequence[facts.Fact | None]) -> None:
         """Store facts for the fleet rules; they are judged once committed (a rule reads
         the facts before them from the database)."""
-        kept = [f for f in facts if f is not None]
+        kept = [f for f in found if f is not None]
         if not kept:
             return
         self.store.queue_facts(kept)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpuagent.aggregator import decisions, fleetrules, maintenance, migrations
+from gpuagent.aggregator import decisions, facts, fleetrules, maintenance, migrations
 from gpuagent.aggregator.database import Session, database, describe
 from gpuagent.aggregator.history import HistoryRow
 from gpuagent.aggregator.records import NodeRecord, from_online_state, from_summary, summary_json
@@ -80,7 +80,7 @@ _INSERT = {
     "incidents": "INSERT INTO incidents (id, cluster, domain, state, first_time, time, body) "
     "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET state = excluded.state, "
     "time = excluded.time, body = excluded.body",
-    "gpu_history": fleetrules.INSERT_FACT,
+    "gpu_history": facts.INSERT_FACT,
     "rule_findings": fleetrules.INSERT_FINDING,
     "maintenance": maintenance.INSERT_WINDOW,
 }
@@ -420,8 +420,8 @@ class FleetStore:
             )
         )
 
-    def queue_facts(self, facts: list[fleetrules.Fact]) -> None:
-        self._pending.rows["gpu_history"].extend(f.row() for f in facts)
+    def queue_facts(self, new: list[facts.Fact]) -> None:
+        self._pending.rows["gpu_history"].extend(f.row() for f in new)
 
     def queue_finding(self, finding: fleetrules.RuleFinding) -> None:
         """A rule finding, new or cleared."""
