@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import itertools
 import json
 import os
@@ -143,6 +144,22 @@ async def node_client(broker: Broker, node: str, **kwargs: Any) -> AsyncIterator
 async def publish(client: aiomqtt.Client, channel: str, message: dict[str, Any]) -> None:
     topic = msg.topic(message["node"], channel, message["cluster"])
     await client.publish(topic, schema.encode(message), qos=1, retain=channel == "state")
+
+
+def operator_cli(agg: Aggregator, tmp_path: Path, *argv: str) -> tuple[int, str]:
+    """`gpuagent-aggregator ARGV --config F` against ``agg`` (F names its listen address
+    and command token): its exit code and what it printed. Blocking: run it in a thread."""
+    from gpuagent.aggregator import cli  # noqa: PLC0415
+
+    config = tmp_path / "operator.toml"
+    config.write_text(
+        f'[aggregator]\nlisten = "{agg.config.listen}"\n'
+        f'command_token_file = "{agg.config.command_token_file}"\n'
+    )
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main([argv[0], "--config", str(config), *argv[1:]])
+    return code, out.getvalue()
 
 
 def chromium() -> str:

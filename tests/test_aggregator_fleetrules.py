@@ -7,8 +7,6 @@ the drill at the end on the real aggregator and broker, with SQLite and PostgreS
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
 import itertools
 import json
 import time
@@ -20,8 +18,7 @@ import aiohttp
 import pytest
 
 import aggregator_support as msg
-from fleet_support import aggregator, node_client, publish, until
-from gpuagent.aggregator import cli as aggregator_cli
+from fleet_support import aggregator, node_client, operator_cli, publish, until
 from gpuagent.aggregator.budget import CordonBudget
 from gpuagent.aggregator.facts import state_facts
 from gpuagent.aggregator.fleetrules import FleetRules
@@ -346,14 +343,6 @@ async def test_open_findings_and_clears_survive_a_restart(tmp_path: Path) -> Non
 # --- the drill: the real aggregator and broker, SQLite and PostgreSQL ----------------------
 
 
-def cli(argv: list[str]) -> tuple[int, str]:
-    """`gpuagent-aggregator ARGV`: its exit code and what it printed."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = aggregator_cli.main(argv)
-    return code, out.getvalue()
-
-
 @pytest.mark.integration
 async def test_the_rules_drill_on_the_real_aggregator(
     tmp_path: Path, mqtt_broker: Broker, fleet_database: str
@@ -416,18 +405,12 @@ async def test_the_rules_drill_on_the_real_aggregator(
             async with session.post(url, json={}, headers=headers) as response:
                 assert response.status == 400  # a reason is required
             # The operator's commands, against this aggregator's configuration.
-            config = tmp_path / "aggregator.toml"
-            config.write_text(
-                f'[aggregator]\nlisten = "{agg.config.listen}"\n'
-                f'command_token_file = "{agg.config.command_token_file}"\n'
-            )
-            listed = await asyncio.to_thread(cli, ["rules", "--config", str(config), "list"])
+            listed = await asyncio.to_thread(operator_cli, agg, tmp_path, "rules", "list")
             assert listed[0] == 0
             assert stop["id"] in listed[1]
             assert "remediation is not fixing it" in listed[1]
             cleared = await asyncio.to_thread(
-                cli,
-                ["rules", "--config", str(config), "clear", stop["id"], "--reason", "replaced"],
+                operator_cli, agg, tmp_path, "rules", "clear", stop["id"], "--reason", "replaced"
             )
             assert cleared == (0, f"cleared {stop['id']}: {stop['summary']}\n")
             async with session.post(url, json={"reason": "again"}, headers=headers) as response:

@@ -5,8 +5,6 @@ or cordons, and shows each node's state all the same."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
 import itertools
 import json
 from collections.abc import AsyncIterator
@@ -17,8 +15,7 @@ import aiohttp
 import pytest
 
 import aggregator_support as msg
-from fleet_support import aggregator, node_client, publish, until
-from gpuagent.aggregator import cli as aggregator_cli
+from fleet_support import aggregator, node_client, operator_cli, publish, until
 from gpuagent.aggregator.budget import CordonBudget
 from gpuagent.aggregator.correlate import Correlator
 from gpuagent.aggregator.fleetrules import FleetRules
@@ -227,13 +224,6 @@ async def test_the_same_reboot_without_a_window_is_incidents_and_cordons(rig: Ri
     assert not any(d["reason"].startswith("muted") for d in rig.decisions)
 
 
-def cli(argv: list[str]) -> tuple[int, str]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = aggregator_cli.main(argv)
-    return code, out.getvalue()
-
-
 @pytest.mark.integration
 async def test_maintenance_from_the_command_line_mutes_a_rack_on_the_real_aggregator(
     tmp_path: Path, mqtt_broker: Broker, fleet_database: str
@@ -242,16 +232,14 @@ async def test_maintenance_from_the_command_line_mutes_a_rack_on_the_real_aggreg
         aggregator(tmp_path, mqtt_broker, database=fleet_database) as agg,
         node_client(mqtt_broker, "r03-t05") as node,
     ):
-        config = tmp_path / "aggregator.toml"
-        config.write_text(
-            f'[aggregator]\nlisten = "{agg.config.listen}"\n'
-            f'command_token_file = "{agg.config.command_token_file}"\n'
-        )
         await publish(node, "state", tray(3, 5))
         await until(lambda: ("c1", "r03-t05") in agg.state.nodes, timeout=10.0)
-        args = ["maintenance", "--config", str(config)]
+
+        def cli(*argv: str) -> tuple[int, str]:
+            return operator_cli(agg, tmp_path, "maintenance", *argv)
+
         code, out = await asyncio.to_thread(
-            cli, [*args, "start", "--domain", "rack=r03", "--for", "2h", "--reason", "BIOS"]
+            cli, "start", "--domain", "rack=r03", "--for", "2h", "--reason", "BIOS"
         )
         assert code == 0
         window_id = out.split()[0]
@@ -275,16 +263,16 @@ async def test_maintenance_from_the_command_line_mutes_a_rack_on_the_real_aggreg
                 return any(r["reason"].startswith("muted: planned maintenance") for r in rows)
 
             await until(denied, timeout=10.0)
-            code, out = await asyncio.to_thread(cli, [*args, "list"])
+            code, out = await asyncio.to_thread(cli, "list")
             assert window_id in out
-            code, out = await asyncio.to_thread(cli, [*args, "end", window_id])
+            code, out = await asyncio.to_thread(cli, "end", window_id)
             assert code == 0
             assert "ended early by" in out
             async with session.get(f"{base}/api/v1/nodes/r03-t05") as response:
                 assert (await response.json())["maintenance"] is None
 
             async def none_running() -> bool:
-                _, out = await asyncio.to_thread(cli, [*args, "list"])
+                _, out = await asyncio.to_thread(cli, "list")
                 return out == "no maintenance window running\n"
 
             await until(none_running, timeout=10.0)  # once the early end is written

@@ -245,19 +245,7 @@ class Ingest:
             f"dropped: the request is {age:.0f} s old (aggregator.cordon_budget."
             f"max_request_age_seconds = {limit:g}); ask again if it is still needed"
         )
-        result = BudgetDecision("denied", reason)
-        row = CordonRow(
-            request_id=message["id"],
-            cluster=message["cluster"],
-            node=message["node"],
-            action=message["action"],
-            decision="denied",
-            time=self.clock(),
-            reason=reason,
-            retry_after_seconds=None,
-        )
-        self.store.queue_cordon(row)
-        return Outgoing(self._cmd_topic(message), self._decided(message, key, result), record=key)
+        return self._cordon(message, key, Verdict(deny=True, reason=reason))
 
     def release_held(self, now: float) -> list[Outgoing]:
         """Decide the held cordon requests whose settle time has come."""
@@ -335,8 +323,8 @@ class Ingest:
         return NodeTopics(self.prefix, message["cluster"], message["node"]).topic("cmd")
 
     def _cordon(self, message: dict[str, Any], key: str, verdict: Verdict) -> Outgoing:
-        """Decided here: denied by the fleet incident, or by the budget in memory (SQLite:
-        one aggregator decides)."""
+        """Decided here: denied by the fleet incident, planned maintenance or the request's
+        age, or by the budget in memory (SQLite: one aggregator decides)."""
         now = self.clock()
         cluster, node, action = message["cluster"], message["node"], message["action"]
         if verdict.deny:

@@ -11,6 +11,7 @@ every `REFRESH_SECONDS` when a shared database holds other aggregators' windows 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import uuid
@@ -41,6 +42,7 @@ class MaintenanceError(ValueError):
     """A window asked for with a bad domain or duration."""
 
 
+@functools.lru_cache(maxsize=1024)  # asked per window, node and record: parse each once
 def parse_domain(text: str) -> tuple[str, str]:
     """ "rack=r129" -> ("rack", "r129"); MaintenanceError if not NAME=VALUE."""
     found = _DOMAIN.match(text.strip())

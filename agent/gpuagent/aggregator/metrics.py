@@ -366,8 +366,9 @@ class FleetCollector(Collector):
 
     def _maintenance(self, now: float) -> Iterable[Metric]:
         maintenance = self.state.maintenance
+        running = maintenance.running(now)
         covered: Counter[str] = Counter()
-        if maintenance.running(now):
+        if running:
             for record in self.state.nodes.values():
                 covered[record.cluster] += maintenance.covering(record, now) is not None
         nodes = GaugeMetricFamily(
@@ -381,7 +382,7 @@ class FleetCollector(Collector):
         windows = GaugeMetricFamily(
             "gpuagent_fleet_maintenance_windows",
             "Planned maintenance windows running now.",
-            value=float(len(maintenance.running(now))),
+            value=float(len(running)),
         )
         muted = CounterMetricFamily(
             "gpuagent_fleet_records_muted",
