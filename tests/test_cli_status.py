@@ -244,12 +244,13 @@ def test_watch_clears_the_screen_on_a_terminal_and_fits_its_width(run_daemon: Ru
 
 
 def test_watch_refuses_json_and_a_bad_interval(tmp_path: Any) -> None:
+    # 3 (UNKNOWN), as every `status` that cannot judge: its 2 is CRITICAL.
     socket = str(tmp_path / "none.sock")
     both = run_cli("status", "--watch", "--json", "--socket", socket)
-    assert both.returncode == 2
+    assert both.returncode == 3
     assert "--watch and --json cannot be combined" in both.stderr
     zero = run_cli("status", "--watch", "0", "--socket", socket)
-    assert zero.returncode == 2
+    assert zero.returncode == 3
     assert "not a positive number of seconds: '0'" in zero.stderr
     # No daemon: told at once, not watched.
     gone = run_cli("status", "--watch", "0.2", "--socket", socket)
@@ -286,22 +287,22 @@ def test_status_gpu_takes_every_form(run_daemon: Run) -> None:
 
 
 @pytest.mark.parametrize(
-    "command",
+    ("command", "code"),
     [
-        ("status",),
-        ("events",),
-        ("inject", "clear"),
-        ("inject", "xid", "48"),
-        ("diag",),
+        (("status",), 3),  # UNKNOWN: no verdict on a GPU that is not there
+        (("events",), 2),
+        (("inject", "clear"), 2),
+        (("inject", "xid", "48"), 2),
+        (("diag",), 2),
     ],
 )
-def test_an_unknown_gpu_is_exit_2_naming_it_and_the_known_ones(
-    run_daemon: Run, command: tuple[str, ...]
+def test_an_unknown_gpu_is_a_usage_error_naming_it_and_the_known_ones(
+    run_daemon: Run, command: tuple[str, ...], code: int
 ) -> None:
     daemon = run_daemon(SCENARIO)
     bus_ids = [g["pci_bus_id"] for g in daemon.status()["gpus"]]
     result = run_cli(*command, "--socket", str(daemon.socket), "--gpu", "00000000:EE:00.0")
-    assert result.returncode == 2, result.stderr
+    assert result.returncode == code, result.stderr
     assert result.stdout == ""
     assert "no GPU with PCI bus id 00000000:EE:00.0; the daemon knows:" in result.stderr
     assert all(f"  {i}  {bus}  GPU-" in result.stderr for i, bus in enumerate(bus_ids))

@@ -175,14 +175,18 @@ def test_config_check_command_accepts_the_example() -> None:
     assert "valid" in result.stdout
 
 
+# `check` exits 3 (UNKNOWN), not 2: its 2 is CRITICAL, and drains a node.
 @pytest.mark.parametrize(
-    "command", [["config", "check"], ["run", "--config"], ["check", "--config"]]
+    ("command", "code"),
+    [(["config", "check"], 2), (["run", "--config"], 2), (["check", "--config"], 3)],
 )
-def test_invalid_config_exits_2_without_traceback(tmp_path: Path, command: list[str]) -> None:
+def test_invalid_config_exits_without_traceback(
+    tmp_path: Path, command: list[str], code: int
+) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[agent]\ncluster = 'a'\n\n[sources.nvml]\ncall_timeout_seconds = 'slow'\n")
     result = _gpuagent(*command, str(bad))
-    assert result.returncode == 2
+    assert result.returncode == code
     assert "sources.nvml.call_timeout_seconds (line 5)" in result.stderr
     assert "Traceback" not in result.stderr
 
@@ -373,21 +377,21 @@ def test_every_problem_is_collected() -> None:
 
 
 @pytest.mark.parametrize(
-    ("command", "module"),
+    ("command", "module", "code"),
     [
-        (["config", "check"], "gpuagent"),
-        (["run", "--config"], "gpuagent"),
-        (["check", "--config"], "gpuagent"),
-        (["config", "check"], "gpuagent.aggregator"),
+        (["config", "check"], "gpuagent", 2),
+        (["run", "--config"], "gpuagent", 2),
+        (["check", "--config"], "gpuagent", 3),
+        (["config", "check"], "gpuagent.aggregator", 2),
     ],
 )
 def test_every_problem_is_printed_one_a_line(
-    tmp_path: Path, command: list[str], module: str
+    tmp_path: Path, command: list[str], module: str, code: int
 ) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text(THREE_PROBLEMS)
     result = _gpuagent(*command, str(bad), module=module)
-    assert result.returncode == 2
+    assert result.returncode == code
     assert "Traceback" not in result.stderr
     lines = result.stderr.splitlines()
     for expected in (

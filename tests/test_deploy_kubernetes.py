@@ -1,10 +1,11 @@
-"""deploy/kubernetes: the DaemonSet's base and overlays, checked offline.
+"""deploy/kubernetes: the DaemonSet's base, its components, the ready sets of overlays and
+every kustomization docs/kubernetes.md shows, checked offline.
 
-Each kustomization is rendered here (resources, namespace, labels, the two kinds of patch
-these overlays use, ConfigMap generators with a hash suffix, and image overrides;
-any other kustomize feature fails the test rather than being ignored)
-and every core resource is validated against the Kubernetes OpenAPI schema shipped in
-kubernetes-validate, strictly (an unknown field is an error). The Prometheus Operator's
+Each is rendered by `kubectl kustomize` (kustomize itself: components, generators merged
+into the base's ConfigMap, patches, hash suffixes), and every core resource is validated
+against the Kubernetes OpenAPI schema shipped in kubernetes-validate, strictly (an unknown
+field is an error). The agent's configuration is what the pod reads: the image's
+config.toml with the ConfigMap's fragments as config.d. The Prometheus Operator's
 ServiceMonitor and PrometheusRule are custom resources outside that schema: their structure
 is checked here, and the PrometheusRule must be what scripts/render-prometheusrule makes of
 deploy/prometheus/gpuagent-rules.yml.
@@ -12,12 +13,15 @@ deploy/prometheus/gpuagent-rules.yml.
 
 from __future__ import annotations
 
+import atexit
 import copy
-import dataclasses
-import hashlib
-import json
+import functools
 import re
 import shutil
+import subprocess
+import tempfile
+import textwrap
+import tomllib
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -25,182 +29,100 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, require, run_cli
 from gpuagent.cli import _with_node_name
-from gpuagent.config import Config
-from gpuagent.config.loader import parse_config
+from gpuagent.config import Config, load_config
 from gpuagent.deploy import prometheusrule
 
 KUBE = REPO / "deploy" / "kubernetes"
 BASE = KUBE / "base"
+COMPONENTS = sorted(p.parent for p in (KUBE / "components").glob("*/kustomization.yaml"))
 OVERLAYS = sorted(p.parent for p in (KUBE / "overlays").glob("*/kustomization.yaml"))
-# The agent's trees (a DaemonSet each), and the fleet's (broker and aggregators).
-TREES = [BASE, *OVERLAYS]
 FLEET = KUBE / "fleet"
-ALL_TREES = [*TREES, FLEET]
+# The image's own configuration: the DaemonSet's --config, with the ConfigMap as config.d.
+IMAGE_CONFIG = KUBE / "image" / "config.toml"
+DOCS = REPO / "docs" / "kubernetes.md"
 # The oldest Kubernetes these manifests are for, and the newest schema shipped.
 VERSIONS = ["1.29.0", kubernetes_validate.latest_version()]
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
 CUSTOM = {"ServiceMonitor", "PrometheusRule", "Issuer", "Certificate"}
-KUSTOMIZATION_KEYS = {
-    "apiVersion",
-    "kind",
-    "namespace",
-    "labels",
-    "resources",
-    "patches",
-    "configMapGenerator",
-    "images",
-}
 # Where workloads name a ConfigMap that a generator made (its name gets a hash suffix).
 WORKLOADS = {"DaemonSet", "Deployment", "StatefulSet"}
+# hostPath types that never make what the node lacks (the OrCreate ones would).
+EXISTING = {"Directory", "File", "Socket", "CharDevice", "BlockDevice"}
 
 
-# --- a small kustomize: what these kustomizations use, nothing more ------------------------
+# --- the kustomizations docs/kubernetes.md shows --------------------------------------------
 
 
-def _load(path: Path) -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+def _doc_files() -> dict[str, str]:
+    """Each code block of the docs whose first line is a comment naming the file it is,
+    relative to a directory beside the checkout (`# mine/kustomization.yaml`)."""
+    files = {}
+    fence = re.compile(r"^[ ]*```\w*\n(.*?)^[ ]*```", re.MULTILINE | re.DOTALL)
+    blocks = fence.findall(DOCS.read_text())
+    for block in blocks:
+        first, _, body = textwrap.dedent(block).partition("\n")
+        named = re.fullmatch(r"# ([\w.-]+/[\w.-]+)", first.strip())
+        if named:
+            files[named[1]] = body
+    return files
 
 
-def _pointer(path: str) -> list[str]:
-    return [part.replace("~1", "/").replace("~0", "~") for part in path.split("/")[1:]]
+DOC_FILES = _doc_files()
+DOC_SETS = sorted(name.split("/")[0] for name in DOC_FILES if name.endswith("/kustomization.yaml"))
 
 
-def _json_patch(doc: dict[str, Any], ops: list[dict[str, Any]]) -> None:
-    """RFC 6902 add, replace and remove; a path that does not exist fails, as in kustomize."""
-    for op in ops:
-        *parents, last = _pointer(op["path"])
-        node: Any = doc
-        for part in parents:
-            node = node[int(part)] if isinstance(node, list) else node[part]
-        if op["op"] == "replace":
-            if isinstance(node, list):
-                node[int(last)] = op["value"]
-            else:
-                assert last in node, f"replace of a missing {op['path']}"
-                node[last] = op["value"]
-        elif op["op"] == "add":
-            if isinstance(node, list):
-                node.insert(len(node) if last == "-" else int(last), op["value"])
-            else:
-                node[last] = op["value"]
-        elif op["op"] == "remove":
-            del node[int(last) if isinstance(node, list) else last]
-        else:
-            pytest.fail(f"JSON patch op {op['op']!r} is not handled here")
+@functools.cache
+def _doc_root() -> Path:
+    """The docs' kustomizations written out, beside `deploy` as the docs have them."""
+    root = Path(tempfile.mkdtemp(prefix="gpuagent-kustomize-docs-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    (root / "deploy").symlink_to(REPO / "deploy")
+    for name, text in DOC_FILES.items():
+        (root / name).parent.mkdir(exist_ok=True)
+        (root / name).write_text(text)
+    return root
 
 
-def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
-    """A strategic merge patch of maps only (lists would need their merge keys)."""
-    for key, value in patch.items():
-        if isinstance(value, dict) and isinstance(target.get(key), dict):
-            _merge(target[key], value)
-        else:
-            assert not isinstance(value, list), f"list {key!r} in a merge patch: not handled"
-            target[key] = value
+def doc_set(name: str) -> Path:
+    return _doc_root() / name
 
 
-def _same(doc: dict[str, Any], kind: str, name: str) -> bool:
-    return bool(doc["kind"] == kind and doc["metadata"]["name"] == name)
+# The agent's trees (a DaemonSet each), and the fleet's (broker and aggregators).
+FLEET_SETS = [
+    Path("docs") / name
+    for name in DOC_SETS
+    if "deploy/kubernetes/fleet" in DOC_FILES[f"{name}/kustomization.yaml"]
+]
+TREES = [
+    BASE,
+    *OVERLAYS,
+    *[Path("docs") / n for n in DOC_SETS if Path("docs") / n not in FLEET_SETS],
+]
+ALL_TREES = [*TREES, FLEET, *FLEET_SETS]
+# What deploy/kubernetes ships, without the docs' kustomizations (which set images).
+SHIPPED = [BASE, *OVERLAYS, FLEET]
 
 
-def _generate(tree: Path, docs: list[dict[str, Any]], generators: list[dict[str, Any]]) -> None:
-    """configMapGenerator: a ConfigMap of the files (marked for the name hash), created, or
-    replacing the one a base generated."""
-    for generator in generators:
-        assert set(generator) <= {"name", "files", "behavior"}, f"{tree}: {generator}"
-        data = {PurePosixPath(f).name: (tree / f).read_text() for f in generator["files"]}
-        made = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": generator["name"]},
-            "data": data,
-            "__generated__": True,
-        }
-        matches = [d for d in docs if _same(d, "ConfigMap", generator["name"])]
-        if generator.get("behavior", "create") == "replace":
-            assert len(matches) == 1, f"{tree}: replace of a ConfigMap no base generated"
-            docs[docs.index(matches[0])] = made
-        else:
-            assert not matches, f"{tree}: {generator['name']} generated twice"
-            docs.append(made)
+def _resolve(tree: Path) -> Path:
+    return doc_set(tree.name) if tree.parts[0] == "docs" else tree
 
 
-def content_hash(config_map: dict[str, Any]) -> str:
-    """A suffix that changes with the ConfigMap's name and data, as kustomize's does (its
-    digits are kustomize's own: only what the name follows matters here)."""
-    content = json.dumps([config_map["metadata"]["name"], config_map["data"]], sort_keys=True)
-    return hashlib.sha256(content.encode()).hexdigest()[:10]
-
-
-def _suffix_generated_names(docs: list[dict[str, Any]]) -> None:
-    """The generated ConfigMaps get their hash suffix, and the workloads' volumes follow."""
-    renamed = {}
-    for doc in docs:
-        if doc.pop("__generated__", False):
-            name = doc["metadata"]["name"]
-            renamed[name] = f"{name}-{content_hash(doc)}"
-            doc["metadata"]["name"] = renamed[name]
-    for doc in docs:
-        if doc["kind"] in WORKLOADS:
-            for volume in doc["spec"]["template"]["spec"].get("volumes", []):
-                config_map = volume.get("configMap")
-                if config_map and config_map["name"] in renamed:
-                    config_map["name"] = renamed[config_map["name"]]
-
-
-def _set_images(docs: list[dict[str, Any]], images: list[dict[str, str]]) -> None:
-    """images: a container image named ``name`` (any tag) becomes newName:newTag."""
-    for doc in docs:
-        if doc["kind"] not in WORKLOADS:
-            continue
-        pod = doc["spec"]["template"]["spec"]
-        for box in [*pod.get("initContainers", []), *pod["containers"]]:
-            name, _, tag = box["image"].rpartition(":")
-            for image in images:
-                assert set(image) <= {"name", "newName", "newTag"}, image
-                if name == image["name"]:
-                    box["image"] = f"{image.get('newName', name)}:{image.get('newTag', tag)}"
-
-
-def render(tree: Path) -> list[dict[str, Any]]:
-    kustomization = yaml.safe_load((tree / "kustomization.yaml").read_text())
-    unknown = set(kustomization) - KUSTOMIZATION_KEYS
-    assert not unknown, f"{tree}: kustomization keys this test does not render: {unknown}"
-    docs: list[dict[str, Any]] = []
-    for entry in kustomization.get("resources", []):
-        path = tree / entry
-        docs += render(path) if path.is_dir() else _load(path)
-    _generate(tree, docs, kustomization.get("configMapGenerator", []))
-    for patch in kustomization.get("patches", []):
-        if "path" in patch:
-            (body,) = _load(tree / patch["path"])
-            matches = [d for d in docs if _same(d, body["kind"], body["metadata"]["name"])]
-            assert len(matches) == 1, f"{tree}: {patch['path']} patches nothing"
-            _merge(matches[0], body)
-        else:
-            target = patch["target"]
-            matches = [d for d in docs if _same(d, target["kind"], target["name"])]
-            assert len(matches) == 1, f"{tree}: patch for {target} matches nothing"
-            _json_patch(matches[0], yaml.safe_load(patch["patch"]))
-    for doc in docs:
-        metadata = doc.setdefault("metadata", {})
-        if "namespace" in kustomization and doc["kind"] not in CLUSTER_SCOPED:
-            metadata["namespace"] = kustomization["namespace"]
-        for label_set in kustomization.get("labels", []):
-            metadata.setdefault("labels", {}).update(label_set["pairs"])
-            if label_set.get("includeSelectors"):
-                pytest.fail("labels with includeSelectors are not rendered here")
-    _set_images(docs, kustomization.get("images", []))
-    return docs
+# --- kustomize ------------------------------------------------------------------------------
 
 
 def build(tree: Path) -> list[dict[str, Any]]:
-    """What `kubectl kustomize tree` prints: render, then the generated names."""
-    docs = render(tree)
-    _suffix_generated_names(docs)
-    return docs
+    """What `kubectl kustomize tree` prints."""
+    kubectl = require("kubectl", "kubectl renders the kustomizations (kubectl kustomize)")
+    result = subprocess.run(
+        [kubectl, "kustomize", str(_resolve(tree))],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 0, f"kubectl kustomize {tree}: {result.stderr}"
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
 
 
 def rendered(tree: Path) -> list[dict[str, Any]]:
@@ -210,13 +132,40 @@ def rendered(tree: Path) -> list[dict[str, Any]]:
 _RENDERED: dict[Path, list[dict[str, Any]]] = {}
 
 
+def _load(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
 def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     (doc,) = [d for d in docs if d["kind"] == kind]
     return doc
 
 
+def _named(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (doc,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    return doc
+
+
+def fragments(docs: list[dict[str, Any]]) -> dict[str, str]:
+    """The agent's config.d: the data of the ConfigMap its DaemonSet mounts there."""
+    [volume] = [v for v in pod_spec(docs)["volumes"] if v["name"] == "config"]
+    data: dict[str, str] = _named(docs, "ConfigMap", volume["configMap"]["name"])["data"]
+    return data
+
+
+def config_dir(docs: list[dict[str, Any]], root: Path) -> Path:
+    """The pod's /etc/gpuagent under ``root``: the image's config.toml and the fragments."""
+    (root / "config.d").mkdir(parents=True)
+    shutil.copy(IMAGE_CONFIG, root / "config.toml")
+    for name, text in fragments(docs).items():
+        (root / "config.d" / name).write_text(text)
+    return root / "config.toml"
+
+
 def config_of(docs: list[dict[str, Any]]) -> Config:
-    return parse_config(one(docs, "ConfigMap")["data"]["config.toml"])
+    """The configuration the agent in the pod loads."""
+    with tempfile.TemporaryDirectory() as root:
+        return load_config(config_dir(docs, Path(root)))
 
 
 def pod_spec(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -225,12 +174,16 @@ def pod_spec(docs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    (main,) = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    (main,) = pod_spec(docs)["containers"]
     return dict(main)
 
 
 def tree_id(tree: Path) -> str:
-    return str(tree.relative_to(KUBE))
+    return str(tree) if tree.parts[0] == "docs" else str(tree.relative_to(KUBE))
+
+
+def _has_component(docs: list[dict[str, Any]], name: str) -> bool:
+    return f"50-{name}.toml" in fragments(docs)
 
 
 # --- schema ---------------------------------------------------------------------------------
@@ -264,14 +217,15 @@ def test_the_validator_rejects_an_unknown_field_and_a_wrong_type() -> None:
 
 def test_every_file_in_the_tree_is_used() -> None:
     listed: set[Path] = set()
-    for tree in ALL_TREES:
-        kustomization = yaml.safe_load((tree / "kustomization.yaml").read_text())
-        listed.add((tree / "kustomization.yaml").resolve())
+    for path in KUBE.rglob("kustomization.yaml"):
+        tree, kustomization = path.parent, yaml.safe_load(path.read_text())
+        listed.add(path.resolve())
         listed |= {(tree / r).resolve() for r in kustomization.get("resources", [])}
         patches = kustomization.get("patches", [])
         listed |= {(tree / p["path"]).resolve() for p in patches if "path" in p}
         generators = kustomization.get("configMapGenerator", [])
-        listed |= {(tree / f).resolve() for g in generators for f in g["files"]}
+        # A file is `path` or `key=path`.
+        listed |= {(tree / f.split("=")[-1]).resolve() for g in generators for f in g["files"]}
     files = {
         p.resolve()
         for pattern in ("*.yaml", "*.toml")
@@ -279,6 +233,15 @@ def test_every_file_in_the_tree_is_used() -> None:
         if "image" not in p.parts
     }
     assert files - listed == set()
+
+
+@pytest.mark.parametrize("tree", ALL_TREES, ids=tree_id)
+def test_no_host_path_is_made_where_the_node_lacks_it(tree: Path) -> None:
+    for doc in rendered(tree):
+        if doc["kind"] in WORKLOADS:
+            for volume in doc["spec"]["template"]["spec"].get("volumes", []):
+                if "hostPath" in volume:
+                    assert volume["hostPath"].get("type") in EXISTING, (tree, volume)
 
 
 # --- configuration and image, each from one place ---------------------------------------
@@ -291,29 +254,69 @@ def _copy_tree(tmp_path: Path) -> Path:
     return copy_root
 
 
-@pytest.mark.parametrize("tree", TREES, ids=tree_id)
-def test_a_configuration_change_rolls_the_daemonset(tree: Path, tmp_path: Path) -> None:
+def _copy_tree(tmp_path: Path) -> Path:
+    """deploy/kubernetes copied, for a test that changes a file of it."""
+    copy_root = tmp_path / "kubernetes"
+    shutil.copytree(KUBE, copy_root)
+    return copy_root
+
+
+@pytest.mark.parametrize(
+    "fragment", ["base/00-base.toml", "components/kernel-log/50-kernel-log.toml"]
+)
+def test_a_configuration_change_rolls_the_daemonset(fragment: str, tmp_path: Path) -> None:
+    tree = KUBE / "overlays" / "kernel-log"
     docs = rendered(tree)
-    config_map = one(docs, "ConfigMap")
-    name = config_map["metadata"]["name"]
-    assert re.fullmatch(r"gpuagent-config-[0-9a-z]{10}", name)
     [volume] = [v for v in pod_spec(docs)["volumes"] if v["name"] == "config"]
-    assert volume["configMap"]["name"] == name
-    # Another configuration is another name: the DaemonSet's pod template changes.
+    name = volume["configMap"]["name"]
+    assert re.fullmatch(r"gpuagent-config-[0-9a-z]{10}", name)
+    # A change in any fragment is another name: the DaemonSet's pod template changes.
     copy_root = _copy_tree(tmp_path)
-    changed = copy_root / tree.relative_to(KUBE)
-    toml = next(p for p in (changed, copy_root / "base") if (p / "config.toml").exists())
-    (toml / "config.toml").write_text((toml / "config.toml").read_text() + "\n# changed\n")
-    again = build(changed)
-    assert one(again, "ConfigMap")["metadata"]["name"] != name
+    changed = copy_root / fragment
+    changed.write_text(changed.read_text() + "\n# changed\n")
+    again = build(copy_root / tree.relative_to(KUBE))
     [volume] = [v for v in pod_spec(again)["volumes"] if v["name"] == "config"]
-    assert volume["configMap"]["name"] == one(again, "ConfigMap")["metadata"]["name"]
+    assert volume["configMap"]["name"] != name
+    assert "# changed" in fragments(again)[PurePosixPath(fragment).name]
+
+
+@pytest.mark.parametrize("tree", TREES, ids=tree_id)
+def test_the_agent_accepts_the_configuration_it_is_given(tree: Path, tmp_path: Path) -> None:
+    """`gpuagent config check` on the pod's /etc/gpuagent: the image's file and config.d."""
+    docs = rendered(tree)
+    path = config_dir(docs, tmp_path / "etc-gpuagent")
+    container_args = container(docs)["args"]
+    assert f"--config={PurePosixPath('/etc/gpuagent/config.toml')}" in container_args
+    [mount] = [m for m in container(docs)["volumeMounts"] if m["name"] == "config"]
+    assert mount["mountPath"] == "/etc/gpuagent/config.d"
+    result = run_cli("config", "check", str(path))
+    assert result.returncode == 0, result.stderr
+
+
+def test_components_set_no_key_another_sets() -> None:
+    """Components combine in any order: no two fragments set the same key."""
+
+    def keys(table: dict[str, Any], prefix: str = "") -> set[str]:
+        found = set()
+        for key, value in table.items():
+            if isinstance(value, dict):
+                found |= keys(value, f"{prefix}{key}.")
+            else:
+                found.add(f"{prefix}{key}")
+        return found
+
+    owner: dict[str, Path] = {}
+    for fragment in sorted((KUBE / "components").glob("*/*.toml")):
+        assert fragment.name.startswith("50-"), fragment
+        for key in keys(tomllib.loads(fragment.read_text())):
+            assert key not in owner, f"{key}: {owner.get(key)} and {fragment}"
+            owner[key] = fragment
 
 
 def test_every_gpuagent_image_is_the_one_the_version_names() -> None:
     version = re.search(r'^version = "(.+)"', (REPO / "pyproject.toml").read_text(), re.MULTILINE)
     assert version is not None
-    for tree in TREES:
+    for tree in SHIPPED:
         for image in _images(rendered(tree)):
             if "gpuagent" in image:
                 assert image == f"localhost/gpuagent:{version[1]}", tree
@@ -321,11 +324,12 @@ def test_every_gpuagent_image_is_the_one_the_version_names() -> None:
 
 def test_one_images_entry_moves_every_gpuagent_container(tmp_path: Path) -> None:
     """What docs/kubernetes.md tells an operator to write, for a registry of their own."""
-    for tree in TREES:
-        mine = tmp_path / tree.name
+    (tmp_path / "deploy").symlink_to(REPO / "deploy")  # kustomize takes relative paths only
+    for tree in SHIPPED:
+        mine = tmp_path / tree_id(tree).replace("/", "-")
         mine.mkdir()
         (mine / "kustomization.yaml").write_text(
-            f"resources:\n  - {tree}\n"
+            f"resources:\n  - ../deploy/kubernetes/{tree_id(tree)}\n"
             "images:\n  - name: localhost/gpuagent\n"
             "    newName: registry.example.org/gpu/gpuagent\n    newTag: 0.1.0-1\n"
         )
@@ -389,8 +393,8 @@ def test_the_pod_gets_no_more_than_the_systemd_unit(tree: Path) -> None:
     assert set(security["capabilities"]["add"]) <= _unit_capabilities()
     assert security["readOnlyRootFilesystem"] is True
     assert pod["hostPID"] is True
-    # Only the kernel-log overlay is privileged, and only it follows /dev/kmsg.
-    privileged = tree.name == "kernel-log"
+    # Only the kernel-log component makes the pod privileged, and only it follows /dev/kmsg.
+    privileged = _has_component(docs, "kernel-log")
     assert security["privileged"] is privileged
     assert config_of(docs).sources.kmsg.enabled is privileged
 
@@ -421,8 +425,13 @@ def test_every_path_the_configuration_reads_is_mounted(tree: Path) -> None:
         config.attribution.pod_resources_socket,
         config.inventory.os_release,
         config.inventory.modules_root,
-        config.inventory.dkms_root,
     ]
+    # DKMS is read only where the component dkms mounts it; elsewhere the key names the
+    # image's own path, which is absent (no DKMS builds).
+    if _has_component(docs, "dkms"):
+        read.append(config.inventory.dkms_root)
+    else:
+        assert not _mounted(docs, config.inventory.dkms_root)
     broker = config.outputs.mqtt.broker
     if config.outputs.mqtt.enabled:
         read += [broker.ca_file, broker.cert_file, broker.key_file]
@@ -443,7 +452,10 @@ def test_ports_agree_with_metrics_listen(tree: Path) -> None:
     (service_port,) = one(docs, "Service")["spec"]["ports"]
     assert service_port["port"] == port
     assert service_port["targetPort"] == "metrics"
-    assert tree.name != "drop-in-dcgm-exporter" or port == 9400
+    # The drop-in is dcgm-exporter's port and labels (pod, namespace, container).
+    drop_in = _has_component(docs, "dcgm-exporter-drop-in")
+    assert (port == 9400) is drop_in
+    assert config_of(docs).attribution.kubernetes is drop_in
 
 
 def test_the_service_selects_the_daemonsets_pods() -> None:
@@ -455,55 +467,47 @@ def test_the_service_selects_the_daemonsets_pods() -> None:
     assert daemonset["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
 
 
-@pytest.mark.parametrize("tree", OVERLAYS, ids=tree_id)
-def test_overlay_configurations_differ_from_the_base_only_where_they_say(tree: Path) -> None:
-    """An overlay replaces the whole config.toml; everything but its own change must stay
-    as in the base (so a base change is not silently lost in an overlay)."""
-    base = config_of(rendered(BASE))
-    overlay = config_of(rendered(tree))
-    if tree.name == "drop-in-dcgm-exporter":
-        assert overlay.metrics.listen == ":9400"
-        overlay = dataclasses.replace(overlay, metrics=base.metrics)
-    elif tree.name == "kernel-log":
-        assert overlay.sources.kmsg.path == Path("/dev/kmsg")
-        overlay = dataclasses.replace(
-            overlay, sources=dataclasses.replace(overlay.sources, kmsg=base.sources.kmsg)
-        )
-    elif tree.name == "fleet-agent":
-        assert overlay.outputs.mqtt.enabled
-        overlay = dataclasses.replace(
-            overlay, outputs=dataclasses.replace(overlay.outputs, mqtt=base.outputs.mqtt)
-        )
-    assert overlay == base
-
-
 # --- RBAC -------------------------------------------------------------------------------------
+
+
+def _roles(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {d["metadata"]["name"]: d["rules"] for d in docs if d["kind"] == "ClusterRole"}
 
 
 def test_rbac_is_what_the_agent_uses_and_matches_the_docs() -> None:
     docs = rendered(BASE)
-    role = one(docs, "ClusterRole")
-    # The cordon backend and the output's conditions (nodes, nodes/status), the output's
-    # events (create, then patch to count on them); the requests the tests see are these.
-    assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
-        {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
-        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
-    ]
-    binding = one(docs, "ClusterRoleBinding")
+    # The output's conditions and the check (nodes, nodes/status), the output's events
+    # (create, then patch to count on them); the requests the tests see are these.
+    base = {
+        "gpuagent-node": [
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
+            {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        ]
+    }
+    assert _roles(docs) == base
+    assert config_of(docs).remediation.cordon.backends == []
     account = one(docs, "ServiceAccount")
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert binding["subjects"] == [
-        {
-            "kind": "ServiceAccount",
-            "name": account["metadata"]["name"],
-            "namespace": account["metadata"]["namespace"],
-        }
-    ]
-    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
-    assert pod["serviceAccountName"] == account["metadata"]["name"]
-    documented = one(_load(REPO / "docs" / "kubernetes-rbac.yaml"), "ClusterRole")
-    assert documented["rules"] == role["rules"]
+    for binding in (d for d in build(doc_set("cordon")) if d["kind"] == "ClusterRoleBinding"):
+        assert binding["subjects"] == [
+            {
+                "kind": "ServiceAccount",
+                "name": account["metadata"]["name"],
+                "namespace": account["metadata"]["namespace"],
+            }
+        ]
+    assert pod_spec(docs)["serviceAccountName"] == account["metadata"]["name"]
+    # The cordon backend adds patching the Node, and only that.
+    cordon = build(doc_set("cordon"))
+    assert config_of(cordon).remediation.cordon.backends == ["kubernetes"]
+    roles = _roles(cordon)
+    assert roles == {
+        **base,
+        "gpuagent-node-cordon": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}],
+    }
+    bindings = {d["roleRef"]["name"] for d in cordon if d["kind"] == "ClusterRoleBinding"}
+    assert bindings == set(roles)
+    assert _roles(_load(REPO / "docs" / "kubernetes-rbac.yaml")) == roles
 
 
 # --- Prometheus Operator resources ------------------------------------------------------------
@@ -511,6 +515,7 @@ def test_rbac_is_what_the_agent_uses_and_matches_the_docs() -> None:
 
 def test_servicemonitor_scrapes_the_service() -> None:
     docs = rendered(KUBE / "overlays" / "with-prometheus-operator")
+    assert docs == rendered(Path("docs") / "prometheus")
     monitor = one(docs, "ServiceMonitor")
     service = one(docs, "Service")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
@@ -525,6 +530,19 @@ def test_servicemonitor_scrapes_the_service() -> None:
         assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout", "relabelings"}
         for relabel in endpoint.get("relabelings", []):
             assert set(relabel) <= {"sourceLabels", "targetLabel", "action", "regex"}
+
+
+def test_the_release_label_is_one_setting(tmp_path: Path) -> None:
+    """kube-prometheus-stack's selectors: the default release, and another in one patch."""
+    for tree, release in (
+        (KUBE / "overlays" / "with-prometheus-operator", "kube-prometheus-stack"),
+        (Path("docs") / "prometheus-release", "prometheus"),
+    ):
+        docs = rendered(tree)
+        for kind in ("ServiceMonitor", "PrometheusRule"):
+            assert one(docs, kind)["metadata"]["labels"]["release"] == release, (tree, kind)
+        others = [d for d in docs if d["kind"] not in {"ServiceMonitor", "PrometheusRule"}]
+        assert all("release" not in d["metadata"].get("labels", {}) for d in others)
 
 
 def test_prometheusrule_is_generated_from_the_current_rules_file() -> None:

@@ -164,24 +164,24 @@ def test_check_from_nvidia_smi_with_dmesg_on_the_command_line(tmp_path: Path) ->
         pytest.param('{"gpus": []}\n', 1, id="json"),
     ],
 )
-def test_a_file_that_is_not_a_capture_exits_2_naming_the_line(
+def test_a_file_that_is_not_a_capture_exits_3_naming_the_line(
     tmp_path: Path, content: str, line: int
 ) -> None:
     path = tmp_path / "bad.txt"
     path.write_text(content)
     result = run_cli("check", "--from-nvidia-smi", str(path))
-    assert result.returncode == 2
+    assert result.returncode == 3  # UNKNOWN: no verdict, and no drain
     assert "Traceback" not in result.stderr
     assert f"line {line}:" in result.stderr
 
 
-def test_a_truncated_capture_exits_2_naming_the_line(tmp_path: Path) -> None:
+def test_a_truncated_capture_exits_3_naming_the_line(tmp_path: Path) -> None:
     text = (REAL_HOSTS / "h100-sxm-x8.535.161.08.nvidia-smi-q.txt").read_text()
     cut = "\n".join(text.splitlines()[:300]) + "\n"
     path = tmp_path / "cut.txt"
     path.write_text(cut)
     result = run_cli("check", "--from-nvidia-smi", str(path))
-    assert result.returncode == 2
+    assert result.returncode == 3
     assert "Traceback" not in result.stderr
     assert re.search(r"line \d+:", result.stderr)
 
@@ -242,7 +242,7 @@ def test_simulate_and_a_capture_cannot_be_combined(tmp_path: Path) -> None:
     scenario.write_text("[node]\ngpus = 1\n")
     capture = REAL_HOSTS / "a10.535.129.03.nvidia-smi-q.txt"
     result = run_cli("check", "--simulate", str(scenario), "--from-nvidia-smi", str(capture))
-    assert result.returncode == 2
+    assert result.returncode == 3
     assert "cannot be combined" in result.stderr
 
 
@@ -398,7 +398,7 @@ def test_faults_on_top_of_a_replayed_host(run_daemon: Callable[..., DaemonProces
         pytest.param('[node]\nnvidia_smi = "{bad}"\n', "node.nvidia_smi", id="not-a-capture"),
     ],
 )
-def test_a_bad_replay_scenario_exits_2_naming_the_key(
+def test_a_bad_replay_scenario_exits_3_naming_the_key(
     tmp_path: Path, scenario: str, key: str
 ) -> None:
     bad = tmp_path / "bad.txt"
@@ -407,7 +407,7 @@ def test_a_bad_replay_scenario_exits_2_naming_the_key(
     path = tmp_path / "replay.toml"
     path.write_text(scenario.format(capture=capture, bad=bad))
     result = run_cli("check", "--simulate", str(path))
-    assert result.returncode == 2
+    assert result.returncode == 3
     assert "Traceback" not in result.stderr
     assert key in result.stderr
 

@@ -26,14 +26,28 @@ if TYPE_CHECKING:
     from gpuagent.sim import Scenario
 
 DEFAULT_CONFIG = Path("/etc/gpuagent/config.toml")
+# A usage error or an invalid configuration: argparse's own status, and the one a unit's
+# RestartPreventExitStatus=2 keys on, so that `run` with a bad configuration is not retried.
 EXIT_CONFIG_ERROR = 2
+# `check` and `status` exit as a Nagios plugin: 0 OK, 1 WARN, 2 CRITICAL, 3 UNKNOWN. Their
+# 2 drains a node, so whatever kept them from judging (a usage error too) is 3, never 2.
 EXIT_UNKNOWN = 3
+JUDGING_COMMANDS = frozenset({"check", "status"})
 EXIT_DIAG_UNAVAILABLE = 2  # `gpuagent diag`: 0 passed, 1 failed, 2 could not be run
 DIAG_POLL_SECONDS = 2.0
-EXIT_NO_SUCH_GPU = 2  # a --gpu argument names no GPU the daemon knows
 WATCH_SECONDS = 2.0  # `gpuagent status --watch` without a number
 # Cursor home and erase the screen: each `status --watch` frame replaces the last.
 _CLEAR_SCREEN = "\x1b[H\x1b[2J"
+
+
+class InputError(Exception):
+    """What a command was given cannot be used: a bad option, an invalid or unreadable
+    configuration, scenario or capture, a GPU that does not exist. main() picks the exit
+    status from the command (`_input_error_status`), so no helper can get it wrong."""
+
+
+def _input_error_status(command: str | None) -> int:
+    return EXIT_UNKNOWN if command in JUDGING_COMMANDS else EXIT_CONFIG_ERROR
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
@@ -50,7 +64,7 @@ def _load_config(path: Path | None) -> Config:
     try:
         return load_config(path)
     except ConfigError as exc:
-        _fail(f"invalid configuration{f' {path}' if path else ''}: {exc}", EXIT_CONFIG_ERROR)
+        raise InputError(f"invalid configuration{f' {path}' if path else ''}: {exc}") from None
 
 
 def _socket_path(args: argparse.Namespace) -> Path:
@@ -60,14 +74,14 @@ def _socket_path(args: argparse.Namespace) -> Path:
 
 
 def _resolve_gpus(status: dict[str, Any], selectors: list[str]) -> list[KnownGpu]:
-    """The GPUs of ``status`` the --gpu arguments name; exit 2, listing the GPUs there are,
-    when one names none of them."""
+    """The GPUs of ``status`` the --gpu arguments name; an InputError listing the GPUs there
+    are when one names none of them."""
     from gpuagent.gpuselect import NoSuchGpuError, known_gpus, resolve_gpus  # noqa: PLC0415
 
     try:
         return resolve_gpus(selectors, known_gpus(status))
     except NoSuchGpuError as exc:
-        _fail(str(exc), EXIT_NO_SUCH_GPU)
+        raise InputError(str(exc)) from None
 
 
 def _daemon_gpus(socket: Path, selectors: list[str], unreachable_code: int) -> list[KnownGpu]:
@@ -91,7 +105,7 @@ def _check_scenario(path: Path | None) -> None:
     try:
         load_scenario(path)
     except ConfigError as exc:
-        _fail(f"invalid scenario {path}: {exc}", EXIT_CONFIG_ERROR)
+        raise InputError(f"invalid scenario {path}: {exc}") from None
 
 
 def _setup_logging(level: str, log_format: str = "text") -> None:
@@ -120,7 +134,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         asyncio.run(agent.run())
     except BackendConfigError as exc:
-        _fail(f"invalid configuration: {exc}", EXIT_CONFIG_ERROR)
+        raise InputError(f"invalid configuration: {exc}") from None
     except OSError as exc:
         _fail(str(exc))
     return 0
@@ -151,7 +165,7 @@ def _replayed_host(path: Path) -> Scenario:
     try:
         return replay_scenario(load_capture(path), source=str(path))
     except CaptureError as exc:
-        _fail(f"cannot replay {path}: {exc}", EXIT_CONFIG_ERROR)
+        raise InputError(f"cannot replay {path}: {exc}") from None
 
 
 def _read_kernel_log(path: Path | None) -> bytes | None:
@@ -160,13 +174,13 @@ def _read_kernel_log(path: Path | None) -> bytes | None:
     try:
         return path.read_bytes()
     except OSError as exc:
-        _fail(f"cannot read {path}: {exc.strerror or exc}", EXIT_CONFIG_ERROR)
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     config = _load_config(args.config)
     if args.simulate is not None and args.from_nvidia_smi is not None:
-        _fail("--simulate and --from-nvidia-smi cannot be combined", EXIT_CONFIG_ERROR)
+        raise InputError("--simulate and --from-nvidia-smi cannot be combined")
     _check_scenario(args.simulate)
     simulate: Path | Scenario | None = args.simulate
     notes: tuple[str, ...] = ()
@@ -197,7 +211,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _status_of(socket: Path, selectors: list[str]) -> dict[str, Any]:
     """The daemon's status document, with only the GPUs --gpu names when it names any.
-    Raises ClientError when the daemon cannot be asked."""
+    Raises ClientError when the daemon cannot be asked, InputError when --gpu names none."""
     from gpuagent.client import call  # noqa: PLC0415
 
     doc: dict[str, Any] = call(socket, "status")
@@ -212,7 +226,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from gpuagent.render import color_enabled, render_status  # noqa: PLC0415
 
     if args.watch is not None and args.json:
-        _fail("--watch and --json cannot be combined", EXIT_CONFIG_ERROR)
+        raise InputError("--watch and --json cannot be combined")
     socket = _socket_path(args)
     selectors = args.gpu or []
     color = color_enabled(args.color, sys.stdout)
@@ -270,7 +284,7 @@ def _watch_status(socket: Path, selectors: list[str], seconds: float, color: boo
 def _parse_assignment(item: str) -> tuple[str, Any]:
     key, sep, raw = item.partition("=")
     if not sep or not key:
-        _fail(f"expected key=value, got {item!r}", EXIT_CONFIG_ERROR)
+        raise InputError(f"expected key=value, got {item!r}")
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
@@ -311,7 +325,7 @@ def cmd_actions(args: argparse.Namespace) -> int:
     try:
         result = call(_socket_path(args), "actions", {"limit": args.limit})
     except ClientError as exc:
-        _fail(str(exc), EXIT_UNKNOWN)
+        _fail(str(exc))
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -435,12 +449,12 @@ def cmd_events(args: argparse.Namespace) -> int:
         # Events name GPUs by their canonical bus id (0000:3b:00.0).
         from gpuagent.kernel.parse import canonical_pci  # noqa: PLC0415
 
-        (gpu,) = _daemon_gpus(socket, [args.gpu], EXIT_UNKNOWN)
+        (gpu,) = _daemon_gpus(socket, [args.gpu], unreachable_code=1)
         params["gpu"] = canonical_pci(gpu.pci_bus_id) or gpu.pci_bus_id
     try:
         events = call(socket, "events", params)["events"]
     except ClientError as exc:
-        _fail(str(exc), EXIT_UNKNOWN)
+        _fail(str(exc))
     if args.json:
         print(json.dumps(events, indent=2))
         return 0
@@ -649,13 +663,28 @@ def _socket_options(sub: argparse.ArgumentParser) -> None:
     group.add_argument("--socket", type=Path, help="the daemon's API socket")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpuagent", description="GPU node health agent")
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, but a usage error exits with ``usage_status``: 3 for the commands
+    that judge health, whose 2 is CRITICAL. Its subparsers are of this class too."""
+
+    def __init__(self, *args: Any, usage_status: int = EXIT_CONFIG_ERROR, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.usage_status = usage_status
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(self.usage_status, f"{self.prog}: error: {message}\n")
+
+
+def _parser() -> _Parser:
+    parser = _Parser(prog="gpuagent", description="GPU node health agent")
     parser.add_argument("--version", action="version", version=f"gpuagent {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
-        return commands.add_parser(name, help=help_text, description=help_text)
+        return commands.add_parser(
+            name, help=help_text, description=help_text, usage_status=_input_error_status(name)
+        )
 
     _add_daemon_commands(add)
     _add_client_commands(add)
@@ -827,6 +856,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     if extra and args.command == "inject" and not any(i.startswith("-") for i in extra):
         args.values += extra
     elif extra:
+        # argparse leaves a command's unknown arguments to the top parser: still the
+        # command's usage error.
+        parser.usage_status = _input_error_status(args.command)
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return args
 
@@ -835,10 +867,21 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     try:
         result: int = args.func(args)
+    except InputError as exc:
+        print(f"gpuagent: {exc}", file=sys.stderr)
+        return _input_error_status(args.command)
     except BrokenPipeError:
         # `gpuagent status | head`: the reader went away, which is not an error of ours.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception:
+        if args.command not in JUDGING_COMMANDS:
+            raise
+        # A crash is no verdict: Python's exit status 1 would read as WARN.
+        import traceback  # noqa: PLC0415
+
+        traceback.print_exc()
+        return EXIT_UNKNOWN
     return result
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from pathlib import Path
 
 
 class ConfigError(ValueError):
@@ -11,29 +12,42 @@ class ConfigError(ValueError):
 
     One error is one problem. Loading collects every problem in a file and raises them
     together (`ConfigError.of`): ``problems`` lists them, ``key``, ``line`` and ``problem``
-    are the first one's, and ``str()`` shows each on a line of its own.
+    are the first one's, and ``str()`` shows each on a line of its own. ``file`` is set
+    where the problem is in a fragment of config.d rather than in the file that was named
+    (whose name the caller prints), and ``line`` is then that fragment's.
     """
 
-    def __init__(self, message: str, *, key: str = "", line: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, key: str = "", line: int | None = None, file: Path | None = None
+    ) -> None:
         self.key = key
         self.line = line
+        self.file = file
         self.problem = message
         self.problems: tuple[ConfigError, ...] = (self,)
-        where = f" (line {line})" if line is not None else ""
-        prefix = f"{key}{where}: " if key else (f"line {line}: " if line is not None else "")
+        place = [str(file)] if file is not None else []
+        place += [f"line {line}"] if line is not None else []
+        where = ", ".join(place)
+        if key and where:
+            prefix = f"{key} ({where}): "
+        else:
+            prefix = f"{key or where}: " if key or where else ""
         super().__init__(prefix + message)
 
     @classmethod
     def of(cls, problems: Sequence[ConfigError]) -> ConfigError:
-        """One error for ``problems`` (at least one), in the order of their lines."""
+        """One error for ``problems`` (at least one), in the order of their files (the named
+        one first, then the fragments by name) and lines."""
         flat = [single for problem in problems for single in problem.problems]
         if not flat:
             raise ValueError("ConfigError.of needs at least one problem")
-        ordered = sorted(flat, key=lambda p: (p.line is None, p.line or 0))
+        ordered = sorted(
+            flat, key=lambda p: (p.file is not None, str(p.file or ""), p.line is None, p.line or 0)
+        )
         if len(ordered) == 1:
             return ordered[0]
         first = ordered[0]
-        error = cls(first.problem, key=first.key, line=first.line)
+        error = cls(first.problem, key=first.key, line=first.line, file=first.file)
         error.problems = tuple(ordered)
         lines = "".join(f"\n  {problem}" for problem in ordered)
         error.args = (f"{len(ordered)} problems:{lines}",)

@@ -5,6 +5,11 @@ Unknown keys, wrong types, values outside a key's declared range (see
 naming its dotted key and, where the key appears in the file, its line; one `ConfigError`
 then carries them all, so `gpuagent config check` lists every problem in a file at once.
 A TOML syntax error stops parsing, so it is reported alone.
+
+A configuration file ``NAME.toml`` may have fragments beside it, ``NAME.d/*.toml``, read
+in name order and merged over it: tables merge key by key, any other value (an array, an
+array of tables included) is replaced whole by the later file's. A problem with a value
+that came from a fragment names that fragment and its line.
 """
 
 from __future__ import annotations
@@ -14,8 +19,9 @@ import re
 import tomllib
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from gpuagent.config.errors import ConfigError, find_line
 from gpuagent.config.ranges import range_of
@@ -26,10 +32,31 @@ T = TypeVar("T")
 
 
 def load_config(path: Path | None) -> Config:
-    """Load and validate ``path``; None gives the defaults."""
+    """Load and validate ``path`` with its fragments merged over it; None gives the
+    defaults."""
     if path is None:
         return Config()
-    return parse_config(read_text(path))
+    main = _Document(None, read_text(path))
+    fragments = [_Document(file, read_text(file)) for file in fragments_of(path)]
+    return _parse_merged([main, *fragments])
+
+
+def fragments_of(path: Path) -> list[Path]:
+    """The fragments of configuration file ``path``: ``<stem>.d/*.toml`` beside it, in name
+    order (hidden files left out: editors' and ConfigMap volumes' own entries); none when
+    the directory is absent."""
+    directory = path.parent / f"{path.stem}.d"
+    try:
+        entries = sorted(directory.iterdir(), key=lambda entry: entry.name)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise ConfigError(f"cannot read {directory}: {exc.strerror}") from None
+    return [
+        entry
+        for entry in entries
+        if entry.suffix == ".toml" and not entry.name.startswith(".") and entry.is_file()
+    ]
 
 
 def read_text(path: Path) -> str:
@@ -44,15 +71,79 @@ def read_text(path: Path) -> str:
 
 def parse_config(text: str) -> Config:
     """The configuration ``text`` describes; a ConfigError listing every problem in it."""
-    data = parse_toml(text)
+    return _parse_merged([_Document(None, text)])
+
+
+class _Document(NamedTuple):
+    path: Path | None  # None: the file the caller named (it prints the name)
+    text: str
+
+
+def _parse_merged(documents: Sequence[_Document]) -> Config:
+    """The configuration of the first document with the others merged over it, each
+    problem placed in the document its value came from."""
+    tables = []
+    for document in documents:
+        try:
+            tables.append(parse_toml(document.text))
+        except ConfigError as exc:
+            raise ConfigError(exc.problem, line=exc.line, file=document.path) from None
+    merged: dict[str, Any] = {}
+    for table in tables:
+        merged = _merge(merged, table)
+    main = documents[0].text
     problems: list[ConfigError] = []
-    config = _build(Config, data, text, "", problems)
+    config = _build(Config, merged, main, "", problems)
     if config is not None:
         invalid = {problem.key for problem in problems}
-        problems += check_consistency(config, text, invalid)
+        problems += check_consistency(config, main, invalid)
     if problems or config is None:
-        raise ConfigError.of(problems)
+        raise ConfigError.of([_placed(p, documents, tables) for p in problems])
     return config
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` merged over ``base``: tables key by key, anything else replaced."""
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _placed(
+    problem: ConfigError, documents: Sequence[_Document], tables: Sequence[dict[str, Any]]
+) -> ConfigError:
+    """``problem`` (its line found in the first document) in the document that set its key
+    last: for a key no document sets (a required one missing), the one that set the
+    nearest table around it."""
+    parts = problem.key.split(".") if problem.key else []
+    for length in range(len(parts), 0, -1):
+        for index in reversed(range(len(documents))):
+            if _sets(tables[index], parts[:length]):
+                if index == 0:
+                    return problem
+                document = documents[index]
+                line = find_line(document.text, problem.key) or find_line(
+                    document.text, ".".join(parts[:length])
+                )
+                return ConfigError(problem.problem, key=problem.key, line=line, file=document.path)
+    return problem
+
+
+def _sets(table: dict[str, Any], parts: list[str]) -> bool:
+    """Whether ``table`` sets the dotted key ``parts``; a key within an array of tables is
+    set where the array is (the array is one value, replaced whole)."""
+    node: Any = table
+    for part in parts:
+        if isinstance(node, list):
+            return True
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
 
 
 def parse_toml(text: str) -> dict[str, Any]:

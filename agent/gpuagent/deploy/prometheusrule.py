@@ -1,7 +1,7 @@
 """The Prometheus Operator's PrometheusRule for gpuagent, generated from the plain rules file.
 
 deploy/prometheus/gpuagent-rules.yml is the one source of the alerts (promtool checks and
-unit-tests it); deploy/kubernetes/overlays/with-prometheus-operator/prometheusrule.yaml
+unit-tests it); deploy/kubernetes/components/prometheus-operator/prometheusrule.yaml
 carries the same groups in a PrometheusRule. Regenerate it after changing the rules:
 
     scripts/render-prometheusrule     (.venv/bin/python -m gpuagent.deploy.prometheusrule, run
@@ -21,11 +21,11 @@ import yaml
 
 # Relative to the checkout's root, where scripts/render-prometheusrule runs it.
 RULES = Path("deploy/prometheus/gpuagent-rules.yml")
-OUTPUT = Path("deploy/kubernetes/overlays/with-prometheus-operator/prometheusrule.yaml")
+OUTPUT = Path("deploy/kubernetes/components/prometheus-operator/prometheusrule.yaml")
 HEADER = f"""\
 # Generated from {RULES} by scripts/render-prometheusrule; do not edit.
-# The Prometheus Operator loads it where its ruleSelector matches these labels (add the
-# label your Prometheus selects on, e.g. release: kube-prometheus-stack, in an overlay).
+# The Prometheus Operator loads it where its ruleSelector matches its labels: the
+# component's kustomization adds release: kube-prometheus-stack (docs/kubernetes.md).
 """
 
 
