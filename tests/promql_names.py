@@ -40,7 +40,7 @@ from gpuagent.model import (
     RemediationStatus,
     Severity,
 )
-from test_metrics_support import BUS_IDS, exposition, ok_findings, snapshot
+from test_metrics_support import BUS_IDS, exposition, gpm, ok_findings, snapshot
 
 # Series Prometheus itself adds for every scrape target.
 PROMETHEUS_NAMES = frozenset({"up"})
@@ -188,8 +188,14 @@ def _full_snapshot() -> NodeSnapshot:
         "c2c_replay_errors": 0,
         "c2c_replay_b2b_errors": 0,
     }
+    # And GPM's profiling values (DCGM_FI_PROF_*, DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL).
     gpus = tuple(
-        dataclasses.replace(g, readings=dataclasses.replace(g.readings, **blackwell))
+        dataclasses.replace(
+            g,
+            readings=dataclasses.replace(
+                g.readings, **blackwell, profiling=(gpm(g.identity.index),)
+            ),
+        )
         if g.readings is not None
         else g
         for g in full.gpus

@@ -1,8 +1,11 @@
-"""NVIDIA's dcgm-exporter Grafana dashboard against a real Prometheus scraping the daemon.
+"""Dashboards and alerts against a real Prometheus scraping the daemon.
 
 The daemon runs on a simulated HGX H100 node with a training process on two GPUs; a real
-Prometheus server scrapes it, and every query of the dashboard must return data, the
-tensor core panel (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, from GPM) included.
+Prometheus server scrapes it. Every query of NVIDIA's dcgm-exporter dashboard must return
+data, the tensor core panel (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, from GPM) included; every
+query of gpuagent's own dashboard must run, its NVLink row and agents-down panel with
+data, under a job not named gpuagent; and an alert written for dcgm-exporter's
+DCGM_FI_DEV_XID_ERRORS{err_code="79"} must fire on a simulated Xid 79.
 """
 
 from __future__ import annotations
@@ -42,14 +45,22 @@ def dashboard_queries() -> list[str]:
 
 
 class Prometheus:
-    """A Prometheus server scraping one target every second, in its own directory."""
+    """A Prometheus server scraping one target every second (and evaluating ``rules``, a
+    rule file's text, every second), in its own directory."""
 
-    def __init__(self, binary: str, workdir: Path, target: str) -> None:
+    def __init__(
+        self, binary: str, workdir: Path, target: str, *, job: str = "gpuagent", rules: str = ""
+    ) -> None:
         self.port = free_port()
         config = workdir / "prometheus.yml"
+        rule_files = ""
+        if rules:
+            (workdir / "rules.yml").write_text(rules)
+            rule_files = f"rule_files: ['{workdir / 'rules.yml'}']\n"
         config.write_text(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
-            "scrape_configs:\n  - job_name: gpuagent\n"
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
+            f"{rule_files}"
+            f"scrape_configs:\n  - job_name: {job}\n"
             f"    static_configs:\n      - targets: ['{target}']\n"
         )
         self.log = workdir / "prometheus.log"
@@ -87,14 +98,14 @@ class Prometheus:
 
 
 @pytest.fixture
-def prometheus(tmp_path: Path) -> Iterator[Callable[[str], Prometheus]]:
+def prometheus(tmp_path: Path) -> Iterator[Callable[..., Prometheus]]:
     binary = require("prometheus", "the dashboard test's server (Debian package prometheus)")
     started: list[Prometheus] = []
 
-    def start(target: str) -> Prometheus:
+    def start(target: str, **options: str) -> Prometheus:
         workdir = tmp_path / "prometheus"
         workdir.mkdir()
-        server = Prometheus(binary, workdir, target)
+        server = Prometheus(binary, workdir, target, **options)
         started.append(server)
         return server
 
@@ -121,7 +132,7 @@ def _ready(server: Prometheus) -> bool:
 
 
 def test_every_dashboard_query_returns_data(
-    run_daemon: Callable[..., DaemonProcess], prometheus: Callable[[str], Prometheus]
+    run_daemon: Callable[..., DaemonProcess], prometheus: Callable[..., Prometheus]
 ) -> None:
     daemon = run_daemon(SCENARIO)
     server = prometheus(f"127.0.0.1:{daemon.port}")
@@ -175,14 +186,37 @@ def test_every_dashboard_query_returns_data(
     )
 
 
+def _label_values(server: Prometheus, query: str, values: dict[str, str]) -> list[str]:
+    """A Grafana `label_values(SELECTOR, LABEL)` variable query, as Grafana asks Prometheus
+    (the series API), with ``values`` for the variables it uses."""
+    match = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", query)
+    assert match, query
+    selector = _substituted(match[1], values)
+    found = server.get("/api/v1/series?" + urllib.parse.urlencode({"match[]": selector}))
+    return sorted({series[match[2]] for series in found["data"] if match[2] in series})
+
+
+def _substituted(expr: str, values: dict[str, str]) -> str:
+    # Longest names first: $instance is not $in... of another.
+    for name in sorted(values, key=len, reverse=True):
+        expr = expr.replace(f"${name}", values[name])
+    return expr
+
+
+def _variables() -> dict[str, str]:
+    from test_deploy_grafana import _load  # noqa: PLC0415
+
+    return {v["name"]: v["query"]["query"] for v in _load()["templating"]["list"]}
+
+
 def test_the_consoles_grafana_link_lands_on_the_nodes_panels(
     run_daemon: Callable[..., DaemonProcess],
-    prometheus: Callable[[str], Prometheus],
+    prometheus: Callable[..., Prometheus],
 ) -> None:
     """The fleet console's link (the documented grafana_url_template) carries the node's
     name and cluster; the dashboard's variables turn them into the scrape's instance, and
     its panels then show that node."""
-    from test_deploy_grafana import EXPRS, _load  # noqa: PLC0415
+    from test_deploy_grafana import EXPRS  # noqa: PLC0415
 
     daemon = run_daemon(SCENARIO)
     cluster = daemon.status()["node"]["cluster"]
@@ -199,26 +233,146 @@ def test_the_consoles_grafana_link_lands_on_the_nodes_panels(
     }
     assert chosen == {"cluster": [cluster], "node": ["test-node"], "gpu": ["All"]}
 
-    def label_values(query: str, values: dict[str, str]) -> list[str]:
-        match = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", query)
-        assert match, query
-        selector = match[1]
-        for name, value in values.items():
-            selector = selector.replace(f"${name}", value)
-        found = server.get("/api/v1/series?" + urllib.parse.urlencode({"match[]": selector}))
-        return sorted({series[match[2]] for series in found["data"] if match[2] in series})
-
-    variables = {v["name"]: v["query"]["query"] for v in _load()["templating"]["list"]}
-    resolved = {"cluster": cluster, "node": "test-node"}
+    variables = _variables()
+    # The link leaves `job` at All: the jobs that scrape gpuagent.
+    resolved = {"job": "gpuagent", "cluster": cluster, "node": "test-node"}
     _until(
-        lambda: label_values(variables["instance"], resolved) == [target],
+        lambda: _label_values(server, variables["instance"], resolved) == [target],
         "the node's instance was not found",
         server,
         deadline,
     )
     resolved |= {"instance": target, "gpu": ".*"}
     temperature = next(expr for title, expr in EXPRS if "DCGM_FI_DEV_GPU_TEMP" in expr)
-    for name, value in resolved.items():
-        temperature = temperature.replace(f"${name}", value)
+    temperature = _substituted(temperature, resolved)
     _until(lambda: bool(server.query(temperature)), "no temperatures", server, deadline)
     assert {s["metric"]["instance"] for s in server.query(temperature)} == {target}
+
+
+def test_no_query_names_a_job() -> None:
+    """Every `job` matcher of the dashboard, panels and variables, is the `job` variable."""
+    from test_deploy_grafana import DASHBOARD  # noqa: PLC0415
+
+    matchers = re.findall(r'\bjob\s*(=~|!=|!~|=)\s*\\"([^"\\]*)', DASHBOARD.read_text())
+    assert matchers
+    assert set(matchers) == {("=~", "$job")}
+
+
+# Panels that show data on a healthy simulated node (the others show faults: last XID,
+# failing checks, links below capability, ...): the NVLink row, and "Agents down" (0).
+_WITH_DATA = ("Agents down", "NVLinks down", "NVLink state", "NVLink errors", "NVLink bandwidth")
+
+
+def test_every_panel_query_of_the_dashboard_runs_under_any_job_name(
+    run_daemon: Callable[..., DaemonProcess],
+    prometheus: Callable[..., Prometheus],
+) -> None:
+    """gpuagent's dashboard scraped under a job not named gpuagent: the `job` variable finds
+    it, every panel query is valid PromQL for Prometheus, the NVLink row has data, and
+    "Agents down" counts the agent once it stops."""
+    from test_deploy_grafana import EXPRS  # noqa: PLC0415
+
+    daemon = run_daemon(SCENARIO)
+    target = f"127.0.0.1:{daemon.port}"
+    server = prometheus(target, job="gpu-nodes")
+    deadline = deadline_in(_DEADLINE_SECONDS)
+    _until(lambda: _ready(server), "prometheus was not ready", server, deadline)
+    variables = _variables()
+    resolved: dict[str, str] = {}
+    _until(
+        lambda: _label_values(server, variables["job"], resolved) == ["gpu-nodes"],
+        "the job variable did not find the scrape job",
+        server,
+        deadline,
+    )
+    # Grafana's "All" for a variable with values; $__rate_interval at 1 s scrapes.
+    resolved = {
+        "job": "gpu-nodes",
+        **dict.fromkeys(("cluster", "node", "instance", "gpu"), ".*"),
+        "__rate_interval": "10s",
+    }
+    queries = {(title, _substituted(expr, resolved)) for title, expr in EXPRS}
+    assert {title for title, _ in queries} >= set(_WITH_DATA)
+    for _title, expr in queries:
+        server.query(expr)  # fails the test on a query Prometheus rejects
+    answered: dict[tuple[str, str], list[dict[str, Any]]] = {}
+
+    def with_data() -> bool:
+        for title, expr in queries:
+            if title in _WITH_DATA and (title, expr) not in answered:
+                if not (result := server.query(expr)):
+                    return False
+                answered[title, expr] = result
+        return True
+
+    _until(with_data, "a panel of the NVLink row had no data", server, deadline)
+    by_title = {title: result for (title, _), result in answered.items()}
+    # 18 NVLinks up on each of the 8 H100s; every GPU's worst link up.
+    assert [r["value"][1] for r in by_title["NVLinks down"]] == ["0"]
+    state = {r["metric"]["gpu"]: r["value"][1] for r in by_title["NVLink state"]}
+    assert state == {str(gpu): "1" for gpu in range(8)}
+    bandwidth = {r["metric"]["gpu"] for r in by_title["NVLink bandwidth"]}
+    assert bandwidth == {str(gpu) for gpu in range(8)}
+    (agents,) = (e for t, e in queries if t == "Agents down")
+    assert [r["value"][1] for r in server.query(agents)] == ["0"]
+    daemon.stop()
+    _until(
+        lambda: [r["value"][1] for r in server.query(agents)] == ["1"],
+        "the stopped agent was not counted down",
+        server,
+        deadline_in(_DEADLINE_SECONDS),
+    )
+
+
+# An alert as dcgm-exporter users write it (its maintainers' example: the XID's code to
+# match, its text for the notification), unchanged.
+_DCGM_EXPORTER_RULES = """\
+groups:
+  - name: dcgm-exporter
+    rules:
+      - alert: GpuFellOffTheBus
+        expr: max by (Hostname, gpu, UUID, err_msg) (DCGM_FI_DEV_XID_ERRORS{err_code="79"})
+        labels:
+          severity: critical
+        annotations:
+          summary: "{{ $labels.Hostname }} GPU {{ $labels.gpu }}: {{ $labels.err_msg }}"
+"""
+
+
+def test_a_dcgm_exporter_alert_on_xid_79_fires_on_a_simulated_xid_79(
+    run_daemon: Callable[..., DaemonProcess],
+    prometheus: Callable[..., Prometheus],
+) -> None:
+    daemon = run_daemon(SCENARIO)
+    server = prometheus(f"127.0.0.1:{daemon.port}", rules=_DCGM_EXPORTER_RULES)
+    deadline = deadline_in(_DEADLINE_SECONDS)
+    _until(lambda: _ready(server), "prometheus was not ready", server, deadline)
+
+    def alerts() -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = server.get("/api/v1/alerts")["data"]["alerts"]
+        return found
+
+    def evaluated_quiet() -> bool:
+        # The rule has run over scrapes of all 8 GPUs, each at "No Error", and is quiet.
+        healthy = server.query('DCGM_FI_DEV_XID_ERRORS{err_code="0", err_msg="No Error"}')
+        (group,) = server.get("/api/v1/rules")["data"]["groups"]
+        (rule,) = group["rules"]
+        return len(healthy) == 8 and rule["health"] == "ok" and rule["evaluationTime"] > 0
+
+    _until(evaluated_quiet, "the rule was not evaluated over the GPUs", server, deadline)
+    assert alerts() == []
+    result = daemon.cli("inject", "--socket", str(daemon.socket), "xid", "79", "--gpu", "2")
+    assert result.returncode == 0, result.stderr
+    _until(lambda: bool(alerts()), "the XID 79 alert did not fire", server, deadline)
+    (alert,) = alerts()
+    assert alert["state"] == "firing"
+    assert alert["labels"]["alertname"] == "GpuFellOffTheBus"
+    assert alert["labels"]["gpu"] == "2"
+    assert alert["labels"]["err_msg"] == "GPU has fallen off the bus"
+    assert alert["annotations"]["summary"].endswith("GPU 2: GPU has fallen off the bus")
+    # The other GPUs still read 0; GPU 2's "No Error" series ended with the XID.
+    last = {
+        r["metric"]["gpu"]: (r["metric"]["err_code"], r["value"][1])
+        for r in server.query("DCGM_FI_DEV_XID_ERRORS")
+    }
+    assert last == {**{str(g): ("0", "0") for g in range(8) if g != 2}, "2": ("79", "79")}

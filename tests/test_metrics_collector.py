@@ -135,6 +135,8 @@ def test_every_table_metric_is_exported_for_every_gpu_with_its_labels():
         ("DCGM_FI_DEV_ROW_REMAP_FAILURE", 0.0),
         ("DCGM_FI_DEV_RETIRED_PENDING", 0.0),
         ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", 2.0),
+        ("DCGM_FI_DEV_POWER_MGMT_LIMIT", 700.0),
+        ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 1.0),
         ("gpuagent_gpu_persistence_mode", 1.0),
         ("gpuagent_gpu_mig_mode", 0.0),
         ("gpuagent_gpu_ecc_enabled", 1.0),
@@ -193,6 +195,25 @@ def test_clock_event_reasons_decode_each_bit():
         "hw_thermal": 1.0,
         "power_brake": 0.0,
     }
+    # And the mask itself under DCGM's name, every bit of it (0x100: display clock setting).
+    values_ = replace(readings(0), clock_event_reasons=0x4 | 0x40 | 0x100)
+    found = samples(snapshot(gpus=(ok_gpu(0, values_),), findings=()))
+    assert values(found, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS") == {"0": 324.0}
+
+
+@pytest.mark.parametrize(
+    ("requested", "enforced", "served"),
+    [
+        (700.0, 700.0, 700.0),  # an H200 at its default
+        (1000.0, 900.0, 1000.0),  # a GH200 module sharing power: the limit asked for
+        (450.5, 450.5, 450.0),  # DCGM divides NVML's milliwatts in integers
+    ],
+)
+def test_power_management_limit_is_the_requested_limit_in_whole_watts(requested, enforced, served):
+    values_ = replace(readings(0), power_requested_limit_w=requested, power_limit_w=enforced)
+    found = samples(snapshot(gpus=(ok_gpu(0, values_),), findings=()))
+    assert values(found, "DCGM_FI_DEV_POWER_MGMT_LIMIT") == {"0": served}
+    assert values(found, "gpuagent_gpu_power_limit_watts") == {"0": enforced}
 
 
 def test_nvlink_up_per_link_skips_unknown_links():

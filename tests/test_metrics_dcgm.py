@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from conftest import TEST_DATA, parse_metrics, require
+from conftest import REPO, TEST_DATA, parse_metrics, require
 from gpuagent.api import CONNECTION_REASON_PREFIX
 from gpuagent.config.loader import parse_config
 from gpuagent.daemon import Agent
@@ -104,6 +104,9 @@ DASHBOARD_QUERIES = (
     'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{instance=~"$instance", gpu=~"$gpu"}',
 )
 
+# Labels dcgm-exporter adds to one field beyond the GPU's (since 3.3.6).
+EXTRA_LABELS = {"DCGM_FI_DEV_XID_ERRORS": {"err_code", "err_msg"}}
+
 # dcgm-exporter's types as gpuagent exposes them: the same, counters under their exact names.
 EXPOSED_TYPE = {"gauge": "gauge", "counter": "counter"}
 
@@ -129,7 +132,8 @@ def test_dcgm_counter_is_served_with_its_help_and_type(row):
     assert family.documentation == row["help"]
     assert family.type == EXPOSED_TYPE[row["type"]]
     assert len(family.samples) == 8
-    assert all(set(s.labels) == set(DCGM_LABELS) for s in family.samples)
+    expected = {*DCGM_LABELS, *EXTRA_LABELS.get(row["name"], ())}
+    assert all(set(s.labels) == expected for s in family.samples)
 
 
 def test_the_exemptions_are_all_default_counters():
@@ -170,6 +174,59 @@ def test_embedded_counters_match_the_reference_data():
         assert {k: by_name[row["name"]][k] for k in ("name", "type", "help")} == row
     queries = (data / "reference" / "dcgm_dashboard_queries.txt").read_text().splitlines()
     assert tuple(q for q in queries if q.strip()) == DASHBOARD_QUERIES
+
+
+def test_docs_compare_every_default_counter():
+    """docs/metrics.md's differences table has a row for each default counter, and calls
+    exactly the ones not served so."""
+    docs = (REPO / "docs" / "metrics.md").read_text()
+    section = docs.split("### Differences from dcgm-exporter's default metrics", 1)[1]
+    section = section.split("\n### ", 1)[0]
+    verdicts = dict(re.findall(r"^\| `(DCGM_\w+)` \| (.+) \|$", section, re.MULTILINE))
+    defaults = [r["name"] for r in rows(DEFAULT_COUNTERS)]
+    assert list(verdicts)[: len(defaults)] == defaults
+    not_served = {name for name, text in verdicts.items() if "**not served**" in text}
+    assert not_served == NEEDS_DCGM
+    found = samples(profiled_snapshot())
+    assert not not_served & set(found)
+    assert set(defaults) - not_served - LABELS <= set(found)
+
+
+# --- DCGM fields from what real GPUs report ----------------------------------------------
+
+
+# Replayed captures of real GPUs (tests/data/real-hosts), GPU 0: its "Requested Power Limit"
+# and the "Clocks Event Reasons" it prints active, as NVML's bits.
+@pytest.mark.parametrize(
+    ("capture", "limit", "mask"),
+    [
+        ("h200-x1.580.159.04.nvidia-smi-q.txt", 700.0, 0x1),  # idle
+        ("h200-x1.580.159.04.nvidia-smi-q.xml", 700.0, 0x1),
+        ("h200-x1-busy.590.48.01.nvidia-smi-q.txt", 700.0, 0x0),  # under gpu-burn
+        ("h100-sxm-x8.535.161.08.nvidia-smi-q.txt", 700.0, 0x8 | 0x80),  # HW power brake
+        ("gb200-x4-arm64.580.173.02.nvidia-smi-q.xml", 1200.0, 0x1),  # GPU, not module
+    ],
+)
+def test_power_management_limit_and_clock_event_mask_from_real_captures(capture, limit, mask):
+    from hardware_profiles_doc import REAL_HOSTS, collect  # noqa: PLC0415
+
+    found = samples(collect(REAL_HOSTS / capture))
+
+    def gpu0(name: str) -> float:
+        return next(s.value for s in found[name] if s.labels["gpu"] == "0")
+
+    assert gpu0("DCGM_FI_DEV_POWER_MGMT_LIMIT") == limit
+    assert gpu0("DCGM_FI_DEV_CLOCKS_EVENT_REASONS") == mask
+
+
+@pytest.mark.parametrize("model", ["h200", "h100-sxm"])
+def test_the_simulator_serves_the_dcgm_fields_as_the_real_gpus(model):
+    """Idle, as the live H200 and H100 runs were: the 700 W limit asked for, GPU idle."""
+    scenario = parse_scenario(f'[node]\nmodel = "{model}"\ngpus = 1\n')
+    snap = asyncio.run(Agent(parse_config(""), simulate=scenario).collect_once())
+    found = samples(snap)
+    assert [s.value for s in found["DCGM_FI_DEV_POWER_MGMT_LIMIT"]] == [700.0]
+    assert [s.value for s in found["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"]] == [1.0]
 
 
 # --- promtool -----------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from prometheus_client.core import Metric
 
 from gpuagent.metrics import names
+from gpuagent.metrics.xidtext import err_msg
 from gpuagent.model import EventCount, NodeSnapshot
 
 LabelsFor = Callable[[str], tuple[str, ...]]
@@ -14,6 +15,12 @@ LabelsFor = Callable[[str], tuple[str, ...]]
 _BUS_KINDS = frozenset(
     {"fallen_off_bus", "gpu_removed", "gpu_added", "driver_unbound", "driver_bound"}
 )
+
+
+def _xid(code: int) -> tuple[str, str]:
+    """`err_code` and `err_msg`: one series per GPU, relabelled when the next XID comes (the
+    last one's series ends), so the labels add no series, only a new one per XID seen."""
+    return str(code), err_msg(code)
 
 
 def event_families(
@@ -45,11 +52,13 @@ def event_families(
     for gpu in snapshot.gpus:
         if gpu.status != "ok":
             continue
-        last = newest.pop(gpu.identity.pci_bus_id, None)
-        value = float(last.code or 0) if last else 0.0
-        last_xid.add_metric([*gpu_labels(gpu.identity.pci_bus_id), driver], value)
+        bus_id = gpu.identity.pci_bus_id
+        last = newest.pop(bus_id, None)
+        code = (last.code or 0) if last else 0
+        last_xid.add_metric([*gpu_labels(bus_id), driver, *_xid(code)], float(code))
     for bus_id, count in newest.items():  # silent GPUs, and devices NVML does not list
-        last_xid.add_metric([*gpu_labels(bus_id), driver], float(count.code or 0))
+        code = count.code or 0
+        last_xid.add_metric([*gpu_labels(bus_id), driver, *_xid(code)], float(code))
     kmsg = snapshot.kmsg
     return [
         last_xid,

@@ -73,6 +73,16 @@ def _seconds(field: str) -> ValueOf:
     return value
 
 
+def _whole_watts(field: str) -> ValueOf:
+    """Watts as DCGM serves a limit: NVML's milliwatts divided by 1000 in integers."""
+
+    def value(_identity: GpuIdentity, readings: GpuReadings) -> object:
+        watts = getattr(readings, field)
+        return None if watts is None else round(watts * 1000) // 1000
+
+    return value
+
+
 def _process_count(_identity: GpuIdentity, readings: GpuReadings) -> object:
     return len(readings.processes)
 
@@ -114,6 +124,21 @@ DCGM_GPU_METRICS: tuple[GpuMetric, ...] = (
         _C,
         "Total energy consumption since boot (in mJ).",
         "energy_mj",
+    ),
+    # DCGM's field 160 (nvmlDeviceGetPowerManagementLimit, the limit asked for) and 112
+    # (NVML's clock event reason bits, as one number): not in dcgm-exporter's CSVs, so the
+    # help texts are DCGM's descriptions.
+    GpuMetric(
+        "DCGM_FI_DEV_POWER_MGMT_LIMIT",
+        _G,
+        "Current power management limit for the device (in W).",
+        _whole_watts("power_requested_limit_w"),
+    ),
+    _dcgm(
+        "CLOCKS_EVENT_REASONS",
+        _G,
+        "Current clock event reasons (bitmask of DCGM_CLOCKS_EVENT_REASON_*).",
+        "clock_event_reasons",
     ),
     _dcgm("PCIE_REPLAY_COUNTER", _C, "Total number of PCIe retries.", "pcie_replay_count"),
     # DCGM field names (ids 237/238); dcgm-exporter exports them under these names when
@@ -827,10 +852,11 @@ IB_PORT_COUNTERS: tuple[tuple[str, MetricSpec], ...] = (
 
 # --- kernel-log, NVML and bus events (metrics/events.py) -------------------------------
 
+# dcgm-exporter (3.3.6 and later) labels the last XID with its code and its text.
 XID_LAST = MetricSpec(
     "DCGM_FI_DEV_XID_ERRORS",
     "Value of the last XID error encountered.",
-    DCGM_LABELS,
+    (*DCGM_LABELS, "err_code", "err_msg"),
 )
 XID_TOTAL = MetricSpec(
     "gpuagent_xid_errors_total",
