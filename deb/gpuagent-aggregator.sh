@@ -1,3 +1,4 @@
 #!/bin/sh
-# The fleet aggregator, from the same private virtualenv as the agent (see gpuagent.sh).
-exec /usr/lib/gpuagent/bin/python3 -I -m gpuagent.aggregator "$@"
+# The fleet aggregator lives in a private virtualenv of its own; -I: no PYTHON* variables,
+# no user site, no current directory on sys.path.
+exec /usr/lib/gpuagent-aggregator/bin/python3 -I -m gpuagent.aggregator "$@"

@@ -168,8 +168,9 @@ def test_image_runs_the_fleet_side_too(image: str) -> None:
 
 def test_the_arm64_image_has_every_wheel_pinned(tmp_path: Path) -> None:
     """`make image ARCH=arm64` downloads the closure for aarch64 with the hashes pinned in
-    deb/requirements.txt; a missing or wrong hash fails here rather than in a build on an
-    arm64 machine. (The arm64 rootfs itself needs an arm64 machine or emulation.)"""
+    deb/requirements.txt and deb/aggregator-requirements.txt; a missing or wrong hash fails
+    here rather than in a build on an arm64 machine. (The arm64 rootfs itself needs an
+    arm64 machine or emulation.)"""
     download = subprocess.run(
         [
             sys.executable, "-m", "pip", "download", "-q",
@@ -179,6 +180,7 @@ def test_the_arm64_image_has_every_wheel_pinned(tmp_path: Path) -> None:
             "--platform", "manylinux_2_28_aarch64", "--platform", "manylinux_2_17_aarch64",
             "--platform", "manylinux2014_aarch64", "--platform", "any",
             "--require-hashes", "-r", str(REPO / "deb" / "requirements.txt"),
+            "-r", str(REPO / "deb" / "aggregator-requirements.txt"),
             "-d", str(tmp_path),
         ],
         capture_output=True, text=True, check=False, timeout=300,

@@ -1,6 +1,7 @@
-"""deb/postinst generates the aggregator's command token once, root-only. Runs the real
-script with its token directory pointed at a temporary one (the rest of what it does is
-harmless here: byte-compiling a virtualenv that is not installed)."""
+"""deb/gpuagent-aggregator.postinst generates the aggregator's command token once,
+root-only. Runs the real script with its token directory pointed at a temporary one (the
+rest of what it does is harmless here: byte-compiling a virtualenv that is not installed).
+The node's package makes no token."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ TOKEN_DIR = "/etc/gpuagent/aggregator"
 
 
 def _postinst(tmp_path: Path, token_dir: Path) -> Path:
-    text = (REPO / "deb" / "postinst").read_text()
+    text = (REPO / "deb" / "gpuagent-aggregator.postinst").read_text()
     assert f"TOKEN_DIR={TOKEN_DIR}\n" in text
     script = tmp_path / "postinst"
     script.write_text(text.replace(f"TOKEN_DIR={TOKEN_DIR}\n", f"TOKEN_DIR={token_dir}\n"))
@@ -55,8 +56,13 @@ def test_postinst_does_nothing_on_other_actions(tmp_path: Path) -> None:
     assert not token_dir.exists()
 
 
+def test_only_the_aggregator_package_makes_a_token() -> None:
+    assert "TOKEN_DIR" not in (REPO / "deb" / "gpuagent.postinst").read_text()
+    assert "command-token" not in (REPO / "deb" / "gpuagent.postrm").read_text()
+
+
 def test_purge_removes_the_token() -> None:
-    text = (REPO / "deb" / "postrm").read_text()
+    text = (REPO / "deb" / "gpuagent-aggregator.postrm").read_text()
     purge = text[text.index('if [ "$1" = "purge" ]') :]
     assert f"rm -f {TOKEN_DIR}/command-token" in purge
     assert purge.index(f"rmdir {TOKEN_DIR}") < purge.index("rmdir /etc/gpuagent ")

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -189,15 +191,155 @@ def test_aggregator_unit_is_unprivileged() -> None:
     ]
 
 
+@pytest.mark.parametrize("unit", [AGENT_UNIT, AGGREGATOR_UNIT], ids=lambda p: p.name)
+def test_units_do_not_retry_a_configuration_error(unit: Path) -> None:
+    """Exit code 2 (an invalid configuration, for `gpuagent run` and the aggregator alike)
+    is not retried: restarting cannot fix a typo."""
+    settings = _settings(unit)
+    assert settings["Restart"] == ["on-failure"]
+    assert settings["RestartPreventExitStatus"] == ["2"]
+
+
+# --- restarting, under a real systemd -------------------------------------------------------
+
+# What decides whether systemd restarts the daemon, copied from the shipped unit.
+RESTART_KEYS = ("Type", "NotifyAccess", "Restart", "RestartSec", "RestartPreventExitStatus")
+# A configuration with a typo, and the daemon that reads it.
+TYPO = {
+    AGENT_UNIT: ('[agent]\nstat_dir = "/var/lib/x"\n', "gpuagent"),
+    AGGREGATOR_UNIT: ('[aggregator]\ndatabse = "/var/lib/x.sqlite"\n', "gpuagent.aggregator"),
+}
+
+
+class UserManager:
+    """A systemd manager of its own (`systemd --user`) running test units: the host's
+    systemd, if any, is not touched. systemd starts a user manager only on a machine it
+    booted, so it runs in a private mount namespace with an empty /run that says so."""
+
+    def __init__(self, root: Path) -> None:
+        self.units = root / "config" / "systemd" / "user"
+        self.units.mkdir(parents=True)
+        runtime = root / "run"
+        runtime.mkdir(mode=0o700)
+        self.env = {
+            **os.environ,
+            "XDG_RUNTIME_DIR": str(runtime),
+            "XDG_CONFIG_HOME": str(root / "config"),
+        }
+        systemd = Path("/lib/systemd/systemd")
+        require_that(systemd.is_file(), f"{systemd} runs the units (Debian package systemd)")
+        require_that(os.geteuid() == 0, "a private mount namespace for systemd --user needs root")
+        unshare = require("unshare", "a private mount namespace (Debian package util-linux)")
+        self.log = root / "manager.log"
+        script = (
+            f"mount -t tmpfs none /run && mkdir -p /run/systemd/system && exec {systemd} --user"
+        )
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen(
+                [unshare, "--mount", "--propagation", "private", "sh", "-c", script],
+                env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        deadline = deadline_in(10)
+        while not (runtime / "systemd" / "private").exists():
+            assert self.process.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, self.log.read_text()
+            time.sleep(0.05)
+
+    def systemctl(self, *args: str) -> str:
+        proc = subprocess.run(
+            ["systemctl", "--user", *args],
+            env=self.env, capture_output=True, text=True, check=False, timeout=30,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    def show(self, name: str) -> dict[str, str]:
+        out = self.systemctl(
+            "show", name, "-p", "ActiveState,SubState,Result,NRestarts,ExecMainStatus"
+        )
+        return dict(line.split("=", 1) for line in out.splitlines())
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture
+def user_manager(tmp_path: Path) -> Iterator[UserManager]:
+    require("systemctl", "starting units (Debian package systemd)")
+    manager = UserManager(tmp_path / "manager")
+    try:
+        yield manager
+    finally:
+        manager.close()
+
+
+def _start_with_a_typo(manager: UserManager, tmp_path: Path, unit: Path, extra: str) -> str:
+    """``unit``'s restart settings (and ``extra``) running its daemon from this checkout
+    on a configuration with a typo; the test unit's name."""
+    text, module = TYPO[unit]
+    config = tmp_path / "typo.toml"
+    config.write_text(text)
+    settings = _settings(unit)
+    lines = [f"{key}={value}" for key in RESTART_KEYS for value in settings.get(key, [])]
+    name = f"typo-{unit.name}"
+    (manager.units / name).write_text(
+        "[Service]\n"
+        f"ExecStart={sys.executable} -m {module} run --config {config}\n"
+        + "\n".join(lines)
+        + "\n"
+        + extra
+    )
+    manager.systemctl("daemon-reload")
+    manager.systemctl("start", "--no-block", name)
+    return name
+
+
+@pytest.mark.parametrize("unit", [AGENT_UNIT, AGGREGATOR_UNIT], ids=lambda p: p.name)
+def test_a_unit_whose_configuration_has_a_typo_stops(
+    user_manager: UserManager, tmp_path: Path, unit: Path
+) -> None:
+    """The daemon exits 2; systemd marks the unit failed and schedules no restart (it
+    would be `auto-restart`, again every RestartSec, otherwise)."""
+    name = _start_with_a_typo(user_manager, tmp_path, unit, "")
+    deadline = deadline_in(30)
+    while (state := user_manager.show(name))["ActiveState"] != "failed":
+        assert state["SubState"] != "auto-restart", state
+        assert time.monotonic() < deadline, state
+        time.sleep(0.05)
+    assert state["Result"] == "exit-code", state
+    assert state["ExecMainStatus"] == "2", state
+    assert state["NRestarts"] == "0", state
+
+
+def test_without_restart_prevent_exit_status_the_typo_restarts_forever(
+    user_manager: UserManager, tmp_path: Path
+) -> None:
+    """The check above can fail: the same unit with the exit status reset restarts."""
+    name = _start_with_a_typo(
+        user_manager, tmp_path, AGENT_UNIT, "RestartPreventExitStatus=\nRestartSec=100ms\n"
+    )
+    deadline = deadline_in(30)
+    while int((state := user_manager.show(name))["NRestarts"]) < 2:
+        assert state["ActiveState"] != "failed", state
+        assert time.monotonic() < deadline, state
+        time.sleep(0.05)
+    user_manager.systemctl("stop", name)
+
+
 def test_aggregator_unit_loads_the_command_token_the_package_generates() -> None:
-    """deb/postinst writes the token; the unit hands it to the dynamic user where the
-    default aggregator.command_token_file reads it."""
+    """deb/gpuagent-aggregator.postinst writes the token; the unit hands it to the dynamic
+    user where the default aggregator.command_token_file reads it."""
     from gpuagent.config import AggregatorSection  # noqa: PLC0415
 
     source = "/etc/gpuagent/aggregator/command-token"
     assert _settings(AGGREGATOR_UNIT)["LoadCredential"] == [f"command-token:{source}"]
     assert AggregatorSection().command_token_file == CREDENTIALS_DIR + "command-token"
-    postinst = (REPO / "deb" / "postinst").read_text()
+    postinst = (REPO / "deb" / "gpuagent-aggregator.postinst").read_text()
     token_dir, _, name = source.rpartition("/")
     assert f"TOKEN_DIR={token_dir}\n" in postinst
     assert f'"$TOKEN_DIR/{name}"' in postinst

@@ -18,7 +18,7 @@ import re
 import sys
 from pathlib import Path
 
-from gpuagent.aggregator.page import Links
+from gpuagent.links import Links
 
 # `runbook_url: "docs/..."`, quoted or not, as the rules file writes it.
 _RUNBOOK = re.compile(r"""^(?P<head>\s*runbook_url:\s*)(?P<q>["']?)(?P<url>[^"'\s]+)(?P=q)\s*$""")

@@ -31,6 +31,7 @@ from gpuagent.aggregator.state import FleetState
 from gpuagent.aggregator.store import FleetStore
 from gpuagent.fleet import schema
 from gpuagent.fleet.topics import TopicError, check_name
+from gpuagent.links import Links
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 10_000
@@ -76,7 +77,7 @@ class Api:
     # A command's body must arrive within this many seconds (408 otherwise).
     body_timeout: float = 10.0
     # Grafana and runbook links on the page.
-    links: page.Links = field(default_factory=page.Links)
+    links: Links = field(default_factory=Links)
     # Clears an open fleet rule finding: (id, by, reason) -> its document; KeyError if
     # none is open with that id. None: the fleet rules are off.
     clear_rule: Callable[..., Awaitable[dict[str, Any]]] | None = None

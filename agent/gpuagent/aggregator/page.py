@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
 from importlib import resources
 from typing import Final
+
+from gpuagent.links import Links
 
 # Rows shown in the node table; the API has them all.
 MAX_ROWS: Final = 500
@@ -31,25 +32,7 @@ NODE_HISTORY: Final = 50
 INCIDENT_ROWS: Final = 100
 # Open fleet rule findings listed (the latest; the API has them all).
 RULE_ROWS: Final = 200
-
-
-@dataclass(frozen=True)
-class Links:
-    """Where the page links to: Grafana ({node}, {cluster}, {gpu} replaced) and the
-    published docs/ (runbooks are <base>checks.md#<runbook>); empty: no links."""
-
-    grafana_url_template: str = ""
-    runbook_base_url: str = ""
-
-    def __post_init__(self) -> None:
-        for name, url in (
-            ("grafana_url_template", self.grafana_url_template),
-            ("runbook_base_url", self.runbook_base_url),
-        ):
-            if url and not url.startswith(("https://", "http://")):
-                raise ValueError(f"aggregator.{name} must be an http(s) URL, got {url!r}")
-        if self.runbook_base_url and not self.runbook_base_url.endswith("/"):
-            raise ValueError("aggregator.runbook_base_url must end with '/'")
+NO_LINKS: Final = Links()
 
 
 def runbook_url(base: str, runbook: str) -> str:
@@ -63,7 +46,7 @@ def _script_json(value: object) -> str:
 
 
 @functools.cache
-def render(links: Links = Links()) -> str:
+def render(links: Links = NO_LINKS) -> str:
     config = {
         "maxRows": MAX_ROWS,
         "refreshMs": REFRESH_MS,

@@ -29,13 +29,13 @@ from gpuagent.aggregator.httpguard import ConnectionGuard, GuardedSite
 from gpuagent.aggregator.ingest import Ingest
 from gpuagent.aggregator.maintenance import REFRESH_SECONDS as MAINTENANCE_REFRESH_SECONDS
 from gpuagent.aggregator.metrics import FleetCollector, fleet_registry
-from gpuagent.aggregator.page import Links
 from gpuagent.aggregator.rulesrun import RulesRunner
 from gpuagent.aggregator.sharedview import SharedView
 from gpuagent.aggregator.state import FleetState
 from gpuagent.aggregator.store import FleetStore
 from gpuagent.aggregator.supervise import Supervisor, TaskFailedError
 from gpuagent.config import AggregatorSection
+from gpuagent.links import Links
 
 log = logging.getLogger(__name__)
 
