@@ -258,6 +258,16 @@ class DaemonProcess:
         return self.process.returncode
 
 
+def stop_process(process: subprocess.Popen[Any], grace: float = 10.0) -> None:
+    """SIGTERM, up to ``grace`` seconds to exit, then SIGKILL: a test's server never leaks."""
+    process.terminate()
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def start_daemon(
     workdir: Path,
     scenario: str,

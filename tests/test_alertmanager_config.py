@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import PATIENCE, REPO, DaemonProcess, deadline_in, free_port, require
+from conftest import PATIENCE, REPO, DaemonProcess, deadline_in, free_port, require, stop_process
 
 CONFIG = REPO / "deploy" / "alertmanager" / "gpuagent.yml"
 RULES = REPO / "deploy" / "prometheus" / "gpuagent-rules.yml"
@@ -60,12 +60,7 @@ class Server:
         return True
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process)
 
 
 class Alertmanager(Server):

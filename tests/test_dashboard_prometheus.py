@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO, TEST_DATA, DaemonProcess, deadline_in, free_port, require
+from conftest import REPO, TEST_DATA, DaemonProcess, deadline_in, free_port, require, stop_process
 
 _TRAINING = "".join(
     f'[[fault]]\ngpu = {gpu}\nkind = "process"\npid = {4100 + gpu}\nname = "train.py"\n'
@@ -89,12 +89,7 @@ class Prometheus:
         return result
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from conftest import DaemonProcess, deadline_in, require, require_that
+from conftest import DaemonProcess, deadline_in, require, require_that, stop_process
 from gpuagent.config import parse_config
 from mqtt_broker import Broker
 
@@ -260,12 +260,7 @@ class UserManager:
         return dict(line.split("=", 1) for line in out.splitlines())
 
     def close(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process)
 
 
 @pytest.fixture
