@@ -3,14 +3,20 @@
 CA with per-node and aggregator certificates, an aggregator, and N simulated agents, some
 of whose GPUs fail as time goes on; and, where Prometheus and Alertmanager are installed,
 a Prometheus scraping the agents with the shipped alert rules and an Alertmanager, which
-the console shows each node's alerts from. Prints the addresses; Ctrl-C stops it all.
+the console shows each node's alerts from. Prints the addresses; Ctrl-C or SIGTERM stops it all.
 
     scripts/run-fleet [N] [--dir DIR] [--postgres URL] [--port PORT] [--no-alerts]
+                      [--stop-node K]
     scripts/run-fleet --rack gb200 [--drill cascade|links-down|none] [...]
 
 Everything lives in DIR (default .run/fleet, made anew each run): certificates, the
 broker's and aggregator's configuration and data, each agent's configuration, state and
 log. See docs/fleet.md ("Trying it on one machine").
+
+--stop-node K: a crashed node. Once node K is online at the aggregator, its agent is
+killed (SIGKILL: no goodbye), so the broker publishes its last will and the console shows
+it offline ("connection lost"); it prints when the aggregator has it offline. The rest of
+the fleet runs on.
 
 --rack gb200 runs a GB200 NVL72 rack instead: 18 compute trays of 4 GPUs in one NVLink
 domain, 16 of them running one Slurm job (the last two are spares), every agent asking
@@ -543,9 +549,39 @@ def start(command: list[str], log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)  # noqa: S603
 
 
-def wait_for_port(port: int, what: str, process: subprocess.Popen[bytes], log: Path) -> None:
+class Stopped(Exception):  # noqa: N818 - not an error: asked to stop
+    """Raised where starting the fleet meets a stop request, to stop what has started."""
+
+
+class StopRequest:
+    """SIGTERM, or SIGINT (Ctrl-C) where it is not ignored, as a flag the main thread
+    polls. The handler only sets it: one that raised or stopped children could do so
+    halfway through starting one and leave it behind. A background job of a
+    non-interactive shell starts with SIGINT ignored (Ctrl-C in the terminal is not for
+    it), and SIGINT is left so; SIGTERM is what stops it there."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handle)
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        self.signal = signum
+
+    def check(self) -> None:
+        if self.signal is not None:
+            raise Stopped
+
+
+def wait_for_port(
+    port: int, what: str, process: subprocess.Popen[bytes], log: Path, stop: StopRequest
+) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
+        stop.check()
         if process.poll() is not None:
             sys.exit(f"run-fleet: {what} exited; see {log}")
         try:
@@ -554,6 +590,58 @@ def wait_for_port(port: int, what: str, process: subprocess.Popen[bytes], log: P
         except OSError:
             time.sleep(0.1)
     sys.exit(f"run-fleet: {what} is not listening on {port}; see {log}")
+
+
+class NodeCrash:
+    """--stop-node: when to kill the node's agent (once the aggregator has it online), and
+    what the aggregator made of it after (offline, with the broker's last will)."""
+
+    def __init__(self, api: str, node: str) -> None:
+        self.api = api
+        self.node = node
+        self.page = f"{api}#node/dev/{node}"
+        self.killed_at: float | None = None
+        self.next_look = 0.0
+        self.done = False
+
+    def _record(self) -> dict[str, Any] | None:
+        """The node as the aggregator has it; None: not yet, or no answer."""
+        url = f"{self.api}api/v1/fleet/{self.node}?cluster=dev"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as answer:  # noqa: S310
+                doc: dict[str, Any] = json.loads(answer.read())
+        except OSError:  # not reported yet (404), or the aggregator busy
+            return None
+        return doc
+
+    def due(self) -> bool:
+        """Whether to kill the agent now. Looks once a second, and after the kill (never
+        due again) says when the aggregator has the node offline, or that it does not."""
+        now = time.monotonic()
+        if self.done or now < self.next_look:
+            return False
+        self.next_look = now + 1.0
+        record = self._record()
+        if self.killed_at is None:
+            return record is not None and bool(record.get("online"))
+        if record is not None and not record.get("online"):
+            say(
+                f"{self.node} offline at the aggregator {time.monotonic() - self.killed_at:.1f}"
+                f" s after the kill (reason: {record.get('reason') or '-'})"
+            )
+            self.done = True
+        elif now - self.killed_at > 60:
+            say(f"{self.node} still online at the aggregator 60 s after the kill")
+            self.done = True
+        return False
+
+    def killed(self, pid: int) -> None:
+        self.killed_at = time.monotonic()
+        say(
+            f"{self.node} stopped abruptly (its agent, pid {pid}, killed with SIGKILL: no "
+            f"goodbye); the broker sends its last will, and its page shows it offline: "
+            f"{self.page}"
+        )
 
 
 class Fleet:
@@ -566,6 +654,8 @@ class Fleet:
         alerting: tuple[str, str] | None,
         *,
         drill: Drill | None = None,
+        stop: StopRequest | None = None,
+        crash: int | None = None,
     ) -> None:
         self.root = root
         self.nodes = nodes
@@ -584,12 +674,16 @@ class Fleet:
         self.agents: dict[int, tuple[str, Path, dict[str, int]]] = {}
         self.prometheus: subprocess.Popen[bytes] | None = None
         self.alertmanager_port = 0
+        self.stopping = StopRequest() if stop is None else stop
+        # --stop-node: the node (1-based) whose agent is killed once it is online.
+        self.crash_index = crash
+        self.crash: NodeCrash | None = None
 
     def _service(self, command: list[str], name: str, port: int) -> None:
         log = self.root / f"{name}.log"
         child = start(command, log)
         self.children.append(child)
-        wait_for_port(port, name, child, log)
+        wait_for_port(port, name, child, log, self.stopping)
         self.addresses[name] = f"http://127.0.0.1:{port}/"
 
     def _start_alerting(self, metrics_ports: dict[str, int]) -> str:
@@ -620,7 +714,7 @@ class Fleet:
         log = self.root / "mosquitto.log"
         broker = start([mosquitto, "-c", str(broker_config(self.root, self.pki, broker_port))], log)
         self.children.append(broker)
-        wait_for_port(broker_port, "the broker", broker, log)
+        wait_for_port(broker_port, "the broker", broker, log, self.stopping)
         if self.trays:
             names = [tray.name for tray in self.trays]
         else:
@@ -640,8 +734,9 @@ class Fleet:
         python = sys.executable
         aggregator = start([python, "-m", "gpuagent.aggregator", "run", "--config", str(conf)], log)
         self.children.append(aggregator)
-        wait_for_port(self.port, "the aggregator", aggregator, log)
+        wait_for_port(self.port, "the aggregator", aggregator, log, self.stopping)
         for index, node in enumerate(names, start=1):
+            self.stopping.check()
             if self.trays:
                 config, scenario = self._tray_files(
                     self.trays[index - 1], broker_port, metrics_ports
@@ -655,6 +750,9 @@ class Fleet:
             agent = start([*command, "--simulate", str(scenario)], log)
             self.children.append(agent)
             self.agents[agent.pid] = (node, config, metrics_ports)
+        if self.crash_index is not None:
+            api = f"http://127.0.0.1:{self.port}/"
+            self.crash = NodeCrash(api, names[self.crash_index - 1])
 
     def _tray_files(
         self, tray: Tray, broker_port: int, metrics_ports: dict[str, int]
@@ -680,16 +778,28 @@ class Fleet:
             self.runner.thread.start()
 
     def watch(self) -> int:
-        """Until a child exits (1) or Ctrl-C (0)."""
-        try:
-            while all(child.poll() is None for child in self.children) or self._port_taken():
-                time.sleep(0.5)
-        except KeyboardInterrupt:
-            return 0
+        """Until a child exits (1) or a stop request (0)."""
+        while all(child.poll() is None for child in self.children) or self._port_taken():
+            if self.stopping.signal is not None:
+                return 0
+            if self.crash is not None and self.crash.due():
+                self._kill_agent(self.crash.node)
+            time.sleep(0.5)
         failed = next(child for child in self.children if child.poll() is not None)
         command = failed.args if isinstance(failed.args, list) else [failed.args]
         sys.stderr.write(f"run-fleet: {' '.join(map(str, command[:4]))} exited\n")
         return 1
+
+    def _kill_agent(self, node: str) -> None:
+        """The node's agent killed as a crash would (SIGKILL), and no longer watched."""
+        pid = next(pid for pid, (name, _, _) in self.agents.items() if name == node)
+        child = next(child for child in self.children if child.pid == pid)
+        child.kill()
+        child.wait()
+        self.children.remove(child)
+        del self.agents[pid]
+        assert self.crash is not None
+        self.crash.killed(pid)
 
     def _port_taken(self) -> bool:
         """An agent that stopped because another program took its metrics port between
@@ -719,20 +829,21 @@ class Fleet:
 
     def stop(self) -> None:
         # A second signal (a second Ctrl-C, `timeout` signalling the process group after
-        # the script) must not cut the stopping short and leave children behind.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # the script) only sets the stop request again: it cannot cut this short.
         if self.runner is not None:
             self.runner.stopping.set()
             self.runner.thread.join(timeout=5)
         for child in reversed(self.children):
             if child.poll() is None:
                 child.terminate()
+        # One deadline for all: they were all asked at once.
+        deadline = time.monotonic() + 15
         for child in self.children:
             try:
-                child.wait(timeout=15)
+                child.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 child.kill()
+                child.wait()
 
 
 def _alerting() -> tuple[str, str] | None:
@@ -757,6 +868,12 @@ def main() -> int:
     parser.add_argument(
         "--drill", choices=DRILLS, help="with --rack: the drill to run (default cascade)"
     )
+    parser.add_argument(
+        "--stop-node",
+        type=int,
+        metavar="K",
+        help="kill node K's agent (SIGKILL) once it is online: a crashed node",
+    )
     args = parser.parse_args()
     if args.rack and args.nodes is not None:
         parser.error(f"--rack runs its {RACK_TRAYS} trays: leave N out")
@@ -765,6 +882,8 @@ def main() -> int:
     nodes = RACK_TRAYS if args.rack else 4 if args.nodes is None else args.nodes
     if not 1 <= nodes <= 64:
         parser.error("between 1 and 64 nodes")
+    if args.stop_node is not None and not 1 <= args.stop_node <= nodes:
+        parser.error(f"--stop-node: a node from 1 to {nodes}")
     mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     if not Path(mosquitto).exists():
         sys.exit("run-fleet: mosquitto is not installed (scripts/setup mosquitto)")
@@ -774,9 +893,11 @@ def main() -> int:
     alerting = None if args.no_alerts else _alerting()
     database = args.postgres or str(root / "fleet.sqlite")
     drill = make_drill(args.drill or "cascade") if args.rack else None
-    fleet = Fleet(root, nodes, args.port, database, alerting, drill=drill)
-    # SIGTERM stops it as Ctrl-C does.
-    signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
+    stop = StopRequest()
+    stop.install()
+    fleet = Fleet(
+        root, nodes, args.port, database, alerting, drill=drill, stop=stop, crash=args.stop_node
+    )
     try:
         fleet.start(mosquitto)
         what = f" (a GB200 NVL72 rack, drill {drill.name})" if drill is not None else ""
@@ -795,11 +916,13 @@ def main() -> int:
         if not alerting and not args.no_alerts:
             lines.append("  (no alerts: install prometheus and prometheus-alertmanager)")
         (root / "addresses.json").write_text(json.dumps(fleet.addresses))
-        sys.stdout.write("\n".join([*lines, "Ctrl-C stops everything.", ""]))
+        sys.stdout.write("\n".join([*lines, "Ctrl-C (or SIGTERM) stops everything.", ""]))
         sys.stdout.flush()
+        if fleet.crash is not None:
+            say(f"--stop-node: {fleet.crash.node}'s agent is killed once it is online")
         fleet.start_drill()
         return fleet.watch()
-    except KeyboardInterrupt:
+    except Stopped:
         return 0
     finally:
         fleet.stop()

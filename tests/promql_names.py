@@ -116,10 +116,12 @@ def _full_snapshot() -> NodeSnapshot:
         EventCount(None, "sxid", 20034, None, 1, 1_700_000_000.0),
         EventCount(bus, "aer", None, "fatal", 1, 1_700_000_000.0),
         EventCount(bus, "fallen_off_bus", None, None, 1, 1_700_000_000.0),
+        EventCount(bus, "gpu_reset", None, None, 1, 1_700_000_000.0),
     )
     findings = (
         *ok_findings(),
         Finding(check="pcie", severity=Severity.WARN, reason="degraded", gpu=bus),
+        Finding(check="xid", severity=Severity.WARN, reason="DRILL: Xid 13", gpu=bus, drill=True),
         # The Kubernetes GPU stack's families come from this finding's evidence.
         Finding(
             check="kubernetes",

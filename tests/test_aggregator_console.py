@@ -6,7 +6,9 @@ to page_support.SCREENSHOTS."""
 
 from __future__ import annotations
 
+import calendar
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,14 @@ A100 = "NVIDIA A100-SXM4-80GB"
 HOSTILE = "XID 79 <img src=x onerror=\"document.title='pwned'\">"
 
 ROWS = "[...document.querySelectorAll('#nodes tbody tr')].map(r => r.dataset.node)"
+# Worst first: CRITICAL, then the nodes we know nothing current of (offline, stale), WARN, OK.
+WORST_FIRST = [
+    "bad-node", "lost-node", "stale-node", "bad-node-2", "warn-node", "ok-node", "ok-node-2"
+]  # fmt: skip
+UUID = "GPU-3f1c0a2e-77d4-4b1e-9a0c-1d2e3f4a5b6c"
+# A reason and a detail longer than any screen, without a space to break at.
+LONG = "reset-refused-" + "x" * 600
+RESET_X3 = "reset_gpu \N{MULTIPLICATION SIGN}3"  # the record's count: 3 refusals in one
 
 
 def xid(reason: str = "XID 79: GPU has fallen off the bus") -> dict[str, Any]:
@@ -43,12 +53,46 @@ def warn(check: str, reason: str) -> dict[str, Any]:
     return msg.finding(check, "WARN", reason)
 
 
-def fleet_messages(now: float) -> list[tuple[str, dict[str, Any]]]:
-    gpu = msg.gpu_doc(2, "CRITICAL", [xid(HOSTILE)])
-    gpu.update(
-        serial="1650923000123",
-        workloads=[{"namespace": "ml", "pod": "trainer-0", "container": "main"}],
+def dbe() -> dict[str, Any]:
+    finding = msg.finding("ecc", "CRITICAL", "2 uncorrected ECC errors since the last reset")
+    finding.update(
+        action="drain_and_reset",
+        runbook="gpu-ecc-dbe",
+        evidence={"ecc_dbe_volatile": 2, "retired_pages_pending": True, "threshold": None},
     )
+    return finding
+
+
+def checked_gpu() -> dict[str, Any]:
+    """GPU 2 of bad-node as the agent reports it: what is checked before a reset."""
+    gpu = msg.gpu_doc(2, "CRITICAL", [xid(HOSTILE), dbe()])
+    gpu.update(
+        uuid=UUID,
+        serial="1650923000123",
+        status="ok",
+        workloads=[{"namespace": "ml", "pod": "trainer-0", "container": "main"},
+                   {"hpc_job": "4242"}],
+        processes=[{"pid": 4100, "name": "train.py", "used_mib": 61234.4, "user": "alice",
+                    "alive": True, "job": "4242"}],
+        temperature_c=71.0, power_w=512.3, power_limit_w=700.0,
+        ecc_enabled=True, ecc_sbe_volatile=0, ecc_dbe_volatile=2, ecc_sbe_aggregate=1234,
+        ecc_dbe_aggregate=None,
+        retired_pages_sbe=1, retired_pages_dbe=2, retired_pages_pending=True,
+        remapped_rows_correctable=0, remapped_rows_uncorrectable=1, row_remap_pending=True,
+        row_remap_failure=False,
+        pcie_generation=4, pcie_max_generation=5, pcie_width=16, pcie_max_width=16,
+        pcie_replay_count=17,
+        sm_clock_mhz=1410, sm_clock_max_mhz=1980, memory_clock_mhz=2619, performance_state=0,
+        clock_event_reasons=["sw_thermal", "hw_slowdown"],
+        nvlink={"up": [True, False, None], "effective_ber": [0.0, 3.5e-9], "symbol_ber": [],
+                "crc_flit_errors": 0, "crc_data_errors": 12, "replay_errors": None,
+                "recovery_errors": 1},
+    )  # fmt: skip
+    return gpu
+
+
+def fleet_messages(now: float) -> list[tuple[str, dict[str, Any]]]:
+    gpu = checked_gpu()
     a100 = msg.gpu_doc(0, "WARN", [warn("thermal", "GPU 0 at 91 C")])
     a100["model"] = A100
     lost = msg.gpu_doc(0, "WARN", [warn("ecc", "LOST-WARN-REASON")])
@@ -57,7 +101,7 @@ def fleet_messages(now: float) -> list[tuple[str, dict[str, Any]]]:
     return [
         # Reported an hour ago and again now: its finding is an hour old.
         ("state", msg.state("bad-node", health="CRITICAL", gpus=[gpu], when=now - 3600)),
-        ("state", msg.state("bad-node", health="CRITICAL", gpus=[gpu], fingerprint=h100)),
+        ("state", cordoned(msg.state("bad-node", health="CRITICAL", gpus=[gpu], fingerprint=h100))),
         ("state", msg.state("bad-node-2", health="WARN", gpus=[msg.gpu_doc(1, "WARN", [xid()])])),
         (
             "state",
@@ -70,7 +114,7 @@ def fleet_messages(now: float) -> list[tuple[str, dict[str, Any]]]:
             ),
         ),
         ("state", msg.state("ok-node", fingerprint=h100)),
-        ("state", msg.state("ok-node-2", cluster="c2")),
+        ("state", cordoned(msg.state("ok-node-2", cluster="c2"))),
         ("state", msg.state("lost-node", health="WARN", gpus=[lost])),
         ("state", msg.offline("lost-node")),
         ("state", msg.state("stale-node", health="WARN", gpus=[stale], when=now - 960)),
@@ -92,6 +136,7 @@ def fleet_messages(now: float) -> list[tuple[str, dict[str, Any]]]:
             },
         ),
         ("actions", _action("bad-node")),
+        ("actions", _refused_reset("bad-node", now)),
         ("actions", msg.cordon_request("bad-node")),
         ("replies", msg.reply("bad-node", "cmd-1")),
     ]
@@ -112,6 +157,33 @@ def _action(node: str) -> dict[str, Any]:
     return message
 
 
+def cordoned(message: dict[str, Any]) -> dict[str, Any]:
+    message["status"]["remediation"] = {"mode": "enforce", "cordoned_by_us": True}
+    return message
+
+
+def _refused_reset(node: str, now: float) -> dict[str, Any]:
+    """A reset of GPU 2 refused three times over (first 5 s ago, last 1 s ago), with a
+    reason and detail too long for any screen."""
+    message = schema.envelope("action", f"{node}:audit:2", node, "c1", now - 5)
+    message["record"] = {
+        "action": "reset_gpu",
+        "target": "0000:1a:00.0",
+        "result": "refused",
+        "reason": LONG,
+        "evidence": {"checks": "xid", "processes": 1},
+        "detail": "a process holds the GPU: " + LONG,
+        "count": 3,
+        "last_seen": now - 1,
+    }
+    return message
+
+
+def utc_seconds(shown: str) -> int:
+    """A time as the page writes it ("2026-12-03 11:12:28 UTC"), in Unix seconds."""
+    return calendar.timegm(time.strptime(shown, "%Y-%m-%d %H:%M:%S UTC"))
+
+
 async def rows(tab: Browser, expected: list[str]) -> None:
     """Until the node table shows exactly ``expected``, in order."""
     want = json.dumps(expected, separators=(",", ":"))
@@ -129,11 +201,50 @@ async def row_text(tab: Browser, node: str) -> str:
     return await text(tab, f'#nodes tr[data-node="{node}"]')
 
 
+async def cells(tab: Browser, table: str) -> list[dict[str, str]]:
+    """The rows of one of the page's tables (after its head), each cell by its column."""
+    return list(
+        await tab.evaluate(
+            f"[...document.querySelectorAll({json.dumps('#' + table + ' tr')})].slice(1)"
+            ".map(r => Object.fromEntries([...r.cells].map(c => [c.dataset.label, c.innerText])))"
+        )
+    )
+
+
+async def terms(tab: Browser, dl: str) -> dict[str, str]:
+    """A definition list of the page, term to value."""
+    return dict(
+        await tab.evaluate(
+            f"[...document.querySelectorAll({json.dumps('#' + dl + ' dt')})]"
+            ".map(t => [t.innerText, t.nextElementSibling.innerText])"
+        )
+    )
+
+
+async def fits(tab: Browser, element_id: str) -> bool:
+    """Whether the element's box (its table's scrolling wrapper) holds it without
+    scrolling sideways, inside the window."""
+    return bool(
+        await tab.evaluate(
+            f"(() => {{ const t = document.getElementById({json.dumps(element_id)});"
+            " const box = t.parentElement;"
+            " return box.scrollWidth <= box.clientWidth"
+            " && t.getBoundingClientRect().right <= window.innerWidth; })()"
+        )
+    )
+
+
 async def test_the_console(tmp_path: Path) -> None:
     port = free_port()
     config = msg.config(tmp_path, port=port, grafana_url_template=GRAFANA, runbook_base_url=DOCS)
     agg = Aggregator(config)
     await agg.start()
+    sent: list[dict[str, Any]] = []
+
+    async def publish(out: Any) -> None:
+        sent.append(schema.decode(out.payload))
+
+    object.__setattr__(agg.api, "publish", publish)  # no broker here: capture instead
     base = f"http://127.0.0.1:{port}/"
     try:
         for channel, message in fleet_messages(time.time()):
@@ -143,17 +254,52 @@ async def test_the_console(tmp_path: Path) -> None:
         async with browser(chromium(), tmp_path) as tab:
             await fleet_table(tab, base)
             await node_page(tab, base)
+            await acknowledge(tab, base, sent)
             await phone(tab, base)
     finally:
         await agg.close()
 
 
+async def acknowledge(tab: Browser, base: str, sent: list[dict[str, Any]]) -> None:
+    """The GPU page's Acknowledge form sends the allowlisted `ack` command with the token
+    typed in; a wrong token sends nothing and says why."""
+    await tab.open(base + "#gpu/c1/bad-node/2")
+    await tab.wait_for(
+        "document.body.dataset.view === 'gpu' && !!document.getElementById('findings')"
+    )
+    assert await tab.evaluate("document.getElementById('ack-form').hidden") is False
+    options = "[...document.querySelectorAll('#ack-check option')].map(o => o.value)"
+    assert await tab.evaluate(options) == ["", "xid", "ecc"]
+    fill = (
+        "document.getElementById('ack-check').value = 'xid';"
+        "document.getElementById('ack-reason').value = 'reseated, DCGM level 3 passed';"
+        "document.getElementById('ack-token').value = %s;"
+        "document.querySelector('#ack-form button').click(); true"
+    )
+    await tab.evaluate(fill % json.dumps("wrong"))
+    await tab.wait_for("document.getElementById('ack-result').textContent.startsWith('Not sent')")
+    assert "HTTP 401" in await text(tab, "#ack-result")
+    assert sent == []
+    await tab.evaluate(fill % json.dumps(msg.COMMAND_TOKEN))
+    await tab.wait_for("document.getElementById('ack-result').textContent.startsWith('Sent')")
+    [command] = sent
+    assert (command["node"], command["command"]) == ("bad-node", "ack")
+    assert command["args"] == {
+        "gpu": "0000:1a:00.0",
+        "check": "xid",
+        "reason": "reseated, DCGM level 3 passed",
+        "by": "console",
+    }
+    assert command["id"] in await text(tab, "#ack-result")
+    # The node view hides the form.
+    await tab.open(base + "#node/c1/bad-node")
+    await tab.wait_for("document.body.dataset.view === 'node'")
+    assert await tab.evaluate("document.getElementById('ack-form').hidden") is True
+
+
 async def fleet_table(tab: Browser, base: str) -> None:
     await tab.open(base)
-    await rows(
-        tab,
-        ["bad-node", "bad-node-2", "warn-node", "lost-node", "stale-node", "ok-node", "ok-node-2"],
-    )
+    await rows(tab, WORST_FIRST)
     # Node text is text: the reason's markup is shown, never run.
     assert HOSTILE in await row_text(tab, "bad-node")
     assert await tab.evaluate("document.querySelectorAll('img').length") == 0
@@ -167,22 +313,54 @@ async def fleet_table(tab: Browser, base: str) -> None:
         assert "WARN" not in row, row
         assert "ago" in row, row
     assert "16 min ago" in await row_text(tab, "stale-node")
+    # The cordoned column: what the node's agent says of itself.
+    cordons = await tab.evaluate(
+        "Object.fromEntries([...document.querySelectorAll('#nodes tbody tr')].map(r =>"
+        " [r.dataset.node, r.querySelector('td.cordon-state').innerText]))"
+    )
+    cordoned_nodes = ("bad-node", "ok-node-2")
+    assert cordons == {n: "cordoned" if n in cordoned_nodes else "no" for n in WORST_FIRST}
     # A finding's age; nodes per finding kind, online nodes only.
     assert "60 min" in await row_text(tab, "bad-node")
     kinds = await text(tab, "#kinds")
     assert "2 nodes with xid 79 (2 started today)" in kinds
     assert "1 node with thermal (1 started today)" in kinds
-    assert "ecc" not in kinds
+    assert "1 node with ecc (1 started today)" in kinds  # not the offline or stale node's
     # A kind's count lists its nodes.
     await tab.evaluate("document.querySelector('#kinds a').click()")
     await rows(tab, ["bad-node", "bad-node-2"])
     assert await tab.evaluate("location.hash") == "#fleet?kind=xid+79"
     assert "Only nodes with xid 79" in await text(tab, "#kind")
     await tab.evaluate("location.hash = '#fleet'")
-    await rows(
-        tab,
-        ["bad-node", "bad-node-2", "warn-node", "lost-node", "stale-node", "ok-node", "ok-node-2"],
-    )
+    await rows(tab, WORST_FIRST)
+    # Cordoned nodes first, by its header.
+    await tab.evaluate("document.querySelector('button[data-sort=cordoned]').click()")
+    await rows(tab, ["bad-node", "ok-node-2", *(n for n in WORST_FIRST if n not in cordoned_nodes)])
+    assert "sort=cordoned" in await tab.evaluate("location.hash")
+    await tab.evaluate("location.hash = '#fleet'")
+    await rows(tab, WORST_FIRST)
+    # A search by what an RMA ticket names a GPU by says which GPU it is.
+    for query, by in (("1650923000123", "serial"), (UUID[:13].lower(), "UUID"),
+                      ("00000000:1A:00.0", "bus id")):  # fmt: skip
+        await tab.evaluate(f"location.hash = {json.dumps('#fleet?q=' + query)}")
+        await rows(tab, ["bad-node"])
+        said = f"GPU 2 (GPU-3f1c0a2e…) on bad-node, by {by}"
+        try:
+            await tab.wait_for(
+                f"document.getElementById('matched').innerText.includes({json.dumps(said)})"
+            )
+        except AssertionError:
+            raise AssertionError(await text(tab, "#matched")) from None
+        matched = await text(tab, "#matched")
+        assert "1 of 7 nodes match" in matched, matched
+        assert await tab.evaluate("document.querySelector('#matched li a').hash") == (
+            "#gpu/c1/bad-node/2"
+        )
+    await tab.evaluate("location.hash = '#fleet?q=fallen off'")
+    await rows(tab, ["bad-node-2"])
+    assert await tab.evaluate("document.querySelector('#matched li')") is None
+    await tab.evaluate("location.hash = '#fleet'")
+    await rows(tab, WORST_FIRST)
     assert "7 nodes" in await text(tab, "#summary")
     assert "Drifted: warn-node" not in await text(tab, "#drift")  # one node per cluster: c2
     await tab.screenshot("fleet-desktop")
@@ -213,10 +391,7 @@ async def fleet_table(tab: Browser, base: str) -> None:
 
     # Sorting: a header sorts by it, a second click reverses.
     await tab.evaluate("location.hash = '#fleet'")
-    await rows(
-        tab,
-        ["bad-node", "bad-node-2", "warn-node", "lost-node", "stale-node", "ok-node", "ok-node-2"],
-    )
+    await rows(tab, WORST_FIRST)
     by_name = sorted(
         ["bad-node", "bad-node-2", "warn-node", "lost-node", "stale-node", "ok-node", "ok-node-2"]
     )
@@ -242,14 +417,14 @@ async def node_page(tab: Browser, base: str) -> None:
         "!!document.getElementById('events') && !!document.getElementById('actions')"
     )
     gpus = await text(tab, "#gpus")
-    for shown in ("GPU-2", "1650923000123", "0000:1a:00.0", "pod ml/trainer-0 container main"):
+    for shown in (UUID, "1650923000123", "0000:1a:00.0", "pod ml/trainer-0 container main"):
         assert shown in gpus, gpus
     findings = await text(tab, "#findings")
     assert HOSTILE in findings
     assert "reset_gpu" in findings
     assert "60 min ago" in findings
     runbooks = await tab.evaluate("[...document.querySelectorAll('#findings a')].map(a => a.href)")
-    assert runbooks == [DOCS + "checks.md#gpu-xid-reset-required"]
+    assert runbooks == [DOCS + "checks.md#gpu-xid-reset-required", DOCS + "checks.md#gpu-ecc-dbe"]
     grafana = await tab.evaluate(
         "[...document.querySelectorAll('#node-view a')].map(a => a.href)"
         ".filter(h => h.startsWith('https://grafana'))"
@@ -259,10 +434,35 @@ async def node_page(tab: Browser, base: str) -> None:
         "https://grafana.example/d/gpuagent?var-cluster=c1&var-node=bad-node&var-gpu=2",
     ]
     assert "xid" in await text(tab, "#events")
-    await tab.wait_for("document.getElementById('actions').innerText.includes('cordon decision')")
-    actions = await text(tab, "#actions")
-    assert "action cordon" in actions, actions
-    assert "approved" in actions, actions
+    await tab.wait_for(
+        "document.getElementById('actions').innerText.includes('cordon decision')"
+        " && document.getElementById('actions').innerText.includes('reset_gpu')"
+    )
+    # The actions as a table: time, action, GPU, outcome, reason; long text wraps.
+    assert await tab.evaluate(
+        "[...document.querySelectorAll('#actions th')].map(h => h.innerText)"
+    ) == ["time", "action", "GPU", "outcome", "reason"]
+    actions = {row["action"]: row for row in await cells(tab, "actions")}
+    assert set(actions) == {"cordon", RESET_X3, "cordon decision"}
+    cordon = actions["cordon"]
+    assert cordon["time"].endswith(" UTC"), cordon
+    assert (cordon["GPU"], cordon["outcome"]) == (
+        "GPU 2 (0000:1a:00.0)",
+        "done (approved: 1 of 2 nodes in the window)",
+    ), cordon
+    assert cordon["reason"].startswith("GPU 0000:1a:00.0: XID 79 (xid)"), cordon
+    assert "gpus=0000:1a:00.0" in cordon["reason"], cordon  # its evidence, under it
+    reset = actions[RESET_X3]
+    assert reset["GPU"] == "GPU 2 (0000:1a:00.0)", reset
+    # Its latest time, and its first: 4 s apart.
+    shown = re.fullmatch(r"(.+ UTC) \(first (.+ UTC)\)", reset["time"])
+    assert shown is not None, reset
+    assert utc_seconds(shown[1]) - utc_seconds(shown[2]) == 4, reset
+    assert reset["outcome"].startswith("refused (a process holds the GPU: reset-refused-x"), reset
+    assert reset["reason"].replace("\n", "").startswith(LONG), reset
+    assert actions["cordon decision"]["GPU"] == "node", actions
+    assert actions["cordon decision"]["outcome"].startswith("approved"), actions
+    assert await fits(tab, "actions")
     assert "done" in await text(tab, "#replies")
     assert await tab.evaluate("document.querySelectorAll('img').length") == 0
     # The last day: a health strip per GPU (and the node), from the aggregator's history.
@@ -288,27 +488,47 @@ async def node_page(tab: Browser, base: str) -> None:
     assert all(x > 200 for x, _, _ in now), now  # first heard from minutes ago
     await tab.screenshot("node-desktop")
 
-    # GPU 2's own page, from its row: identity, its finding's real onset, its last day,
-    # its events in words (the storm as one line with its count).
+    # GPU 2's own page, from its row: identity, its findings with their evidence and what
+    # clears each, what is checked before a reset, its last day, its events in words (the
+    # storm as one line with its count).
     await tab.evaluate("document.querySelector('#gpus a[href^=\"#gpu/\"]').click()")
     await tab.wait_for("document.body.dataset.view === 'gpu'")
     assert await tab.evaluate("location.hash") == "#gpu/c1/bad-node/2"
-    ident = await text(tab, "#node-view dl")
-    for shown in ("GPU-2", "1650923000123", "0000:1a:00.0", "pod ml/trainer-0"):
-        assert shown in ident, ident
-    gpu_findings = await text(tab, "#findings")
-    assert HOSTILE in gpu_findings
-    assert "60 min ago" in gpu_findings
+    await gpu_page(tab)
     assert await tab.evaluate("document.querySelectorAll('#history svg').length") >= 1
     await tab.wait_for("!!document.getElementById('events')")
     gpu_events = await text(tab, "#events")
     assert "xid 45 on 0000:1a:00.0 (train.py, pid 4100) [400 records since" in gpu_events
     assert "0000:18:00.0" not in gpu_events  # another GPU's event
-    # The cordon this GPU asked for, with the fleet budget's decision.
+    # The cordon this GPU asked for, with the fleet budget's decision, and its reset; not
+    # the node's own cordon request and decision.
     await tab.wait_for("!!document.getElementById('actions')")
-    gpu_actions = await text(tab, "#actions")
-    assert "cordon\tdone\tGPU 0000:1a:00.0: XID 79 (xid) (approved: 1 of 2" in gpu_actions
+    gpu_actions = {row["action"]: row for row in await cells(tab, "actions")}
+    assert set(gpu_actions) == {"cordon", RESET_X3}, gpu_actions
+    assert gpu_actions["cordon"]["outcome"] == "done (approved: 1 of 2 nodes in the window)"
+    assert await fits(tab, "actions")
+    assert await fits(tab, "findings")
     await tab.screenshot("gpu-desktop")
+
+    # A GPU whose report carries none of it: every value "—", none 0.
+    await tab.evaluate("location.hash = '#gpu/c1/bad-node-2/1'")
+    await tab.wait_for("document.title.startsWith('GPU 1 · bad-node-2')")
+    for table in ("ecc", "pcie"):
+        for row in await cells(tab, table):
+            values = list(row.values())[1:]
+            assert all(v in ("—", "") for v in values), (table, row)
+    for dl in ("memory", "clocks", "jobs"):
+        assert set((await terms(tab, dl)).values()) == {"—"}, dl
+    assert (
+        await tab.evaluate(
+            "[...document.querySelectorAll('#node-view h2')].find(h => h.innerText === 'NVLink')"
+            ".nextElementSibling.innerText"
+        )
+        == "— (not in the node's report)"
+    )
+    assert "Processes: —" in await text(tab, "#node-view")
+    assert "XID 79" in await text(tab, "#findings")
+    await tab.screenshot("gpu-not-reported")
 
     # An offline node's page: health unknown, its last report marked as such.
     await tab.evaluate("location.hash = '#node/c1/lost-node'")
@@ -321,15 +541,103 @@ async def node_page(tab: Browser, base: str) -> None:
     await tab.wait_for("document.getElementById('error').innerText.includes('HTTP 404')")
 
 
+async def gpu_page(tab: Browser) -> None:
+    """GPU 2 of bad-node (`checked_gpu`), as an SRE reads it before a reset."""
+    ident = await text(tab, "#node-view dl")
+    for shown in (UUID, "1650923000123", "0000:1a:00.0"):
+        assert shown in ident, ident
+    # Each finding with its evidence, what clears it, its runbook and real onset.
+    findings = await cells(tab, "findings")
+    assert [f["check"] for f in findings] == ["xid", "ecc"], findings
+    for shown, sent in zip(findings, checked_gpu()["findings"], strict=True):
+        assert shown["reason"] == sent["reason"], shown
+        for name, value in sent["evidence"].items():
+            word = {True: "yes", None: "—"}.get(value, value)
+            assert f"{name}: {word}" in shown["evidence"].split("\n"), (name, shown)
+        assert shown["runbook"] == sent["runbook"], shown
+        assert "60 min ago" in shown["started"], shown
+    assert HOSTILE in findings[0]["reason"]
+    assert findings[0]["to clear it"] == (
+        "Reset the GPU (nvidia-smi -r -i <gpu>) once no process uses it; no reboot needed."
+    )
+    assert findings[1]["to clear it"] == "Drain the GPU's jobs now, then reset the GPU."
+    assert await tab.evaluate("document.querySelector('#findings code').innerText") == (
+        "nvidia-smi -r -i <gpu>"
+    )
+    # Memory: ECC counts volatile and lifetime, retired pages, remapped rows.
+    assert await cells(tab, "ecc") == [
+        {
+            "ECC errors": "corrected (single-bit)",
+            "volatile (since the last reset)": "0",
+            "aggregate (lifetime)": "1234",
+        },
+        {
+            "ECC errors": "uncorrected (double-bit)",
+            "volatile (since the last reset)": "2",
+            "aggregate (lifetime)": "—",  # not reported, not 0
+        },
+    ]
+    assert await terms(tab, "memory") == {
+        "ECC mode": "on",
+        "retired pages": "1 single-bit, 2 double-bit",
+        "retirement pending": "yes",
+        "remapped rows": "0 correctable, 1 uncorrectable",
+        "row remap pending": "yes",
+        "row remap failure": "no",
+    }
+    # PCIe: current against max (a link trained down stands out) and replays.
+    assert await cells(tab, "pcie") == [
+        {"PCIe": "generation", "current": "4", "max": "5"},
+        {"PCIe": "width", "current": "x16", "max": "x16"},
+        {"PCIe": "replay counter", "current": "17", "max": ""},
+    ]
+    assert (
+        await tab.evaluate("document.querySelector('#pcie tr:nth-child(2) span').className")
+        == "WARN"
+    )
+    assert (
+        await tab.evaluate("document.querySelector('#pcie tr:nth-child(3) span').className") == ""
+    )
+    # NVLink: each link's state and bit-error rates, the counters over all links.
+    assert await cells(tab, "nvlink") == [
+        {"link": "0", "state": "up", "effective BER": "0", "symbol BER": "—"},
+        {"link": "1", "state": "down", "effective BER": "3.5e-9", "symbol BER": "—"},
+        {"link": "2", "state": "—", "effective BER": "—", "symbol BER": "—"},
+    ]
+    assert await terms(tab, "nvlink-errors") == {
+        "CRC flit errors": "0",
+        "CRC data errors": "12",
+        "replay errors": "—",
+        "recovery errors": "1",
+    }
+    assert await terms(tab, "clocks") == {
+        "SM clock": "1410 MHz (max 1980 MHz)",
+        "memory clock": "2619 MHz",
+        "performance state": "P0",
+        "throttle reasons": "sw_thermal, hw_slowdown",
+        "temperature": "71 °C",
+        "power": "512.3 W (limit 700 W)",
+    }
+    # Who runs on it: the pod, the Slurm job, the processes.
+    assert await terms(tab, "jobs") == {"job or pod": "pod ml/trainer-0 container main; job 4242"}
+    assert await cells(tab, "processes") == [
+        {
+            "pid": "4100",
+            "process": "train.py",
+            "user": "alice",
+            "memory": "61234 MiB",
+            "Slurm job": "4242",
+            "running": "yes",
+        }
+    ]
+
+
 async def phone(tab: Browser, base: str) -> None:
     """On a phone the body never scrolls sideways: wide tables scroll inside themselves."""
     await tab.viewport(390, 844, mobile=True)
     overflow = "document.documentElement.scrollWidth - window.innerWidth"
     await tab.open(base)
-    await rows(
-        tab,
-        ["bad-node", "bad-node-2", "warn-node", "lost-node", "stale-node", "ok-node", "ok-node-2"],
-    )
+    await rows(tab, WORST_FIRST)
     assert await tab.evaluate("window.innerWidth") == 390
     assert await tab.evaluate(overflow) <= 0
     await tab.screenshot("fleet-phone")
@@ -348,9 +656,17 @@ async def phone(tab: Browser, base: str) -> None:
     assert card["display"] == ["block"], card
     assert card["head"] == "none", card
     assert card["right"] <= 390, card
-    assert card["labelled"]["UUID"] == "GPU-2", card
-    assert card["labelled"]["workload"] == "pod ml/trainer-0 container main", card
+    assert card["labelled"]["UUID"] == UUID, card
+    assert card["labelled"]["workload"] == "pod ml/trainer-0 container main; job 4242", card
+    assert await fits(tab, "actions")
     await tab.screenshot("node-phone")
+    await tab.evaluate("location.hash = '#gpu/c1/bad-node/2'")
+    await tab.wait_for(
+        "document.body.dataset.view === 'gpu' && !!document.getElementById('nvlink')"
+    )
+    assert await tab.evaluate(overflow) <= 0
+    assert await fits(tab, "findings")
+    await tab.screenshot("gpu-phone")
 
 
 # One NVL72-style domain of three trays (cluster UUID / clique id), and a second domain.
@@ -664,6 +980,11 @@ async def test_rules_and_the_cordon_budget_in_the_console(tmp_path: Path) -> Non
             mine = await text(tab, "#node-rules")
             assert "repeat_offender" in mine
             assert finding.summary in mine
+            # The GPU it names shows it on its own page.
+            await tab.evaluate("location.hash = '#gpu/c1/bad-node/0'")
+            await tab.wait_for("document.title.startsWith('GPU 0 · bad-node')")
+            await tab.wait_for("!!document.getElementById('node-rules')")
+            assert finding.summary in await text(tab, "#node-rules")
             await tab.evaluate("location.hash = '#node/c1/ok-node'")
             await tab.wait_for("document.title.startsWith('ok-node')")
             await tab.wait_for("!document.getElementById('node-rules')")

@@ -18,6 +18,7 @@ from gpuagent.aggregator.fleetview import FleetView, Query, finding_kind, shown_
 from gpuagent.aggregator.records import from_online_state, with_offline
 from gpuagent.aggregator.service import Aggregator
 from gpuagent.aggregator.state import FleetState
+from gpuagent.checks import Action
 from gpuagent.config import ConfigError, load_config
 
 NOW = 1_800_000_000.0
@@ -73,7 +74,9 @@ def test_offline_and_stale_nodes_show_unknown(view: FleetView) -> None:
 @pytest.mark.parametrize(
     ("query", "expected"),
     [
-        (Query(), ["a", "b", "gone", "old", "c"]),
+        # Worst first: CRITICAL, then what we know nothing current of (offline, stale),
+        # then WARN, then OK.
+        (Query(), ["a", "gone", "old", "b", "c"]),
         (Query(cluster="c2"), ["b"]),
         (Query(health="UNKNOWN"), ["gone", "old"]),
         (Query(health="OK"), ["c"]),
@@ -94,7 +97,7 @@ def test_offline_and_stale_nodes_show_unknown(view: FleetView) -> None:
         (Query(sort="name", descending=True), ["old", "gone", "c", "b", "a"]),
         (Query(sort="last_seen"), ["old", "a", "b", "c", "gone"]),
         (Query(sort="finding_age"), ["old", "a", "b", "gone", "c"]),
-        (Query(limit=2), ["a", "b"]),
+        (Query(limit=2), ["a", "gone"]),
     ],
 )
 def test_filters_and_sorting(view: FleetView, query: Query, expected: list[str]) -> None:
@@ -102,6 +105,60 @@ def test_filters_and_sorting(view: FleetView, query: Query, expected: list[str])
     assert names(doc) == expected
     assert doc["matched"] == (len(expected) if query.limit > len(expected) else 5)
     assert doc["counts"]["nodes"] == 5
+
+
+def test_the_health_order_ranks_unknown_above_warn_and_ok() -> None:
+    """Worst first, as whoever is on call reads the table: CRITICAL, offline (we know
+    nothing), stale, WARN, UNKNOWN (online, could not judge), OK; by cluster and name
+    within each."""
+    state = FleetState()
+    for node, health in (("ok", "OK"), ("unknown", "UNKNOWN"), ("warn", "WARN")):
+        put(state, node, health=health)
+    put(state, "crit", health="CRITICAL", cluster="c2")
+    put(state, "crit-2", health="CRITICAL")
+    put(state, "stale", health="CRITICAL", when=NOW - 10 * STALE)
+    for node in ("lost-b", "lost-a"):
+        message = msg.state(node, health="OK", when=NOW)
+        record = from_online_state(message, json.dumps(message), NOW)
+        state.put(with_offline(msg.offline(node), record, NOW))
+    view = FleetView(state, STALE)
+    expected = ["crit-2", "crit", "lost-a", "lost-b", "stale", "warn", "unknown", "ok"]
+    assert names(view.fleet(Query(), NOW)) == expected
+    assert names(view.fleet(Query(descending=True), NOW)) == expected[::-1]
+
+
+def test_cordoned_nodes_sort_first_worst_first(view: FleetView) -> None:
+    for node, health in (("cordoned-ok", "OK"), ("cordoned-bad", "CRITICAL")):
+        message = msg.state(node, health=health, when=NOW)
+        message["status"]["remediation"] = {"cordoned_by_us": True}
+        view.state.put(from_online_state(message, json.dumps(message), NOW))
+    doc = view.fleet(Query(sort="cordoned"), NOW)
+    assert names(doc)[:2] == ["cordoned-bad", "cordoned-ok"]
+    assert names(doc)[2:] == ["a", "gone", "old", "b", "c"]
+    assert [n["cordoned"] for n in doc["nodes"]] == [True, True] + [False] * 5
+
+
+@pytest.mark.parametrize(
+    ("text", "by"),
+    [
+        ("gpu-3f1c0a2e", ["UUID"]),
+        ("1650923000123", ["serial"]),
+        ("0000:1a:00.0", ["bus id"]),
+        ("00000000:1A:00.0", ["bus id"]),
+        ("1a:00.0", ["bus id"]),
+    ],
+)
+def test_a_search_says_which_gpu_matched(view: FleetView, text: str, by: list[str]) -> None:
+    doc = view.fleet(Query(text=text), NOW)
+    assert [(n["name"], n["matched_gpus"]) for n in doc["nodes"]] == [
+        ("c", [{"index": 2, "uuid": "GPU-3f1c0a2e-77d4", "pci_bus_id": "0000:1a:00.0", "by": by}])
+    ]
+
+
+def test_a_search_by_node_or_reason_names_no_gpu(view: FleetView) -> None:
+    doc = view.fleet(Query(text="XID 48"), NOW)
+    assert [(n["name"], n["matched_gpus"]) for n in doc["nodes"]] == [("b", [])]
+    assert "matched_gpus" not in view.fleet(Query(), NOW)["nodes"][0]
 
 
 def test_findings_date_from_their_first_report(view: FleetView) -> None:
@@ -196,6 +253,19 @@ def test_the_page_carries_its_links_safely() -> None:
         "https://d.example/docs/checks.md#gpu-lost"
     )
     assert page.runbook_url("", "gpu-lost") == ""
+
+
+def test_the_page_says_what_each_action_means_as_the_docs_do() -> None:
+    """A GPU's page says what clears each finding: the words of the Actions table of
+    docs/checks.md, for every action a finding can name."""
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "checks.md").read_text()
+    section = docs.split("\n## Actions\n", 1)[1].split("\n## ", 1)[0]
+    table = dict(re.findall(r"^\| `([a-z_]+)` \| (.+) \|$", section, re.MULTILINE))
+    meanings = page.action_meanings()
+    assert meanings == table
+    assert set(meanings) == {a.value for a in Action}
+    shown = json.dumps(meanings["reset_gpu"]).replace("<", "\\u003c").replace(">", "\\u003e")
+    assert shown in page.render()
 
 
 async def test_the_fleet_endpoint(tmp_path: Path) -> None:

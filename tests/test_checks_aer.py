@@ -8,6 +8,7 @@ import pytest
 
 from gpuagent.checks import HealthMemory
 from gpuagent.config import AerCheck
+from gpuagent.kernel.parse import canonical_pci, parse_message
 from gpuagent.model import Finding, GpuEvent, PciePath, Severity
 from test_checks_support import (
     BOOT_WALL,
@@ -247,3 +248,33 @@ def test_ok_reason_and_evidence() -> None:
     evidence = found.evidence_dict()
     assert (evidence["functions"], evidence["corrected_rate_limit_per_hour"]) == (4, 60.0)
     assert evidence["line"] is None
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        pytest.param(
+            f"pcieport {ROOT_PORT}: AER: Uncorrected (Fatal) error received: {BUS}",
+            id="received",
+        ),
+        pytest.param(
+            f"pcieport {ROOT_PORT}: AER: Uncorrectable (Fatal) error message received from {BUS}",
+            id="message-received-from",
+        ),
+        pytest.param(
+            f"pcieport {ROOT_PORT}: AER: Uncorrected (Fatal) error received: id=1800",
+            id="old-id-form",
+        ),
+    ],
+)
+def test_a_root_ports_announcement_is_blamed_on_the_gpu_it_names(line: str) -> None:
+    # The event names the device the kernel-log source takes from the line.
+    parsed = parse_message(line)
+    device = canonical_pci(parsed.pci) if parsed.pci else None
+    assert device == BUS
+    found = check(aer(line, gpu=device, at=3.0), now=10.0)
+    assert found.severity is Severity.CRITICAL
+    assert found.reason == (
+        "1 uncorrectable PCIe error report in the kernel log (last: fatal on the GPU)"
+    )
+    assert found.evidence_dict()["device"] == BUS

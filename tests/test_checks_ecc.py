@@ -191,7 +191,39 @@ def test_sbe_rate_over_polls(
     assert last.evidence_dict()["sbe_rate_per_hour"] == pytest.approx(rate)
     if severity is Severity.WARN:
         assert (last.action, last.runbook) == ("investigate", "gpu-ecc-sbe-rate")
-        assert "corrected ECC errors per hour" in last.reason
+        assert "corrected ECC error" in last.reason
+        assert last.reason.endswith("above 100 per hour")
+
+
+# The reason's numbers are what was seen: the count, its span, and count / span per hour.
+# Early in the window the errors are judged against the whole window (no alarm from one
+# error after a start), so a WARN's real rate is always at least the limit it names.
+@pytest.mark.parametrize(
+    ("steps", "reason"),
+    [
+        pytest.param(
+            [(0.0, _sbe(0)), (441.8, _sbe(253))],
+            "253 corrected ECC errors in 441.8 s (about 2,062 per hour), above 100 per hour",
+            id="early-in-the-window",
+        ),
+        pytest.param(
+            [(0.0, _sbe(10)), (3600.0, _sbe(111))],
+            "101 corrected ECC errors in 3600 s (about 101 per hour), above 100 per hour",
+            id="a-whole-window",
+        ),
+        pytest.param(
+            [(0.0, _sbe(0)), (60.0, _sbe(40)), (120.0, _sbe(101))],
+            "101 corrected ECC errors in 120 s (about 3,030 per hour), above 100 per hour",
+            id="a-burst-in-the-first-minutes",
+        ),
+    ],
+)
+def test_the_rate_reason_states_the_count_its_span_and_the_real_rate(
+    steps: list[tuple[float, dict[str, Any]]], reason: str
+) -> None:
+    last = check_series("ecc", steps, config=HOURLY_100)[-1]
+    assert last.severity is Severity.WARN
+    assert last.reason == reason
 
 
 # RTX 4090 captures: ECC mode Disabled on every GPU of a healthy node; the RTX 4000 SFF Ada

@@ -250,6 +250,76 @@ def test_thermal_reasons(ident: GpuIdentity, readings: dict[str, Any], reason: s
     assert check_once("thermal", ident=ident, **readings).reason == reason
 
 
+# Where the temperature stands to the limit is said as it is: near it (within the margin),
+# at it, or above it. Above the memory's maximum it runs out of its specification: CRITICAL.
+@pytest.mark.parametrize(
+    ("ident", "readings", "severity", "reason"),
+    [
+        pytest.param(
+            HBM,
+            {"temperature_c": 50.0, "memory_temperature_c": 100.0},
+            Severity.CRITICAL,
+            "memory at 100 °C, above its 95 °C maximum",
+            id="memory-above-max",
+        ),
+        pytest.param(
+            HBM,
+            {"temperature_c": 50.0, "memory_temperature_c": 95.0},
+            Severity.WARN,
+            "memory at 95 °C, at its 95 °C maximum",
+            id="memory-at-max",
+        ),
+        pytest.param(
+            HBM,
+            {"temperature_c": 50.0, "memory_temperature_c": 95.04},
+            Severity.WARN,
+            "memory at 95 °C, at its 95 °C maximum",
+            id="memory-at-max-as-printed",
+        ),
+        pytest.param(
+            HBM,
+            {"temperature_c": 50.0, "memory_temperature_c": 95.1},
+            Severity.CRITICAL,
+            "memory at 95.1 °C, above its 95 °C maximum",
+            id="memory-just-above-max",
+        ),
+        pytest.param(
+            REPORTED,
+            {"temperature_c": 85.0},
+            Severity.WARN,
+            "GPU at 85 °C, at its 85 °C slowdown temperature",
+            id="gpu-at-slowdown",
+        ),
+        pytest.param(
+            REPORTED,
+            {"temperature_c": 88.0},
+            Severity.WARN,
+            "GPU at 88 °C, above its 85 °C slowdown temperature",
+            id="gpu-above-slowdown",
+        ),
+        pytest.param(
+            REPORTED,
+            {"temperature_c": 95.0},
+            Severity.CRITICAL,
+            "GPU at 95 °C, at its 95 °C shutdown temperature",
+            id="gpu-at-shutdown",
+        ),
+        pytest.param(
+            REPORTED,
+            {"temperature_c": 97.0},
+            Severity.CRITICAL,
+            "GPU at 97 °C, above its 95 °C shutdown temperature",
+            id="gpu-above-shutdown",
+        ),
+    ],
+)
+def test_at_and_above_a_limit_say_so(
+    ident: GpuIdentity, readings: dict[str, Any], severity: Severity, reason: str
+) -> None:
+    found = check_once("thermal", ident=ident, **readings)
+    assert (found.severity, found.reason) == (severity, reason)
+
+
 def test_margins_come_from_config() -> None:
     config = with_checks(thermal=ThermalCheck(slowdown_margin_c=0.0, shutdown_margin_c=0.0))
     assert check_once("thermal", config, temperature_c=86.9).severity is Severity.OK

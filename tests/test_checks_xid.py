@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpuagent.checks.xid import judge
+from gpuagent.checks.xid import judge, policy
 from gpuagent.config import XidCheck, XidRepeat
 from gpuagent.model import Finding, GpuEvent, Severity
 from test_checks_support import (
@@ -906,3 +906,22 @@ def test_sympathetic_xid74_never_escalates() -> None:
     sympathetic = xid74(0x2, 0, 0, 0, 0, 0, 0)
     found = check_events("xid", *(xid(sympathetic, at=t) for t in range(10)), now=10.0)
     assert (found.severity, found.action) == (Severity.WARN, "investigate")
+
+
+# `gpuagent xid explain` and `xid list` print the check's own verdict (checks.xid.policy):
+# on a real line whose number alone decides, it is what the finding says.
+@pytest.mark.parametrize(
+    "line", [XID_8, XID_13, XID_31, XID_48, XID_62, XID_64, XID_79, XID_109, XID_119]
+)
+def test_the_catalog_view_says_what_a_finding_says(line: str) -> None:
+    found = check_events("xid", xid(line))
+    code = xid(line).code
+    assert code is not None
+    verdict = policy(code).verdict
+    assert policy(code).decided_by == ""
+    assert (verdict.severity, verdict.action.value, verdict.runbook.value) == (
+        found.severity,
+        found.action,
+        found.runbook,
+    )
+    assert verdict.label in found.reason

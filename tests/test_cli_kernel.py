@@ -1,4 +1,4 @@
-"""`gpuagent kmsg parse` and `gpuagent xid explain`, run as an operator runs them."""
+"""`gpuagent kmsg parse`, `gpuagent xid explain` and `xid list`, run as an operator runs them."""
 
 from __future__ import annotations
 
@@ -213,19 +213,50 @@ def test_xid_explain() -> None:
     assert result.returncode == 0, result.stderr
     assert _lines(result.stdout) == [
         "XID 79: ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS",
+        "  gpuagent              CRITICAL: reboot required",
+        "  action                drain_and_reboot",
+        "  runbook               gpu-xid-reboot-required",
         "  description           GPU has fallen off the bus",
         "  category              bus",
-        "  severity              critical-node (reboot/power-cycle)",
-        "  immediate action      RESTART_BM: reboot the node",
+        "  catalog severity      critical-node (reboot/power-cycle)",
+        "  NVIDIA's action       RESTART_BM: reboot the node",
         "  investigatory action  CONTACT_SUPPORT",
         "  application error     no: NVIDIA's k8s-device-plugin marks the GPU unhealthy",
     ]
 
 
-def test_xid_explain_app_error_and_blank_action() -> None:
-    assert "application error     yes" in run_cli("xid", "explain", "13").stdout
+def test_xid_explain_says_what_the_xid_check_says() -> None:
+    # Xid 48 is "uncorrectable ECC error, drain and reset required" in a finding; NVIDIA's
+    # catalog only says to follow its decode workflow.
+    out = run_cli("xid", "explain", "48").stdout
     assert (
-        "immediate action      none in the catalog yet" in run_cli("xid", "explain", "165").stdout
+        "  gpuagent              CRITICAL: uncorrectable ECC error, drain and reset required\n"
+        in out
+    )
+    assert "  action                drain_and_reset\n" in out
+    assert "  runbook               gpu-ecc-dbe\n" in out
+    assert "  NVIDIA's action       WORKFLOW_XID_48: follow NVIDIA's decode workflow" in out
+
+
+def test_xid_explain_a_line_decided_xid_says_what_decides() -> None:
+    out = _lines(run_cli("xid", "explain", "154").stdout)
+    assert out[1] == "  gpuagent              CRITICAL: contact support"
+    assert out[2] == (
+        "  decided by            the recovery action the line names: none (OK), GPU reset, "
+        "node reboot, or drain and reset (CRITICAL)"
+    )
+
+
+def test_xid_explain_app_error_and_blank_action() -> None:
+    out = run_cli("xid", "explain", "13").stdout
+    assert "  gpuagent              WARN: application error\n" in out
+    assert (
+        "                        WARN for checks.xid.app_error_hold_seconds; CRITICAL above "
+        "checks.xid.app_error_rate_per_hour incidents\n"
+    ) in out
+    assert "application error     yes" in out
+    assert (
+        "NVIDIA's action       none in the catalog yet" in run_cli("xid", "explain", "165").stdout
     )
 
 
@@ -242,7 +273,39 @@ def test_xid_explain_json() -> None:
         "investigatory_action": "INVESTIGATE_SW",
         "app_error": False,
         "action_hint": "drain and reset the GPU",
+        "gpuagent": {
+            "severity": "CRITICAL",
+            "verdict": "reset required",
+            "action": "reset_gpu",
+            "runbook": "gpu-xid-reset-required",
+            "decided_by": "",
+        },
     }
+
+
+def test_xid_list() -> None:
+    result = run_cli("xid", "list")
+    assert result.returncode == 0, result.stderr
+    lines = _lines(result.stdout)
+    rows = {int(line.split()[0]): line for line in lines[1:] if line[:4].strip().isdigit()}
+    assert sorted(rows) == list(range(1, 173))
+    assert lines[0].split() == ["XID", "GPUAGENT", "ACTION", "NVIDIA"]
+    assert rows[79].split(None, 3) == [
+        "79",
+        "CRITICAL",
+        "drain_and_reboot",
+        "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS: GPU has fallen off the bus",
+    ]
+    assert rows[48].split()[1:3] == ["CRITICAL", "drain_and_reset"]
+    assert rows[13].split()[1:3] == ["WARN", "restart_app"]
+    assert rows[74].split()[1] == "CRITICAL*"  # its register dump decides
+    assert lines[-1].startswith("* decided by the XID's line")
+
+
+def test_xid_list_json_is_every_explain_document() -> None:
+    listed = json.loads(run_cli("xid", "list", "--json").stdout)
+    assert [entry["xid"] for entry in listed] == list(range(1, 173))
+    assert listed[118] == json.loads(run_cli("xid", "explain", "119", "--json").stdout)
 
 
 @pytest.mark.parametrize("args", [("400",), ("0",), ("400", "--json")])

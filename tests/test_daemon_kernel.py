@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import DaemonProcess, parse_metrics
+from conftest import DaemonProcess, parse_metrics, start_daemon
+from gpuagent.client import ClientError
 
 pytestmark = pytest.mark.integration
 
@@ -75,6 +77,68 @@ def test_drill_is_one_event_although_kmsg_and_nvml_both_see_it(run_daemon: Run) 
     assert events[0]["source"] in {"drill", "nvml"}
     totals = _samples(daemon.metrics(), "gpuagent_xid_errors_total")
     assert [s.value for s in totals] == [1.0]
+
+
+def test_a_drill_says_drill_everywhere_and_clear_drills_ends_it(run_daemon: Run) -> None:
+    daemon = run_daemon(H100)
+    socket = str(daemon.socket)
+    result = daemon.cli("inject", "--socket", socket, "xid", "79", "--gpu", "3")
+    assert result.returncode == 0, result.stderr
+    assert f"wrote to {daemon.kmsg}: NVRM: Xid" in result.stdout
+
+    def drilled(doc: dict[str, Any]) -> bool:
+        finding = _finding(doc, 3, "xid")
+        return finding is not None and finding["drill"] is True
+
+    doc = daemon.wait_for(drilled, timeout=10)
+    finding = _finding(doc, 3, "xid")
+    assert finding is not None
+    assert finding["severity"] == "CRITICAL"
+    assert finding["reason"].startswith("DRILL: Xid 79")
+    drills = [
+        (s.labels["gpu"], s.labels["check"])
+        for s in _samples(daemon.metrics(), "gpuagent_gpu_drill")
+    ]
+    assert drills == [("3", "xid")]
+    # A real fault on another GPU is no drill.
+    bus = _gpu(doc, 1)["pci_bus_id"].rsplit(".", 1)[0]
+    daemon.write_kernel_log(
+        f"NVRM: Xid (PCI:{bus}): 79, pid=1, name=x, GPU has fallen off the bus."
+    )
+    doc = daemon.wait_for(lambda d: _finding(d, 1, "xid") is not None, timeout=10)
+    real = _finding(doc, 1, "xid")
+    assert real is not None
+    assert (real["drill"], real["reason"].startswith("DRILL")) == (False, False)
+    ended = daemon.cli("inject", "--socket", socket, "clear-drills")
+    assert ended.returncode == 0, ended.stderr
+    assert "drill events forgotten" in ended.stdout
+    doc = daemon.wait_for(lambda d: _finding(d, 3, "xid") is None, timeout=10)
+    assert _finding(doc, 1, "xid") is not None  # real events stay
+    assert _samples(daemon.metrics(), "gpuagent_gpu_drill") == []
+    actions = daemon.call("actions", {"limit": 10})["actions"]
+    assert [a["action"] for a in actions].count("clear_drills") == 1
+
+
+def test_a_drill_on_a_node_that_is_not_simulated_needs_yes(tmp_path: Path) -> None:
+    daemon = start_daemon(tmp_path / "node", "", simulate=False)
+    try:
+        params = {"kind": "xid", "gpu": 0, "values": {"code": 79}}
+        with pytest.raises(ClientError, match=f"writes a real kernel-log line to {daemon.kmsg}"):
+            daemon.call("drill", params)
+        # Nothing was written: the first record the daemon reads is the test's own.
+        daemon.write_kernel_log("NVRM: Xid (PCI:0000:99:00): 13, pid=1, name=x, Graphics Exception")
+        deadline = time.monotonic() + 20
+        while daemon.metric("gpuagent_kmsg_records_read_total") < 1:
+            assert time.monotonic() < deadline, "the daemon did not read the kernel log"
+            time.sleep(0.1)
+        assert daemon.metric("gpuagent_kmsg_records_read_total") == 1
+        events = daemon.call("events", {"limit": 10})["events"]
+        assert [e["source"] for e in events] == ["kmsg"]
+        # With --yes it goes on (here to find no GPU 0 on this machine).
+        with pytest.raises(ClientError, match="no GPU with index 0"):
+            daemon.call("drill", {**params, "yes": True})
+    finally:
+        daemon.stop()
 
 
 def test_nvml_xid_event_alone_is_heard(run_daemon: Run) -> None:

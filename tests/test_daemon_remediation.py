@@ -92,6 +92,17 @@ def _steps(daemon: DaemonProcess, action: str) -> list[str]:
     return [a["result"] for a in _actions(daemon) if a["action"] == action]
 
 
+def _plan(daemon: DaemonProcess) -> list[tuple[str, str]]:
+    return [(p["action"], p["result"]) for p in daemon.status()["remediation"]["plan"]]
+
+
+def _seen(daemon: DaemonProcess, action: str, result: str) -> int:
+    """How often ``action`` came to ``result``: a repeat is counted on its row."""
+    return sum(
+        a["count"] for a in _actions(daemon) if (a["action"], a["result"]) == (action, result)
+    )
+
+
 def test_cordon_once_reset_when_idle_verify_and_survive_crashes(tmp_path: Path) -> None:
     workdir = tmp_path / "node"
     workdir.mkdir()
@@ -108,12 +119,14 @@ def test_cordon_once_reset_when_idle_verify_and_survive_crashes(tmp_path: Path) 
 
         # Crash and restart three times with the fault still there: still one cordon.
         for _ in range(3):
-            refusals = _steps(daemon, "reset_gpu").count("refused")
+            refusals = _seen(daemon, "reset_gpu", "refused")
             daemon.kill()
             daemon = start_daemon(workdir, SCENARIO, config_extra=extra)
-            # The restarted daemon saw the fault again (a new refusal) and did not re-cordon.
+            # The restarted daemon saw the fault again (a new refusal, counted on the row
+            # of the same refusal before) and did not re-cordon.
             restarted = daemon
-            _wait(lambda d=restarted, n=refusals: _steps(d, "reset_gpu").count("refused") > n)
+            _wait(lambda d=restarted, n=refusals: _seen(d, "reset_gpu", "refused") > n)
+        assert _steps(daemon, "reset_gpu").count("refused") == 1
         assert [r["action"] for r in _requests(workdir)] == ["cordon"]
         assert "started" not in _steps(daemon, "reset_gpu")
 
@@ -154,12 +167,49 @@ def test_observe_mode_does_nothing_and_audits_everything(tmp_path: Path) -> None
         daemon.inject("process_exit", 1, pid=4242)
         _wait(lambda: "planned" in _steps(daemon, "reset_gpu"))
         _wait(lambda: "planned" in _steps(daemon, "cordon"))
-        results = {a["result"] for a in _actions(daemon)}
-        assert results == {"planned"}
+        # Before the job ended, the reset would have been refused, as enforce refuses it.
+        for action in _actions(daemon):
+            if action["result"] != "planned":
+                assert action["action"] == "reset_gpu"
+                assert action["detail"].startswith("reset: would be refused, the GPU is busy")
+        # The status shows the plan as of its snapshot's remediation round.
+        want = [("cordon", "planned"), ("reset_gpu", "planned")]
+        _wait(lambda: _plan(daemon) == want)
         assert _requests(workdir) == []
         gpu = next(g for g in daemon.status()["gpus"] if g["index"] == 1)
         assert gpu["ecc_dbe_volatile"] == 1  # not reset
         assert "gpuagent_remediation_enforcing 0.0" in daemon.metrics()
+    finally:
+        daemon.stop()
+
+
+def test_observe_mode_names_the_cordon_a_lost_gpu_would_request(tmp_path: Path) -> None:
+    """No cordon backend: the cordon a lost GPU asks for is refused, and says so, in the
+    audit trail (one row, counted on while it repeats) and in the status."""
+    workdir = tmp_path / "node"
+    workdir.mkdir()
+    scenario = '[node]\ngpus = 2\n[[fault]]\ngpu = 1\nkind = "gpu_lost"\n'
+    extra = (
+        f'[remediation]\nmode = "observe"\nkill_switch = "{workdir / "paused"}"\n'
+        "[remediation.budgets]\ncooldown_seconds = 0.2\n"
+    )
+    daemon = start_daemon(workdir, scenario, config_extra=extra)
+    try:
+        _wait(lambda: _seen(daemon, "cordon", "refused") >= 3)
+        (row,) = [a for a in _actions(daemon) if a["action"] == "cordon"]
+        assert (row["result"], row["detail"]) == ("refused", "cordon: no backend configured")
+        assert row["target"] == daemon.status()["node"]["name"]
+        assert row["reason"].startswith("GPU ")  # the GPU, as far as a lost one is known
+        assert "is lost" in row["reason"]
+        assert row["last_seen"] > row["time"]
+        _wait(lambda: _plan(daemon) == [("cordon", "refused")])
+        (step,) = daemon.status()["remediation"]["plan"]
+        assert (step["detail"], step["target"]) == ("cordon: no backend configured", row["target"])
+        status = run_cli("remediation", "status", "--config", str(daemon.config))
+        assert "refused" in status.stdout
+        assert "cordon: no backend configured" in status.stdout
+        listing = run_cli("actions", "--socket", str(daemon.socket))
+        assert "times, last" in listing.stdout
     finally:
         daemon.stop()
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gpuagent.config import EventsSection
-from gpuagent.events import Added, EventLog
+from gpuagent.events import Added, EventLog, is_reset, reset_event
 from gpuagent.incidents import MAX_OPEN, SAMPLES
 from gpuagent.model import GpuEvent
 
@@ -256,3 +256,49 @@ def test_an_operational_event_its_xid_event_and_its_kernel_line_are_one_event() 
         4242,
     )
     assert log.duplicates == 2
+
+
+# Xid 154 lines: the first from NVIDIA/open-gpu-kernel-modules#1151, the second from
+# leptonai/gpud's kmsg_test.go (../shared/data/kmsg_corpus.tsv); the third is the same
+# line shape with the action done (back to 0x0).
+XID_154_TO_FLR = (
+    "NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (PF FLR)"
+)
+XID_154_TO_RESET = (
+    "NVRM: Xid (PCI:0019:01:00): 154, GPU recovery action changed from 0x4 (Drain and Reset)"
+    " to 0x1 (GPU Reset Required)"
+)
+XID_154_DONE = (
+    "NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x4 (Drain and Reset)"
+    " to 0x0 (None)"
+)
+
+
+@pytest.mark.parametrize(
+    ("line", "reset"),
+    [(XID_154_TO_FLR, False), (XID_154_TO_RESET, False), (XID_154_DONE, True)],
+)
+def test_an_xid_154_is_a_reset_only_when_the_action_goes_back_to_none(
+    line: str, reset: bool
+) -> None:
+    assert is_reset(event("x", code=154, line=line)) is reset
+    log = EventLog(EventsSection())
+    log.add(event("kmsg:48", code=48, at=90.0))
+    log.add(event("kmsg:154", code=154, at=95.0, line=line))
+    kept = [e.event_id for e in log.recent()]
+    assert kept == (["kmsg:154"] if reset else ["kmsg:48", "kmsg:154"])
+
+
+def test_a_reset_event_clears_that_gpus_xids_and_gsp_before_it_and_is_kept() -> None:
+    log = EventLog(EventsSection())
+    log.add(event("kmsg:48", code=48, at=90.0))
+    log.add(event("kmsg:gsp", kind="gsp", code=None, at=91.0))
+    log.add(event("kmsg:aer", kind="aer", code=None, at=92.0))
+    log.add(event("kmsg:other", code=48, gpu="0000:5d:00.0", at=93.0))
+    reset = reset_event(BUS, "remediation", 100.0, "reset by the agent")
+    assert log.add(reset) is Added.NEW
+    assert log.add(reset) is Added.DUPLICATE
+    log.add(event("kmsg:after", code=48, at=101.0))
+    kept = [e.event_id for e in log.recent()]
+    assert kept == ["kmsg:aer", "kmsg:other", reset.event_id, "kmsg:after"]
+    assert (reset.kind, reset.gpu, reset.monotonic) == ("gpu_reset", BUS, 100.0)

@@ -280,8 +280,9 @@ def test_a_growing_rate_publishes_on_identity_changes_not_on_every_poll(
     run_daemon: Run, mqtt_broker: Broker, listener: Listener
 ) -> None:
     """An SBE rate that grows at every 1 s poll changes the finding's reason each time
-    ("253 corrected ECC errors per hour (12 in 83.5 s)"), not what it is: the retained state
-    report goes out when the finding appears, then at its interval (30 s), not per poll."""
+    ("12 corrected ECC errors in 83.5 s (about 517 per hour), ..."), not what it is: the
+    retained state report goes out when the finding appears, then at its interval (30 s),
+    not per poll."""
     growing = "".join(
         f'[[fault]]\ngpu = 0\nkind = "ecc_sbe"\ncount = 40\nat = {second}.0\n'
         for second in range(1, 90)

@@ -16,6 +16,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from conftest import PATIENCE
 from fleet_support import until
+from gpuagent.acks import AckError
 from gpuagent.config import MqttConnection, MqttOutput
 from gpuagent.fleet import reporter as reporter_module
 from gpuagent.fleet import schema
@@ -52,6 +53,12 @@ class Target:
             raise CommandRefusedError(f"no GPU {bus_id}")
         self.calls.append(f"reset {bus_id}")
         return "succeeded"
+
+    async def acknowledge(self, bus_id: str, check: str | None, reason: str, by: str) -> str:
+        if bus_id != BUS:
+            raise AckError(f"GPU {bus_id} has no finding that is not OK to acknowledge")
+        self.calls.append(f"ack {bus_id} {check} {reason!r} by {by}")
+        return f"acknowledged {check}"
 
 
 def _reporter(tmp_path: Path, **config: Any) -> Reporter:
@@ -276,6 +283,28 @@ async def test_remote_reset_when_allowed_goes_to_the_node(tmp_path: Path) -> Non
     )
     replies = {m["command_id"]: (m["ok"], m["detail"]) for m in await _spooled(reporter)}
     assert replies == {"id-reset_gpu": (True, "succeeded"), "x2": (False, "no GPU nope")}
+
+
+async def test_remote_ack_goes_to_the_node_with_who_asked(tmp_path: Path) -> None:
+    reporter = _reporter(tmp_path)
+    args = {"gpu": "00000000:3B:00.0", "check": "xid", "reason": "reseated", "by": "ana"}
+    await _handle(
+        reporter,
+        _command("ack", args),
+        schema.encode(
+            schema.command_message("x2", "n1", "c1", "ack", {"gpu": "0000:5d:00.0", "reason": "r"})
+        ),
+        schema.encode(schema.command_message("x3", "n1", "c1", "ack", {"gpu": BUS})),
+    )
+    replies = {m["command_id"]: (m["ok"], m["detail"]) for m in await _spooled(reporter)}
+    assert replies == {
+        "id-ack": (True, "acknowledged xid"),
+        "x2": (False, "GPU 0000:5d:00.0 has no finding that is not OK to acknowledge"),
+        "x3": (False, "ack needs args.gpu (a PCI bus id) and args.reason"),
+    }
+    target = reporter.target
+    assert isinstance(target, Target)
+    assert target.calls == [f"ack {BUS} xid 'reseated' by ana (aggregator)"]
 
 
 def _request() -> CordonRequest:

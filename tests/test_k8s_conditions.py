@@ -190,6 +190,18 @@ def test_kernel_events(kind: str, code: int | None, made: tuple[str, str] | None
     assert (event and (event.type, event.reason)) == made
 
 
+def test_a_drills_event_says_drill_and_a_reset_is_normal() -> None:
+    drill = kernel_event(_event("xid", 79)._replace(source="drill"))
+    assert drill is not None
+    assert drill.note.startswith("DRILL: 0000:18:00.0: NVRM: Xid")
+    real = kernel_event(_event("xid", 79))
+    assert real is not None
+    assert not real.note.startswith("DRILL")
+    reset = kernel_event(_event("gpu_reset"))
+    assert reset is not None
+    assert (reset.type, reset.reason) == ("Normal", "GpuReset")
+
+
 def test_an_event_body_is_what_the_api_server_validates() -> None:
     made = kernel_event(_event("xid", 79, workloads="pod ml/train-0 (trainer)"))
     assert made is not None

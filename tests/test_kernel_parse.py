@@ -376,7 +376,8 @@ CASES: list[Case] = [
     case(
         "NVRM: krcRcAndNotifyAllChannels_IMPL: RC all channels for critical error 79.", "other_nvrm"
     ),
-    # PCIe AER, from the port driver and from nvidia, in old and new kernels' wording
+    # PCIe AER, from the port driver and from nvidia, in old and new kernels' wording. A root
+    # port's announcement is about the function it names as the source, not the port.
     case(
         "pcieport 0000:00:1c.0: AER: Corrected error received: 0000:00:1c.0",
         *("aer", None, "0000:00:1c.0"),
@@ -384,22 +385,22 @@ CASES: list[Case] = [
     ),
     case(
         "pcieport 0000:00:01.0: AER: Multiple Corrected error received: 0000:01:00.0",
-        *("aer", None, "0000:00:01.0"),
+        *("aer", None, "0000:01:00.0"),
         aer="corrected",
     ),
     case(
         "pcieport 0000:00:01.0: AER: Correctable error message received from 0000:01:00.0",
-        *("aer", None, "0000:00:01.0"),
+        *("aer", None, "0000:01:00.0"),
         aer="corrected",
     ),
     case(
         "pcieport 0000:00:01.0: AER: Uncorrected (Non-Fatal) error received: 0000:01:00.0",
-        *("aer", None, "0000:00:01.0"),
+        *("aer", None, "0000:01:00.0"),
         aer="nonfatal",
     ),
     case(
         "pcieport 0000:00:01.0: AER: Uncorrected (Fatal) error received: 0000:01:00.0",
-        *("aer", None, "0000:00:01.0"),
+        *("aer", None, "0000:01:00.0"),
         aer="fatal",
     ),
     case(
@@ -878,3 +879,69 @@ def test_canonical_pci_forms(
 ) -> None:
     raw = prefix + form.format(d=domain, b=bus, s=slot, f=function)
     assert canonical_pci(raw) == f"{domain:04x}:{bus:02x}:{slot:02x}.{function}"
+
+
+# A root port announces each error it received and names its source: the error is the
+# source's (the GPU below the port). Real lines (tests/data/kmsg_corpus.tsv, and the
+# kernel's wordings of 4.19-6.x, 6.x and earlier kernels' id= form), and the port's own
+# report lines, which stay the port's.
+@pytest.mark.parametrize(
+    ("line", "pci", "severity"),
+    [
+        pytest.param(
+            "pcieport 0000:00:01.0: AER: Uncorrected (Fatal) error received: 0000:86:00.0",
+            "0000:86:00.0",
+            "fatal",
+            id="received-colon",
+        ),
+        pytest.param(
+            "pcieport 0000:00:01.0: AER: Uncorrectable (Fatal) error message received from "
+            "0000:86:00.0",
+            "0000:86:00.0",
+            "fatal",
+            id="message-received-from",
+        ),
+        pytest.param(
+            "pcieport 0000:00:01.0: AER: Multiple Uncorrectable (Non-Fatal) error message "
+            "received from 0000:86:00.0",
+            "0000:86:00.0",
+            "nonfatal",
+            id="multiple-message-received-from",
+        ),
+        pytest.param(
+            "pcieport 0000:00:1c.0: AER: Multiple Corrected error received: id=00e5",
+            "0000:00:1c.5",
+            "corrected",
+            id="old-id-form",
+        ),
+        pytest.param(
+            "pcieport 0002:80:01.0: AER: Uncorrected (Fatal) error received: id=8600",
+            "0002:86:00.0",
+            "fatal",
+            id="old-id-form-in-the-ports-domain",
+        ),
+        pytest.param(
+            "[  253.765953] pcieport 0000:00:1c.0: AER: Corrected error received: 0000:00:1c.0",
+            "0000:00:1c.0",
+            "corrected",
+            id="the-port-its-own-source",
+        ),
+        pytest.param(
+            "jan. 29 20:50:17 kevin kernel: pcieport 0000:00:1c.5: PCIe Bus Error: "
+            "severity=Corrected, type=Physical Layer, id=00e5(Receiver ID)",
+            "0000:00:1c.5",
+            "corrected",
+            id="report-with-id-is-the-printers",
+        ),
+        pytest.param(
+            "[  +0.000004] pcieport 0000:00:03.0: PCIe Bus Error: severity=Uncorrected (Fatal), "
+            "type=Transaction Layer, (Requester ID)",
+            "0000:00:03.0",
+            "fatal",
+            id="report-is-the-printers",
+        ),
+    ],
+)
+def test_an_aer_announcement_names_its_source(line: str, pci: str, severity: str) -> None:
+    parsed = parse_message(line)
+    assert (parsed.kind, parsed.pci, parsed.aer_severity) == ("aer", pci, severity)

@@ -377,12 +377,17 @@ def _busy_snapshot() -> NodeSnapshot:
     )
     infiniband = (dataclasses.replace(first, ports=(port, *first.ports[1:])), *others)
     kubernetes = tuple(f for f in daemon.health.findings if f.check == "kubernetes")
+    # A drill on the first GPU: its family too.
+    bus = node.gpus[0].identity.pci_bus_id
+    drill = Finding("xid", Severity.WARN, "DRILL: Xid 13", bus, drill=True, cause="13")
     assert daemon.mqtt is not None
     return dataclasses.replace(
         node,
         gpus=gpus,
         infiniband=infiniband,
-        health=dataclasses.replace(node.health, findings=(*node.health.findings, *kubernetes)),
+        health=dataclasses.replace(
+            node.health, findings=(*node.health.findings, *kubernetes, drill)
+        ),
         pcie=daemon.pcie,
         event_counts=daemon.event_counts,
         kmsg=daemon.kmsg,

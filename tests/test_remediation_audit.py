@@ -92,6 +92,90 @@ async def test_answers_kept_between_records_follow_every_record(tmp_path: Path) 
     store.close()
 
 
+async def test_a_repeated_decision_is_counted_on_its_row(tmp_path: Path) -> None:
+    clock = Clock()
+    path = tmp_path / "a.sqlite"
+    store = await _opened(path, wall_clock=clock)
+    first = await store.record(RESET, "refused", mode="observe", fold=True, detail="reset: busy")
+    clock.now += 300
+    again = await store.record(RESET, "refused", mode="observe", fold=True, detail="reset: busy")
+    assert (again.id, again.count, again.time, again.last_seen) == (
+        first.id,
+        2,
+        first.time,
+        clock.now,
+    )
+    # A cooldown runs from when it was last seen, not from the first time.
+    assert store.count("reset_gpu", ("refused",), since=clock.now - 10) == 1
+    store.close()
+    reopened = await _opened(path, wall_clock=clock)
+    (row,) = reopened.recent(10)
+    assert (row.id, row.count, row.last_seen) == (first.id, 2, clock.now)
+    assert row.json()["count"] == 2
+    assert row.json()["last_seen"] == clock.now
+    clock.now += 300
+    assert (
+        await reopened.record(RESET, "refused", mode="observe", fold=True, detail="reset: busy")
+    ).count == 3
+    # Another outcome, another mode or another finding is a new row; so is a repeat that
+    # is not the newest row of its action and target any more.
+    await reopened.record(
+        RESET, "refused", mode="observe", fold=True, detail="reset: MIG is enabled"
+    )
+    await reopened.record(
+        RESET, "refused", mode="enforce", fold=True, detail="reset: MIG is enabled"
+    )
+    other = PlannedAction("reset_gpu", RESET.target, "a new fault", "ecc", "CRITICAL")
+    await reopened.record(
+        other, "refused", mode="enforce", fold=True, detail="reset: MIG is enabled"
+    )
+    await reopened.record(RESET, "refused", mode="observe", fold=True, detail="reset: busy")
+    # Unasked (a requested action, a diagnostic), the same record is a row of its own.
+    await reopened.record(RESET, "refused", mode="observe", detail="reset: busy")
+    assert [r.count for r in reopened.recent(10)] == [1, 1, 1, 1, 1, 3]
+    reopened.close()
+
+
+async def test_attempts_are_never_folded(tmp_path: Path) -> None:
+    store = await _opened(tmp_path / "a.sqlite")
+    for result in ("started", "succeeded", "started", "succeeded", "failed", "failed"):
+        await store.record(RESET, result, mode="enforce", fold=True)
+    assert [r.count for r in store.recent(10)] == [1] * 6
+    assert store.count("reset_gpu", ("started",), since=0) == 2
+    store.close()
+
+
+async def test_a_trail_from_before_counts_gets_them(tmp_path: Path) -> None:
+    """A trail written before repeats were counted: its rows are seen once, when written,
+    and a repeat of its newest row is counted on it."""
+    path = tmp_path / "a.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript(
+        """CREATE TABLE actions (id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL,
+        kind TEXT NOT NULL, target TEXT NOT NULL, result TEXT NOT NULL, mode TEXT NOT NULL,
+        reason TEXT NOT NULL, check_name TEXT, severity TEXT, evidence TEXT NOT NULL,
+        detail TEXT NOT NULL);"""
+    )
+    db.execute(
+        "INSERT INTO actions (time, kind, target, result, mode, reason, check_name, severity,"
+        " evidence, detail) VALUES (5.0, 'reset_gpu', ?, 'planned', 'observe', ?, 'ecc',"
+        " 'CRITICAL', '{}', 'observe mode: not done')",
+        (RESET.target, RESET.reason),
+    )
+    db.commit()
+    db.close()
+    clock = Clock()
+    store = await _opened(path, wall_clock=clock)
+    (old,) = store.recent(10)
+    assert (old.count, old.last_seen) == (1, 5.0)
+    assert store.count("reset_gpu", ("planned",), since=4.0) == 1
+    again = await store.record(
+        RESET, "planned", mode="observe", fold=True, detail="observe mode: not done"
+    )
+    assert (again.id, again.count, again.time, again.last_seen) == (old.id, 2, 5.0, clock.now)
+    store.close()
+
+
 async def test_parameters_are_kept_in_the_evidence(tmp_path: Path) -> None:
     store = await _opened(tmp_path / "a.sqlite")
     record = await store.record(CAP, "succeeded", mode="enforce")
@@ -136,13 +220,15 @@ async def test_a_slow_disk_never_stalls_the_event_loop(
     """Each record waits for fsync; here every commit takes 0.5 s, as on a failing disk.
     The event loop keeps its pace: records are written on the disk thread."""
     store = await _opened(tmp_path / "a.sqlite")
-    write = audit_module._insert
+    write = audit_module._write
 
-    def slow_insert(db: sqlite3.Connection, row: tuple[object, ...]) -> int:
+    def slow_write(
+        db: sqlite3.Connection, now: float, row: tuple[object, ...], repeatable: bool
+    ) -> tuple[int, float, int]:
         time.sleep(0.5)
-        return write(db, row)
+        return write(db, now, row, repeatable)
 
-    monkeypatch.setattr(audit_module, "_insert", slow_insert)
+    monkeypatch.setattr(audit_module, "_write", slow_write)
     gaps: list[float] = []
     done = asyncio.Event()
 

@@ -11,13 +11,27 @@ from typing import Any
 
 import pytest
 
-from gpuagent.config import RemediationBudgets, RemediationSection
+from gpuagent.config import RemediationBudgets, RemediationRule, RemediationSection
 from gpuagent.model import GpuProcess, NodeSnapshot
+from gpuagent.node.remediation import RemediationScheduler
 from gpuagent.remediation.audit import AuditStore
 from gpuagent.remediation.executor import Remediator
 from gpuagent.remediation.gpu_ops import GpuOperationError
 from gpuagent.remediation.types import CordonRequest, CordonResult, CordonState
-from test_remediation_planner import BUS0, CRITICAL, OK, WARN, config, finding, gpu, snapshot
+from gpuagent.render import render_status
+from gpuagent.statusview import status_document
+from test_remediation_planner import (
+    BUS0,
+    BUS1,
+    CRITICAL,
+    OK,
+    WARN,
+    config,
+    finding,
+    gpu,
+    snapshot,
+    xid,
+)
 
 DBE = finding("ecc", CRITICAL, "1 uncorrectable ECC error", action="drain_and_reset")
 HOT = finding("thermal", CRITICAL, "GPU at 91 °C", action="check_cooling")
@@ -269,3 +283,171 @@ async def test_enable_persistence(tmp_path: Path) -> None:
     await h.cycle(off)
     assert h.ops.calls == [("persistence", BUS0)]
     assert h.results("enable_persistence") == ["started", "succeeded"]
+
+
+# --- observe mode tells what enforce would do ----------------------------------------------
+
+NO_BACKEND = config(backends=()).cordon
+RESET_ONLY = [RemediationRule("ecc", ["reset_gpu"])]
+LOST = snapshot(
+    finding(
+        "availability", CRITICAL, "GPU is lost (fallen off the bus)", action="drain_and_reboot"
+    ),
+    gpus=(gpu(status="lost"),),
+)
+XID79 = snapshot(xid(79))
+
+
+def observe(**changes: Any) -> RemediationSection:
+    return dataclasses.replace(config(), kill_switch=Path("/nonexistent"), **changes)
+
+
+@pytest.mark.parametrize(
+    "section", [observe(cordon=NO_BACKEND), enforce(cordon=NO_BACKEND)], ids=["observe", "enforce"]
+)
+@pytest.mark.parametrize(
+    ("snap", "why"), [(LOST, "GPU is lost"), (XID79, "Xid 79")], ids=["lost-gpu", "xid-79"]
+)
+async def test_a_cordon_with_no_backend_is_refused_naming_the_cordon(
+    tmp_path: Path, section: RemediationSection, snap: NodeSnapshot, why: str
+) -> None:
+    h = Harness(tmp_path, section, backend=None)
+    await h.cycle(snap)
+    (record,) = h.executor.audit.recent(10)  # nothing else: no reset for these
+    assert (record.kind, record.result, record.mode) == ("cordon", "refused", section.mode)
+    assert record.detail == "cordon: no backend configured"
+    # The cordon it would have asked for: the node, the reason, the GPU.
+    assert record.target == "gpu-node-07"
+    assert record.reason.startswith(f"GPU {BUS0}: ")
+    assert why in record.reason
+    assert record.evidence["params"] == {"gpus": BUS0}
+    assert h.executor.last_plan == (record,)
+    assert h.ops.calls == []
+
+
+async def test_a_reset_enforce_would_refuse_reads_refused_in_observe_mode(tmp_path: Path) -> None:
+    # No rule asks for a cordon, so enforce would find the node not cordoned.
+    watched = Harness(tmp_path / "observe", observe(rules=RESET_ONLY))
+    await watched.cycle(IDLE)
+    enforced = Harness(tmp_path / "enforce", enforce(rules=RESET_ONLY))
+    await enforced.cycle(IDLE)
+    (would,) = watched.executor.audit.recent(10)
+    (did,) = enforced.executor.audit.recent(10)
+    assert (would.kind, would.result) == (did.kind, did.result) == ("reset_gpu", "refused")
+    assert would.detail.startswith("reset: would be refused, the node is not cordoned")
+    assert did.detail.startswith("reset: the node is not cordoned")
+    assert watched.ops.calls == enforced.ops.calls == []
+    # A busy GPU, too: the same precondition, said as what enforce would do.
+    busy = Harness(tmp_path / "busy", observe())
+    await busy.cycle(BUSY)
+    assert busy.results("cordon") == ["planned"]
+    refused = busy.executor.audit.last("reset_gpu", BUS0, ("refused",))
+    assert refused is not None
+    assert refused.detail.startswith("reset: would be refused, the GPU is busy")
+    assert "train.py (4242)" in refused.detail
+
+
+async def test_observe_judges_a_reset_on_the_node_enforce_would_have_cordoned(
+    tmp_path: Path,
+) -> None:
+    h = Harness(tmp_path, observe())
+    await h.cycle(XID79)  # asks for the cordon only
+    assert h.results("cordon") == ["planned"]
+    assert "would ask fake" in h.executor.audit.recent(1)[0].detail
+    # Later, within the cordon's cooldown, a DBE asks for a reset. Enforce would have
+    # cordoned the node already, so the reset would go ahead: planned, not refused.
+    await h.cycle(IDLE, advance=10)
+    assert h.results("cordon") == ["planned"]
+    assert h.results("reset_gpu") == ["planned"]
+    assert h.backend.requests == []
+
+
+async def test_a_repeated_plan_is_one_row_with_a_count(tmp_path: Path) -> None:
+    h = Harness(tmp_path, observe(cordon=NO_BACKEND), backend=None)
+    await h.cycle(LOST)
+    first = h.clock.now
+    for _ in range(4):
+        await h.cycle(LOST, advance=10)  # within the cooldown: not even looked at
+        await h.cycle(LOST, advance=301)  # a cooldown later: the same decision again
+    (row,) = h.executor.audit.recent(10)
+    assert (row.result, row.count, row.time, row.last_seen) == ("refused", 5, first, h.clock.now)
+    assert row.json()["count"] == 5
+    assert h.executor.counts[("cordon", "refused")] == 5
+    # The count survives a restart and goes on on the same row.
+    h.executor = h.make()
+    await h.cycle(LOST, advance=301)
+    (row,) = h.executor.audit.recent(10)
+    assert (row.count, row.last_seen) == (6, h.clock.now)
+    # A new fault (a second GPU lost) is a new row, counted from 1.
+    lost_too = snapshot(
+        *LOST.health.findings,
+        finding("availability", CRITICAL, "GPU is lost", bus=BUS1, action="drain_and_reboot"),
+        gpus=(gpu(status="lost"), gpu(BUS1, 1, status="lost")),
+    )
+    await h.cycle(lost_too, advance=301)
+    newest, older = h.executor.audit.recent(10)
+    assert (newest.count, older.count, older.id) == (1, 6, row.id)
+    assert BUS1 in newest.reason
+
+
+async def test_a_different_outcome_is_a_new_row(tmp_path: Path) -> None:
+    h = Harness(tmp_path, observe())
+    for snap in (IDLE, IDLE, BUSY, BUSY, IDLE):
+        await h.cycle(snap, advance=301)
+    resets = [r for r in reversed(h.executor.audit.recent(100)) if r.kind == "reset_gpu"]
+    assert [(r.result, r.count) for r in resets] == [("planned", 2), ("refused", 2), ("planned", 1)]
+    (cordon,) = [r for r in h.executor.audit.recent(100) if r.kind == "cordon"]
+    assert (cordon.result, cordon.count) == ("planned", 5)
+    # Attempts are never folded: budgets count their rows.
+    enforced = Harness(tmp_path / "enforce", enforce(budgets=RemediationBudgets(reset_per_gpu=5)))
+    await enforced.cycle(IDLE)
+    await enforced.cycle(IDLE, advance=301)
+    assert enforced.results("reset_gpu") == ["started", "succeeded"] * 2
+
+
+async def test_observe_mode_runs_no_diagnostic_before_an_uncordon(tmp_path: Path) -> None:
+    from test_diag_gate import FakeDcgm, runner  # noqa: PLC0415 - the gate's own doubles
+
+    cordon = dataclasses.replace(config().cordon, uncordon_after_recovery=True)
+    h = Harness(tmp_path, enforce(cordon=cordon), diag=runner(FakeDcgm()))
+    await h.cycle(IDLE)
+    for _ in range(3):
+        await h.cycle(HEALTHY)
+    assert h.results("reset_gpu")[-1] == "verified"
+    diagnostics = len(h.results("diag"))
+    h.executor.set_mode("observe")
+    await h.cycle(HEALTHY, advance=2000)
+    await h.cycle(HEALTHY, advance=1)
+    assert h.results("uncordon") == ["planned"]
+    detail = h.executor.audit.last("uncordon", None, ("planned",))
+    assert detail is not None
+    assert detail.detail == (
+        "observe mode: not done; would ask fake after DCGM's diagnostic level 1 passes"
+    )
+    assert len(h.results("diag")) == diagnostics
+    assert [kind for kind, _ in h.backend.requests] == ["cordon"]
+
+
+async def test_status_shows_the_plan_as_the_trail_says(tmp_path: Path) -> None:
+    h = Harness(tmp_path, observe(cordon=NO_BACKEND), backend=None)
+    await h.cycle(LOST)
+    await h.cycle(LOST, advance=301)
+    scheduler = RemediationScheduler()
+    scheduler.remediator = h.executor
+    doc = status_document(dataclasses.replace(LOST, remediation=scheduler.status()))
+    refused = {
+        "action": "cordon",
+        "target": "gpu-node-07",
+        "result": "refused",
+        "reason": f"GPU {BUS0}: GPU is lost (fallen off the bus) (availability)",
+        "detail": "cordon: no backend configured",
+        "count": 2,
+    }
+    assert doc["remediation"]["plan"] == [refused]
+    assert doc["remediation"]["counts"] == [{"action": "cordon", "result": "refused", "count": 2}]
+    text = render_status(doc, now=doc["taken_at"])
+    assert "Remediation plan (observe):" in text
+    assert (
+        f"  refused (2 times) cordon gpu-node-07: GPU {BUS0}: GPU is lost (fallen off the bus)"
+        " (availability) [cordon: no backend configured]"
+    ) in text

@@ -483,11 +483,30 @@ def test_cordoned_by_us_is_not_cordoned_again() -> None:
     assert keys(again) == [RESET0]
 
 
-def test_no_backends_no_cordon_but_the_reset_is_still_planned() -> None:
-    # The executor refuses it (reset.require_cordon can never hold), and audits why.
+def test_no_backends_the_cordon_and_the_reset_are_still_planned() -> None:
+    # The planner says what the findings ask for; the executor refuses both (no backend
+    # to ask; reset.require_cordon can never hold) and audits why.
     dbe = finding("ecc", CRITICAL, action="drain_and_reset")
     actions = plan(snapshot(dbe), History(), 0.0, config(backends=()))
-    assert keys(actions) == [RESET0]
+    assert keys(actions) == [CORDON, RESET0]
+
+
+@pytest.mark.parametrize(
+    "found",
+    [
+        pytest.param(
+            finding("availability", CRITICAL, "GPU is lost", action="drain_and_reboot"),
+            id="lost-gpu",
+        ),
+        pytest.param(xid(79), id="xid-79"),
+    ],
+)
+def test_no_backends_a_lost_gpu_still_plans_the_cordon_it_would_request(found: Finding) -> None:
+    lost = snapshot(found, gpus=(gpu(status="lost"),))
+    (cordon,) = plan(lost, History(), 0.0, config(backends=()))
+    assert (cordon.kind, cordon.target, cordon.check) == ("cordon", NODE, found.check)
+    assert cordon.reason == f"GPU {BUS0}: {found.reason} ({found.check})"
+    assert dict(cordon.evidence)["gpus"] == BUS0
 
 
 def test_escalated_gpu_is_not_reset_again() -> None:

@@ -2,26 +2,30 @@
 Alertmanager with the shipped alert rules, on this machine. Four nodes show in the
 console; a fault injected into one shows on its GPU page (in headless Chromium) with its
 onset, its timeline and the alert Prometheus raised for it; Ctrl-C leaves no process
-behind; and the same with a PostgreSQL store."""
+behind; and the same with a PostgreSQL store. Started in the background from a shell
+(SIGINT ignored), SIGTERM stops it and all it started; --stop-node kills a node's agent
+and the aggregator shows it offline by its last will."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import psutil
 
 import postgres_server
-from conftest import REPO, deadline_in, free_port, require, require_that
+from conftest import PATIENCE, REPO, deadline_in, free_port, require, require_that
 from fleet_support import chromium
 from mqtt_broker import mosquitto_path
 from page_support import browser
@@ -195,3 +199,137 @@ def test_run_fleet_with_a_postgresql_store(tmp_path: Path) -> None:
                 "the node's row in PostgreSQL",
             )
             assert not (fleet.root / "fleet.sqlite").exists()
+
+
+class BackgroundFleet(RunningFleet):
+    """run-fleet under a shell (``process``), ``leader`` its process, ``output`` the lines it
+    printed so far (a thread reads them as they come)."""
+
+    def __init__(self, shell: subprocess.Popen[str], port: int, root: Path) -> None:
+        super().__init__(shell, port, root)
+        assert shell.stdout is not None
+        first = shell.stdout.readline()
+        assert first.startswith("run-fleet: "), first
+        (self.leader,) = psutil.Process(shell.pid).children()
+        assert "run_fleet.py" in " ".join(self.leader.cmdline())
+        self.output = [first]
+        self.reader = threading.Thread(target=self._read, args=(shell.stdout,), daemon=True)
+        self.reader.start()
+
+    def _read(self, stream: IO[str]) -> None:
+        self.output.extend(stream)
+
+    def printed(self, text: str) -> int:
+        """The index of the first line of output with ``text`` (-1: none yet)."""
+        return next((i for i, line in enumerate(self.output) if text in line), -1)
+
+    def terminate(self, children: int) -> None:
+        """SIGTERM to run-fleet: it and its ``children`` (how many it must have) stop, it
+        exits 0, and nothing is left in the shell's process group."""
+        started = self.leader.children(recursive=True)
+        assert len(started) == children, started
+        self.leader.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30 * PATIENCE)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("run-fleet still running 30 s after SIGTERM") from None
+        assert self.process.stderr is not None
+        assert self.process.returncode == 0, self.process.stderr.read()
+        self.reader.join(timeout=10)
+        _gone, alive = psutil.wait_procs(started, timeout=10)
+        assert alive == []
+        assert in_group(self.process.pid) == []
+
+
+@contextmanager
+def background_fleet(tmp_path: Path, *args: str) -> Iterator[BackgroundFleet]:
+    """run-fleet started as ``run-fleet ... &`` in a non-interactive shell does it: the shell
+    starts it with SIGINT ignored (checked), so only SIGTERM can stop it, and waits for it,
+    exiting with its status. The shell leads a process group of its own, which nothing
+    may be left in at the end."""
+    mosquitto_path()
+    port = free_port()
+    command = [sys.executable, str(REPO / "scripts" / "run_fleet.py"), *args, "--port", str(port),
+               "--dir", str(tmp_path / "fleet")]  # fmt: skip
+    shell = subprocess.Popen(
+        ["bash", "-c", '"$@" & wait $!', "bash", *command],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        fleet = BackgroundFleet(shell, port, tmp_path / "fleet")
+        assert sigint_ignored(fleet.leader.pid), "run-fleet did not start with SIGINT ignored"
+        yield fleet
+    finally:
+        if shell.poll() is None:
+            # A failed start or assertion: nothing of the run left behind.
+            for process in in_group(shell.pid):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.kill()
+        shell.wait()
+        for stream in (shell.stdout, shell.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def sigint_ignored(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    line = next(line for line in status.splitlines() if line.startswith("SigIgn:"))
+    return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+
+
+def in_group(pgid: int) -> list[psutil.Process]:
+    """The live processes in process group ``pgid`` (zombies have exited)."""
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+    return found
+
+
+def test_sigterm_stops_a_fleet_started_in_the_background(tmp_path: Path) -> None:
+    with background_fleet(tmp_path, "2", "--no-alerts") as fleet:
+        nodes = ["sim-node-01", "sim-node-02"]
+        fleet.until(lambda: fleet.online() == nodes, 60, "both nodes online")
+        # The broker, the aggregator and the two agents.
+        fleet.terminate(4)
+
+
+def test_stop_node_kills_the_node_and_the_aggregator_shows_it_offline(tmp_path: Path) -> None:
+    with background_fleet(tmp_path, "2", "--no-alerts", "--stop-node", "2") as fleet:
+
+        def offline() -> dict[str, Any] | None:
+            doc: dict[str, Any] = fleet.get("api/v1/fleet/sim-node-02?cluster=dev")
+            return None if doc["online"] else doc
+
+        doc = fleet.until(offline, 90, "sim-node-02 offline")
+        # The broker's last will for a connection that ended without a goodbye; a clean
+        # stop would say "shutdown".
+        assert doc["reason"] == "connection lost", doc
+        agents = [
+            " ".join(p.cmdline())
+            for p in fleet.leader.children()
+            if "gpuagent run" in " ".join(p.cmdline())
+        ]
+        assert len(agents) == 1, agents
+        assert "sim-node-01" in agents[0]
+        fleet.until(lambda: fleet.online() == ["sim-node-01"], 60, "node 1 running on")
+        # What run-fleet says: the kill, then the aggregator's offline node, with the reason.
+        said = "sim-node-02 offline at the aggregator"
+        fleet.until(lambda: fleet.printed(said) >= 0, 30, "run-fleet saying it is offline")
+        seen = fleet.printed(said)
+        assert 0 < fleet.printed("sim-node-02 stopped abruptly") < seen, fleet.output
+        assert "(reason: connection lost)" in fleet.output[seen]
+        # The broker, the aggregator and node 1's agent.
+        fleet.terminate(3)
+
+
+def test_stop_node_must_be_one_of_the_fleets_nodes(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "run_fleet.py"), "2", "--stop-node", "3",
+         "--dir", str(tmp_path / "fleet")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done
+    assert "--stop-node: a node from 1 to 2" in done.stderr
+    assert not (tmp_path / "fleet").exists()

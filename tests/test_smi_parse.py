@@ -812,23 +812,6 @@ UNREADABLE_VALUES = [
         "fabric_cluster_uuid",
         id="xml-cluster-uuid",
     ),
-    # Drivers 570 and later print this where applications clocks were.
-    pytest.param(
-        _read(H200_590_IDLE),
-        222,
-        'Applications Clocks / Graphics: expected a whole number in MHz, got "Requested '
-        'functionality has been deprecated"',
-        "applications_clock_graphics_mhz",
-        id="text-590-deprecated",
-    ),
-    pytest.param(
-        _read(L40S_595),
-        276,
-        "applications_clocks / graphics_clock: expected a whole number in MHz, got "
-        '"Requested functionality has been deprecated"',
-        "applications_clock_graphics_mhz",
-        id="xml-595-deprecated",
-    ),
 ]
 
 
@@ -840,6 +823,59 @@ def test_a_value_not_understood_is_absent_and_noted(
     assert getattr(capture.gpus[0], attribute) is None
     (note,) = [n for n in capture.notes if n.startswith(f"line {line}: ")]
     assert message in note
+
+
+def test_a_word_not_understood_in_every_gpu_is_one_note() -> None:
+    capture = parse_capture(_read(H100_161).replace(": P0", ": fast"))
+    assert [gpu.performance_state for gpu in capture.gpus] == [None] * 8
+    note = (
+        "line 82: GPU 00000000:19:00.0 / Performance State: expected a performance state "
+        '(P0 to P15), got "fast" (and 7 more fields)'
+    )
+    assert capture.notes == (note,)
+
+
+# What nvidia-smi prints where it has no value is "not available", quietly: never a note.
+# Drivers 570+ print "Requested functionality has been deprecated" for applications clocks
+# (the 590 and 610 text captures, the 595 XML ones); "Insufficient Permissions" is in the
+# B200 and GB200 captures; the bracketed forms are older drivers'.
+@pytest.mark.parametrize(
+    "token",
+    [
+        "N/A",
+        "[N/A]",
+        "Not Supported",
+        "[Not Supported]",
+        "Unknown Error",
+        "[Unknown Error]",
+        "Insufficient Permissions",
+        "[Insufficient Permissions]",
+        "Not Available",
+        "Requested functionality has been deprecated",
+        "[Requested functionality has been deprecated]",
+    ],
+)
+def test_a_known_no_value_token_is_absent_without_a_note(token: str) -> None:
+    text = _replace(H100_161, "Graphics                          : 1980 MHz", f"Graphics : {token}")
+    capture = parse_capture(text)
+    assert capture.gpus[0].applications_clock_graphics_mhz is None
+    assert capture.notes == ()
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in DATA.iterdir() if p.suffix in (".txt", ".xml"))
+)
+def test_real_captures_read_without_a_note(name: str) -> None:
+    assert _load(name).notes == ()
+
+
+@pytest.mark.parametrize("name", [RTX2080S_610, H200_590_IDLE, H100_590_BUSY, L40S_595, T4_595])
+def test_deprecated_applications_clocks_are_absent(name: str) -> None:
+    gpu = _load(name).gpus[0]
+    assert (gpu.applications_clock_graphics_mhz, gpu.applications_clock_memory_mhz) == (
+        None,
+        None,
+    )
 
 
 @pytest.mark.parametrize(

@@ -168,6 +168,14 @@ def _replayed_host(path: Path) -> Scenario:
         raise InputError(f"cannot replay {path}: {exc}") from None
 
 
+def _replay_title(replay: dict[str, Any]) -> str:
+    """The replay's title, the file and the capture's own Timestamp line: "nvidia-smi
+    capture h100.txt, taken Mon Jan 15 10:00:00 2024"."""
+    taken = replay["timestamp"]
+    when = f", taken {taken}" if taken else " (no Timestamp line)"
+    return f"nvidia-smi capture {replay['file']}{when}"
+
+
 def _read_kernel_log(path: Path | None) -> bytes | None:
     if path is None:
         return None
@@ -184,9 +192,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     _check_scenario(args.simulate)
     simulate: Path | Scenario | None = args.simulate
     notes: tuple[str, ...] = ()
+    replay: dict[str, Any] | None = None
     if args.from_nvidia_smi is not None:
         simulate = _replayed_host(args.from_nvidia_smi)
-        notes = simulate.capture.notes if simulate.capture is not None else ()
+        if simulate.capture is not None:
+            notes = simulate.capture.notes
+            replay = {"file": args.from_nvidia_smi.name, "timestamp": simulate.capture.timestamp}
     kernel_log = _read_kernel_log(args.dmesg)
     _setup_logging("ERROR")
 
@@ -198,12 +209,19 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     snapshot = asyncio.run(Agent(config, simulate=simulate).collect_once(kernel_log))
     doc = status_document(snapshot)
+    title = None
+    if replay is not None:
+        # A replay is the capture's host at the capture's time, which the capture does not
+        # name: not this machine (its name, its hostname), now.
+        node = {**doc["node"], "name": None, "hostname": None}
+        doc = {**doc, "node": node, "replay": replay}
+        title = _replay_title(replay)
     color = color_enabled(args.color, sys.stdout)
     if args.json:
-        # Values of the capture read as absent (a deprecated or unknown value), one each.
+        # Values of the capture no reader understood, read as absent: one note per value.
         print(json.dumps({**doc, "replay_notes": list(notes)} if notes else doc, indent=2))
     else:
-        print(render_status(doc, color=color))
+        print(render_status(doc, color=color, title=title))
         for note in notes:
             print(f"note: read as absent: {note}", file=sys.stderr)
     return int(snapshot.health.severity.value)
@@ -303,19 +321,52 @@ def cmd_inject(args: argparse.Namespace) -> int:
         else:
             key, value = _parse_assignment(item)
             values[key] = value
+    socket = _socket_path(args)
+    if args.kind == "clear-drills":
+        try:
+            result = call(socket, "clear_drills", {"by": _operator()})
+        except ClientError as exc:
+            _fail(str(exc))
+        print(result["detail"])
+        return 0
+    if args.gpu is None:
+        raise InputError(f"inject {args.kind} needs --gpu")
     # Kernel-log faults are drills: a real line into the kernel log, on a node or simulated.
     method = "drill" if args.kind in DRILL_KINDS else "inject"
-    socket = _socket_path(args)
     # The API takes the index; any other form of --gpu is resolved to it here.
     (gpu,) = _daemon_gpus(socket, [args.gpu], unreachable_code=1)
+    params = {"kind": args.kind, "gpu": gpu.index, "values": values, "yes": args.yes}
     try:
-        result = call(socket, method, {"kind": args.kind, "gpu": gpu.index, "values": values})
+        result = call(socket, method, params)
     except ClientError as exc:
         _fail(str(exc))
     if method == "drill":
         print(f"wrote to {result['path']}: {result['line']}")
     else:
         print(f"injected {args.kind} into GPU {gpu.index} (snapshot {result['sequence']})")
+    return 0
+
+
+def _operator() -> str:
+    """Who runs the command, for the audit trail: the sudo user behind root, if any."""
+    import getpass  # noqa: PLC0415
+
+    return os.environ.get("SUDO_USER") or getpass.getuser()
+
+
+def cmd_ack(args: argparse.Namespace) -> int:
+    from gpuagent.client import ClientError, call  # noqa: PLC0415
+
+    if not args.reason.strip():
+        raise InputError("--reason must say why the finding is acknowledged")
+    socket = _socket_path(args)
+    (gpu,) = _daemon_gpus(socket, [args.gpu], unreachable_code=1)
+    params = {"gpu": gpu.index, "check": args.check, "reason": args.reason, "by": _operator()}
+    try:
+        result = call(socket, "ack", params)
+    except ClientError as exc:
+        _fail(str(exc))
+    print(f"GPU {gpu.index}: {result['detail']}, until the fault comes again")
     return 0
 
 
@@ -336,6 +387,10 @@ def cmd_actions(args: argparse.Namespace) -> int:
     for record in result["actions"]:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record["time"]))
         detail = f" [{record['detail']}]" if record["detail"] else ""
+        count = record.get("count", 1)  # a repeat of the same decision is counted on its row
+        if count > 1:
+            last = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record["last_seen"]))
+            detail += f" ({count} times, last {last})"
         print(
             f"{when}  {record['result']:<9} {record['action']:<18} {record['target']}: "
             f"{record['reason']}{detail}"
@@ -437,6 +492,13 @@ def cmd_remediation(args: argparse.Namespace) -> int:
         print(f"node cordoned by gpuagent: {'yes' if status['cordoned_by_us'] else 'no'}")
         for budget in status["budgets"]:
             print(f"budget {budget['action']} per {budget['scope']}: {budget['remaining']} left")
+        for step in status.get("plan", []):
+            times = f" ({step['count']} times)" if step["count"] > 1 else ""
+            detail = f" [{step['detail']}]" if step["detail"] else ""
+            print(
+                f"plan: {step['result']}{times} {step['action']} {step['target']}: "
+                f"{step['reason']}{detail}"
+            )
     return 0
 
 
@@ -590,37 +652,27 @@ def cmd_kmsg_parse(args: argparse.Namespace) -> int:
 
 
 def cmd_xid_explain(args: argparse.Namespace) -> int:
-    from dataclasses import asdict  # noqa: PLC0415
-
-    from gpuagent.kernel.xid import action_hint, lookup  # noqa: PLC0415
+    from gpuagent.kernel.xid import lookup  # noqa: PLC0415
+    from gpuagent.xidview import document, explain_lines  # noqa: PLC0415
 
     info = lookup(args.xid)
     if info is None:
         _fail(f"unknown XID {args.xid}")
     if args.json:
-        print(json.dumps({**asdict(info), "action_hint": action_hint(info.action)}, indent=2))
-        return 0
-    app_error = (
-        "yes: NVIDIA's k8s-device-plugin leaves the GPU healthy (the application's fault)"
-        if info.app_error
-        else "no: NVIDIA's k8s-device-plugin marks the GPU unhealthy"
-    )
-    rows = [
-        ("description", info.description),
-        ("category", info.category),
-        ("severity", info.severity),
-        (
-            "immediate action",
-            f"{info.action}: {action_hint(info.action)}"
-            if info.action
-            else "none in the catalog yet",
-        ),
-        ("investigatory action", info.investigatory_action or "(none)"),
-        ("application error", app_error),
-    ]
-    print(f"XID {info.xid}: {info.mnemonic}")
-    for name, value in rows:
-        print(f"  {name:<21} {value}")
+        print(json.dumps(document(info), indent=2))
+    else:
+        print("\n".join(explain_lines(info)))
+    return 0
+
+
+def cmd_xid_list(args: argparse.Namespace) -> int:
+    from gpuagent.kernel.xid import all_xids  # noqa: PLC0415
+    from gpuagent.xidview import document, list_lines  # noqa: PLC0415
+
+    if args.json:
+        print(json.dumps([document(info) for info in all_xids()], indent=2))
+    else:
+        print("\n".join(list_lines()))
     return 0
 
 
@@ -759,16 +811,34 @@ def _add_client_commands(add: Add) -> None:
     inject = add(
         "inject",
         "fault drill: xid N, sxid N, fallen_off_bus, aer write a real line into the kernel "
-        "log; other kinds (ecc_dbe, temperature, gpu_lost, pci_remove, clear, ...) go into a "
-        "simulated daemon's GPUs",
+        "log (on a real node only with --yes); other kinds (ecc_dbe, temperature, gpu_lost, "
+        "pci_remove, clear, ...) go into a simulated daemon's GPUs; clear-drills ends every "
+        "drill",
     )
     _socket_options(inject)
-    inject.add_argument("kind", help="fault kind, e.g. xid, aer, ecc_dbe, temperature, clear")
-    inject.add_argument("--gpu", required=True, help=f"the GPU: {_GPU_FORMS}")
+    inject.add_argument(
+        "kind", help="fault kind, e.g. xid, aer, ecc_dbe, temperature, clear, clear-drills"
+    )
+    inject.add_argument("--gpu", help=f"the GPU: {_GPU_FORMS}")
+    inject.add_argument(
+        "--yes",
+        action="store_true",
+        help="write a drill into a real node's kernel log, which its other readers see too",
+    )
     inject.add_argument(
         "values", nargs="*", metavar="N|KEY=VALUE", help="XID/SXid number, or values: count=2"
     )
     inject.set_defaults(func=cmd_inject)
+
+    ack = add(
+        "ack",
+        "acknowledge a GPU's findings (root, audited): held at OK until the fault comes again",
+    )
+    _socket_options(ack)
+    ack.add_argument("--gpu", required=True, help=f"the GPU: {_GPU_FORMS}")
+    ack.add_argument("--check", help="only this check's finding (e.g. xid, ecc)")
+    ack.add_argument("--reason", required=True, help="why: what was done about it")
+    ack.set_defaults(func=cmd_ack)
 
     events = add("events", "recent kernel-log, NVML and bus events from the running daemon")
     _socket_options(events)
@@ -828,12 +898,19 @@ def _add_tool_commands(add: Add) -> None:
     kmsg_parse.add_argument("--json", action="store_true", help="one JSON object per line")
     kmsg_parse.set_defaults(func=cmd_kmsg_parse)
 
-    xid = add("xid", "NVIDIA's XID catalog")
+    xid = add("xid", "NVIDIA's XID catalog and what gpuagent makes of each XID")
     xid_commands = xid.add_subparsers(dest="xid_command", required=True, metavar="ACTION")
-    xid_explain = xid_commands.add_parser("explain", help="what the catalog says about one XID")
+    xid_explain = xid_commands.add_parser(
+        "explain", help="gpuagent's verdict on one XID and what NVIDIA's catalog says"
+    )
     xid_explain.add_argument("xid", type=int, metavar="N", help="the XID number")
     xid_explain.add_argument("--json", action="store_true", help="print a JSON object")
     xid_explain.set_defaults(func=cmd_xid_explain)
+    xid_list = xid_commands.add_parser(
+        "list", help="every XID: gpuagent's severity and action, NVIDIA's name"
+    )
+    xid_list.add_argument("--json", action="store_true", help="print a JSON array")
+    xid_list.set_defaults(func=cmd_xid_list)
 
     identity = add("mqtt-identity", "get this node's MQTT client certificate from cert-manager")
     identity.add_argument("--node-name", required=True, help="the certificate's CN")

@@ -21,21 +21,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuagent import __version__, heap
+from gpuagent.acks import AckBook, AckError
 from gpuagent.api import ApiServer
 from gpuagent.config import Config
 from gpuagent.daemon_api import AgentApi
 from gpuagent.diskio import DiskThread
-from gpuagent.events import EventLog
+from gpuagent.events import EventLog, reset_event
 from gpuagent.metrics import MetricsServer, build_registry
 from gpuagent.metrics.probes import Probes
-from gpuagent.model import DiagResult, GpuEvent, NodeSnapshot
+from gpuagent.model import DiagResult, GpuEvent, NodeHealth, NodeSnapshot
 from gpuagent.node.inventory import InventoryKeeper
 from gpuagent.node.poller import NvmlPoller
 from gpuagent.node.publisher import SnapshotPublisher, host_booted_at
 from gpuagent.node.remediation import RemediationScheduler, build_remediator
 from gpuagent.node.sources import EventSources
-from gpuagent.remediation.audit import AuditRecord, AuditStore
+from gpuagent.remediation.audit import AuditError, AuditRecord, AuditStore
 from gpuagent.remediation.executor import Remediator
+from gpuagent.remediation.types import PlannedAction
 from gpuagent.sdnotify import Notifier
 from gpuagent.sources.udev import PciChange
 from gpuagent.store import SnapshotStore
@@ -86,6 +88,7 @@ class Agent:
             stall, self._snapshot_age, stall + config.sources.nvml.interval_seconds
         )
         self.events = EventLog(config.events)
+        self.acks = AckBook(config.agent.state_dir)
         self.notifier = Notifier()
         self.node_name = config.agent.resolved_node_name
         self._stop = asyncio.Event()
@@ -94,6 +97,8 @@ class Agent:
         self._reporter: Reporter | None = None
         # The state directory's databases (spool, audit trail) commit on this thread.
         self._disk = DiskThread()
+        # The audit trail: remediation's, and what operators do by hand (ack, clear-drills).
+        self.audit = AuditStore(config.agent.state_dir / "remediation.sqlite", disk=self._disk)
         # DCGM, when its bindings are installed: what remediation and `gpuagent diag` run
         # DCGM's diagnostic through.
         self.dcgm: DcgmControl | None = None
@@ -139,6 +144,7 @@ class Agent:
             booted_at=self.simulator.booted_at if self.simulator is not None else host_booted_at(),
         )
         self.publisher.dcgm = self._dcgm_source
+        self.publisher.acks = self.sources.acks = self.acks
         # Only on a Kubernetes node (checks.kubernetes): elsewhere it never reads or fires.
         self.kubernetes: KubernetesWatch | None = None
         if config.watches_kubernetes:
@@ -309,12 +315,13 @@ class Agent:
                 sink.audit_written(record)
 
     def _on_gpu_reset(self, bus_id: str, when: float) -> None:
-        # A reset clears what the XIDs before it asked for; poll at once to see the GPU.
-        self.events.forget(bus_id, when, frozenset({"xid", "gsp"}))
+        # Recorded as an event, which clears what the XIDs before it asked for
+        # (gpuagent.events); poll at once to see the GPU.
+        self.sources.on_event(reset_event(bus_id, "remediation", when, "reset by the agent"))
         self.poller.refresh_requested.set()
 
     async def startup(self) -> None:
-        audit = AuditStore(self.config.agent.state_dir / "remediation.sqlite", disk=self._disk)
+        audit = self.audit
         # A read-only or full state directory must not stop monitoring: the trail is tried
         # again by remediation, which does nothing meanwhile (the state_dir finding says so).
         await audit.open()
@@ -517,6 +524,30 @@ class Agent:
         """A remote reset request: through every rail local remediation has (mode, kill
         switch, budgets, no process on the GPU, cordoned first), never around them."""
         return await self.remediation.reset_gpu(bus_id, self.store.current)
+
+    async def acknowledge(self, bus_id: str, check: str | None, reason: str, by: str) -> str:
+        """Acknowledge GPU ``bus_id``'s findings (only ``check``'s when given): audited
+        first, then held at OK until their fault comes again (gpuagent.acks)."""
+        snapshot = self.store.current
+        health = snapshot.health if snapshot is not None else NodeHealth()
+        try:
+            return await self.acks.acknowledge(
+                self.audit, health, bus_id, check, reason=reason, by=by
+            )
+        finally:
+            self._schedule_publish()
+
+    async def clear_drills(self, by: str) -> str:
+        """End every fault drill: their events are forgotten, audited."""
+        drills = sum(1 for e in self.events.recent() if e.source == "drill")
+        action = PlannedAction("clear_drills", "node", f"fault drills ended by {by}")
+        try:
+            await self.audit.record(action, "succeeded", mode="operator", detail=f"{drills} events")
+        except AuditError as exc:
+            raise AckError(f"drills not cleared: {exc}") from None
+        gone = self.events.forget_drills()
+        self._schedule_publish()
+        return f"{gone} drill events forgotten"
 
     async def run_diag(self, level: int, gpus: tuple[int, ...]) -> DiagResult:
         """DCGM's diagnostic on request (`gpuagent diag`), audited; the snapshot that follows

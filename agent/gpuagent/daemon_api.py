@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuagent import __version__
+from gpuagent.acks import AckError
 from gpuagent.api import ApiError, ApiServer
 from gpuagent.dcgm.control import DiagUnavailableError
 from gpuagent.dcgm.runner import LEVELS, result_json
@@ -63,6 +64,12 @@ class ApiTarget(Protocol):
     def refresh(self) -> None:
         """Poll NVML now (the next snapshot follows)."""
 
+    async def acknowledge(self, bus_id: str, check: str | None, reason: str, by: str) -> str:
+        """Hold the GPU's findings at OK until their fault comes again (AckError if not)."""
+
+    async def clear_drills(self, by: str) -> str:
+        """Forget every drill's events, audited."""
+
     def on_pci_change(self, change: PciChange) -> None:
         """A PCI function came or went (udev, or simulated)."""
 
@@ -111,6 +118,8 @@ class AgentApi:
         server.route("actions", self.actions)
         server.route("inject", self.inject, changes_state=True)
         server.route("drill", self.drill, changes_state=True)
+        server.route("clear_drills", self.clear_drills, changes_state=True)
+        server.route("ack", self.ack, changes_state=True)
         server.route("diag", self.diag, changes_state=True)
         server.route("diag_result", self.diag_result)
 
@@ -242,11 +251,18 @@ class AgentApi:
         kind, gpu, values = _fault_params(params)
         if kind not in DRILL_KINDS:
             raise ApiError(f"unknown drill {kind!r} (known: {', '.join(DRILL_KINDS)})")
+        path = self.agent.kmsg_path
+        if self.agent.simulator is None and params.get("yes") is not True:
+            # Every reader of this kernel log (node-problem-detector, other health agents,
+            # a SIEM) will see the line as a real fault: never without the operator's yes.
+            raise ApiError(
+                f"a drill writes a real kernel-log line to {path}, which every reader of the "
+                "node's kernel log sees; nothing was written (add --yes to write it)"
+            )
         try:
             line = compose_line(kind, self._bus_id(gpu), values)
         except ValueError as exc:
             raise ApiError(str(exc)) from None
-        path = self.agent.kmsg_path
         try:
             write_kernel_line(path, line)
         except OSError as exc:
@@ -257,6 +273,35 @@ class AgentApi:
             simulator.inject("xid", gpu, {"xid": values["code"]})
         log.info("drill: wrote %r to %s", line, path)
         return {"line": line, "path": str(path)}
+
+    async def clear_drills(self, params: dict[str, Any]) -> dict[str, Any]:
+        try:
+            detail = await self.agent.clear_drills(_by(params))
+        except AckError as exc:
+            raise ApiError(str(exc)) from None
+        log.info("drills cleared: %s", detail)
+        return {"detail": detail}
+
+    async def ack(self, params: dict[str, Any]) -> dict[str, Any]:
+        gpu, check, reason = params.get("gpu"), params.get("check"), params.get("reason")
+        if isinstance(gpu, bool) or not isinstance(gpu, int):
+            raise ApiError('"gpu" must be a GPU index')
+        if check is not None and not isinstance(check, str):
+            raise ApiError('"check" must be a check name')
+        if not isinstance(reason, str):
+            raise ApiError('"reason" must be a string')
+        try:
+            detail = await self.agent.acknowledge(self._bus_id(gpu), check, reason, _by(params))
+        except AckError as exc:
+            raise ApiError(str(exc)) from None
+        log.info("GPU %d: %s: %s", gpu, detail, reason)
+        return {"detail": detail}
+
+
+def _by(params: dict[str, Any]) -> str:
+    """Who asked, as the client says (the socket already required root)."""
+    by = params.get("by")
+    return by[:64] if isinstance(by, str) and by else "root"
 
 
 def _fault_params(params: dict[str, Any]) -> tuple[str, int, dict[str, Any]]:

@@ -9,17 +9,27 @@ Records of a storm are folded into incidents (`gpuagent.incidents`): past an inc
 first few records, a record is counted but not kept. Recent events (for the checks and
 status) are bounded by age and count; per-device counts since start (for metrics) count
 every record and are never pruned.
+
+A GPU reset is an event too (kind ``gpu_reset``): the agent's own reset, or NVML's
+recovery action back to none; the driver's Xid 154 back to none says the same. Adding one
+is what clears the faults the reset repaired: that GPU's XIDs and GSP messages before it
+are forgotten (and so are those stamped before it that arrive later). A GPU that fell off
+the bus is not among them: only a reboot brings it back (gpuagent.checks.bus). Whether
+the reset worked is then the readings' to say (ECC counters, pending remaps, recovery
+action, the GPU answering).
 """
 
 from __future__ import annotations
 
 import collections
 import enum
+import re
+import time
 from collections.abc import Callable, Mapping
 
 from gpuagent.config import EventsSection
 from gpuagent.incidents import SAMPLES, Incident, IncidentBook
-from gpuagent.model import AerSeverity, EventCount, EventKind, GpuEvent
+from gpuagent.model import AerSeverity, EventCount, EventKind, EventSource, GpuEvent
 
 _CountKey = tuple[str | None, EventKind, int | None, AerSeverity | None]
 # Sources whose XID records carry the kernel's line (pid, process, text, drill marker),
@@ -29,6 +39,14 @@ _NVML_SOURCES = frozenset({"nvml", "nvml_operational"})
 # How far back from the newest event an NVML XID is looked for to take a kernel line's
 # content: the two arrive within the de-duplication window, so near the end.
 _ENRICH_SEARCH = 256
+# What a GPU reset clears: the kernel's reports of the faults that asked for it.
+RESET_CLEARS = frozenset({"xid", "gsp"})
+# The driver's Xid 154 (NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from
+# 0x0 (None) to 0x1 (PF FLR)) back to 0x0 from something else: the action was done.
+_BACK_TO_NONE = re.compile(
+    r"recovery action changed from 0x0*[1-9A-Fa-f][0-9A-Fa-f]*\b.*? to 0x0+\b"
+)
+RECOVERY_ACTION_CHANGED = 154
 
 
 class Added(enum.IntEnum):
@@ -74,6 +92,8 @@ class EventLog:
             # Only a kept record can take the log past its size; age is trimmed here and
             # by `prune` alike, so the records a storm folds cost no trimming.
             self._trim(event.monotonic)
+            if event.gpu is not None and is_reset(event):
+                self.forget(event.gpu, event.monotonic, RESET_CLEARS)
         if event.kind == "xid" and event.code is not None:
             self._last_xid[(event.gpu, event.code)] = (event.source, event.monotonic)
         key = (event.gpu, event.kind, event.code, event.aer_severity)
@@ -164,6 +184,17 @@ class EventLog:
             self._recent = None
         return gone
 
+    def forget_drills(self) -> int:
+        """Drop every drill's events (`gpuagent inject clear-drills`); counts since start
+        are kept. Returns how many went."""
+        kept = collections.deque(e for e in self._events if e.source != "drill")
+        gone = [e.event_id for e in self._events if e.source == "drill"]
+        if gone:
+            self.incidents.drop_weights(gone)
+            self._events = kept
+            self._recent = None
+        return len(gone)
+
     def recent(self) -> tuple[GpuEvent, ...]:
         """Events within retention, oldest first (the same tuple until something changes)."""
         if self._recent is None:
@@ -190,6 +221,25 @@ class EventLog:
     ) -> list[GpuEvent]:
         chosen = [e for e in reversed(self._events) if accept is None or accept(e)]
         return chosen[:limit]
+
+
+def is_reset(event: GpuEvent) -> bool:
+    """Whether ``event`` says its GPU was reset (see the module's docstring)."""
+    if event.kind == "gpu_reset":
+        return True
+    return (
+        event.kind == "xid"
+        and event.code == RECOVERY_ACTION_CHANGED
+        and _BACK_TO_NONE.search(event.line) is not None
+    )
+
+
+def reset_event(gpu: str, source: EventSource, monotonic: float, line: str) -> GpuEvent:
+    """The ``gpu_reset`` event of ``gpu`` reset at ``monotonic`` (the checks' clock)."""
+    wall = time.time() - (time.monotonic() - monotonic)
+    return GpuEvent(
+        f"reset:{gpu}:{monotonic:.6f}", source, "gpu_reset", gpu, wall, monotonic, line=line
+    )
 
 
 def _added(incident: Incident | None) -> Added:

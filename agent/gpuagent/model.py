@@ -63,6 +63,8 @@ class Finding:
     # UNKNOWN only because the GPU gave no readings: the `availability` finding is the one
     # fault, so this one is no problem of its own (not listed, logged, reported or counted).
     masked: bool = False
+    # Only fault drills' events (`gpuagent inject`) stand behind it: its reason says DRILL.
+    drill: bool = False
 
     @property
     def identity(self) -> tuple[str | None, str, str]:
@@ -581,12 +583,16 @@ class KernelLine(NamedTuple):
     sm: int | None = None
 
 
-EventSource = Literal["kmsg", "nvml", "nvml_operational", "udev", "drill", "dcgm"]
+# "remediation": what the agent did itself (a GPU reset it ran).
+EventSource = Literal["kmsg", "nvml", "nvml_operational", "udev", "drill", "dcgm", "remediation"]
 # Kernel kinds, udev's, and a DCGM policy violation that has no XID of its own (PCIe,
 # retired pages, thermal, power, NVLink; DCGM's DBE and XID notifications are XIDs).
+# And a GPU reset seen or done (gpuagent.events.reset_event).
 EventKind = (
     KernelKind
-    | Literal["gpu_removed", "gpu_added", "driver_unbound", "driver_bound", "dcgm_policy"]
+    | Literal[
+        "gpu_removed", "gpu_added", "driver_unbound", "driver_bound", "dcgm_policy", "gpu_reset"
+    ]
 )
 
 
@@ -714,6 +720,10 @@ class RemediationStatus:
     budgets: tuple[tuple[str, str, int], ...] = ()
     # (bus id, the limit before) of each GPU our thermal cap holds: the settings check's
     power_capped: tuple[tuple[str, float], ...] = ()
+    # The latest plan, one entry per action, as the newest audit record of it says:
+    # (action, target, result, reason, detail, count); observe mode's refusals read
+    # "refused", and a cordon's reason is the one it would request.
+    plan: tuple[tuple[str, str, str, str, str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -215,23 +215,30 @@ def _rdma_lines(ports: list[dict[str, Any]] | None) -> list[str]:
 
 
 def render_status(
-    doc: dict[str, Any], now: float | None = None, *, color: bool = False, width: int = 0
+    doc: dict[str, Any],
+    now: float | None = None,
+    *,
+    color: bool = False,
+    width: int = 0,
+    title: str | None = None,
 ) -> str:
     """The status table; with ``color``, severities in ANSI colours (for a terminal); with
     ``width``, the GPU table's least needed columns left out until it fits (GPU, HEALTH and
-    REASON always stay)."""
+    REASON always stay). ``title`` names what a replay shows (the capture) in place of this
+    node, its simulation and the snapshot's age, none of which a capture has."""
     node = doc["node"]
     now = time.time() if now is None else now
-    age = now - doc["taken_at"]
-    lines = [
-        f"Node {node['name']} (cluster {node['cluster']}): "
-        + _paint(node["health"], node["health"], color)
-        + (" [simulated]" if node.get("simulated") else ""),
-        (
-            f"Driver {node.get('driver_version') or '-'}"
-            f"  CUDA {node.get('cuda_driver_version') or '-'}  snapshot {age:.1f} s old"
-        ),
-    ]
+    driver, cuda = node.get("driver_version") or "-", node.get("cuda_driver_version") or "-"
+    versions = f"Driver {driver}  CUDA {cuda}"
+    health = _paint(node["health"], node["health"], color)
+    if title is not None:
+        lines = [f"{title}: {health}", versions]
+    else:
+        lines = [
+            f"Node {node['name']} (cluster {node['cluster']}): {health}"
+            + (" [simulated]" if node.get("simulated") else ""),
+            f"{versions}  snapshot {now - doc['taken_at']:.1f} s old",
+        ]
     lines.extend(_inventory_lines(node.get("inventory")))
     lines.extend(_settings_lines(doc["gpus"]))
     lines.extend(_place_lines(doc))
@@ -252,6 +259,7 @@ def render_status(
             for g, f in problems
         )
     lines.extend(_workload_lines(doc["gpus"]))
+    lines.extend(_remediation_lines(doc.get("remediation")))
     sources = doc.get("sources") or []
     if sources:
         lines.append("")
@@ -322,6 +330,23 @@ def _workload_lines(gpus: list[dict[str, Any]]) -> list[str]:
                 who.append(f"job {workload['hpc_job']}")
             mig = f" on {workload['device']}" if "device" in workload else ""
             lines.append(f"  GPU {gpu['index']}{mig}: {', '.join(who)}")
+    return lines
+
+
+def _remediation_lines(remediation: dict[str, Any] | None) -> list[str]:
+    """The latest remediation plan, each action with what it came to; in observe mode what
+    enforce would do, so a refusal reads "refused" with why."""
+    steps = (remediation or {}).get("plan") or []
+    if not steps or remediation is None:
+        return []
+    mode = remediation["mode"] + (", paused" if remediation.get("paused") else "")
+    lines = ["", f"Remediation plan ({mode}):"]
+    for step in steps:
+        times = f" ({step['count']} times)" if step["count"] > 1 else ""
+        detail = f" [{step['detail']}]" if step["detail"] else ""
+        lines.append(
+            f"  {step['result']}{times} {step['action']} {step['target']}: {step['reason']}{detail}"
+        )
     return lines
 
 

@@ -34,6 +34,7 @@ def finding_json(finding: Finding) -> dict[str, Any]:
         "action": finding.action,
         "runbook": finding.runbook,
         "evidence": finding.evidence_dict(),
+        "drill": finding.drill,
     }
 
 
@@ -67,8 +68,26 @@ def _gpu_json(snapshot: NodeSnapshot, gpu: GpuState) -> dict[str, Any]:
             fb_used_mib=readings.fb_used_mib,
             ecc_sbe_volatile=readings.ecc_sbe_volatile,
             ecc_dbe_volatile=readings.ecc_dbe_volatile,
+            # What is checked before a reset (the fleet console's GPU page shows them):
+            # the lifetime ECC counts, retired pages, remapped rows, the link against its
+            # maximum and its replays, the clocks.
+            ecc_sbe_aggregate=readings.ecc_sbe_aggregate,
+            ecc_dbe_aggregate=readings.ecc_dbe_aggregate,
+            retired_pages_sbe=readings.retired_pages_sbe,
+            retired_pages_dbe=readings.retired_pages_dbe,
+            retired_pages_pending=readings.retired_pages_pending,
+            remapped_rows_correctable=readings.remapped_rows_correctable,
+            remapped_rows_uncorrectable=readings.remapped_rows_uncorrectable,
+            row_remap_pending=readings.row_remap_pending,
+            row_remap_failure=readings.row_remap_failure,
             pcie_generation=readings.pcie_generation,
             pcie_width=readings.pcie_width,
+            pcie_max_generation=ident.pcie_max_generation,
+            pcie_max_width=ident.pcie_max_width,
+            pcie_replay_count=readings.pcie_replay_count,
+            sm_clock_mhz=readings.sm_clock_mhz,
+            sm_clock_max_mhz=ident.sm_clock_max_mhz,
+            memory_clock_mhz=readings.memory_clock_mhz,
             # Settings: facts, judged only against an expectation (the settings checks).
             persistence_mode=readings.persistence_mode,
             ecc_enabled=readings.ecc_enabled,
@@ -84,6 +103,7 @@ def _gpu_json(snapshot: NodeSnapshot, gpu: GpuState) -> dict[str, Any]:
             processes=[_process_json(p) for p in readings.processes],
         )
         doc["fabric"] = _fabric_json(readings)
+        doc["nvlink"] = _nvlink_json(readings)
         if readings.mig_devices:  # MIG mode only: the IDs Kubernetes owners are matched by
             doc["mig_devices"] = [dataclasses.asdict(m) for m in readings.mig_devices]
     return doc
@@ -100,6 +120,29 @@ def _fabric_json(readings: GpuReadings) -> dict[str, Any] | None:
         "cluster_uuid": readings.fabric_cluster_uuid,
         "clique_id": readings.fabric_clique_id,
         "nvlink_domain": nvlink_domain(readings),
+    }
+
+
+def _nvlink_json(readings: GpuReadings) -> dict[str, Any] | None:
+    """Each NVLink's state and bit-error rates (one entry per link, so at most the GPU's
+    link count, 18 on Hopper and Blackwell), and the error counters NVML sums over the
+    links; None for a GPU without NVLink."""
+    counters = (
+        readings.nvlink_crc_flit_errors,
+        readings.nvlink_crc_data_errors,
+        readings.nvlink_replay_errors,
+        readings.nvlink_recovery_errors,
+    )
+    if not readings.nvlink_up and all(c is None for c in counters):
+        return None
+    return {
+        "up": list(readings.nvlink_up),
+        "effective_ber": list(readings.nvlink_effective_ber),
+        "symbol_ber": list(readings.nvlink_symbol_ber),
+        "crc_flit_errors": counters[0],
+        "crc_data_errors": counters[1],
+        "replay_errors": counters[2],
+        "recovery_errors": counters[3],
     }
 
 
@@ -246,4 +289,8 @@ def _remediation_json(snapshot: NodeSnapshot) -> dict[str, Any] | None:
         "cordoned_by_us": status.cordoned_by_us,
         "counts": [{"action": a, "result": r, "count": n} for a, r, n in status.counts],
         "budgets": [{"action": a, "scope": s, "remaining": n} for a, s, n in status.budgets],
+        "plan": [
+            {"action": a, "target": t, "result": r, "reason": why, "detail": d, "count": n}
+            for a, t, r, why, d, n in status.plan
+        ],
     }

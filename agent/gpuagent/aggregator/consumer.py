@@ -32,7 +32,13 @@ from gpuagent.aggregator.state import FleetState
 from gpuagent.aggregator.store import FleetStore
 from gpuagent.config import AggregatorSection, ConfigError
 from gpuagent.fleet import schema
-from gpuagent.fleet.connection import Backoff, client_options, count_disconnects
+from gpuagent.fleet.connection import (
+    Backoff,
+    client_options,
+    count_disconnects,
+    quiet_socket_races,
+    settle,
+)
 from gpuagent.fleet.topics import NODE_CHANNELS, parse_topic, subscription
 
 log = logging.getLogger(__name__)
@@ -122,6 +128,7 @@ class Consumer:
     async def run(self) -> None:
         """Consume until cancelled."""
         backoff = Backoff(self.connection)
+        quiet_socket_races(asyncio.get_running_loop())
         while True:
             connected = False
             try:
@@ -238,6 +245,12 @@ class Consumer:
         self._paho = client._client  # noqa: SLF001
         self._paho.manual_ack_set(on=True)
         count_disconnects(client, self.state.counters.disconnects)
+        try:
+            await self._connected_session(client)
+        finally:
+            settle(client)
+
+    async def _connected_session(self, client: aiomqtt.Client) -> None:
         async with client:
             wanted, unwanted = self.subscriptions()
             # Our session persists: it may still hold what an earlier configuration wanted.

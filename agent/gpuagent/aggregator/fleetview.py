@@ -22,7 +22,7 @@ from gpuagent.aggregator.state import FleetState
 from gpuagent.kernel.parse import canonical_pci
 
 HEALTHS = ("CRITICAL", "WARN", "UNKNOWN", "OK")
-SORTS = ("health", "name", "cluster", "last_seen", "gpus", "finding_age", "alerts")
+SORTS = ("health", "name", "cluster", "last_seen", "gpus", "finding_age", "alerts", "cordoned")
 # Findings started within this long count as "today" in the per-kind counts.
 DAY = 86400.0
 
@@ -94,6 +94,29 @@ def _has_bus_id(record: NodeRecord, text: str) -> bool:
     return bus_id is not None and any(canonical_pci(g.pci_bus_id) == bus_id for g in record.gpus)
 
 
+def matched_gpus(record: NodeRecord, text: str) -> list[dict[str, Any]]:
+    """The node's GPUs a search names, each with what it matched by ("UUID", "serial",
+    "bus id"): a search for what an RMA ticket quotes says which GPU it is."""
+    text = text.lower()
+    bus_id = canonical_pci(text)
+    found = []
+    for gpu in record.gpus:
+        by = [
+            name
+            for name, value in (("UUID", gpu.uuid), ("serial", gpu.serial))
+            if value and text in value.lower()
+        ]
+        if text in gpu.pci_bus_id.lower() or (
+            bus_id is not None and canonical_pci(gpu.pci_bus_id) == bus_id
+        ):
+            by.append("bus id")
+        if by:
+            found.append(
+                {"index": gpu.index, "uuid": gpu.uuid, "pci_bus_id": gpu.pci_bus_id, "by": by}
+            )
+    return found
+
+
 class FleetView:
     """Answers the console's fleet table and node page from the fleet state."""
 
@@ -133,6 +156,8 @@ class FleetView:
             "last_seen": lambda r: (r.last_seen, r.node),
             "gpus": lambda r: (len(r.gpus), r.node),
             "alerts": lambda r: (*self.state.alerts.weight(r), r.node),
+            # Cordoned nodes first, worst first among them.
+            "cordoned": lambda r: (not r.cordoned, views.sort_key(r, now, self.stale_after)),
         }
         if query.sort in keys:
             return keys[query.sort]
@@ -150,8 +175,12 @@ class FleetView:
         key = self._sort_key(query, now)
         pick = heapq.nlargest if query.descending else heapq.nsmallest
         rows = pick(query.limit, records, key)
+        nodes = [self.row(r, now) for r in rows]
+        if query.text:
+            for doc, record in zip(nodes, rows, strict=True):
+                doc["matched_gpus"] = matched_gpus(record, query.text)
         return {
-            "nodes": [self.row(r, now) for r in rows],
+            "nodes": nodes,
             "matched": len(records),
             "counts": views.node_counts(self.state, now, self.stale_after),
             "kinds": self.kinds(now),

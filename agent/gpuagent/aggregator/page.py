@@ -1,13 +1,15 @@
 """The fleet page: one self-contained HTML document (no external assets, so it works on
 an isolated management network) that fetches the API every second and redraws, so a fault
 shows within two seconds of its report. Its HTML, CSS and script are package data in
-``static/`` (fleet.html, fleet.css, fleet.js), joined here with the page's settings.
+``static/`` (fleet.html, fleet.css, fleet.js), joined here with the page's settings and
+what each finding action means (actions.json).
 
 Views switched by the URL fragment so any can be bookmarked or pasted into a ticket: the
 fleet table (``#fleet?cluster=...&sort=...``), filtered and sorted by the aggregator
 (`/api/v1/fleet`) so a refresh carries only the rows shown, with the cordon budget per
 cluster (`/api/v1/budget`); a node's page (``#node/<cluster>/<name>``, with the fleet
-incidents it is a member of and its open rule findings); the fleet incidents
+incidents it is a member of and its open rule findings); a GPU's page
+(``#gpu/<cluster>/<name>/<index>``: what is checked before a reset); the fleet incidents
 (``#incidents``, one's members at ``#incidents/<id>``, `/api/v1/incidents`); and the open
 fleet rule findings (``#rules``, `/api/v1/rules`).
 Node-supplied text is only ever set with textContent, and links only ever get http(s)
@@ -55,6 +57,7 @@ def render(links: Links = NO_LINKS) -> str:
         "rules": RULE_ROWS,
         "grafana": links.grafana_url_template,
         "runbookBase": links.runbook_base_url,
+        "actions": action_meanings(),
     }
     # One document with its style and script inline: it needs no other request, so it
     # works on an isolated management network. The parts are files of their own.
@@ -64,6 +67,14 @@ def render(links: Links = NO_LINKS) -> str:
         .replace("/*STYLE*/\n", _static("fleet.css"), 1)
         .replace("/*SCRIPT*/\n", script, 1)
     )
+
+
+def action_meanings() -> dict[str, str]:
+    """What each finding action asks of an operator (static/actions.json, the words of the
+    Actions table in docs/checks.md, `code` in backticks): a GPU's page says what clears
+    each of its findings."""
+    meanings: dict[str, str] = json.loads(_static("actions.json"))
+    return meanings
 
 
 def _static(name: str) -> str:

@@ -9,8 +9,11 @@ from gpuagent.aggregator.drift import node_settings_drift
 from gpuagent.aggregator.records import NodeRecord, status_of
 from gpuagent.aggregator.state import FleetState
 
-# Worst first, for sorting the page: unhealthy, then unknown, then healthy.
-_HEALTH_RANK = {"CRITICAL": 0, "WARN": 1, "UNKNOWN": 2, "OK": 3}
+# Worst first, for sorting the page: broken, then nodes we know nothing current of
+# (offline, then stale: whatever they last said may be over, so they rank above a WARN we
+# can see), then degraded, then online nodes that could not judge themselves, then healthy.
+_RANK_CRITICAL, _RANK_OFFLINE, _RANK_STALE = 0, 1, 2
+_HEALTH_RANK = {"CRITICAL": _RANK_CRITICAL, "WARN": 3, "UNKNOWN": 4, "OK": 5}
 
 
 def node_json(record: NodeRecord, now: float, stale_after: float) -> dict[str, Any]:
@@ -45,15 +48,15 @@ def node_detail(
     return doc
 
 
-def sort_key(record: NodeRecord, now: float, stale_after: float) -> tuple[int, int, str, str]:
-    """Unhealthy online nodes first, then offline or stale ones, then the rest."""
-    if not record.online or record.is_stale(now, stale_after):
-        group = 1
-    elif record.health in ("CRITICAL", "WARN"):
-        group = 0
+def sort_key(record: NodeRecord, now: float, stale_after: float) -> tuple[int, str, str]:
+    """CRITICAL online nodes first, then offline ones, stale ones, WARN, UNKNOWN and OK."""
+    if not record.online:
+        rank = _RANK_OFFLINE
+    elif record.is_stale(now, stale_after):
+        rank = _RANK_STALE
     else:
-        group = 2
-    return (group, _HEALTH_RANK.get(record.health, 2), record.cluster, record.node)
+        rank = _HEALTH_RANK.get(record.health, _HEALTH_RANK["UNKNOWN"])
+    return (rank, record.cluster, record.node)
 
 
 def nodes_json(
@@ -62,7 +65,7 @@ def nodes_json(
     """Every node in `sort_key` order, or the first ``limit`` of them: the page shows only
     the first few hundred, and every node of a large fleet is megabytes of JSON."""
 
-    def key(record: NodeRecord) -> tuple[int, int, str, str]:
+    def key(record: NodeRecord) -> tuple[int, str, str]:
         return sort_key(record, now, stale_after)
 
     records = state.nodes.values()

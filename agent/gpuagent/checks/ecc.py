@@ -53,12 +53,16 @@ def _dbe_problem(dbe: int | None) -> Problem | None:
 
 
 def _sbe_rate_problem(rate: Rate | None, limit_per_hour: float) -> Problem | None:
+    # Judged on the errors counted against the whole window (see Rate.per_second), so one
+    # error just after a start is no alarm. The reason states what was seen: the count, the
+    # span it came in and the rate that really is; judged above the limit, that rate is too.
     if rate is None or rate.per_second * 3600.0 <= limit_per_hour:
         return None
+    seen_per_hour = rate.increase / rate.span_seconds * 3600.0
     return Problem(
         Severity.WARN,
-        f"{fmt(rate.per_second * 3600.0)} corrected ECC errors per hour "
-        f"({rate.increase} in {fmt(rate.span_seconds)} s), above {fmt(limit_per_hour)}",
+        f"{plural(rate.increase, 'corrected ECC error')} in {fmt(rate.span_seconds)} s "
+        f"(about {round(seen_per_hour):,} per hour), above {fmt(limit_per_hour)} per hour",
         Action.INVESTIGATE,
         Runbook.GPU_ECC_SBE_RATE,
     )

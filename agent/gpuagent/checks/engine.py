@@ -169,6 +169,11 @@ INVENTORY_GPU_CHECKS: tuple[InventoryGpuCheck, ...] = (
     InventoryGpuCheck("settings", check_settings),
 )
 
+# The kernel-log kinds drills write (gpuagent.drills) or a real fault beside them would,
+# and the checks that judge them.
+_DRILL_KINDS = ("xid", "gsp", "aer", "fallen_off_bus")
+_DRILLED_CHECKS = frozenset({XID, "aer", "bus", "sxid"})
+
 CHECK_NAMES: tuple[str, ...] = (AVAILABILITY, *(c.name for c in GPU_CHECKS))
 NODE_CHECK_NAMES: tuple[str, ...] = (NVML, *(c.name for c in NODE_CHECKS), STATE_DIR)
 INVENTORY_CHECK_NAMES: tuple[str, ...] = tuple(c.name for c in INVENTORY_GPU_CHECKS)
@@ -284,7 +289,22 @@ def _gpu_findings(
         outcome = check_dcgm(left, len(mine) - len(left), down=down)
         findings.append(to_finding(DCGM, bus_id, outcome))
     findings.extend(_gpu_inventory_findings(state, readings, context))
-    return findings
+    drills = [e for kind in _DRILL_KINDS for e in context.events.for_device(bus_id, kind)]
+    return _marked_drills(findings, drills)
+
+
+def _marked_drills(findings: list[Finding], events: Sequence[GpuEvent]) -> list[Finding]:
+    """A kernel-log check's problem that only drills' events stand behind says DRILL: an
+    operator practising must not be taken for a fault. One real event among them, and it
+    is a fault like any other."""
+    if not events or any(event.source != "drill" for event in events):
+        return findings
+    return [
+        replace(f, reason=f"DRILL: {f.reason}", drill=True)
+        if f.check in _DRILLED_CHECKS and f.severity is not Severity.OK and not f.masked
+        else f
+        for f in findings
+    ]
 
 
 def _gpu_inventory_findings(
@@ -319,6 +339,7 @@ def _node_findings(
         for check in NODE_CHECKS
         if check.enabled(context.config)
     ]
+    findings = _marked_drills(findings, context.events.of_kind("sxid"))
     findings.append(to_finding(STATE_DIR, None, check_state_dir(context.storage_errors)))
     if context.dcgm_present:
         assert context.dcgm is not None

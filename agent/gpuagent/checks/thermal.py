@@ -45,22 +45,34 @@ def active_throttle_reasons(mask: int | None) -> tuple[str, ...]:
     return tuple(name for bit, name in THROTTLE_REASONS if mask & bit)
 
 
+def _versus(temp: float, limit: float) -> str:
+    """How a temperature stands to a limit, in the words a reason uses: "above its", "at
+    its" or "near its". Compared as printed, so "at its 95 °C" never shows 95.04 °C."""
+    shown, bound = round(temp, 1), round(limit, 1)
+    if shown > bound:
+        return "above its"
+    return "at its" if shown == bound else "near its"
+
+
 def _gpu_temperature(view: GpuView, slowdown: float, shutdown: float) -> Problem | None:
     temp, config = view.readings.temperature_c, view.config.thermal
     if temp is None:
         return None
     if temp >= shutdown - config.shutdown_margin_c:
+        where = _versus(temp, shutdown)
+        if where == "near its":
+            where = f"within {fmt(config.shutdown_margin_c)} °C of its"
         return Problem(
             Severity.CRITICAL,
-            f"GPU at {fmt(temp)} °C, within {fmt(config.shutdown_margin_c)} °C "
-            f"of its {fmt(shutdown)} °C shutdown temperature",
+            f"GPU at {fmt(temp)} °C, {where} {fmt(shutdown)} °C shutdown temperature",
             Action.CHECK_COOLING,
             Runbook.GPU_THERMAL_SHUTDOWN,
         )
     if temp >= slowdown - config.slowdown_margin_c:
         return Problem(
             Severity.WARN,
-            f"GPU at {fmt(temp)} °C, near its {fmt(slowdown)} °C slowdown temperature",
+            f"GPU at {fmt(temp)} °C, {_versus(temp, slowdown)} {fmt(slowdown)} °C slowdown "
+            "temperature",
             Action.CHECK_COOLING,
             Runbook.GPU_THERMAL_SLOWDOWN,
         )
@@ -68,16 +80,18 @@ def _gpu_temperature(view: GpuView, slowdown: float, shutdown: float) -> Problem
 
 
 def _memory_temperature(view: GpuView) -> Problem | None:
-    # The memory maximum is where HBM starts throttling, the memory's slowdown point, so
-    # it gets the slowdown margin and WARN; it has no separate shutdown threshold.
+    # The memory maximum is the highest temperature HBM is specified to run at: near it
+    # (within the slowdown margin) or at it is a warning; above it the memory runs out of
+    # its specification, a fault (CRITICAL), the same as the GPU near its shutdown.
     temp, limit = view.readings.memory_temperature_c, view.identity.temperature_memory_max_c
     if temp is None or limit is None or limit <= 0:
         return None
     if temp < limit - view.config.thermal.slowdown_margin_c:
         return None
+    where = _versus(temp, limit)
     return Problem(
-        Severity.WARN,
-        f"memory at {fmt(temp)} °C, near its {fmt(limit)} °C maximum",
+        Severity.CRITICAL if where == "above its" else Severity.WARN,
+        f"memory at {fmt(temp)} °C, {where} {fmt(limit)} °C maximum",
         Action.CHECK_COOLING,
         Runbook.GPU_MEMORY_THERMAL,
     )

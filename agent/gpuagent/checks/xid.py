@@ -329,6 +329,53 @@ def _by_line(code: int, line: str, *, hopper: bool) -> Judgement:
     return _DECODERS[info.action](info, line)
 
 
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """What the check makes of an XID, for a person reading the catalog (`gpuagent xid
+    explain`, `xid list`): the verdict of a line that gives nothing more to decode, and,
+    for an XID whose line decides, what in the line does."""
+
+    verdict: Verdict
+    decided_by: str = ""  # "" where the number alone decides
+
+
+# What decides a workflow XID's verdict, in the words of the decoders above.
+_DECIDED_BY = {
+    "WORKFLOW_XID_45": (
+        "the XID the line names as its cause: that XID's own fault on this GPU, else a "
+        "consequence of a fault elsewhere (WARN); naming none, an application error, or "
+        "with no other XID near it a channel teardown to restart Fabric Manager for (WARN)"
+    ),
+    "XID_154": (
+        "the recovery action the line names: none (OK), GPU reset, node reboot, or drain "
+        "and reset (CRITICAL)"
+    ),
+    "WORKFLOW_NVLINK5_ERR": (
+        "the error's fatality in the line: Fatal needs a GPU reset (CRITICAL), Non-fatal is "
+        "a non-fatal NVLink error (WARN)"
+    ),
+    NVLINK_WORKFLOW: (
+        "the link's register dump (Hopper GPUs): hardware (CRITICAL), ECC/parity (WARN, "
+        "CRITICAL the 3rd time on the link), signal integrity, ECC threshold, sympathetic "
+        "(the peer at the other end failed) (WARN), ignorable bits (OK)"
+    ),
+}
+# Application errors fade, unless they come fast (see check_xid's app-error rules).
+APP_ERROR_NOTE = (
+    "WARN for checks.xid.app_error_hold_seconds; CRITICAL above "
+    "checks.xid.app_error_rate_per_hour incidents"
+)
+
+
+def policy(code: int) -> Policy:
+    """The check's verdict on XID ``code`` by its number (see `Policy`)."""
+    verdict = judge(code, "").verdict
+    info = lookup(code)
+    if info is None or code == FALLEN_OFF_THE_BUS:
+        return Policy(verdict)
+    return Policy(verdict, _DECIDED_BY.get(info.action, ""))
+
+
 # --- the check ------------------------------------------------------------------------------
 
 

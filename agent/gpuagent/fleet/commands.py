@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from gpuagent.config import MqttOutput
 from gpuagent.fleet import schema
+from gpuagent.kernel.parse import canonical_pci
 
 log = logging.getLogger("gpuagent.fleet.reporter")
 
@@ -35,6 +36,8 @@ class CommandTarget(Protocol):
     def set_remediation_mode(self, mode: str) -> str: ...
 
     async def reset_gpu(self, bus_id: str) -> str: ...
+
+    async def acknowledge(self, bus_id: str, check: str | None, reason: str, by: str) -> str: ...
 
 
 class CommandRefusedError(Exception):
@@ -161,8 +164,23 @@ class Commands:
                 raise CommandRefusedError(str(exc)) from None
         if command == "reset_gpu":
             return await self._reset(target, args.get("gpu"))
+        if command == "ack":
+            return await self._acknowledge(target, args)
         # "cordon_decision" as a plain command: decisions come as their own message type.
         raise CommandRefusedError(f"{command} is not a command this node runs")
+
+    async def _acknowledge(self, target: CommandTarget, args: dict[str, Any]) -> str:
+        gpu, check, reason = args.get("gpu"), args.get("check"), args.get("reason")
+        if not isinstance(gpu, str) or not isinstance(reason, str):
+            raise CommandRefusedError("ack needs args.gpu (a PCI bus id) and args.reason")
+        if check is not None and not isinstance(check, str):
+            raise CommandRefusedError("ack's args.check must be a check name")
+        by = args.get("by")
+        who = f"{by[:64]} (aggregator)" if isinstance(by, str) and by else "aggregator"
+        try:
+            return await target.acknowledge(canonical_pci(gpu) or gpu, check, reason, who)
+        except ValueError as exc:  # AckError: nothing to acknowledge, no reason, no audit
+            raise CommandRefusedError(str(exc)) from None
 
     async def _reset(self, target: CommandTarget, gpu: object) -> str:
         if not self.config.allow_remote_reset:

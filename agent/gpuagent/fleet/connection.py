@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import errno
+import logging
 import random
 import ssl
 from collections import Counter
@@ -21,6 +24,64 @@ def read_password(path: str) -> str:
         return Path(path).read_text(encoding="utf-8").splitlines()[0] if path else ""
     except (OSError, UnicodeDecodeError, IndexError) as exc:
         raise ConfigError(f"cannot read the MQTT password file {path}: {exc}") from None
+
+
+# What paho logs at ERROR when the connection drops under it ("failed to receive on
+# socket: [Errno 104] Connection reset by peer"). The reporter and the consumer log the loss
+# themselves, once, as a warning; paho's line repeats it, so it goes down to DEBUG.
+_CONNECTION_LOSS = ("failed to receive on socket: %s", "timeout on socket: %s")
+
+
+class _LossIsDebug(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.ERROR or record.msg not in _CONNECTION_LOSS:
+            return True
+        # The level was checked as ERROR: a debug record is kept only where debug is on.
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return MQTT_LOGGER.isEnabledFor(logging.DEBUG)
+
+
+# The logger aiomqtt and paho log to, beneath ours (aiomqtt's default is "mqtt").
+MQTT_LOGGER = logging.getLogger("gpuagent.mqtt")
+MQTT_LOGGER.addFilter(_LossIsDebug())
+
+
+def settle(client: aiomqtt.Client) -> None:
+    """Mark the way the connection ended as seen. aiomqtt keeps it in a future that only
+    its message iterator reads; a connection that ends while nothing iterates (during the
+    subscribe or the first publish, or with the iterator already cancelled) would leave it
+    unread, and asyncio logs "Future exception was never retrieved" with a traceback when
+    the client is collected, after the loss was handled and logged."""
+    # A private attribute: a client without it (another aiomqtt) has nothing to settle.
+    ended = getattr(client, "_disconnected", None)
+    if isinstance(ended, asyncio.Future) and ended.done() and not ended.cancelled():
+        ended.exception()
+
+
+def quiet_socket_races(loop: asyncio.AbstractEventLoop) -> None:
+    """aiomqtt hands paho's socket to the loop with `call_soon_threadsafe(add_writer, fd)`:
+    a connection that drops before that callback runs leaves it a closed descriptor, and
+    the loop logs the OSError (EBADF) with a traceback after the loss was handled and
+    logged. Those callbacks, and only those, are logged at DEBUG; anything else goes to
+    the handler the loop had."""
+    previous = loop.get_exception_handler()
+    if getattr(previous, "__name__", "") == "_quiet_handler":
+        return  # installed already (the reporter and the consumer reconnect in one loop)
+
+    def _quiet_handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc, handle = context.get("exception"), context.get("handle")
+        if (
+            isinstance(exc, OSError)
+            and exc.errno == errno.EBADF
+            and any(name in repr(handle) for name in (".add_writer(", ".add_reader("))
+        ):
+            MQTT_LOGGER.debug("a socket closed before the loop watched it: %s", exc)
+        elif previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(_quiet_handler)
 
 
 # How long the broker keeps our session (subscriptions, QoS 1 messages for us) after we
@@ -45,6 +106,7 @@ def client_options(
         "timeout": 10.0,
         "will": will,
         "properties": properties,
+        "logger": MQTT_LOGGER,
     }
     if conn.username:
         options["username"] = conn.username

@@ -34,7 +34,13 @@ from gpuagent.config import MqttOutput
 from gpuagent.diskio import DiskThread
 from gpuagent.fleet import schema
 from gpuagent.fleet.commands import Commands, CommandTarget
-from gpuagent.fleet.connection import Backoff, client_options, count_disconnects
+from gpuagent.fleet.connection import (
+    Backoff,
+    client_options,
+    count_disconnects,
+    quiet_socket_races,
+    settle,
+)
 from gpuagent.fleet.outbox import Outbox, Pending
 from gpuagent.fleet.spool import SpoolError, ThreadedSpool
 from gpuagent.fleet.topics import Channel, NodeTopics
@@ -249,6 +255,7 @@ class Reporter:
     async def run(self) -> None:
         """Connect, report, reconnect with jittered backoff, until cancelled."""
         backoff = Backoff(self.config.broker)
+        quiet_socket_races(asyncio.get_running_loop())
         await self.outbox.open()
         await self._copy_audit()
         will = aiomqtt.Will(
@@ -269,8 +276,9 @@ class Reporter:
             await asyncio.sleep(backoff.next_delay())
 
     async def _connection(self, options: dict[str, Any], backoff: Backoff) -> None:
+        client = aiomqtt.Client(**options)
         try:
-            async with aiomqtt.Client(**options) as client:
+            async with client:
                 self._attach(client)
                 backoff.reset()
                 log.info("MQTT connected to %s:%d", options["hostname"], options["port"])
@@ -281,6 +289,8 @@ class Reporter:
                 log.warning("MQTT connection lost: %s", error)
             else:
                 log.debug("MQTT connect failed: %s", error)
+        finally:
+            settle(client)
 
     def _attach(self, client: aiomqtt.Client) -> None:
         # aiomqtt drops PUBACK reason codes; read them from the paho client beneath it so

@@ -39,7 +39,7 @@ MESSAGE_TYPES: Final[frozenset[str]] = frozenset(get_args(MessageType))
 RejectReason = Literal["oversized", "malformed", "schema", "unknown_type", "invalid", "foreign"]
 # Commands the aggregator may send a node. Anything else is refused by the node.
 COMMANDS: Final[frozenset[str]] = frozenset(
-    ("refresh", "run_checks", "set_remediation_mode", "cordon_decision", "reset_gpu")
+    ("refresh", "run_checks", "set_remediation_mode", "cordon_decision", "reset_gpu", "ack")
 )
 Decision = Literal["approved", "denied", "deferred"]
 

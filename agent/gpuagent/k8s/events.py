@@ -31,6 +31,7 @@ _KERNEL_KINDS = {
     "driver_unbound": "Warning",
     "gpu_added": "Normal",
     "driver_bound": "Normal",
+    "gpu_reset": "Normal",
 }
 _KIND_REASONS = {
     "fallen_off_bus": "GpuFallenOffBus",
@@ -38,6 +39,7 @@ _KIND_REASONS = {
     "driver_unbound": "GpuDriverUnbound",
     "gpu_added": "GpuAdded",
     "driver_bound": "GpuDriverBound",
+    "gpu_reset": "GpuReset",
 }
 # Audit results worth an event: "started" comes right before its outcome, "skipped" is a
 # budget or cooldown saying no again.
@@ -73,6 +75,9 @@ def kernel_event(event: GpuEvent) -> NodeEvent | None:
         reason = _KIND_REASONS[event.kind]
     where = event.gpu or event.pci or "node"
     note = f"{where}: {event.line}"
+    if event.source == "drill":
+        # Other readers of the Node's events must not take an operator's drill for a fault.
+        note = f"DRILL: {note}"
     if event.workloads:
         note += f" (on the GPU: {event.workloads})"
     return NodeEvent(event.event_id, kind_type, reason, "Detected", note, event.time)

@@ -146,6 +146,16 @@ _AER = re.compile(
     r"|\s*device \[[0-9A-Fa-f]{4}:[0-9A-Fa-f]{4}\] error status/mask="
     r"|\s*\[\s?[0-9]{1,2}\] |\s*TLP Header:)"
 )
+# The root port announces each error it received and names the function that sent it:
+#   pcieport 0000:00:01.0: AER: Uncorrected (Fatal) error received: 0000:86:00.0   (4.19-6.x)
+#   pcieport 0000:00:01.0: AER: Uncorrectable (Fatal) error message received from 0000:86:00.0
+#   pcieport 0000:00:1c.0: AER: Multiple Corrected error received: id=00e5       (older)
+# The error is that function's (the GPU), not the port's. The old id= form is the source's
+# bus number and devfn, in the port's PCI domain.
+_AER_SOURCE = re.compile(
+    r"error (?:message )?received(?::| from)\s*"
+    rf"(?:(?P<pci>{_BUS_ID})|id=(?P<id>[0-9A-Fa-f]{{4}})\b)"
+)
 _AER_HINTS = ("AER", "PCIe Bus Error", "status/mask", "   [", "TLP Header")
 _AER_SEVERITY = re.compile(
     r"Uncorrect(?:ed|able) \((?P<fatality>Non-Fatal|Fatal)\)|Correct(?:ed|able)\b"
@@ -246,10 +256,26 @@ def _aer(text: str) -> KernelLine | None:
         return None
     return KernelLine(
         kind="aer",
-        pci=report["pci"],
+        pci=_aer_source(text, report["pci"]),
         aer_severity=_aer_severity(text),
         text=text,
     )
+
+
+def _aer_source(text: str, reporter: str) -> str:
+    """The function an AER line is about: the one a root port's announcement names as the
+    error's source, else the device that printed the line."""
+    if "received" not in text:
+        return reporter
+    found = _AER_SOURCE.search(text)
+    if found is None:
+        return reporter
+    if found["pci"] is not None:
+        return found["pci"]
+    source = int(found["id"], 16)
+    domain = reporter.split(":", 1)[0]
+    bus, device, function = source >> 8, (source >> 3) & 0x1F, source & 0x7
+    return f"{domain}:{bus:02x}:{device:02x}.{function}"
 
 
 def _aer_severity(text: str) -> AerSeverity | None:

@@ -301,16 +301,21 @@ class _Builder:
     def _gpu_health(self) -> list[Metric]:
         per_check = names.GPU_HEALTH.gauge()
         status = names.GPU_HEALTH_STATUS.gauge()
+        drill = names.GPU_DRILL.gauge()
         findings_by_gpu: dict[str, list[Finding]] = {}
         for finding in self.snapshot.health.findings:
             if finding.gpu is not None:
                 findings_by_gpu.setdefault(finding.gpu, []).append(finding)
         for gpu in self.with_health:
-            by_check = _worst_by_check(findings_by_gpu.get(gpu.bus_id, ()))
+            findings = findings_by_gpu.get(gpu.bus_id, ())
+            by_check = _worst_by_check(findings)
             for check, severity in by_check.items():
                 per_check.add_metric([*gpu.labels, check], severity.value)
             status.add_metric(gpu.labels, Severity.worst(list(by_check.values())).value)
-        return [per_check, status]
+            for check in sorted({f.check for f in findings if f.drill}):
+                drill.add_metric([*gpu.labels, check], 1.0)
+        # Only while a drill runs: the alert rules say DRILL from it (docs/alerts.md).
+        return [per_check, status, drill] if drill.samples else [per_check, status]
 
     def _table_family(self, metric: GpuMetric, *, dcgm: bool) -> Metric:
         family = _typed_family(

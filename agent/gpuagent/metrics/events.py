@@ -23,6 +23,14 @@ def _xid(code: int) -> tuple[str, str]:
     return str(code), err_msg(code)
 
 
+def _resets(snapshot: NodeSnapshot, gpu_labels: LabelsFor) -> Metric:
+    resets = names.GPU_RESETS_TOTAL.counter()
+    for count in snapshot.event_counts:
+        if count.kind == "gpu_reset" and count.gpu:
+            resets.add_metric(list(gpu_labels(count.gpu)), count.count)
+    return resets
+
+
 def event_families(
     snapshot: NodeSnapshot,
     gpu_labels: LabelsFor,
@@ -66,6 +74,7 @@ def event_families(
         sxids,
         aer,
         bus,
+        _resets(snapshot, gpu_labels),
         names.KMSG_READ.counter(kmsg.records_read),
         names.KMSG_LOST.counter(kmsg.records_lost),
         names.KMSG_UNPARSED.counter(kmsg.lines_unparsed),

@@ -484,6 +484,11 @@ GPU_HEALTH = MetricSpec(
     "Result of one health check for the GPU: 0 OK, 1 WARN, 2 CRITICAL, 3 UNKNOWN.",
     (*GPU_LABELS, "check"),
 )
+GPU_DRILL = MetricSpec(
+    "gpuagent_gpu_drill",
+    "1 while the check's finding for the GPU rests on fault drills only (gpuagent inject).",
+    (*GPU_LABELS, "check"),
+)
 GPU_HEALTH_STATUS = MetricSpec(
     "gpuagent_gpu_health_status",
     "Worst health check result for the GPU: 0 OK, 1 WARN, 2 CRITICAL, 3 UNKNOWN.",
@@ -877,6 +882,11 @@ BUS_EVENTS_TOTAL = MetricSpec(
     "gpuagent_bus_events_total",
     "Fallen-off-the-bus lines and udev add/remove/bind/unbind events, by device and kind.",
     ("pci_bus_id", "kind", "Hostname"),
+)
+GPU_RESETS_TOTAL = MetricSpec(
+    "gpuagent_gpu_resets_total",
+    "GPU resets since the agent started: its own, and recovery actions NVML showed done.",
+    GPU_LABELS,
 )
 KMSG_READ = MetricSpec("gpuagent_kmsg_records_read_total", "Kernel log records read.")
 KMSG_LOST = MetricSpec(

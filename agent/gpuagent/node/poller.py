@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuagent.config import Config
-from gpuagent.model import GpuEvent, GpuState
+from gpuagent.events import reset_event
+from gpuagent.model import RECOVERY_ACTIONS, GpuEvent, GpuState
 from gpuagent.sources.nvml import NvmlObservation, NvmlSource, host_process_name
 from gpuagent.sources.nvml_events import NvmlEventWatcher
 from gpuagent.sources.procfs import ProcessTable
@@ -54,6 +55,8 @@ class NvmlPoller:
         self._polled = asyncio.Event()  # set after every NVML poll's snapshot
         self._xid_watcher: NvmlEventWatcher | None = None
         self._xid_generation = 0
+        # Each GPU's last recovery action NVML reported, to see one done (a reset).
+        self._recovery_actions: dict[str, int] = {}
         # Under --simulate: where the simulator serves what procfs and sysfs would show.
         self.simulated_host: Path | None = None
 
@@ -124,6 +127,7 @@ class NvmlPoller:
         else:
             tracker.failure(duration, observation.status.message)
         self.last_observation = observation
+        self._record_resets(observation)
         if watch_xid_events and self._config.sources.nvml_events.enabled:
             self._watch_xid_events()
             self._track_xid_watcher()
@@ -139,6 +143,20 @@ class NvmlPoller:
             while self.polls <= before:
                 self._polled.clear()
                 await self._polled.wait()
+
+    def _record_resets(self, observation: NvmlObservation) -> None:
+        """A recovery action NVML reported back to none: the GPU was reset (an event)."""
+        for gpu in observation.gpus:
+            bus_id = gpu.identity.pci_bus_id
+            action = gpu.readings.recovery_action if gpu.readings is not None else None
+            if gpu.status != "ok" or action is None:
+                continue  # not known now: what was pending stays remembered
+            before = self._recovery_actions.get(bus_id)
+            self._recovery_actions[bus_id] = action
+            if before not in (None, 0) and action == 0:
+                name = RECOVERY_ACTIONS.get(before, str(before))
+                line = f"NVML recovery action back to none from {name}"
+                self._on_event(reset_event(bus_id, "nvml", time.monotonic(), line))
 
     def _without_values(self, error: str | None) -> NvmlObservation | None:
         """After a failed poll: the GPUs we know, with no values (nothing stale)."""

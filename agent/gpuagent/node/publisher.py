@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
+from gpuagent.acks import AckBook
 from gpuagent.checks import HealthMemory, InventoryView, evaluate
 from gpuagent.checks.infiniband import PEERMEM, IbExpected, IbInput
 from gpuagent.config import Config
@@ -198,6 +199,7 @@ class SnapshotPublisher:
         self.dcgm: DcgmView | None = None  # set when sources.dcgm is enabled
         self.kubernetes: KubernetesWatchView | None = None  # set when checks.kubernetes applies
         self.attribution: AttributionView | None = None  # set when attribution is on
+        self.acks: AckBook | None = None  # the operator's acknowledgements (gpuagent ack)
         self.kubernetes_output: SnapshotConsumer | None = None  # set when outputs.kubernetes is on
         attribution = config.attribution
         # dcgm-exporter's names: --kubernetes's pod/namespace/container, HPC jobs' hpc_job.
@@ -332,6 +334,8 @@ class SnapshotPublisher:
             from gpuagent.attribution.source import with_owner_evidence  # noqa: PLC0415
 
             health = with_owner_evidence(health, gpus)
+        if self.acks is not None:
+            health = self.acks.apply(health)
         self._inventory.learn(inventory, health.severity)
         self._sequence += 1
         snapshot = NodeSnapshot(

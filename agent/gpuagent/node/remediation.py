@@ -96,6 +96,10 @@ class RemediationScheduler:
             counts=tuple((a, r, n) for (a, r), n in sorted(remediator.counts.items())),
             budgets=tuple(budgets),
             power_capped=capped,
+            plan=tuple(
+                (r.kind, r.target, r.result, r.reason, r.detail, r.count)
+                for r in remediator.last_plan
+            ),
         )
 
     def diag_results(self) -> tuple[DiagResult, ...]:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from gpuagent.acks import AckBook
 from gpuagent.config import Config
 from gpuagent.events import Added, EventLog
 from gpuagent.incidents import Incident
@@ -69,6 +70,8 @@ class EventSources:
         self.sinks: list[EventSink] = []
         # Who is on a GPU now, by bus id (set when attribution is on): stamped on its events.
         self.owners: Callable[[str], str] | None = None
+        # Acknowledgements: every added record (a storm's folded ones too) may lift one.
+        self.acks: AckBook | None = None
         self.pcie: tuple[PciePath, ...] = ()
         # RDMA devices; None until read, or when /sys/class/infiniband cannot be listed.
         self.infiniband: tuple[IbDevice, ...] | None = None
@@ -90,6 +93,8 @@ class EventSources:
                 sink.offer_event(event)
             _log_event(event)
         if added:
+            if self.acks is not None:
+                self.acks.offer_event(event)
             self._schedule_publish()
 
     def feed_kernel_log(self, text: bytes) -> None:

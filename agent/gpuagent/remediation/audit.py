@@ -7,6 +7,12 @@ loop exceed a budget: budgets and cooldowns are counted from these rows, in wall
 time (they must survive reboots too). If a record cannot be written (disk full, read-only
 state dir), the executor does not act.
 
+A plan that only repeats (the same action on the same target, for the same finding, with
+the same outcome: `REPEATABLE` results, every cooldown while a fault lasts; the executor
+asks for it with `fold`) is not a new row: the newest row of that action and target
+counts it (`count`, `last_time`), so a finding that lasts a day is one row, not 288.
+Attempts and their results are never folded: budgets count their rows.
+
 Writes (and opening, which may create the file) run on the agent's disk thread
 (`gpuagent.diskio`): a commit waiting for fsync on a slow disk never holds up the event
 loop. Reads use a connection of their own on the event loop: in WAL mode a reader never
@@ -42,11 +48,25 @@ CREATE TABLE IF NOT EXISTS actions (
     check_name TEXT,
     severity TEXT,
     evidence TEXT NOT NULL,
-    detail TEXT NOT NULL
+    detail TEXT NOT NULL,
+    count INTEGER NOT NULL DEFAULT 1,
+    last_time REAL
 );
 CREATE INDEX IF NOT EXISTS actions_by_key ON actions (kind, target, time);
 """
-_COLUMNS = "id, time, kind, target, result, mode, reason, check_name, severity, evidence, detail"
+# Columns added after the first release: a trail written before them gets them on open
+# (every old row seen once, last seen when written).
+_ADDED_COLUMNS = (
+    ("count", "ALTER TABLE actions ADD COLUMN count INTEGER NOT NULL DEFAULT 1"),
+    ("last_time", "ALTER TABLE actions ADD COLUMN last_time REAL"),
+)
+_COLUMNS = (
+    "id, time, kind, target, result, mode, reason, check_name, severity, evidence, detail,"
+    " count, COALESCE(last_time, time)"
+)
+# Results that only say what was (or would have been) decided, not an attempt: a repeat of
+# the newest row of the same action and target is counted on that row.
+REPEATABLE: tuple[ActionResult, ...] = ("planned", "refused", "skipped")
 
 
 class AuditError(Exception):
@@ -66,6 +86,14 @@ class AuditRecord:
     severity: str | None
     evidence: dict[str, object]
     detail: str
+    # How often this was decided, from ``time`` (the first) to ``last_time`` (the newest):
+    # more than 1 only for a REPEATABLE result that repeated.
+    count: int = 1
+    last_time: float = 0.0
+
+    @property
+    def last_seen(self) -> float:
+        return max(self.time, self.last_time)
 
     def json(self) -> dict[str, object]:
         return {
@@ -80,6 +108,8 @@ class AuditRecord:
             "severity": self.severity,
             "evidence": self.evidence,
             "detail": self.detail,
+            "count": self.count,
+            "last_seen": self.last_seen,
         }
 
 
@@ -133,6 +163,7 @@ class AuditStore:
             writer.execute("PRAGMA journal_mode=WAL")
             writer.execute("PRAGMA synchronous=FULL")
             writer.executescript(_SCHEMA)
+            _add_columns(writer)
             reader = sqlite3.connect(
                 f"file:{self.path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
             )
@@ -158,8 +189,16 @@ class AuditStore:
         return self._reader
 
     async def record(
-        self, action: PlannedAction, result: ActionResult, *, mode: str, detail: str = ""
+        self,
+        action: PlannedAction,
+        result: ActionResult,
+        *,
+        mode: str,
+        detail: str = "",
+        fold: bool = False,
     ) -> AuditRecord:
+        """Write a record; with ``fold``, a REPEATABLE result that repeats the newest row
+        of its action and target is counted on that row instead."""
         evidence: dict[str, object] = dict(action.evidence)
         if action.params:
             # Kept with the record: a restore needs the limit from before the cap.
@@ -181,7 +220,9 @@ class AuditStore:
             detail,
         )
         try:
-            row_id = await self._disk.run(_insert, writer, row)
+            row_id, first, count = await self._disk.run(
+                _write, writer, now, row, fold and result in REPEATABLE
+            )
         except sqlite3.Error as exc:
             self.error = f"cannot write the audit record: {exc}"
             raise AuditError(self.error) from exc
@@ -190,7 +231,7 @@ class AuditStore:
         self.error = ""
         return AuditRecord(
             id=row_id,
-            time=now,
+            time=first,
             kind=action.kind,
             target=action.target,
             result=result,
@@ -200,6 +241,8 @@ class AuditStore:
             severity=action.severity,
             evidence=evidence,
             detail=detail,
+            count=count,
+            last_time=now,
         )
 
     def count(
@@ -211,7 +254,8 @@ class AuditStore:
     ) -> int:
         wanted = tuple(results)
         marks = ",".join("?" for _ in wanted)
-        query = f"SELECT COUNT(*) FROM actions WHERE kind = ? AND time >= ? AND result IN ({marks})"  # noqa: S608 - placeholders only
+        # A folded repeat counts from when it was last seen: a cooldown runs from there.
+        query = f"SELECT COUNT(*) FROM actions WHERE kind = ? AND COALESCE(last_time, time) >= ? AND result IN ({marks})"  # noqa: S608, E501 - placeholders only
         args: list[object] = [kind, since, *wanted]
         if target is not None:
             query += " AND target = ?"
@@ -264,17 +308,59 @@ class AuditStore:
         return [_record(row) for row in rows]
 
 
-def _insert(db: sqlite3.Connection, row: tuple[object, ...]) -> int:
-    cursor = db.execute(
-        "INSERT INTO actions (time, kind, target, result, mode, reason, check_name,"
-        " severity, evidence, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        row,
-    )
-    return int(cursor.lastrowid or 0)
+def _add_columns(db: sqlite3.Connection) -> None:
+    present = {str(row[1]) for row in db.execute("PRAGMA table_info(actions)")}
+    for name, statement in _ADDED_COLUMNS:
+        if name not in present:
+            db.execute(statement)
+
+
+# What makes a repeat the same decision: besides kind and target (the row looked at),
+# result, mode, reason, check, severity and detail (row positions 3-7 and 9).
+_SAME = (3, 4, 5, 6, 7, 9)
+
+
+def _write(
+    db: sqlite3.Connection, now: float, row: tuple[object, ...], repeatable: bool
+) -> tuple[int, float, int]:
+    """Insert ``row`` (its first item is ``now``), or count it on the newest row of its
+    kind and target when it repeats that row's decision; (row id, first time, count).
+    One transaction: the look and the write cannot be split by a crash."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        newest = (
+            db.execute(
+                "SELECT id, time, count, result, mode, reason, check_name, severity, detail"
+                " FROM actions WHERE kind = ? AND target = ? ORDER BY id DESC LIMIT 1",
+                (row[1], row[2]),
+            ).fetchone()
+            if repeatable
+            else None
+        )
+        if newest is not None and tuple(newest[3:]) == tuple(row[i] for i in _SAME):
+            db.execute(
+                "UPDATE actions SET count = count + 1, last_time = ? WHERE id = ?",
+                (now, newest[0]),
+            )
+            found = (int(newest[0]), float(newest[1]), int(newest[2]) + 1)
+        else:
+            cursor = db.execute(
+                "INSERT INTO actions (time, kind, target, result, mode, reason, check_name,"
+                " severity, evidence, detail, last_time) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (*row, now),
+            )
+            found = (int(cursor.lastrowid or 0), now, 1)
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+    return found
 
 
 def _record(row: tuple[object, ...]) -> AuditRecord:
-    (id_, when, kind, target, result, mode, reason, check, severity, evidence, detail) = row
+    (id_, when, kind, target, result, mode, reason, check, severity, evidence, detail) = row[:11]
+    count, last = row[11:]
     return AuditRecord(
         id=int(id_),  # type: ignore[call-overload]
         time=float(when),  # type: ignore[arg-type]
@@ -287,4 +373,6 @@ def _record(row: tuple[object, ...]) -> AuditRecord:
         severity=None if severity is None else str(severity),
         evidence=json.loads(str(evidence)),
         detail=str(detail),
+        count=int(count),  # type: ignore[call-overload]
+        last_time=float(last),  # type: ignore[arg-type]
     )

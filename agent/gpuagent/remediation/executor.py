@@ -1,18 +1,27 @@
 """The executor: turns planned actions into guarded, audited attempts.
 
 For every planned action, in order: a cooldown (the same action on the same target is
-not tried again sooner than `budgets.cooldown_seconds`), the mode (observe: audit what
-would be done, do nothing), the kill switch, the budget (counted from the audit trail, so
-restarts and crash loops cannot exceed it), the preconditions (a reset needs an idle GPU,
-no MIG unless allowed, and the node cordoned first when configured), then a "started"
-record, the action, and its result. After a reset the GPU must come back healthy for
-`reset.verify_polls` polls and then pass DCGM's diagnostic (`[remediation.diag]`
-after_reset_level); if it does not, the reset is escalated: the node is cordoned with
-"drain and reboot" and that GPU is never reset again. Before an uncordon the GPUs the cordon
-was for must pass the diagnostic (before_uncordon_level), or the node stays cordoned. Every
-diagnostic is audited (kind "diag"). An escalation, a row-remap failure and the
-retired-page limit collect an RMA evidence bundle for the GPU, in the background (kind
-"evidence"; see gpuagent.remediation.evidence).
+not tried again sooner than `budgets.cooldown_seconds`), the kill switch, the budget
+(counted from the audit trail, so restarts and crash loops cannot exceed it), the
+preconditions (a cordon needs a backend; a reset needs an idle GPU, no MIG unless allowed,
+and the node cordoned first when configured), then a "started" record, the action, and
+its result. Observe mode runs the same rails and stops where the action would start: it
+audits "planned" for what enforce would do, and "skipped" or "refused" with the same
+reasons where enforce would not (a reset refused because the node is not cordoned reads
+"reset: would be refused, ..."), so its trail is what enforce would have done.
+
+After a reset the GPU must come back healthy for `reset.verify_polls` polls and then pass
+DCGM's diagnostic (`[remediation.diag]` after_reset_level); if it does not, the reset is
+escalated: the node is cordoned with "drain and reboot" and that GPU is never reset again.
+Before an uncordon the GPUs the cordon was for must pass the diagnostic
+(before_uncordon_level), or the node stays cordoned. Every diagnostic is audited (kind
+"diag"). An escalation, a row-remap failure and the retired-page limit collect an RMA
+evidence bundle for the GPU, in the background (kind "evidence"; see
+gpuagent.remediation.evidence).
+
+A decision a cycle's plan repeats (planned, skipped or refused alike, every cooldown
+while a fault lasts) is counted on its audit row, not written again (see
+gpuagent.remediation.audit).
 """
 
 from __future__ import annotations
@@ -62,6 +71,26 @@ _COOLDOWN_RESULTS: tuple[ActionResult, ...] = (
 )
 # How soon a bundle that could not be collected is tried again.
 _EVIDENCE_RETRY = 3600.0
+# How a refusal names the action it refuses.
+_LABELS: dict[str, str] = {"reset_gpu": "reset"}
+OBSERVED = "observe mode: not done"
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a precondition does not hold. One set of checks serves both modes: enforce
+    refuses with it, observe says enforce would."""
+
+    reason: str
+    # The configuration rules the action out whatever the node's state (no backend to
+    # ask): observe mode states it as it is rather than as a guess of what enforce finds.
+    configured: bool = False
+
+    def detail(self, kind: ActionKind, *, observe: bool) -> str:
+        label = _LABELS.get(kind, kind)
+        if observe and not self.configured:
+            return f"{label}: would be refused, {self.reason}"
+        return f"{label}: {self.reason}"
 
 
 @dataclass
@@ -108,6 +137,12 @@ class Remediator:
         self._verifying: dict[str, _Verification] = {}
         self.counts: dict[tuple[str, str], int] = {}
         self._mode: str = config.mode
+        # Observe mode, within one cycle: the plan's cordon would have been done, so what
+        # follows it (a reset requiring it) is judged on a cordoned node, as in enforce.
+        self._would_be_cordoned = False
+        # The newest record of each action of the latest plan: what it came to (or, in
+        # observe mode, would have), for status.
+        self.last_plan: tuple[AuditRecord, ...] = ()
         # One cycle or requested action at a time: two must never act on one GPU at once.
         self._busy = asyncio.Lock()
         self._audit_failing = False  # logged once per episode of an unusable audit trail
@@ -206,9 +241,13 @@ class Remediator:
                 raise AuditError(self.audit.error)
             last = self.audit.last(action.kind, action.target, _ALL_RESULTS)
             self._snapshot = snapshot
-            await self._execute(action, snapshot)
+            await self._execute(action, snapshot, planned=False)
             record = self.audit.last(action.kind, action.target, _ALL_RESULTS)
-        return record if record is not None and (last is None or record.id != last.id) else None
+        # A repeat is counted on the row before it: new is a new row or a higher count.
+        new = record is not None and (
+            last is None or (record.id, record.count) != (last.id, last.count)
+        )
+        return record if new else None
 
     async def _cycle(self, snapshot: NodeSnapshot) -> None:
         now = self._clock()
@@ -216,16 +255,32 @@ class Remediator:
         self._track(snapshot, now)
         await self._verify(snapshot)
         self._gather_evidence(snapshot)
-        for action in plan(snapshot, self.history(), now, self.config):
-            try:
+        actions = plan(snapshot, self.history(), now, self.config)
+        try:
+            # Whether or not the cordon itself is cooling down: in enforce it would be done.
+            self._would_be_cordoned = self.mode == "observe" and any(
+                [await self._would_pass(a, snapshot) for a in actions if a.kind == "cordon"]
+            )
+            for action in actions:
                 await self._execute(action, snapshot)
-            except AuditError as exc:
-                # Without an audit record nothing is done; try again next cycle.
-                log.error("remediation halted: %s", exc)  # noqa: TRY400 - no traceback needed
-                return
+            self.last_plan = self._outcomes(actions)
+        except AuditError as exc:
+            # Without an audit record nothing is done; try again next cycle.
+            log.error("remediation halted: %s", exc)  # noqa: TRY400 - no traceback needed
+        finally:
+            self._would_be_cordoned = False
 
-    async def _record(self, action: PlannedAction, result: ActionResult, detail: str = "") -> None:
-        self.on_record(await self.audit.record(action, result, mode=self.mode, detail=detail))
+    def _outcomes(self, actions: Sequence[PlannedAction]) -> tuple[AuditRecord, ...]:
+        newest = (self.audit.last(a.kind, a.target, _ALL_RESULTS) for a in actions)
+        return tuple(record for record in newest if record is not None)
+
+    async def _record(
+        self, action: PlannedAction, result: ActionResult, detail: str = "", *, fold: bool = False
+    ) -> None:
+        """``fold``: a decision the plan repeats (every cooldown while a fault lasts) is
+        counted on the row it repeats rather than written again."""
+        record = await self.audit.record(action, result, mode=self.mode, detail=detail, fold=fold)
+        self.on_record(record)
         self.counts[(action.kind, result)] = self.counts.get((action.kind, result), 0) + 1
         level = logging.WARNING if result in ("failed", "refused", "escalated") else logging.INFO
         log.log(
@@ -242,23 +297,26 @@ class Remediator:
         since = self._wall() - self.config.budgets.cooldown_seconds
         return self.audit.count(action.kind, _COOLDOWN_RESULTS, since, action.target) > 0
 
-    async def _execute(self, action: PlannedAction, snapshot: NodeSnapshot) -> None:  # noqa: PLR0911 - one exit per guard
+    async def _execute(
+        self, action: PlannedAction, snapshot: NodeSnapshot, *, planned: bool = True
+    ) -> None:
+        """``planned``: from this cycle's plan (not asked for from outside), so a repeat
+        of the same decision is folded into the row before."""
         if self._cooling_down(action):
             return
         action = self._with_cordoned_gpus(action, snapshot)
-        if self.mode == "observe":
-            await self._record(action, "planned", "observe mode: not done")
+        observe = self.mode == "observe"
+        blocked = self._blocked(action)
+        if blocked:
+            await self._record(action, "skipped", blocked, fold=planned)
             return
-        if self.paused:
-            await self._record(action, "skipped", f"paused ({self.config.kill_switch} exists)")
+        refusal = await self._precondition_failure(action, snapshot, dry_run=observe)
+        if refusal is not None:
+            why = refusal.detail(action.kind, observe=observe)
+            await self._record(action, "refused", why, fold=planned)
             return
-        exhausted = self._budget_exhausted(action)
-        if exhausted:
-            await self._record(action, "skipped", exhausted)
-            return
-        refused = await self._precondition_failure(action, snapshot)
-        if refused:
-            await self._record(action, "refused", refused)
+        if observe:
+            await self._record(action, "planned", self._would_do(action), fold=planned)
             return
         await self._record(action, "started")
         try:
@@ -274,6 +332,29 @@ class Remediator:
         if action.kind == "reset_gpu":
             self._on_reset(action.target, self._clock())
             self._verifying[action.target] = _Verification(action.target)
+
+    def _blocked(self, action: PlannedAction) -> str | None:
+        """Why nothing may start now, whatever the action: the kill switch, the budget."""
+        if self.paused:
+            return f"paused ({self.config.kill_switch} exists)"
+        return self._budget_exhausted(action)
+
+    async def _would_pass(self, action: PlannedAction, snapshot: NodeSnapshot) -> bool:
+        """Whether every rail but the cooldown lets ``action`` start (nothing is run)."""
+        if self._blocked(action):
+            return False
+        return await self._precondition_failure(action, snapshot, dry_run=True) is None
+
+    def _would_do(self, action: PlannedAction) -> str:
+        """Observe mode's detail for an action enforce would start."""
+        if action.kind in ("cordon", "uncordon"):
+            names = ", ".join(backend.name for backend in self._backends)
+            note = f"{OBSERVED}; would ask {names}"
+            level = self.config.diag.before_uncordon_level
+            if action.kind == "uncordon" and level:
+                note += f" after DCGM's diagnostic level {level} passes"
+            return note
+        return OBSERVED
 
     def _with_cordoned_gpus(self, action: PlannedAction, snapshot: NodeSnapshot) -> PlannedAction:
         """A cordon keeps the GPUs it is for in its record: the diagnostic before the
@@ -393,31 +474,48 @@ class Remediator:
             for kind, limit, window in rows
         ]
 
-    async def _precondition_failure(  # noqa: PLR0911 - one exit per precondition
+    async def _precondition_failure(
+        self, action: PlannedAction, snapshot: NodeSnapshot, *, dry_run: bool
+    ) -> Refusal | None:
+        """What stops ``action`` on this node now, for enforce and observe alike. A dry
+        run (observe mode) runs nothing: no diagnostic before an uncordon."""
+        if action.kind in ("cordon", "uncordon") and not self._backends:
+            return Refusal("no backend configured", configured=True)
+        if action.kind == "uncordon" and not dry_run:
+            refused = await self._diag_before_uncordon(snapshot)
+            return None if refused is None else Refusal(refused)
+        if action.kind == "reset_gpu":
+            return await self._reset_refusal(action, snapshot)
+        return None
+
+    async def _reset_refusal(  # noqa: PLR0911 - one exit per precondition
         self, action: PlannedAction, snapshot: NodeSnapshot
-    ) -> str | None:
-        if action.kind == "uncordon":
-            return await self._diag_before_uncordon(snapshot)
-        if action.kind != "reset_gpu":
-            return None
+    ) -> Refusal | None:
         gpu = snapshot.gpu(action.target)
         if gpu is None or gpu.status != "ok" or gpu.readings is None:
-            return "the GPU does not answer; a lost GPU needs drain and reboot, not a reset"
+            return Refusal(
+                "the GPU does not answer; a lost GPU needs drain and reboot, not a reset"
+            )
         readings = gpu.readings
         if readings.processes:
             names = ", ".join(f"{p.name} ({p.pid})" for p in readings.processes)
-            return f"the GPU is busy (NVML compute processes: {names}); waiting until idle"
+            return Refusal(f"the GPU is busy (NVML compute processes: {names}); waiting until idle")
         holders = await self._ops.device_holders(gpu.identity.minor_number)
         if holders:
             names = ", ".join(f"{name} ({pid})" for pid, name in holders)
-            return f"processes hold {gpu.identity.device} open: {names}; waiting until idle"
+            return Refusal(
+                f"processes hold {gpu.identity.device} open: {names}; waiting until idle"
+            )
         if readings.mig_mode_current and not self.config.reset.allow_mig:
-            return "MIG is enabled: a reset would destroy its instances (reset.allow_mig)"
+            return Refusal("MIG is enabled: a reset would destroy its instances (reset.allow_mig)")
         if self.config.reset.require_cordon:
             if not self._backends:
-                return "reset.require_cordon is set but no cordon backend is configured"
-            if not self.history().cordoned_by_us:
-                return "the node is not cordoned yet (reset.require_cordon)"
+                return Refusal(
+                    "reset.require_cordon is set but no cordon backend is configured",
+                    configured=True,
+                )
+            if not (self.history().cordoned_by_us or self._would_be_cordoned):
+                return Refusal("the node is not cordoned (reset.require_cordon)")
         return None
 
     # --- performing ------------------------------------------------------------------------

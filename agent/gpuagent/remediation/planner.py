@@ -128,7 +128,7 @@ def plan(
     """The actions ``snapshot`` calls for, in execution order (see the module docstring)."""
     asks = _asks(snapshot.health.findings, config.rules)
     gpus = _in_index_order(snapshot.gpus)
-    actions = [*_cordon(snapshot, asks, history, config)]
+    actions = [*_cordon(snapshot, asks, history)]
     for gpu in gpus:
         actions += _gpu_actions(gpu, asks, history, config)
     for gpu in gpus:
@@ -177,13 +177,12 @@ def _from_finding(
 # --- cordon -------------------------------------------------------------------------------
 
 
-def _cordon(
-    snapshot: NodeSnapshot, asks: Sequence[_Ask], history: History, config: RemediationSection
-) -> list[PlannedAction]:
+def _cordon(snapshot: NodeSnapshot, asks: Sequence[_Ask], history: History) -> list[PlannedAction]:
     # Cordoned by us already: the same finding next poll must not cordon again. With no
-    # backend there is nobody to ask, so no cordon is planned (and a reset that requires
-    # one is refused by the executor, which audits why).
-    if history.cordoned_by_us or not config.cordon.backends:
+    # backend there is nobody to ask, but the cordon is planned all the same: the
+    # executor refuses it ("no backend configured") and audits the cordon it would have
+    # asked for, so a lost GPU is never silently left in service.
+    if history.cordoned_by_us:
         return []
     # Worst first, so a reason cut to length keeps what matters most.
     cordons = sorted(_of_kind(asks, "cordon"), key=_worst_first)

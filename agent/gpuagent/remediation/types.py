@@ -17,6 +17,8 @@ ActionKind = Literal[
     "restore_power",
     "diag",  # a DCGM diagnostic (on request, after a reset, before an uncordon): audited only
     "evidence",  # an RMA evidence bundle collected for a GPU: audited only
+    "acknowledge",  # an operator acknowledged a GPU's findings (gpuagent ack): audited only
+    "clear_drills",  # an operator ended the fault drills (gpuagent inject clear-drills)
 ]
 ActionResult = Literal[
     "planned",  # observe mode: what would have been done

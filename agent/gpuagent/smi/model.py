@@ -221,6 +221,6 @@ class Capture:
     timestamp: str | None = None
     attached_gpus: int | None = None  # as the header says; gpus may list fewer (trimmed)
     gpus: tuple[CapturedGpu, ...] = ()
-    # Values read as absent because they were not what the field holds, one note each:
-    # 'line 222: GPU ... / Applications Clocks / Graphics: expected ..., got "..."'.
+    # Values read as absent because they were not what the field holds, one note per value:
+    # 'line 82: GPU ... / Performance State: expected ..., got "fast" (and 7 more fields)'.
     notes: tuple[str, ...] = ()

@@ -5,21 +5,26 @@ element, per node, with the line it came from) and then map it into the model. K
 value readers here means "N/A", units and malformed numbers are handled, and reported,
 the same way for both formats.
 
-A value a reader does not understand (a driver's "Requested functionality has been
-deprecated", a new unit, a word where a number was) is read as absent and noted once, on
-the tree's ``notes``: one field the parser does not know never costs the whole capture.
+What nvidia-smi prints where it has no value ("N/A", "[Not Supported]", "Requested
+functionality has been deprecated", ...) is quietly absent. A value a reader does not
+understand (a new unit, a word where a number was) is read as absent too and noted on the
+tree's ``notes``, once per value: the same word in every GPU's block is one note, naming
+the first place and how many more. One field the parser does not know never costs the
+whole capture.
 """
 
 from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gpuagent.smi.model import CaptureError
 
 # What nvidia-smi prints where it has no value: NVML answered NOT_SUPPORTED, NO_PERMISSION,
-# an unknown error, or the field does not apply. Older drivers wrap them in brackets.
+# DEPRECATED (drivers 570+ for applications clocks, display mode, power state), an unknown
+# error, or the field does not apply. Older drivers wrap them in brackets.
 _UNAVAILABLE = frozenset(
     {
         "",
@@ -30,6 +35,7 @@ _UNAVAILABLE = frozenset(
         "unknown",
         "unknown error",
         "insufficient permissions",
+        "requested functionality has been deprecated",
     }
 )
 _TRUE = frozenset({"enabled", "active", "yes", "true", "on"})
@@ -40,6 +46,30 @@ _PSTATE = re.compile(r"P([0-9]{1,2})")
 _HEX = re.compile(r"(?:0[xX])?([0-9A-Fa-f]{1,16})")
 _DRIVER_VERSION = re.compile(r"(?<![0-9.])([0-9]{3}\.[0-9]{2,3}(?:\.[0-9]{2,3})?)(?![0-9.])")
 _CUDA_VERSION = re.compile(r"[0-9]+\.[0-9]+")
+
+
+class Notes:
+    """The values read as absent because no reader understood them, one note per value
+    and expectation, in the order first met."""
+
+    __slots__ = ("_seen",)
+
+    def __init__(self) -> None:
+        # (expected, value) -> (the first node, how many more)
+        self._seen: dict[tuple[str, str], tuple[Node, int]] = {}
+
+    def add(self, node: Node, value: str, expected: str) -> None:
+        key = (expected, value)
+        seen = self._seen.get(key)
+        if seen is None:
+            self._seen[key] = (node, 0)
+        elif seen[0] is not node:
+            self._seen[key] = (seen[0], seen[1] + 1)
+
+    def __iter__(self) -> Iterator[str]:
+        for (expected, value), (node, more) in self._seen.items():
+            also = f" (and {more} more {'field' if more == 1 else 'fields'})" if more else ""
+            yield f'line {node.line}: {node.label()}: expected {expected}, got "{value}"{also}'
 
 
 class Node:
@@ -60,7 +90,7 @@ class Node:
         self.children: list[Node] = []
         self._index: dict[str, Node] = {}
         # The values read as absent, for the whole tree: every node shares the root's list.
-        self.notes: list[str] = [] if parent is None else parent.notes
+        self.notes: Notes = Notes() if parent is None else parent.notes
 
     def add(self, child: Node) -> None:
         self.children.append(child)
@@ -131,9 +161,7 @@ class EccCounts:
 
 def _unreadable(node: Node, value: str, expected: str) -> None:
     """Note a value that is not what the field holds; the field is then absent."""
-    note = f'line {node.line}: {node.label()}: expected {expected}, got "{value}"'
-    if note not in node.notes:
-        node.notes.append(note)
+    node.notes.add(node, value, expected)
 
 
 def string(node: Node | None) -> str | None:

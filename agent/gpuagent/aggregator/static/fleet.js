@@ -190,18 +190,19 @@ function renderFleet(doc, params) {
     driver.className = "wide";
     const agent = el("td", n.agent_version);
     agent.className = "wide";
-    // Cordoned by its agent: out of scheduling, whatever its health says now.
     const stateCell = el("td", state, state.split(" ")[0]);
-    if (n.cordoned) stateCell.append(" ", el("span", "cordoned", "cordoned"));
+    // Cordoned by its agent: out of scheduling, whatever its health says now.
+    const cordoned = el("td", undefined, "cordon-state");
+    cordoned.append(n.cordoned ? el("span", "cordoned", "cordoned") : el("span", "no", "old"));
     tr.append(name, el("td", n.cluster), el("td", n.shown_health, n.shown_health), stateCell,
-      ...(withAlerts ? [alertsCell(n.alerts)] : []), reasons, age, gpus,
+      ...(withAlerts ? [alertsCell(n.alerts)] : []), cordoned, reasons, age, gpus,
       el("td", ago(n.last_seen), live(n) ? "" : "stale"), driver, agent);
     rows.push(tr);
   }
   document.querySelector("#nodes tbody").replaceChildren(...rows);
   const filtered = [...params.keys()].some(k => k !== "sort" && k !== "order");
-  document.getElementById("matched").textContent = filtered ?
-    doc.matched + " of " + doc.counts.nodes + " nodes match" : "";
+  document.getElementById("matched").replaceChildren(...(filtered ? [el("span",
+    doc.matched + " of " + doc.counts.nodes + " nodes match")] : []), ...matchedGpus(doc.nodes));
   const more = doc.matched - doc.nodes.length;
   document.getElementById("more").textContent = more > 0 ?
     more + " more nodes: narrow the filters, or see /api/v1/fleet" : "";
@@ -217,6 +218,31 @@ function renderFleet(doc, params) {
     "Only nodes with " + kind + " "), inner("#fleet", "(show all)")] : []));
   if (!kinds.length) kinds.push(el("li", "No findings on online nodes.", "OK"));
   document.getElementById("kinds").replaceChildren(...kinds);
+}
+
+// A UUID, shortened for a sentence (the whole of it on hover).
+function shortUuid(uuid) {
+  return uuid.length > 12 ? uuid.slice(0, 12) + "…" : uuid;
+}
+
+// Which GPUs a search named: "GPU 3 (GPU-abcd1234…) on node-7, by UUID", each linked to
+// its page; at most 20, then how many more.
+function matchedGpus(nodes) {
+  const found = [];
+  for (const n of nodes)
+    for (const g of n.matched_gpus || []) found.push([n, g]);
+  if (!found.length) return [];
+  const list = el("ul", undefined, "matched-gpus");
+  for (const [n, g] of found.slice(0, 20)) {
+    const li = el("li");
+    const a = inner(gpuHash({cluster: n.cluster, name: n.name}, g.index),
+      "GPU " + g.index + (g.uuid ? " (" + shortUuid(g.uuid) + ")" : ""));
+    a.title = g.uuid + " " + g.pci_bus_id;
+    li.append(a, " on " + n.name + ", by " + g.by.join(" and "));
+    list.append(li);
+  }
+  if (found.length > 20) list.append(el("li", found.length - 20 + " more GPUs"));
+  return [list];
 }
 
 function renderSummary(counts) {
@@ -424,10 +450,161 @@ function gpuHash(doc, index) {
     index;
 }
 
-// One GPU: what it is, its findings since when, its last day, its events, and the actions
-// on it or for it: a cordon's record names the GPUs that asked for it (evidence "gpus")
-// and says what the fleet's cordon budget decided (its detail).
-function renderGpu(doc, index, events, actions, history, incidents) {
+// A value the report may lack shows as "—" (not available), never as 0.
+const NA = "—";
+
+function na(v, unit) {
+  if (v === null || v === undefined || v === "") return NA;
+  if (typeof v === "number" && !Number.isFinite(v)) return NA;
+  if (typeof v === "boolean") return v ? "yes" : "no";
+  return unit ? v + " " + unit : String(v);
+}
+
+// A <dl> of [term, value, class] triples: unlike `definitions`, a missing value shows "—".
+function facts(pairs, id) {
+  const list = el("dl", undefined, "ident facts");
+  if (id) list.id = id;
+  for (const [k, v, cls] of pairs) {
+    const dd = el("dd", undefined, cls);
+    if (v instanceof Node) dd.append(v); else dd.textContent = v ?? NA;
+    list.append(el("dt", k), dd);
+  }
+  return list;
+}
+
+// Text with `code` in backticks (the words of docs/checks.md's Actions table).
+function withCode(text) {
+  const span = el("span");
+  String(text).split("`").forEach((part, i) => {
+    if (part) span.append(i % 2 ? el("code", part) : part);
+  });
+  return span;
+}
+
+// What clears a finding: what its action asks of an operator; the runbook says more.
+function remedy(f) {
+  const meaning = (CONFIG.actions || {})[f.action];
+  return meaning ? withCode(meaning) : el("span", na(f.action));
+}
+
+// A finding's evidence, one "name: value" a line (what the check saw when it judged).
+function evidenceList(ev) {
+  const entries = Object.entries(ev && typeof ev === "object" ? ev : {});
+  if (!entries.length) return el("span", NA);
+  const list = el("ul", undefined, "evidence");
+  for (const [k, v] of entries)
+    list.append(el("li", k + ": " + (v !== null && typeof v === "object" ? JSON.stringify(v) :
+      na(v))));
+  return list;
+}
+
+function ber(v) {
+  if (typeof v !== "number" || !Number.isFinite(v)) return NA;
+  return v === 0 ? "0" : v.toExponential(1);
+}
+
+// A number below what the GPU can do (a PCIe link trained down): flagged.
+function belowMax(value, max, text) {
+  const low = typeof value === "number" && typeof max === "number" && value < max;
+  return el("span", text, low ? "WARN" : "");
+}
+
+function pcieTable(g) {
+  const width = w => typeof w === "number" ? "x" + w : NA;
+  return table(["PCIe", "current", "max"], [
+    ["generation", belowMax(g.pcie_generation, g.pcie_max_generation, na(g.pcie_generation)),
+      na(g.pcie_max_generation)],
+    ["width", belowMax(g.pcie_width, g.pcie_max_width, width(g.pcie_width)),
+      width(g.pcie_max_width)],
+    ["replay counter", na(g.pcie_replay_count), ""]], "pcie");
+}
+
+function eccParts(g) {
+  const count = v => el("span", na(v), typeof v === "number" && v > 0 ? "WARN" : "");
+  const flag = v => el("span", na(v), v === true ? "CRITICAL" : "");
+  const missing = v => v === undefined || v === null;
+  const pair = (a, aName, b, bName) => missing(a) && missing(b) ? NA :
+    na(a) + " " + aName + ", " + na(b) + " " + bName;
+  return [table(["ECC errors", "volatile (since the last reset)", "aggregate (lifetime)"], [
+    ["corrected (single-bit)", count(g.ecc_sbe_volatile), count(g.ecc_sbe_aggregate)],
+    ["uncorrected (double-bit)", count(g.ecc_dbe_volatile), count(g.ecc_dbe_aggregate)]],
+  "ecc"), facts([["ECC mode", missing(g.ecc_enabled) ? NA : g.ecc_enabled ? "on" : "off"],
+  ["retired pages", pair(g.retired_pages_sbe, "single-bit", g.retired_pages_dbe, "double-bit")],
+  ["retirement pending", flag(g.retired_pages_pending)],
+  ["remapped rows", pair(g.remapped_rows_correctable, "correctable",
+    g.remapped_rows_uncorrectable, "uncorrectable")],
+  ["row remap pending", flag(g.row_remap_pending)],
+  ["row remap failure", flag(g.row_remap_failure)]], "memory")];
+}
+
+// Each NVLink's state and bit-error rates; the error counters are NVML's, summed over the
+// links.
+function nvlinkParts(g) {
+  if (!("nvlink" in g)) return [el("p", NA + " (not in the node's report)", "old")];
+  const n = g.nvlink;
+  if (!n || typeof n !== "object") return [el("p", "No NVLink on this GPU.")];
+  const up = n.up || [], eff = n.effective_ber || [], sym = n.symbol_ber || [];
+  const rows = [];
+  for (let i = 0; i < Math.max(up.length, eff.length, sym.length); i++)
+    rows.push([String(i), up[i] === true ? el("span", "up", "OK") : up[i] === false ?
+      el("span", "down", "CRITICAL") : NA, ber(eff[i]), ber(sym[i])]);
+  const count = v => el("span", na(v), typeof v === "number" && v > 0 ? "WARN" : "");
+  return [facts([["CRC flit errors", count(n.crc_flit_errors)],
+    ["CRC data errors", count(n.crc_data_errors)], ["replay errors", count(n.replay_errors)],
+    ["recovery errors", count(n.recovery_errors)]], "nvlink-errors"),
+  rows.length ? table(["link", "state", "effective BER", "symbol BER"], rows, "nvlink") :
+    el("p", "No link states reported.")];
+}
+
+// Clock event reasons that slow a busy GPU down (an idle GPU's clocks drop by design, and
+// applications clocks are someone's setting): marked. The thermal check judges their cost.
+const SLOWDOWNS = new Set(["hw_slowdown", "sw_thermal", "hw_thermal", "power_brake"]);
+
+function clockFacts(g) {
+  const mhz = v => typeof v === "number" ? v + " MHz" : NA;
+  const reasons = g.clock_event_reasons;
+  return facts([
+    ["SM clock", mhz(g.sm_clock_mhz) + (typeof g.sm_clock_max_mhz === "number" ?
+      " (max " + mhz(g.sm_clock_max_mhz) + ")" : "")],
+    ["memory clock", mhz(g.memory_clock_mhz)],
+    ["performance state", typeof g.performance_state === "number" ?
+      "P" + g.performance_state : NA],
+    ["throttle reasons", Array.isArray(reasons) ? el("span", reasons.length ?
+      reasons.join(", ") : "none", reasons.some(r => SLOWDOWNS.has(r)) ? "WARN" : "") : NA],
+    ["temperature", na(g.temperature_c, "°C")],
+    ["power", na(g.power_w, "W") + (typeof g.power_limit_w === "number" ?
+      " (limit " + g.power_limit_w + " W)" : "")]], "clocks");
+}
+
+// Who the GPU works for: the pods or HPC jobs the node names, then its processes.
+function jobParts(g) {
+  const items = Array.isArray(g.workloads) ? g.workloads : null;
+  const jobs = items === null ? NA : items.length ? workload({workloads: items}) :
+    "none known";
+  const parts = [facts([["job or pod", jobs]], "jobs")];
+  if (!Array.isArray(g.processes)) parts.push(el("p", "Processes: " + NA, "old"));
+  else if (!g.processes.length) parts.push(el("p", "No processes.", "OK"));
+  else parts.push(table(["pid", "process", "user", "memory", "Slurm job", "running"],
+    g.processes.map(p => [na(p.pid), na(p.name), na(p.user), typeof p.used_mib === "number" ?
+      Math.round(p.used_mib) + " MiB" : NA, na(p.job), na(p.alive)]), "processes"));
+  return parts;
+}
+
+function gpuFindings(findings, current) {
+  return findings.length ? table(["severity", "check", "reason", "evidence", "action",
+    "to clear it", "runbook", "started"], findings.map(f => [
+    el("span", f.severity, current ? f.severity : "old"), f.check, f.reason,
+    evidenceList(f.evidence), na(f.action), remedy(f), runbook(f.runbook),
+    typeof f.since === "number" ? ago(f.since) + " (" + utc(f.since) + ")" : ""]), "findings")
+    : el("p", "None.", "OK");
+}
+
+// One GPU, as checked before a reset: what it is, its findings with their evidence and
+// what clears each, its memory (ECC, retired pages, remapped rows), PCIe link, NVLinks,
+// clocks and throttling, who runs on it; then its fleet rule findings, alerts, incidents,
+// last day, events, and the actions on it or for it (a cordon's record names the GPUs
+// that asked for it, evidence "gpus", and says what the fleet's cordon budget decided).
+function renderGpu(doc, index, events, actions, cordons, history, incidents, rules) {
   const root = document.getElementById("node-view");
   const status = doc.status || {};
   const gpu = (status.gpus || doc.gpus).find(g => g.index === index);
@@ -441,17 +618,24 @@ function renderGpu(doc, index, events, actions, history, incidents) {
     el("h2", "GPU " + index + " of " + doc.name + " (" + doc.cluster + ")")];
   parts.push(definitions([["health", el("span", gpu.health, current ? gpu.health : "old")],
     ["model", gpu.model], ["UUID", gpu.uuid], ["serial", gpu.serial],
-    ["bus id", gpu.pci_bus_id], ["workload", workload(gpu)],
-    ["temperature", typeof gpu.temperature_c === "number" ? gpu.temperature_c + " °C" : ""],
-    ["power", typeof gpu.power_w === "number" ? gpu.power_w + " W" : ""],
+    ["bus id", gpu.pci_bus_id],
+    ["status", gpu.status && gpu.status !== "ok" ? gpu.status + (gpu.error ? ": " +
+      gpu.error : "") : ""],
+    ["sampled", typeof gpu.sampled_at === "number" ? ago(gpu.sampled_at) : ""],
     ["Grafana", grafana(doc, index)]]));
+  if (!current)
+    parts.push(el("p", "The node is " + stateOf(doc) + ": what follows is from its last " +
+      "report, " + ago(doc.last_seen) + ", and may no longer hold.", "banner"));
   parts.push(...maintenanceNote(doc));
   parts.push(el("h2", "Findings"));
-  const findings = gpu.findings || [];
-  parts.push(findings.length ? table(["severity", "reason", "action", "runbook", "started"],
-    findings.map(f => [el("span", f.severity, current ? f.severity : "old"), f.reason,
-      f.action, runbook(f.runbook), typeof f.since === "number" ? ago(f.since) + " (" +
-      utc(f.since) + ")" : ""]), "findings") : el("p", "None.", "OK"));
+  parts.push(gpuFindings(gpu.findings || [], current));
+  parts.push(el("h2", "Memory"), ...eccParts(gpu));
+  parts.push(el("h2", "PCIe"), pcieTable(gpu));
+  parts.push(el("h2", "NVLink"), ...nvlinkParts(gpu));
+  parts.push(el("h2", "Clocks and throttling"), clockFacts(gpu));
+  parts.push(el("h2", "Processes and jobs"), ...jobParts(gpu));
+  parts.push(el("h2", "Fleet rule findings"));
+  parts.push(nodeRules(rules.filter(f => f.gpu && f.gpu === gpu.uuid)));
   if (withAlertmanager(doc)) {
     parts.push(el("h2", "Alerts"));
     parts.push(alertsTable(doc.alerts.filter(a => a.gpu === String(index))));
@@ -470,14 +654,127 @@ function renderGpu(doc, index, events, actions, history, incidents) {
   parts.push(el("h2", "Events"));
   parts.push(mine.length ? table(["time", "category", "what"], mine.map(e =>
     [utc(e.time), e.category || e.type, describeEvent(e)]), "events") : el("p", "None stored."));
-  const forGpu = r => r.target === gpu.pci_bus_id || (r.action === "cordon" &&
-    String((r.evidence || {}).gpus || "").split(", ").includes(gpu.pci_bus_id));
-  const acts = actions.filter(a => a.record && forGpu(a.record));
   parts.push(el("h2", "Actions and cordon decisions"));
-  parts.push(acts.length ? table(["time", "action", "result", "detail"], acts.map(a =>
-    [utc(a.time), a.record.action, a.record.result, a.record.reason + (a.record.detail ?
-      " (" + a.record.detail + ")" : "")]), "actions") : el("p", "None stored."));
+  const gpus = status.gpus || doc.gpus;
+  parts.push(actionsTable(actionRows(actions, cordons, gpus)
+    .filter(r => r.gpus.includes(gpu.pci_bus_id))));
   root.replaceChildren(...parts);
+  ackFor(doc, gpu);
+}
+
+// --- acknowledging a GPU's findings (the allowlisted "ack" command) ---------------------
+
+let ackTarget = null;
+
+// The form names this GPU; its check choices follow the findings that are not OK, and are
+// only rebuilt when they change, so a choice being made is not undone by a redraw.
+function ackFor(doc, gpu) {
+  const checks = (gpu.findings || []).filter(f => f.severity !== "OK").map(f => f.check);
+  const key = [doc.cluster, doc.name, gpu.pci_bus_id, ...checks].join("\n");
+  if (ackTarget && ackTarget.key === key) return;
+  const same = ackTarget && ackTarget.gpu === gpu.pci_bus_id && ackTarget.node === doc.name;
+  ackTarget = {key, cluster: doc.cluster, node: doc.name, gpu: gpu.pci_bus_id};
+  const select = document.getElementById("ack-check");
+  const chosen = select.value;
+  select.replaceChildren(el("option", "every finding that is not OK"),
+    ...[...new Set(checks)].map(c => el("option", c)));
+  select.options[0].value = "";
+  select.value = checks.includes(chosen) ? chosen : "";
+  if (!same) document.getElementById("ack-result").textContent = "";
+}
+
+async function sendAck(event) {
+  event.preventDefault();
+  const result = document.getElementById("ack-result");
+  if (!ackTarget) return;
+  const check = document.getElementById("ack-check").value;
+  const args = {gpu: ackTarget.gpu, reason: document.getElementById("ack-reason").value,
+    by: "console"};
+  if (check) args.check = check;
+  const url = "api/v1/nodes/" + encodeURIComponent(ackTarget.node) + "/commands?cluster=" +
+    encodeURIComponent(ackTarget.cluster);
+  result.className = "";
+  result.textContent = "sending…";
+  try {
+    const r = await fetch(url, {method: "POST", body: JSON.stringify({command: "ack", args}),
+      headers: {"Content-Type": "application/json",
+        "Authorization": "Bearer " + document.getElementById("ack-token").value}});
+    const body = await r.json().catch(() => ({}));
+    if (r.status === 202) {
+      result.className = "OK";
+      result.textContent = "Sent as command " + body.id + ": the node's reply shows under " +
+        "replies on its page, and the findings turn OK with its next report.";
+    } else {
+      result.className = "CRITICAL";
+      result.textContent = "Not sent (HTTP " + r.status + "): " + (body.error || r.statusText);
+    }
+  } catch (e) {
+    result.className = "CRITICAL";
+    result.textContent = "Not sent: " + e.message;
+  }
+}
+
+document.getElementById("ack-form").addEventListener("submit", sendAck);
+
+// --- a node's actions ------------------------------------------------------------------
+
+// How an outcome is coloured: what failed or was refused stands out.
+const OUTCOME_CLASS = {failed: "CRITICAL", escalated: "CRITICAL", refused: "WARN",
+  skipped: "WARN", denied: "WARN", succeeded: "OK", verified: "OK", done: "OK",
+  approved: "OK"};
+
+function gpuLabel(gpus, bus) {
+  const g = gpus.find(x => x.pci_bus_id === bus);
+  return g ? "GPU " + g.index + " (" + bus + ")" : bus;
+}
+
+// One row per audit record and cordon decision: {time (the latest), first (a repeated
+// record's first time, else null), gpus (bus ids), cells: action, GPU, outcome, reason}.
+// An audit record's "count" and "last_seen" (repeats folded into it) are shown where the
+// node sends them; why an action was refused is in its detail.
+function actionRows(actions, cordons, gpus) {
+  const rows = [];
+  const gpuCell = ids => ids.length ? ids.map(t => gpuLabel(gpus, t)).join(", ") : "node";
+  for (const a of actions) {
+    const r = a.record;
+    if (r) {
+      const ev = r.evidence && typeof r.evidence === "object" ? r.evidence : {};
+      // A cordon names the GPUs that asked for it; other actions target a GPU (a bus id,
+      // kept even where the report no longer lists the GPU) or the node.
+      const ids = (r.action === "cordon" || r.action === "uncordon" ?
+        String(ev.gpus || "").split(", ") : [r.target]).filter(t => t && t !== a.node);
+      const outcome = el("span");
+      outcome.append(el("span", na(r.result), OUTCOME_CLASS[r.result] || ""));
+      if (r.detail) outcome.append(" (" + r.detail + ")");
+      const reason = el("span", r.reason || "");
+      const evidence = fields(ev, []);
+      if (evidence) reason.append(el("div", evidence, "muted"));
+      // A decision repeated is one record: its count, and when it was last made.
+      const repeated = typeof r.count === "number" && r.count > 1;
+      const first = typeof r.time === "number" ? r.time : a.time;
+      const last = typeof r.last_seen === "number" && r.last_seen > first ? r.last_seen : null;
+      rows.push({time: last ?? first, first: last === null ? null : first, gpus: ids,
+        cells: [(r.action || a.type) + (repeated ? " ×" + r.count : ""), gpuCell(ids), outcome,
+          reason]});
+    } else {
+      rows.push({time: a.time, gpus: [], cells: [String(a.type).replace("_", " "), "node", "",
+        fields(a, ENVELOPE)]});
+    }
+  }
+  for (const c of cordons) {
+    const retry = typeof c.retry_after_seconds === "number" ?
+      " (ask again in " + duration(c.retry_after_seconds) + ")" : "";
+    rows.push({time: c.time, gpus: [], cells: [c.action + " decision", "node",
+      el("span", c.decision + retry, OUTCOME_CLASS[c.decision] || ""), c.reason || ""]});
+  }
+  return rows.sort((a, b) => b.time - a.time);
+}
+
+function actionsTable(rows) {
+  return rows.length ? table(["time", "action", "GPU", "outcome", "reason"],
+    rows.map(r => [r.first === null || r.first === undefined ? utc(r.time) :
+      utc(r.time) + " (first " + utc(r.first) + ")", ...r.cells]), "actions")
+    : el("p", "None stored.");
 }
 
 // GPU settings against the fleet: a setting the node's GPUs hold other than most GPUs of
@@ -554,15 +851,7 @@ function renderNode(doc, events, actions, cordons, history, incidents, rules) {
     [utc(e.time), e.category || e.type, describeEvent(e)]), "events")
     : el("p", "None stored."));
   parts.push(el("h2", "Actions and cordon decisions"));
-  // An audit record ("action") carries what the agent did in "record"; a cordon request
-  // carries its fields at the top.
-  const acts = actions.map(a => [a.time, utc(a.time), a.record ? "action " +
-    (a.record.action || "") : a.type.replace("_", " "), fields(a.record || a, ENVELOPE)]);
-  for (const c of cordons) acts.push([c.time, utc(c.time), "cordon decision",
-    c.action + ": " + c.decision + (c.reason ? " (" + c.reason + ")" : "")]);
-  acts.sort((a, b) => b[0] - a[0]);
-  parts.push(acts.length ? table(["time", "what", "detail"], acts.map(a => a.slice(1)),
-    "actions") : el("p", "None stored."));
+  parts.push(actionsTable(actionRows(actions, cordons, gpus)));
   parts.push(el("h2", "Command replies"));
   const replies = doc.replies || [];
   parts.push(replies.length ? table(["time", "command", "ok", "detail"], replies.map(r =>
@@ -923,6 +1212,7 @@ async function refresh(forced = true) {
   changed = forced || Date.now() - drawnAt > 5000;
   document.getElementById("fleet-view").hidden = view !== "fleet";
   document.getElementById("node-view").hidden = view !== "node" && view !== "gpu";
+  document.getElementById("ack-form").hidden = view !== "gpu";
   document.getElementById("incidents-view").hidden = view !== "incidents";
   document.getElementById("rules-view").hidden = view !== "rules";
   for (const a of document.querySelectorAll("#views a"))
@@ -949,7 +1239,7 @@ async function refresh(forced = true) {
             cordons.cordons.filter(own), history, member, rules.findings.filter(own));
         else
           renderGpu(doc, target.gpu, events.events.filter(own), actions.actions.filter(own),
-            history, member);
+            cordons.cordons.filter(own), history, member, rules.findings.filter(own));
       }
       document.title = (target.gpu === null ? "" : "GPU " + target.gpu + " · ") + target.node +
         " · gpuagent";
