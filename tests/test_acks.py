@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuagent.acks import FILE_NAME, AckBook, AckError
+from gpuagent.acks import FILE_NAME, STARTUP_GRACE_SECONDS, AckBook, AckError
 from gpuagent.model import Finding, GpuEvent, NodeHealth, Severity
 
 BUS = "0000:3b:00.0"
@@ -92,6 +92,29 @@ def test_a_finding_that_clears_ends_its_acknowledgement() -> None:
     ]
     assert len(book) == 0
     assert _held(book, _finding())[0][1] is Severity.CRITICAL  # a new fault
+
+
+def test_after_a_restart_an_acknowledgement_waits_for_its_finding_to_show_again(
+    tmp_path: Path,
+) -> None:
+    AckBook(tmp_path).add([_finding()], "known", "ana", NOW)
+    clock = [0.0]
+    book = AckBook(tmp_path, clock=lambda: clock[0])
+    # The first snapshots after the start, before the kernel log is read again.
+    assert _held(book, _finding("thermal", Severity.OK, "")) == [
+        ("thermal", Severity.OK, _finding(severity=Severity.OK, cause="").reason)
+    ]
+    assert len(book) == 1
+    clock[0] = 10.0
+    assert _held(book, _finding())[0][1] is Severity.OK  # the record read again: held
+    assert _held(book, _finding("thermal", Severity.OK, ""))  # then it clears: gone
+    assert len(book) == 0
+    # One whose finding never shows again is gone once the grace has passed.
+    AckBook(tmp_path).add([_finding()], "known", "ana", NOW)
+    late = AckBook(tmp_path, clock=lambda: clock[0])
+    clock[0] += STARTUP_GRACE_SECONDS + 1
+    late.apply(NodeHealth(()))
+    assert len(late) == 0
 
 
 def test_acknowledgements_survive_a_restart_and_a_bad_file_is_no_crash(tmp_path: Path) -> None:

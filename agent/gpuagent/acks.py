@@ -13,8 +13,9 @@ why, until its fault comes again:
 A finding held at OK is one the outputs no longer count: its alert resolves, the
 Kubernetes condition clears, and `remediation.uncordon_after_recovery` may uncordon. The
 book is kept in ``acks.json`` in `agent.state_dir`, so a restart does not bring an
-acknowledged alert back; a book that cannot be written still holds in memory (the
-state_dir finding says why it cannot be written).
+acknowledged alert back (after a start, an acknowledgement read from the file waits
+`STARTUP_GRACE_SECONDS` for its finding to show again before it counts as cleared).
+A book that cannot be written still holds in memory; why it cannot is logged.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -35,6 +36,9 @@ from gpuagent.textfile import write_atomically
 log = logging.getLogger("gpuagent.acks")
 
 FILE_NAME = "acks.json"
+# How long after a start an acknowledgement read from the file waits for its finding to
+# show again (the kernel log read again, the first polls) before it counts as cleared.
+STARTUP_GRACE_SECONDS = 300.0
 # The event kinds each event-reading check judges: one after the acknowledgement is its
 # fault coming again.
 _CHECK_KINDS: dict[str, frozenset[str]] = {
@@ -70,10 +74,18 @@ class AckError(ValueError):
 
 
 class AckBook:
-    def __init__(self, state_dir: Path | None) -> None:
+    def __init__(
+        self, state_dir: Path | None, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._dir = state_dir
+        self._clock = clock
         self._acks: dict[_Key, Ack] = {}
         self._by_gpu: dict[str, set[_Key]] = {}
+        # Held in this process at least once: only those can be seen to clear. One read
+        # from the file waits for its finding for a while after a start, as the kernel
+        # log's records of it are read again.
+        self._held: set[_Key] = set()
+        self._loaded_at = clock()
         self.error = ""  # why the book cannot be written, while it cannot
         if state_dir is not None:
             self._load(state_dir / FILE_NAME)
@@ -134,6 +146,7 @@ class AckBook:
                 by,
             )
             self._put(ack)
+            self._held.add(ack.key)  # made from the finding as it stands: it can clear
             made.append(ack)
         if made:
             self._save()
@@ -161,6 +174,7 @@ class AckBook:
         if not self._acks:
             return health
         seen: set[_Key] = set()
+        worse: set[_Key] = set()
         findings = []
         for finding in health.findings:
             key = (finding.gpu or "", finding.check, finding.cause)
@@ -170,11 +184,18 @@ class AckBook:
                 continue
             if finding.severity.rank > Severity[ack.severity].rank:
                 log.info("acknowledgement of %s %s lifted: it got worse", key[0], key[1])
+                worse.add(key)
                 findings.append(finding)
                 continue
             seen.add(key)
             findings.append(_held(finding, ack))
-        gone = [key for key in self._acks if key not in seen]
+        self._held |= seen
+        waiting = self._clock() - self._loaded_at < STARTUP_GRACE_SECONDS
+        gone = [
+            key
+            for key in self._acks
+            if key in worse or (key not in seen and (key in self._held or not waiting))
+        ]
         for key in gone:
             self._drop(key)
         if gone:
@@ -187,6 +208,7 @@ class AckBook:
 
     def _drop(self, key: _Key) -> None:
         self._acks.pop(key, None)
+        self._held.discard(key)
         keys = self._by_gpu.get(key[0])
         if keys is not None:
             keys.discard(key)
