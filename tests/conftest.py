@@ -102,6 +102,15 @@ def deadline_in(seconds: float) -> float:
     return time.monotonic() + seconds * PATIENCE
 
 
+def wait_until(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
+    """Until ``predicate`` holds; fails past ``timeout`` (times PATIENCE)."""
+    deadline = deadline_in(timeout)
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.1)
+
+
 def kernel_record(sequence: int, message: str) -> str:
     """A /dev/kmsg record stamped now on the kernel's clock (CLOCK_MONOTONIC), a
     microsecond per sequence number apart: a record stamped near boot would be old to the

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import json
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import DaemonProcess, deadline_in, kernel_record, run_cli, start_daemon
+from conftest import DaemonProcess, kernel_record, run_cli, start_daemon, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -80,14 +78,6 @@ def _actions(daemon: DaemonProcess) -> list[dict[str, Any]]:
     return list(reversed(result["actions"]))  # oldest first
 
 
-def _wait(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = deadline_in(timeout)
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.1)
-
-
 def _steps(daemon: DaemonProcess, action: str) -> list[str]:
     return [a["result"] for a in _actions(daemon) if a["action"] == action]
 
@@ -110,8 +100,8 @@ def test_cordon_once_reset_when_idle_verify_and_survive_crashes(tmp_path: Path) 
     daemon = start_daemon(workdir, SCENARIO, config_extra=extra)
     try:
         # The DBE asks for a cordon (done once) and a reset (refused: a job runs there).
-        _wait(lambda: "succeeded" in _steps(daemon, "cordon"))
-        _wait(lambda: "refused" in _steps(daemon, "reset_gpu"))
+        wait_until(lambda: "succeeded" in _steps(daemon, "cordon"))
+        wait_until(lambda: "refused" in _steps(daemon, "reset_gpu"))
         refused = next(a for a in _actions(daemon) if a["result"] == "refused")
         assert "train.py (4242)" in refused["detail"]
         assert [r["action"] for r in _requests(workdir)] == ["cordon"]
@@ -125,14 +115,14 @@ def test_cordon_once_reset_when_idle_verify_and_survive_crashes(tmp_path: Path) 
             # The restarted daemon saw the fault again (a new refusal, counted on the row
             # of the same refusal before) and did not re-cordon.
             restarted = daemon
-            _wait(lambda d=restarted, n=refusals: _seen(d, "reset_gpu", "refused") > n)
+            wait_until(lambda d=restarted, n=refusals: _seen(d, "reset_gpu", "refused") > n)
         assert _steps(daemon, "reset_gpu").count("refused") == 1
         assert [r["action"] for r in _requests(workdir)] == ["cordon"]
         assert "started" not in _steps(daemon, "reset_gpu")
 
         # The job ends: the GPU is reset, comes back healthy, and the audit shows it all.
         daemon.inject("process_exit", 1, pid=4242)
-        _wait(lambda: "verified" in _steps(daemon, "reset_gpu"))
+        wait_until(lambda: "verified" in _steps(daemon, "reset_gpu"))
         steps = _steps(daemon, "reset_gpu")
         assert steps[-3:] == ["started", "succeeded", "verified"]
         status = daemon.status()
@@ -143,7 +133,7 @@ def test_cordon_once_reset_when_idle_verify_and_survive_crashes(tmp_path: Path) 
         daemon.kill()
         daemon = start_daemon(workdir, SCENARIO, config_extra=extra)
         daemon.inject("process_exit", 1, pid=4242)
-        _wait(lambda: "skipped" in _steps(daemon, "reset_gpu"))
+        wait_until(lambda: "skipped" in _steps(daemon, "reset_gpu"))
         skipped = [a for a in _actions(daemon) if a["result"] == "skipped"]
         assert "budget exhausted" in skipped[-1]["detail"]
         assert _steps(daemon, "reset_gpu").count("started") == 1
@@ -165,8 +155,8 @@ def test_observe_mode_does_nothing_and_audits_everything(tmp_path: Path) -> None
     daemon = start_daemon(workdir, SCENARIO, config_extra=_config(workdir, "observe"))
     try:
         daemon.inject("process_exit", 1, pid=4242)
-        _wait(lambda: "planned" in _steps(daemon, "reset_gpu"))
-        _wait(lambda: "planned" in _steps(daemon, "cordon"))
+        wait_until(lambda: "planned" in _steps(daemon, "reset_gpu"))
+        wait_until(lambda: "planned" in _steps(daemon, "cordon"))
         # Before the job ended, the reset would have been refused, as enforce refuses it.
         for action in _actions(daemon):
             if action["result"] != "planned":
@@ -174,7 +164,7 @@ def test_observe_mode_does_nothing_and_audits_everything(tmp_path: Path) -> None
                 assert action["detail"].startswith("reset: would be refused, the GPU is busy")
         # The status shows the plan as of its snapshot's remediation round.
         want = [("cordon", "planned"), ("reset_gpu", "planned")]
-        _wait(lambda: _plan(daemon) == want)
+        wait_until(lambda: _plan(daemon) == want)
         assert _requests(workdir) == []
         gpu = next(g for g in daemon.status()["gpus"] if g["index"] == 1)
         assert gpu["ecc_dbe_volatile"] == 1  # not reset
@@ -195,14 +185,14 @@ def test_observe_mode_names_the_cordon_a_lost_gpu_would_request(tmp_path: Path) 
     )
     daemon = start_daemon(workdir, scenario, config_extra=extra)
     try:
-        _wait(lambda: _seen(daemon, "cordon", "refused") >= 3)
+        wait_until(lambda: _seen(daemon, "cordon", "refused") >= 3)
         (row,) = [a for a in _actions(daemon) if a["action"] == "cordon"]
         assert (row["result"], row["detail"]) == ("refused", "cordon: no backend configured")
         assert row["target"] == daemon.status()["node"]["name"]
         assert row["reason"].startswith("GPU ")  # the GPU, as far as a lost one is known
         assert "is lost" in row["reason"]
         assert row["last_seen"] > row["time"]
-        _wait(lambda: _plan(daemon) == [("cordon", "refused")])
+        wait_until(lambda: _plan(daemon) == [("cordon", "refused")])
         (step,) = daemon.status()["remediation"]["plan"]
         assert (step["detail"], step["target"]) == ("cordon: no backend configured", row["target"])
         status = run_cli("remediation", "status", "--config", str(daemon.config))
@@ -223,13 +213,13 @@ def test_the_kill_switch_pauses_every_action(tmp_path: Path) -> None:
         assert paused.returncode == 0, paused.stderr
         assert (workdir / "paused").exists()
         daemon.inject("persistence_off", 0)
-        _wait(lambda: "skipped" in _steps(daemon, "enable_persistence"))
+        wait_until(lambda: "skipped" in _steps(daemon, "enable_persistence"))
         assert "started" not in _steps(daemon, "enable_persistence")
         status = run_cli("remediation", "status", "--config", str(daemon.config))
         assert "paused: yes" in status.stdout
         resumed = run_cli("remediation", "resume", "--config", str(daemon.config))
         assert resumed.returncode == 0
-        _wait(lambda: "succeeded" in _steps(daemon, "enable_persistence"))
+        wait_until(lambda: "succeeded" in _steps(daemon, "enable_persistence"))
         daemon.wait_for(
             lambda d: next(g for g in d["gpus"] if g["index"] == 0)["persistence_mode"] is True
         )
@@ -251,7 +241,7 @@ def test_a_row_remap_failure_leaves_an_rma_bundle_named_in_the_actions(tmp_path:
     daemon = start_daemon(workdir, scenario, config_extra=extra)
     try:
         # Observe mode (the default) collects it too: it changes nothing on the node.
-        _wait(lambda: "succeeded" in _steps(daemon, "evidence"))
+        wait_until(lambda: "succeeded" in _steps(daemon, "evidence"))
         record = next(a for a in _actions(daemon) if a["action"] == "evidence")
         assert record["target"] == "0000:2a:00.0"
         bundles = list((workdir / "state" / "evidence").glob("*.tar.gz"))
@@ -291,11 +281,11 @@ def test_a_consequence_whose_root_is_elsewhere_never_cordons(tmp_path: Path) -> 
         bus = daemon.status()["gpus"][3]["pci_bus_id"]
         line = "45, pid=1818990, name=python3, Ch 00000001 caused by previous Xid 149"
         daemon.write_kernel_log(_xid(bus, line, 1))
-        _wait(lambda: _xid_finding(daemon, 3).get("severity") == "WARN")
+        wait_until(lambda: _xid_finding(daemon, 3).get("severity") == "WARN")
         assert "consequence of a fault elsewhere" in _xid_finding(daemon, 3)["reason"]
         # Several judgements and remediation rounds later: still no cordon.
         seen = daemon.status()["sequence"]
-        _wait(lambda: daemon.status()["sequence"] >= seen + 5)
+        wait_until(lambda: daemon.status()["sequence"] >= seen + 5)
         assert daemon.status()["node"]["health"] == "WARN"
         assert _requests(workdir) == []
     finally:
@@ -323,7 +313,7 @@ def test_one_fault_in_a_storm_of_its_consequences_is_one_critical_gpu(tmp_path: 
         log_from = len(daemon.log())
         daemon.write_kernel_log(*storm)
         daemon.wait_for(lambda d: d["kmsg"]["records_read"] == 20_001, timeout=60)
-        _wait(lambda: "succeeded" in _steps(daemon, "cordon"))
+        wait_until(lambda: "succeeded" in _steps(daemon, "cordon"))
         root = _xid_finding(daemon, 2)
         assert (root["severity"], root["action"]) == ("CRITICAL", "reset_gpu")
         assert root["reason"].startswith("Xid 149 (NVLINK_NETIR_ERROR) fatal: reset required")
