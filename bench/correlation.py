@@ -23,12 +23,13 @@ consumer does with a delivered message (so the acknowledgements to nodes are pub
 after each commit, as in service). The broker's delivery and paho's decoding are not in
 it: per message they cost the same with correlation on or off.
 
-1. Capacity per core, correlation off and on, in alternating rounds, each a fresh
-   aggregator with every node's state report stored first: the messages of the schedule
-   below handed over as fast as the loop takes them; messages per CPU-second of the
-   process (every thread: the writer, the tick, the acknowledgements), the feeder's own
-   cost (measured with a no-op handler) taken out. The drop is the median of the rounds'
-   (each round's off and on ran one after the other, off first in every other round).
+1. Capacity per core, correlation off and on, in alternating rounds, each run in a fresh
+   process (its payloads built and frozen, then a fresh aggregator with every node's state
+   report stored first, so no run inherits the heap or the collector's generations of
+   another): the messages of the schedule below handed over as fast as the loop takes
+   them; messages per CPU-second of the process (every thread: the writer, the tick, the
+   acknowledgements), the feeder's own cost (measured with a no-op handler) taken out.
+   The drop is the median of the rounds' (off first in every other round).
 2. Offered load, empty store, correlation off and then on: `--rate` (1,000) kernel
    events/s plus the state reports, on a fixed schedule (open loop) for `--seconds` (60)
    plus the last cascades' tail. Per message, the time from when it was due to when
@@ -88,7 +89,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "agent"))
 
 from aggregator import mosquitto_config, pin, pin_threads  # noqa: E402 - bench/ is on the path
-from gpuagent.aggregator.correlate import Correlator, places_of  # noqa: E402
+from gpuagent.aggregator.correlate import Correlator  # noqa: E402
 from gpuagent.aggregator.history import HistoryRecorder  # noqa: E402
 from gpuagent.aggregator.ingest import Outgoing  # noqa: E402
 from gpuagent.aggregator.records import from_online_state  # noqa: E402
@@ -504,49 +505,95 @@ async def saturate(
 class Capacity:
     off: list[float] = field(default_factory=list)  # messages per CPU-second, each round
     on: list[float] = field(default_factory=list)
-    feeder_us: float = 0.0
+    feeder_us: list[float] = field(default_factory=list)  # each run's
     messages: int = 0
     wall_on: list[float] = field(default_factory=list)  # messages/s (wall), on one core
     gc_off: list[float] = field(default_factory=list)  # full collections' seconds, each round
     gc_on: list[float] = field(default_factory=list)
 
 
-async def capacity(
-    work: Path, fleet: Fleet, messages: list[Message], mqtt_port: int, rounds: int,
+async def capacity_run(
+    work: Path, fleet: Fleet, messages: list[Message], mqtt_port: int, correlation: bool,
     profile: cProfile.Profile | None,
-) -> Capacity:  # fmt: skip
-    result = Capacity(messages=len(messages))
+) -> dict[str, float]:  # fmt: skip
+    """One run, in a fresh process (`--capacity-run`): the feeder alone, then a fresh
+    aggregator with every node's state report stored first, given every message."""
     cpu, _ = await saturate(None, messages)
-    result.feeder_us = cpu / len(messages) * 1e6
-    for r in range(rounds):
-        # Which of a round's two runs comes first alternates: the second runs on a heap
-        # the first left behind.
+    feeder_us = cpu / len(messages) * 1e6
+    database = work / f"capacity-{os.getpid()}.sqlite"
+    config = aggregator_config(
+        work, database, mqtt_port, correlation=correlation, retention=Retention()
+    )
+    async with aggregator(config) as agg:
+        await prime(agg, fleet)
+        await asyncio.sleep(0.6)  # a tick and a few batches: settled
+        began = time.perf_counter()
+        cpu, wall = await saturate(agg, messages, profile)
+    for extra in ("", "-wal", "-shm"):
+        database.with_name(database.name + extra).unlink(missing_ok=True)
+    own = cpu - feeder_us * 1e-6 * len(messages)
+    return {
+        "rate": len(messages) / own,
+        "wall_rate": len(messages) / wall,
+        "gc_full": sum(GC.full(began, time.perf_counter())),
+        "feeder_us": feeder_us,
+        "messages": len(messages),
+    }
+
+
+async def capacity(work: Path, setup: Setup, mqtt_port: int) -> Capacity:
+    """Rounds of correlation off and on, each run in a process of its own: a run does not
+    inherit the heap (or the collector's generations) another left behind."""
+    result = Capacity()
+    template = work / "template.json"
+    for r in range(setup.rounds):
+        # Which of a round's two runs comes first alternates.
         for correlation in (False, True) if r % 2 == 0 else (True, False):
-            database = work / f"capacity-{r}-{'on' if correlation else 'off'}.sqlite"
-            config = aggregator_config(
-                work, database, mqtt_port, correlation=correlation, retention=Retention()
-            )
-            async with aggregator(config) as agg:
-                await prime(agg, fleet)
-                await asyncio.sleep(0.6)  # a tick and a few batches: settled
-                last = correlation and r == rounds - 1
-                began = time.perf_counter()
-                cpu, wall = await saturate(agg, messages, profile if last else None)
-            own = cpu - result.feeder_us * 1e-6 * len(messages)
-            (result.on if correlation else result.off).append(len(messages) / own)
-            full = GC.full(began, time.perf_counter())
-            (result.gc_on if correlation else result.gc_off).append(sum(full))
+            mode = "on" if correlation else "off"
+            out = work / f"capacity-{r}-{mode}.json"
+            profile = setup.profile and correlation and r == setup.rounds - 1
+            await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, __file__, "--capacity-run", mode, str(template), str(out),
+                 str(mqtt_port), "--seconds", str(setup.seconds), "--rate", str(setup.rate),
+                 *(["--profile"] if profile else [])],
+                check=True, timeout=600,
+            )  # fmt: skip
+            run = json.loads(out.read_text())
+            (result.on if correlation else result.off).append(run["rate"])
+            (result.gc_on if correlation else result.gc_off).append(run["gc_full"])
             if correlation:
-                result.wall_on.append(len(messages) / wall)
-            database.unlink()
-            for extra in ("-wal", "-shm"):
-                database.with_name(database.name + extra).unlink(missing_ok=True)
+                result.wall_on.append(run["wall_rate"])
+            result.feeder_us.append(run["feeder_us"])
+            result.messages = int(run["messages"])
             print(
-                f"  capacity round {r + 1}/{rounds}, correlation {'on' if correlation else 'off'}:"
-                f" {len(messages) / own:,.0f} msg per CPU-second ({wall:.1f} s)",
+                f"  capacity round {r + 1}/{setup.rounds}, correlation {mode}:"
+                f" {run['rate']:,.0f} msg per CPU-second",
                 flush=True,
             )
     return result
+
+
+def run_capacity(mode: str, template: Path, out: Path, mqtt_port: int, setup: Setup) -> int:
+    """The process of one capacity run: its payloads built and frozen out of the garbage
+    collector, then `capacity_run`; the result written to ``out``."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    sys.setswitchinterval(0.0005)
+    pin_threads(os.getpid(), AGGREGATOR_CPU)
+    fleet = Fleet(json.loads(template.read_text()))
+    plan = schedule(fleet, setup.seconds, setup.rate)
+    gc.collect()
+    gc.freeze()
+    profile = cProfile.Profile() if setup.profile else None
+    with tempfile.TemporaryDirectory(prefix="gpuagent-capacity-") as work:
+        result = asyncio.run(
+            capacity_run(Path(work), fleet, plan.messages, mqtt_port, mode == "on", profile)
+        )
+    out.write_text(json.dumps(result))
+    if profile is not None:
+        print("\nprofile: one capacity round with correlation on (the event loop's thread)")
+        pstats.Stats(profile).sort_stats("tottime").print_stats(30)
+    return 0
 
 
 # --- offered load -------------------------------------------------------------------------
@@ -686,9 +733,9 @@ def incident_templates(fleet: Fleet) -> tuple[str, str]:
     for n in range(TRAYS * 2):
         status = tray_status(fleet.template, n // TRAYS, n % TRAYS)
         correlator.observe_state(cluster_of(n // TRAYS), node_name(n // TRAYS, n % TRAYS),
-                                 places_of(from_online_state(
+                                 from_online_state(
                                      {"cluster": "", "node": "", "time": 0.0, "status": status},
-                                     "", 0.0)))  # fmt: skip
+                                     "", 0.0))  # fmt: skip
     plan = schedule(fleet, 0.3, 1000.0)  # one cascade, in rack 0
     t = 1_790_000_000.0
     for m in plan.messages:
@@ -1011,7 +1058,8 @@ def capacity_rows(c: Capacity) -> list[Row]:
         Row("capacity drop with correlation", drop, "%", f"≤ {CAPACITY_DROP_TARGET_PCT:g}",
             drop <= CAPACITY_DROP_TARGET_PCT,
             reference=f"median of the rounds' {', '.join(f'{d:.1f}' for d in drops)} %; "
-            f"{c.messages:,} messages a round, the feeder's {c.feeder_us:.1f} µs/msg taken out"),
+            f"{c.messages:,} messages a round, the feeder's {median(c.feeder_us):.1f} µs/msg "
+            "taken out; each run in a fresh process"),
     ]  # fmt: skip
 
 
@@ -1054,11 +1102,11 @@ async def measure(setup: Setup, work: Path, fleet: Fleet, mqtt_port: int) -> lis
     events = sum(m.event for m in plan.messages)
     print(f"  schedule: {len(plan.messages):,} messages ({events:,} kernel events, "
           f"{len(plan.cascades)} cascades) over {plan.seconds:.0f} s", flush=True)  # fmt: skip
+    (work / "template.json").write_text(json.dumps(fleet.template))
+    cap = await capacity(work, setup, mqtt_port)
     # The benchmark's own payloads are no garbage the aggregator's collector should walk.
     gc.collect()
     gc.freeze()
-    profile = cProfile.Profile() if setup.profile else None
-    cap = await capacity(work, fleet, plan.messages, mqtt_port, setup.rounds, profile)
     off = await offered_load(
         "correlation off", work, work / "off.sqlite", fleet, plan, mqtt_port, Retention(),
         correlation=False,
@@ -1076,12 +1124,9 @@ async def measure(setup: Setup, work: Path, fleet: Fleet, mqtt_port: int) -> lis
     loaded = await offered_load(
         "history loaded", work, loaded_path, fleet, plan, mqtt_port, retention
     )
-    if profile is not None:
-        print("\nprofile: one capacity round with correlation on (the event loop's thread)")
-        pstats.Stats(profile).sort_stats("tottime").print_stats(30)
     return [
         *capacity_rows(cap),
-        *at_load_rows(off, empty, cap.feeder_us),
+        *at_load_rows(off, empty, median(cap.feeder_us)),
         *load_rows(off, setup.rate),
         *load_rows(empty, setup.rate),
         *history_rows(history),
@@ -1131,6 +1176,7 @@ def main() -> int:
         "--profile", action="store_true", help="profile a capacity round, correlation on"
     )
     parser.add_argument("--load-history", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--capacity-run", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.load_history:  # the loader's own process (load_in_subprocess)
         path, *counts = args.load_history
@@ -1152,6 +1198,9 @@ def main() -> int:
         history_samples=int(pick(args.history_samples, 3_000_000, 500_000)),
         profile=args.profile,
     )
+    if args.capacity_run:  # one capacity run's own process (`capacity`)
+        mode, template, out, port = args.capacity_run
+        return run_capacity(mode, Path(template), Path(out), int(port), setup)
     return run(setup)
 
 

@@ -7,17 +7,15 @@ from typing import Any
 
 import pytest
 
-from gpuagent.aggregator import correlate
 from gpuagent.aggregator.correlate import (
     CONSEQUENCE,
     FATAL,
     LINK_FATAL,
     OTHER,
     Correlator,
-    NodePlaces,
     classify,
 )
-from gpuagent.aggregator.records import from_online_state
+from gpuagent.aggregator.records import NodeRecord, from_online_state
 from gpuagent.incidents import SAMPLES
 
 UUID_A = "1b6a4c1e-0000-4000-8000-00000000000a"
@@ -60,10 +58,10 @@ def status(
     }
 
 
-def places_of(status_doc: dict[str, Any]) -> NodePlaces:
-    """What the correlator takes from a state report with this status document."""
+def report(status_doc: dict[str, Any]) -> NodeRecord:
+    """The record of a state report with this status document."""
     message = {"cluster": "c1", "node": "n", "time": 0.0, "status": status_doc}
-    return correlate.places_of(from_online_state(message, "", 0.0))
+    return from_online_state(message, "", 0.0)
 
 
 def record(code: int, line: str, bus: str, time: float, seq: int = 0) -> dict[str, Any]:
@@ -84,7 +82,7 @@ def correlator(**kwargs: Any) -> Correlator:
 
 def rack(c: Correlator, uuid: str, nodes: list[str], clique: int = SENTINEL_CLIQUE) -> None:
     for node in nodes:
-        c.observe_state("c1", node, places_of(status(uuid, clique, job="4242")))
+        c.observe_state("c1", node, report(status(uuid, clique, job="4242")))
 
 
 def cascade(c: Correlator, nodes: list[str], start: float) -> None:
@@ -185,7 +183,7 @@ def test_racks_sharing_the_sentinel_clique_are_never_joined() -> None:
     racks = {u: [f"{u[-1]}{n}" for n in range(4)] for u in (UUID_A, UUID_B, UUID_C)}
     for uuid, nodes in racks.items():
         rack(c, uuid, nodes, SENTINEL_CLIQUE)
-        c.observe_state("c1", nodes[0], places_of(status(uuid, SENTINEL_CLIQUE)))  # no job
+        c.observe_state("c1", nodes[0], report(status(uuid, SENTINEL_CLIQUE)))  # no job
     for n, nodes in enumerate(racks.values()):
         t = 1000.0 + n
         for node in nodes:
@@ -195,6 +193,21 @@ def test_racks_sharing_the_sentinel_clique_are_never_joined() -> None:
     assert sorted(d["nvlink_domain"] for d in docs) == sorted(
         f"{u}/{SENTINEL_CLIQUE}" for u in racks
     )
+
+
+def test_a_node_moved_to_another_domain_joins_only_the_new_one() -> None:
+    c = correlator()
+    rack(c, UUID_A, ["gb-00", "gb-01"])
+    rack(c, UUID_A, ["gb-00", "gb-01"])  # the same reports again: nothing changes
+    assert c.hold_until("c1", "gb-00", 1000.0) == 1010.0
+    c.observe_state("c1", "gb-01", report(status(UUID_B, SENTINEL_CLIQUE)))  # re-cabled
+    assert c.hold_until("c1", "gb-00", 1000.0) is None  # alone in its domain now
+    c.observe_record("c1", "gb-00", record(149, LINK_DOWN, BUSES[0], 1000.0), 1000.0)
+    c.observe_record("c1", "gb-01", record(145, DOWNSTREAM, BUSES[0], 1001.0), 1001.0)
+    assert sorted(i.key for i in c.tick(1002.0)) == [
+        f"nvlink:{UUID_A}/{SENTINEL_CLIQUE}",
+        f"nvlink:{UUID_B}/{SENTINEL_CLIQUE}",
+    ]
 
 
 def test_every_link_down_at_once_is_one_domain_level_incident() -> None:
@@ -233,7 +246,7 @@ def test_an_unrelated_fault_in_the_same_window_stays_its_own_incident() -> None:
 def test_without_a_shared_domain_or_job_each_node_is_its_own_incident() -> None:
     c = correlator()
     for node in ("h1", "h2"):
-        c.observe_state("c1", node, NodePlaces())
+        c.observe_state("c1", node, report({}))
         c.observe_record("c1", node, record(48, DBE, BUSES[0], 1000.0), 1000.0)
     docs = [i.json() for i in c.tick(1001.0)]
     assert sorted(d["domain"] for d in docs) == ["node:h1", "node:h2"]
@@ -243,7 +256,7 @@ def test_without_a_shared_domain_or_job_each_node_is_its_own_incident() -> None:
 def test_a_job_joins_gpus_without_an_nvlink_domain() -> None:
     c = correlator()
     for node in ("h1", "h2"):
-        c.observe_state("c1", node, places_of(status("", 0, job="77", state="not_supported")))
+        c.observe_state("c1", node, report(status("", 0, job="77", state="not_supported")))
     c.observe_record("c1", "h1", record(48, DBE, BUSES[0], 1000.0), 1000.0)
     c.observe_record("c1", "h2", record(45, TEARDOWN, BUSES[0], 1001.0), 1001.0)
     (incident,) = c.tick(1002.0)
@@ -256,7 +269,7 @@ def test_labels_join_consequences_only_when_declared() -> None:
     for labels, expected in (((), 2), (("rack",), 1)):
         c = correlator(join_labels=labels)
         for node in ("h1", "h2"):
-            c.observe_state("c1", node, NodePlaces(labels={"rack": "r1"}))
+            c.observe_state("c1", node, report({"node": {"labels": {"rack": "r1"}}}))
             c.observe_record("c1", node, record(45, TEARDOWN, BUSES[0], 1000.0), 1000.0)
         assert len(c.tick(1001.0)) == expected
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 from gpuagent.aggregator.domainfail import Crossing, DomainFailures, describe
@@ -73,7 +72,7 @@ REWRITE_SECONDS = 5.0
 
 def classify(xid: int, line: str) -> int:
     """OTHER, CONSEQUENCE, FATAL or LINK_FATAL for an XID record's code and text."""
-    if caused_by(line) is not None or xid in DOWNSTREAM_XIDS:
+    if xid in DOWNSTREAM_XIDS or caused_by(line) is not None:
         return CONSEQUENCE
     if xid in NVLINK5_XIDS:
         return LINK_FATAL if _FATAL_WORD.search(line) or "LINK_DOWN" in line else OTHER
@@ -84,33 +83,39 @@ def classify(xid: int, line: str) -> int:
 
 
 # What a node's state report says a GPU shares with others: (index, UUID, NVLink domain
-# "<cluster UUID>/<clique id>", job "slurm:<id>" or "pod:<namespace>/<name>"). A plain
-# tuple of strings and numbers, because 10,000 nodes keep 80,000 of them: the garbage
-# collector stops tracking such tuples (not a NamedTuple), so full collections do not
-# walk them.
-GpuPlace = tuple[int | None, str, str | None, str | None]
-
-
-@dataclass(slots=True)
-class NodePlaces:
-    gpus: dict[str, GpuPlace] = field(default_factory=dict)
-    labels: dict[str, str] = field(default_factory=dict)
-
+# "<cluster UUID>/<clique id>", job "slurm:<id>" or "pod:<namespace>/<name>", and the key
+# its records join under by what it shares: "nvlink:<domain>", else "job:<job>", else
+# None). A plain tuple of strings and numbers, because 10,000 nodes keep 80,000 of them:
+# the garbage collector stops tracking such tuples (not a NamedTuple), so full collections
+# do not walk them. The join key is made once per change, not per record.
+GpuPlace = tuple[int | None, str, str | None, str | None, str | None]
+# What a state report says that the places come from: its labels and each GPU's (bus id,
+# index, UUID, NVLink domain, job); compared first, so an unchanged report (nearly all of
+# them) builds nothing.
+Signature = tuple[tuple[tuple[str, str], ...], tuple[tuple[str, int | None, str, str, str], ...]]
+# A node's (signature, GPU places by bus id, labels): a plain tuple of untracked parts as
+# well, so the 10,000 nodes' places leave the collector's full collections once built.
+NodePlaces = tuple[Signature, dict[str, GpuPlace], dict[str, str]]
 
 # A node that has not reported yet shares nothing.
-_NOWHERE: Final = NodePlaces()
+_NOWHERE: Final[NodePlaces] = (((), ()), {}, {})
 
 
-def places_of(record: NodeRecord) -> NodePlaces:
-    """The GPUs' places and the node's labels, from its record."""
-    return NodePlaces(
-        {
-            gpu.pci_bus_id: (gpu.index, gpu.uuid, gpu.nvlink_domain or None, gpu.job or None)
-            for gpu in record.gpus
-            if gpu.pci_bus_id
-        },
-        dict(record.labels),
+def signature_of(record: NodeRecord) -> Signature:
+    return (
+        record.labels,
+        tuple([(g.pci_bus_id, g.index, g.uuid, g.nvlink_domain, g.job) for g in record.gpus]),
     )
+
+
+def _places(signature: Signature) -> NodePlaces:
+    labels, gpus = signature
+    places: dict[str, GpuPlace] = {}
+    for bus, index, uuid, domain, job in gpus:
+        if bus:
+            key = f"nvlink:{domain}" if domain else f"job:{job}" if job else None
+            places[bus] = (index, uuid, domain or None, job or None, key)
+    return (signature, places, dict(labels))
 
 
 class Correlator:
@@ -144,11 +149,14 @@ class Correlator:
 
     # --- what nodes share ------------------------------------------------------------------
 
-    def observe_state(self, cluster: str, node: str, places: NodePlaces) -> None:
+    def observe_state(self, cluster: str, node: str, record: NodeRecord) -> None:
+        """What an online state report says the node's GPUs share, and its labels."""
         key = (cluster, node)
         previous = self._places.get(key)
-        if previous == places:
+        signature = signature_of(record)
+        if previous is not None and previous[0] == signature:
             return
+        places = _places(signature)
         old = _domains(previous)
         new = _domains(places)
         for domain in old - new:
@@ -170,37 +178,39 @@ class Correlator:
         self.domains.observe(
             cluster,
             node,
-            frozenset(f"label:{n}={v}" for n, v in places.labels.items() if n in labels),
+            frozenset(f"label:{n}={v}" for n, v in places[2].items() if n in labels),
         )
 
     # --- records ---------------------------------------------------------------------------
 
     def observe_record(self, cluster: str, node: str, data: dict[str, Any], now: float) -> None:
         """One kernel record (an event message's data) of ``node``; XIDs only: SXids, AER
-        and the rest stay the node's."""
-        code, gpu = data.get("code"), data.get("gpu")
-        if data.get("kind") != "xid" or not isinstance(code, int) or not isinstance(gpu, str):
+        and the rest stay the node's. Runs for every record of a storm: one lookup of the
+        node's places, the join key made when the places changed."""
+        if data.get("kind") != "xid":
             return
-        line = data.get("line")
+        code, gpu, line = data.get("code"), data.get("gpu"), data.get("line")
+        if not isinstance(code, int) or not isinstance(gpu, str):
+            return
         weight = classify(code, line if isinstance(line, str) else "")
-        place = self._places.get((cluster, node), _NOWHERE).gpus.get(gpu)
-        key = self._join_key(cluster, node, place, weight)
-        # A fault of the node's own (an NVLink domain's records have their root there):
-        # does a domain it is declared in fail together?
-        if weight >= FATAL and not key.startswith("nvlink:"):
+        places = self._places.get((cluster, node), _NOWHERE)
+        place = places[1].get(gpu)
+        key = None if place is None else place[4]
+        if key is None:
+            key = self._local_key(cluster, node, places, weight, now)
+        elif weight >= FATAL and place is not None and place[2] is None:
+            # A fault of the node's own (an NVLink domain's records have their root
+            # there): does a domain it is declared in fail together?
             self._fault(cluster, node, now)
-        if key.startswith("node:"):
-            key = self._failing(cluster, node) or key
         incident = self._open.get((cluster, key))
         if incident is not None and now - incident.last_time > self.window:
             self._close(incident, incident.last_time + self.window)
             incident = None
-        member_key = (node, gpu)
         if (
             incident is not None
             and weight == FATAL
             and incident.root is not None
-            and incident.root is not incident.members.get(member_key)
+            and incident.root is not incident.members.get((node, gpu))
         ):
             # Another GPU's own fault in the same window: an incident of its own.
             key = f"gpu:{node}/{gpu}"
@@ -212,16 +222,23 @@ class Correlator:
             self._open[(cluster, key)] = incident
             self.opened += 1
         self._add(
-            incident,
-            cluster=cluster,
-            node=node,
-            gpu=gpu,
-            place=place,
-            code=code,
-            weight=weight,
-            data=data,
-            now=now,
-        )
+            incident, cluster=cluster, node=node, gpu=gpu, place=place, code=code,
+            weight=weight, data=data, now=now,
+        )  # fmt: skip
+
+    def _local_key(
+        self, cluster: str, node: str, places: NodePlaces, weight: int, now: float
+    ) -> str:
+        """The join key of a record on a GPU that shares no NVLink domain or job: a
+        declared label for a consequence, a domain failing together, else the node."""
+        if weight <= CONSEQUENCE:
+            labels = places[2]
+            for name in self.join_labels:
+                if labels.get(name):
+                    return f"label:{name}={labels[name]}"
+        if weight >= FATAL:
+            self._fault(cluster, node, now)
+        return self._failing(cluster, node) or f"node:{node}"
 
     # --- domains failing together ----------------------------------------------------
 
@@ -229,7 +246,7 @@ class Correlator:
         """A fault the node judged (a cordon request): its own, unless the node is in an
         NVLink domain (whose records say where the fault is)."""
         places = self._places.get((cluster, node), _NOWHERE)
-        if any(domain for _, _, domain, _ in places.gpus.values()):
+        if any(place[2] for place in places[1].values()):
             return
         self._fault(cluster, node, now)
         incident = self._open.get((cluster, self._failing(cluster, node) or ""))
@@ -242,7 +259,7 @@ class Correlator:
         for key in self.domains.keys_of(cluster, node):
             incident = self._open.get((cluster, f"domain:{key}"))
             if incident is not None:
-                incident.faulted.add(node)
+                incident.faulted |= {node}
 
     def _failing(self, cluster: str, node: str) -> str | None:
         """The key of an open domain incident the node's domains are in."""
@@ -259,7 +276,7 @@ class Correlator:
             return
         incident = FleetIncident(
             incident_id(cluster, key, now, ",".join(crossing.nodes)), cluster, key, now, now,
-            common_cause=crossing.key, domain_size=crossing.size, faulted=set(crossing.nodes),
+            common_cause=crossing.key, domain_size=crossing.size, faulted=frozenset(crossing.nodes),
             cordon_node=self.domains.cordoned_node(cluster, crossing.key, now),
         )  # fmt: skip
         self._open[(cluster, key)] = incident
@@ -307,19 +324,6 @@ class Correlator:
             incidents=ids,
         )
 
-    def _join_key(self, cluster: str, node: str, place: GpuPlace | None, weight: int) -> str:
-        _, _, domain, job = place or (None, "", None, None)
-        if domain:
-            return f"nvlink:{domain}"
-        if job:
-            return f"job:{job}"
-        if weight <= CONSEQUENCE:
-            labels = self._places.get((cluster, node), _NOWHERE).labels
-            for name in self.join_labels:
-                if labels.get(name):
-                    return f"label:{name}={labels[name]}"
-        return f"node:{node}"
-
     def _add(
         self,
         incident: FleetIncident,
@@ -335,10 +339,6 @@ class Correlator:
     ) -> None:
         member_key = (node, gpu)
         member = incident.members.get(member_key)
-        # The record's own time orders onsets (reports of several nodes arrive in any
-        # order); the window runs on arrival times.
-        sent = data.get("time")
-        onset = float(sent) if isinstance(sent, int | float) and math.isfinite(sent) else now
         if member is None:
             member = Member(
                 node=node,
@@ -349,7 +349,7 @@ class Correlator:
                 last_time=now,
                 weight=weight,
                 xid=code,
-                onset=onset,
+                onset=_onset(data, now),
             )
             incident.members[member_key] = member
             incident.members.pop((node, ""), None)  # a GPU record now stands for the node
@@ -358,15 +358,16 @@ class Correlator:
                 self._of_node[(cluster, node)] = {incident}
             else:
                 of_node.add(incident)
-            incident.take(member_key, weight)
+            if weight >= FATAL:
+                incident.take(member_key, weight)
         elif weight > member.weight:
-            member.weight, member.xid, member.onset = weight, code, onset
+            member.weight, member.xid, member.onset = weight, code, _onset(data, now)
             incident.take(member_key, weight)
-        if weight == member.weight and member.link is None and weight >= FATAL:
+        if weight >= FATAL and weight == member.weight and member.link is None:
             line = data.get("line")
             found = _LINK.search(line) if isinstance(line, str) else None
             member.link = int(found[1]) if found else None
-        member.count += _new_records(member, data)
+        member.count += 1 if data.get("incident") is None else _new_records(member, data)
         member.last_time = max(member.last_time, now)
         incident.last_time = max(incident.last_time, now)
         self._changed[incident.id] = incident
@@ -457,7 +458,10 @@ class Correlator:
         wanted = set(incidents)
         for incident in self._of_node.get((cluster, node), ()):
             if incident.id in wanted:
-                (incident.approved if approved else incident.denied).append(node)
+                if approved:
+                    incident.approved += (node,)
+                else:
+                    incident.denied += (node,)
                 incident.urgent = True
                 self._changed[incident.id] = incident
 
@@ -499,7 +503,14 @@ class Correlator:
 def _domains(places: NodePlaces | None) -> set[str]:
     if places is None:
         return set()
-    return {domain for _, _, domain, _ in places.gpus.values() if domain}
+    return {place[2] for place in places[1].values() if place[2]}
+
+
+def _onset(data: dict[str, Any], now: float) -> float:
+    """The record's own time, which orders onsets (reports of several nodes arrive in any
+    order); the window runs on arrival times."""
+    sent = data.get("time")
+    return float(sent) if isinstance(sent, int | float) and math.isfinite(sent) else now
 
 
 def _new_records(member: Member, data: dict[str, Any]) -> int:

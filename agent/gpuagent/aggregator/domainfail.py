@@ -41,6 +41,9 @@ class DomainFailures:
         self.fraction = fraction
         self._nodes: dict[DomainKey, set[str]] = {}
         self._of: dict[tuple[str, str], frozenset[str]] = {}
+        # One object per distinct set of domains (a rack's nodes share theirs): 10,000
+        # nodes keep a few hundred for the garbage collector to walk, not 10,000.
+        self._keysets: dict[frozenset[str], frozenset[str]] = {}
         # Nodes that faulted, with when they last did, oldest first.
         self._faults: dict[DomainKey, dict[str, float]] = {}
         # The one node of a domain let be cordoned, and when.
@@ -61,7 +64,7 @@ class DomainFailures:
                     self._cordoned.pop((cluster, key), None)
         for key in keys - before:
             self._nodes.setdefault((cluster, key), set()).add(node)
-        self._of[(cluster, node)] = keys
+        self._of[(cluster, node)] = self._keysets.setdefault(keys, keys)
 
     def keys_of(self, cluster: str, node: str) -> frozenset[str]:
         return self._of.get((cluster, node), frozenset())

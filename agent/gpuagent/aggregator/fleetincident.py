@@ -70,10 +70,12 @@ class FleetIncident:
     last_time: float
     members: dict[tuple[str, str], Member] = field(default_factory=dict)
     closed_at: float | None = None
-    approved: list[str] = field(default_factory=list)
-    denied: list[str] = field(default_factory=list)
+    # Tuples and frozensets, replaced when they grow (rarely): a thousand open incidents
+    # keep no list or set each for the collector to walk.
+    approved: tuple[str, ...] = ()
+    denied: tuple[str, ...] = ()
     # Kept as records come, so choosing the root never walks the members.
-    _link_fatal: set[tuple[str, str]] = field(default_factory=set)
+    _link_fatal: tuple[tuple[str, str], ...] = ()
     _earliest_fatal: tuple[str, str] | None = None
     # When its document was last handed out by `Correlator.tick` (None: never), and
     # whether a change since must go out at the next tick.
@@ -83,7 +85,7 @@ class FleetIncident:
     # its node count, the nodes that faulted, and the one node let be cordoned for it.
     common_cause: str = ""
     domain_size: int = 0
-    faulted: set[str] = field(default_factory=set)
+    faulted: frozenset[str] = frozenset()
     cordon_node: str | None = None
     # The domain incident this node's own incident was merged into.
     merged_into: str | None = None
@@ -94,7 +96,7 @@ class FleetIncident:
             return None  # the domain is the cause
         if self._link_fatal:
             if len(self._link_fatal) == 1:
-                return self.members[next(iter(self._link_fatal))]
+                return self.members[self._link_fatal[0]]
             return None  # several GPUs' links at once: the domain, not a GPU
         return None if self._earliest_fatal is None else self.members[self._earliest_fatal]
 
@@ -129,7 +131,8 @@ class FleetIncident:
     def take(self, member_key: tuple[str, str], weight: int) -> None:
         """Account for a member whose strongest record is now of ``weight``."""
         if weight == LINK_FATAL:
-            self._link_fatal.add(member_key)
+            if member_key not in self._link_fatal:
+                self._link_fatal += (member_key,)
         elif weight == FATAL:
             earliest = self._earliest_fatal
             if earliest is None or self.members[member_key].onset < self.members[earliest].onset:

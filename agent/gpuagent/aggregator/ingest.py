@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from gpuagent.aggregator import decisions, facts, fleetrules
 from gpuagent.aggregator.budget import BudgetDecision, CordonBudget
-from gpuagent.aggregator.correlate import Correlator, places_of
+from gpuagent.aggregator.correlate import Correlator
 from gpuagent.aggregator.fleetincident import Verdict
 from gpuagent.aggregator.history import HistoryRecorder
 from gpuagent.aggregator.records import from_online_state, with_offline
@@ -290,7 +290,7 @@ class Ingest:
         if message["online"]:
             record = from_online_state(message, raw, now)
             if self.correlator is not None:
-                self.correlator.observe_state(key[0], key[1], places_of(record))
+                self.correlator.observe_state(key[0], key[1], record)
             # A late copy of an older report (a retained message re-read, a redelivery)
             # must not roll the node back, nor bring an offline node back online.
             if previous is not None and (
