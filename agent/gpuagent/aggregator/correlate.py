@@ -367,7 +367,7 @@ class Correlator:
             line = data.get("line")
             found = _LINK.search(line) if isinstance(line, str) else None
             member.link = int(found[1]) if found else None
-        member.count += 1 if data.get("incident") is None else _new_records(member, data)
+        member.count += _new_records(member, data)
         member.last_time = max(member.last_time, now)
         incident.last_time = max(incident.last_time, now)
         self._changed[incident.id] = incident
