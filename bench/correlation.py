@@ -520,7 +520,7 @@ async def capacity_run(
     aggregator with every node's state report stored first, given every message."""
     cpu, _ = await saturate(None, messages)
     feeder_us = cpu / len(messages) * 1e6
-    database = work / f"capacity-{os.getpid()}.sqlite"
+    database = work / "capacity.sqlite"
     config = aggregator_config(
         work, database, mqtt_port, correlation=correlation, retention=Retention()
     )
@@ -529,8 +529,6 @@ async def capacity_run(
         await asyncio.sleep(0.6)  # a tick and a few batches: settled
         began = time.perf_counter()
         cpu, wall = await saturate(agg, messages, profile)
-    for extra in ("", "-wal", "-shm"):
-        database.with_name(database.name + extra).unlink(missing_ok=True)
     own = cpu - feeder_us * 1e-6 * len(messages)
     return {
         "rate": len(messages) / own,

@@ -101,14 +101,15 @@ NodePlaces = tuple[Signature, dict[str, GpuPlace], dict[str, str]]
 _NOWHERE: Final[NodePlaces] = (((), ()), {}, {})
 
 
-def signature_of(record: NodeRecord) -> Signature:
+def _signature(record: NodeRecord) -> Signature:
+    """What the node's places are built from, to compare with the last report's."""
     return (
         record.labels,
         tuple([(g.pci_bus_id, g.index, g.uuid, g.nvlink_domain, g.job) for g in record.gpus]),
     )
 
 
-def _places(signature: Signature) -> NodePlaces:
+def _places_from(signature: Signature) -> NodePlaces:
     labels, gpus = signature
     places: dict[str, GpuPlace] = {}
     for bus, index, uuid, domain, job in gpus:
@@ -153,10 +154,10 @@ class Correlator:
         """What an online state report says the node's GPUs share, and its labels."""
         key = (cluster, node)
         previous = self._places.get(key)
-        signature = signature_of(record)
+        signature = _signature(record)
         if previous is not None and previous[0] == signature:
             return
-        places = _places(signature)
+        places = _places_from(signature)
         old = _domains(previous)
         new = _domains(places)
         for domain in old - new:
@@ -178,7 +179,7 @@ class Correlator:
         self.domains.observe(
             cluster,
             node,
-            frozenset(f"label:{n}={v}" for n, v in places[2].items() if n in labels),
+            frozenset(f"label:{n}={v}" for n, v in signature[0] if n in labels),
         )
 
     # --- records ---------------------------------------------------------------------------
@@ -193,15 +194,16 @@ class Correlator:
         if not isinstance(code, int) or not isinstance(gpu, str):
             return
         weight = classify(code, line if isinstance(line, str) else "")
-        places = self._places.get((cluster, node), _NOWHERE)
-        place = places[1].get(gpu)
-        key = None if place is None else place[4]
-        if key is None:
-            key = self._local_key(cluster, node, places, weight, now)
-        elif weight >= FATAL and place is not None and place[2] is None:
-            # A fault of the node's own (an NVLink domain's records have their root
-            # there): does a domain it is declared in fail together?
-            self._fault(cluster, node, now)
+        _, gpus, labels = self._places.get((cluster, node), _NOWHERE)
+        place = gpus.get(gpu)
+        if place is None or place[4] is None:
+            key = self._local_key(cluster, node, labels, weight, now)
+        else:
+            key = place[4]
+            if weight >= FATAL and place[2] is None:
+                # A job's GPU: a fault of the node's own (an NVLink domain's records have
+                # their root there): does a domain it is declared in fail together?
+                self._fault(cluster, node, now)
         incident = self._open.get((cluster, key))
         if incident is not None and now - incident.last_time > self.window:
             self._close(incident, incident.last_time + self.window)
@@ -227,12 +229,11 @@ class Correlator:
         )  # fmt: skip
 
     def _local_key(
-        self, cluster: str, node: str, places: NodePlaces, weight: int, now: float
+        self, cluster: str, node: str, labels: dict[str, str], weight: int, now: float
     ) -> str:
         """The join key of a record on a GPU that shares no NVLink domain or job: a
         declared label for a consequence, a domain failing together, else the node."""
         if weight <= CONSEQUENCE:
-            labels = places[2]
             for name in self.join_labels:
                 if labels.get(name):
                     return f"label:{name}={labels[name]}"
@@ -245,8 +246,8 @@ class Correlator:
     def observe_fault(self, cluster: str, node: str, now: float) -> None:
         """A fault the node judged (a cordon request): its own, unless the node is in an
         NVLink domain (whose records say where the fault is)."""
-        places = self._places.get((cluster, node), _NOWHERE)
-        if any(place[2] for place in places[1].values()):
+        _, gpus, _ = self._places.get((cluster, node), _NOWHERE)
+        if any(place[2] for place in gpus.values()):
             return
         self._fault(cluster, node, now)
         incident = self._open.get((cluster, self._failing(cluster, node) or ""))
@@ -503,7 +504,8 @@ class Correlator:
 def _domains(places: NodePlaces | None) -> set[str]:
     if places is None:
         return set()
-    return {place[2] for place in places[1].values() if place[2]}
+    _, gpus, _ = places
+    return {place[2] for place in gpus.values() if place[2]}
 
 
 def _onset(data: dict[str, Any], now: float) -> float:
